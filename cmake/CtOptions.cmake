@@ -1,0 +1,39 @@
+# Build options. Optional dependencies are AUTO by default: on when found.
+set(CT_CUDA AUTO CACHE STRING "CUDA tensors and cuBLAS (AUTO: on when nvcc is found)")
+set_property(CACHE CT_CUDA PROPERTY STRINGS AUTO ON OFF)
+set(CT_MPI AUTO CACHE STRING "Open MPI collectives backend (AUTO: on when found)")
+set_property(CACHE CT_MPI PROPERTY STRINGS AUTO ON OFF)
+set(CT_NCCL AUTO CACHE STRING "NCCL collectives backend (AUTO: on with CUDA when found)")
+set_property(CACHE CT_NCCL PROPERTY STRINGS AUTO ON OFF)
+option(CT_BUILD_TESTS "Build the CTest suite" ON)
+option(CT_BUILD_EXAMPLES "Build the examples" ON)
+option(CT_BUILD_BENCH "Build the benchmarks" ON)
+option(CT_WERROR "Treat warnings as errors (on in CI)" OFF)
+option(CT_NATIVE "Compile kernels for this machine's CPU (-march=native)" ON)
+set(CT_SANITIZE "" CACHE STRING "Sanitizers: empty, 'address;undefined' or 'thread'")
+
+add_compile_options(-Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes
+                    -Wno-unused-parameter)
+if(CT_WERROR)
+  add_compile_options(-Werror)
+endif()
+
+# Kernels need the vector units; -ffp-contract=fast lets FMA fuse. Results
+# stay deterministic for a given build because contraction is decided at
+# compile time, not at run time.
+set(CT_KERNEL_FLAGS -O3 -ffp-contract=fast -fno-math-errno)
+if(CT_NATIVE)
+  list(APPEND CT_KERNEL_FLAGS -march=native)
+endif()
+
+if(CT_SANITIZE)
+  if(CT_SANITIZE STREQUAL "thread")
+    set(_ct_san -fsanitize=thread)
+  elseif(CT_SANITIZE STREQUAL "address;undefined" OR CT_SANITIZE STREQUAL "address,undefined")
+    set(_ct_san -fsanitize=address,undefined -fno-sanitize-recover=undefined)
+  else()
+    message(FATAL_ERROR "CT_SANITIZE must be empty, 'address;undefined' or 'thread' (got '${CT_SANITIZE}')")
+  endif()
+  add_compile_options(${_ct_san} -fno-omit-frame-pointer -g)
+  add_link_options(${_ct_san})
+endif()

@@ -1,0 +1,1 @@
+#include "tensor_impl.h"

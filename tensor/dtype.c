@@ -1,0 +1,181 @@
+/* dtypes: sizes, names, promotion, 16-bit float conversion and casts. */
+#include "tensor_impl.h"
+
+#include <math.h>
+
+static const size_t dtype_size[] = {
+#define CT__DTYPE_SIZE(NAME, name, size) size,
+    CT_DTYPE_MAP(CT__DTYPE_SIZE)
+#undef CT__DTYPE_SIZE
+};
+
+static const char *const dtype_name[] = {
+#define CT__DTYPE_NAME(NAME, name, size) #name,
+    CT_DTYPE_MAP(CT__DTYPE_NAME)
+#undef CT__DTYPE_NAME
+};
+
+size_t ct_dtype_size(ct_dtype dtype) {
+    return (unsigned)dtype < CT_NDTYPES ? dtype_size[dtype] : 0;
+}
+
+const char *ct_dtype_name(ct_dtype dtype) {
+    return (unsigned)dtype < CT_NDTYPES ? dtype_name[dtype] : "invalid-dtype";
+}
+
+bool ct_dtype_is_float(ct_dtype dtype) {
+    return dtype == CT_FLOAT32 || dtype == CT_FLOAT64 || dtype == CT_BFLOAT16 ||
+           dtype == CT_FLOAT16;
+}
+
+/* Rank in the promotion lattice; the 16-bit floats share a rank. */
+static int promote_rank(ct_dtype d) {
+    static const int rank[] = {
+        [CT_BOOL] = 0,     [CT_UINT8] = 1,   [CT_INT32] = 2,   [CT_INT64] = 3,
+        [CT_BFLOAT16] = 4, [CT_FLOAT16] = 4, [CT_FLOAT32] = 5, [CT_FLOAT64] = 6,
+    };
+    return rank[d];
+}
+
+ct_dtype ct_promote_types(ct_dtype a, ct_dtype b) {
+    if (a == b)
+        return a;
+    int ra = promote_rank(a), rb = promote_rank(b);
+    if (ra == rb)
+        return CT_FLOAT32; /* float16 with bfloat16 */
+    return ra > rb ? a : b;
+}
+
+/* IEEE binary16 conversion with round-to-nearest-even, written for clarity;
+ * hot loops over float16 data convert once per element. */
+float ct__f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, u;
+    if (exp == 0x1f) {
+        u = sign | 0x7f800000u | (mant << 13);
+    } else if (exp != 0) {
+        u = sign | ((exp + 112) << 23) | (mant << 13);
+    } else if (mant == 0) {
+        u = sign;
+    } else {
+        /* Subnormal: renormalise. */
+        int e = -1;
+        do {
+            e++;
+            mant <<= 1;
+        } while (!(mant & 0x400u));
+        u = sign | ((uint32_t)(112 - e) << 23) | ((mant & 0x3ffu) << 13);
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+uint16_t ct__f32_to_f16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    uint32_t absu = u & 0x7fffffffu;
+    if (absu > 0x7f800000u)
+        return sign | 0x7e00u; /* NaN */
+    if (absu >= 0x477ff000u)
+        return sign | 0x7c00u; /* overflow to inf (includes inf) */
+    if (absu < 0x38800000u) {
+        /* Result is subnormal or zero: shift the mantissa with rounding. */
+        if (absu < 0x33000000u)
+            return sign;
+        uint32_t e = absu >> 23, m = (absu & 0x7fffffu) | 0x800000u;
+        uint32_t shift = 126 - e; /* 14..24 */
+        uint32_t half = 1u << (shift - 1), rem = m & ((1u << shift) - 1);
+        uint32_t r = m >> shift;
+        if (rem > half || (rem == half && (r & 1u)))
+            r++;
+        return sign | (uint16_t)r;
+    }
+    uint32_t r = absu - 0x38000000u; /* rebias 127 -> 15 */
+    r += 0xfffu + ((r >> 13) & 1u);
+    return sign | (uint16_t)(r >> 13);
+}
+
+double ct__load_double(ct_dtype dtype, const void *p) {
+    switch (dtype) {
+    case CT_FLOAT32: return *(const float *)p;
+    case CT_FLOAT64: return *(const double *)p;
+    case CT_BFLOAT16: return ct__bf16_to_f32(*(const uint16_t *)p);
+    case CT_FLOAT16: return ct__f16_to_f32(*(const uint16_t *)p);
+    case CT_INT64: return (double)*(const int64_t *)p;
+    case CT_INT32: return *(const int32_t *)p;
+    case CT_UINT8: return *(const uint8_t *)p;
+    case CT_BOOL: return *(const uint8_t *)p ? 1.0 : 0.0;
+    case CT_NDTYPES: break;
+    }
+    CT_ASSERT(!"bad dtype");
+}
+
+void ct__store_double(ct_dtype dtype, void *p, double v) {
+    switch (dtype) {
+    case CT_FLOAT32: *(float *)p = (float)v; return;
+    case CT_FLOAT64: *(double *)p = v; return;
+    case CT_BFLOAT16: *(uint16_t *)p = ct__f32_to_bf16((float)v); return;
+    case CT_FLOAT16: *(uint16_t *)p = ct__f32_to_f16((float)v); return;
+    case CT_INT64: *(int64_t *)p = (int64_t)v; return;
+    case CT_INT32: *(int32_t *)p = (int32_t)v; return;
+    case CT_UINT8: *(uint8_t *)p = (uint8_t)(int64_t)v; return;
+    case CT_BOOL: *(uint8_t *)p = v != 0.0; return;
+    case CT_NDTYPES: break;
+    }
+    CT_ASSERT(!"bad dtype");
+}
+
+/* Casts go through each dtype's compute type: float for the 16-bit floats,
+ * double for float64, int64 for integers. One loop per (to, from) pair is
+ * stamped out below so that contiguous casts vectorize. */
+#define CT__LOAD_FLOAT32(p) (*(const float *)(p))
+#define CT__LOAD_FLOAT64(p) (*(const double *)(p))
+#define CT__LOAD_BFLOAT16(p) ct__bf16_to_f32(*(const uint16_t *)(p))
+#define CT__LOAD_FLOAT16(p) ct__f16_to_f32(*(const uint16_t *)(p))
+#define CT__LOAD_INT64(p) (*(const int64_t *)(p))
+#define CT__LOAD_INT32(p) (*(const int32_t *)(p))
+#define CT__LOAD_UINT8(p) (*(const uint8_t *)(p))
+#define CT__LOAD_BOOL(p) (*(const uint8_t *)(p) != 0)
+
+#define CT__STORE_FLOAT32(p, v) (*(float *)(p) = (float)(v))
+#define CT__STORE_FLOAT64(p, v) (*(double *)(p) = (double)(v))
+#define CT__STORE_BFLOAT16(p, v) (*(uint16_t *)(p) = ct__f32_to_bf16((float)(v)))
+#define CT__STORE_FLOAT16(p, v) (*(uint16_t *)(p) = ct__f32_to_f16((float)(v)))
+#define CT__STORE_INT64(p, v) (*(int64_t *)(p) = (int64_t)(v))
+#define CT__STORE_INT32(p, v) (*(int32_t *)(p) = (int32_t)(v))
+#define CT__STORE_UINT8(p, v) (*(uint8_t *)(p) = (uint8_t)(int64_t)(v))
+#define CT__STORE_BOOL(p, v) (*(uint8_t *)(p) = (v) != 0)
+
+#define CT__CAST_LOOP(TO, FROM)                                                \
+    static void cast_##TO##_##FROM(void *ctx, char **data, const int64_t *strides, \
+                                   int64_t n) {                                \
+        (void)ctx;                                                             \
+        char *out = data[0];                                                   \
+        const char *in = data[1];                                              \
+        int64_t so = strides[0], si = strides[1];                              \
+        for (int64_t i = 0; i < n; i++)                                        \
+            CT__STORE_##TO(out + i * so, CT__LOAD_##FROM(in + i * si));        \
+    }
+
+#define CT__CAST_FROM(NAME, name, size) CT__CAST_ROW(NAME)
+#define CT__CAST_ROW(FROM)                                                     \
+    CT__CAST_LOOP(FLOAT32, FROM)                                               \
+    CT__CAST_LOOP(FLOAT64, FROM)                                               \
+    CT__CAST_LOOP(BFLOAT16, FROM)                                              \
+    CT__CAST_LOOP(FLOAT16, FROM)                                               \
+    CT__CAST_LOOP(INT64, FROM)                                                 \
+    CT__CAST_LOOP(INT32, FROM)                                                 \
+    CT__CAST_LOOP(UINT8, FROM)                                                 \
+    CT__CAST_LOOP(BOOL, FROM)
+CT_DTYPE_MAP(CT__CAST_FROM)
+
+#define CT__CAST_ENTRY(NAME, name, size) CT__CAST_ENTRIES(NAME),
+#define CT__CAST_ENTRIES(TO)                                                   \
+    {cast_##TO##_FLOAT32, cast_##TO##_FLOAT64, cast_##TO##_BFLOAT16,           \
+     cast_##TO##_FLOAT16, cast_##TO##_INT64,   cast_##TO##_INT32,              \
+     cast_##TO##_UINT8,   cast_##TO##_BOOL}
+static const ct__loop_fn cast_table[CT_NDTYPES][CT_NDTYPES] = {CT_DTYPE_MAP(CT__CAST_ENTRY)};
+
+ct__loop_fn ct__cast_kernel(ct_dtype to, ct_dtype from) { return cast_table[to][from]; }

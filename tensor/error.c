@@ -1,0 +1,89 @@
+/* Error codes, thread-local messages and assertions. */
+#include "tensor_impl.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#define CT__ERRMSG_MAX 1024
+
+static _Thread_local char errmsg[CT__ERRMSG_MAX];
+static _Thread_local int errcode;
+
+static const char *const err_text[] = {
+#define CT__ERR_TEXT(name, text) text,
+    CT_ERRNO_MAP(CT__ERR_TEXT)
+#undef CT__ERR_TEXT
+};
+
+static const char *const err_name[] = {
+#define CT__ERR_NAME(name, text) "CT_" #name,
+    CT_ERRNO_MAP(CT__ERR_NAME)
+#undef CT__ERR_NAME
+};
+
+const char *ct_strerror(int err) {
+    if (err == CT_OK)
+        return "success";
+    if (err < 0 && -err <= CT__ERR_COUNT)
+        return err_text[-err - 1];
+    return "unknown error";
+}
+
+const char *ct_errname(int err) {
+    if (err == CT_OK)
+        return "CT_OK";
+    if (err < 0 && -err <= CT__ERR_COUNT)
+        return err_name[-err - 1];
+    return "CT_UNKNOWN";
+}
+
+const char *ct_errmsg(void) { return errmsg; }
+
+int ct_errcode(void) { return errcode; }
+
+void ct_errclear(void) {
+    errmsg[0] = '\0';
+    errcode = CT_OK;
+}
+
+int ct__seterr(int code, const char *fmt, ...) {
+    /* Format into a scratch buffer first: callers may pass ct_errmsg() as an
+     * argument to wrap an earlier message. */
+    char buf[CT__ERRMSG_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    memcpy(errmsg, buf, sizeof buf);
+    errcode = code;
+    return code;
+}
+
+void ct__assert_fail(const char *expr, const char *file, int line) {
+    fprintf(stderr, "ct: assertion failed: %s (%s:%d)\n", expr, file, line);
+    fflush(stderr);
+    abort();
+}
+
+const char *ct__shape_str(char *buf, int ndim, const int64_t *sizes) {
+    size_t len = 0, cap = CT__SHAPE_STR;
+    buf[len++] = '[';
+    for (int i = 0; i < ndim && len < cap; i++)
+        len += (size_t)snprintf(buf + len, cap - len, "%s%lld", i ? ", " : "",
+                                (long long)sizes[i]);
+    if (len < cap - 1) {
+        buf[len++] = ']';
+        buf[len] = '\0';
+    } else {
+        buf[cap - 1] = '\0';
+    }
+    return buf;
+}
+
+const char *ct__desc(char *buf, const ct_tensor *t) {
+    char shape[CT__SHAPE_STR];
+    snprintf(buf, CT__DESC_STR, "%s%s", ct_dtype_name(t->dtype),
+             ct__shape_str(shape, t->ndim, t->sizes));
+    return buf;
+}

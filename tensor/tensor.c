@@ -1,0 +1,520 @@
+/* Storage, tensor objects, scopes, accessors and the autograd hook. */
+#include "tensor_impl.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+/* ---------------------------------------------------------------- storage */
+
+#define CT__ALIGN 64
+
+static void free_aligned(void *data, void *ctx) {
+    (void)ctx;
+    free(data);
+}
+
+static ct_storage *storage_wrap(void *data, size_t nbytes, ct_device device,
+                                ct_free_fn free_fn, void *ctx) {
+    ct_storage *s = malloc(sizeof *s);
+    if (!s) {
+        ct__seterr(CT_ENOMEM, "storage: out of memory allocating the storage header");
+        return NULL;
+    }
+    atomic_init(&s->refcount, 1);
+    atomic_init(&s->version, 0);
+    s->data = data;
+    s->nbytes = nbytes;
+    s->device = device;
+    s->free_fn = free_fn;
+    s->free_ctx = ctx;
+    return s;
+}
+
+ct_storage *ct_storage_new(size_t nbytes, ct_device device) {
+    if (device.type != CT_CPU) {
+        ct__seterr(CT_ENOTSUP, "storage_new: device type %d is not available in this build",
+                   (int)device.type);
+        return NULL;
+    }
+    void *data = NULL;
+    /* Round up so that a zero-byte storage still has a unique valid pointer. */
+    size_t alloc = (nbytes + CT__ALIGN - 1) / CT__ALIGN * CT__ALIGN;
+    if (alloc == 0)
+        alloc = CT__ALIGN;
+    if (alloc < nbytes || posix_memalign(&data, CT__ALIGN, alloc) != 0) {
+        ct__seterr(CT_ENOMEM, "storage_new: out of memory allocating %zu bytes", nbytes);
+        return NULL;
+    }
+    ct_storage *s = storage_wrap(data, nbytes, device, free_aligned, NULL);
+    if (!s)
+        free(data);
+    return s;
+}
+
+ct_storage *ct_storage_from_blob(void *data, size_t nbytes, ct_device device,
+                                 ct_free_fn free_fn, void *ctx) {
+    if (!data && nbytes > 0) {
+        ct__seterr(CT_EINVAL, "storage_from_blob: data is NULL but nbytes is %zu", nbytes);
+        return NULL;
+    }
+    return storage_wrap(data, nbytes, device, free_fn, ctx);
+}
+
+ct_storage *ct_storage_retain(ct_storage *s) {
+    if (s)
+        atomic_fetch_add_explicit(&s->refcount, 1, memory_order_relaxed);
+    return s;
+}
+
+void ct_storage_free(ct_storage *s) {
+    if (!s || atomic_fetch_sub_explicit(&s->refcount, 1, memory_order_acq_rel) != 1)
+        return;
+    if (s->free_fn)
+        s->free_fn(s->data, s->free_ctx);
+    free(s);
+}
+
+void *ct_storage_data(const ct_storage *s) { return s ? s->data : NULL; }
+size_t ct_storage_nbytes(const ct_storage *s) { return s ? s->nbytes : 0; }
+ct_device ct_storage_device(const ct_storage *s) { return s ? s->device : CT_DEVICE_CPU; }
+
+/* ---------------------------------------------------------------- scopes */
+
+/* Every scope on a thread shares one array; a scope is the range from its
+ * start to the end. Keeping a tensor swaps it to the front of the range and
+ * shrinks the range, which hands it to the enclosing scope in O(1). */
+typedef struct scope_stack {
+    ct_tensor **owned;
+    size_t len, cap;
+    size_t *starts;
+    size_t depth, starts_cap;
+} scope_stack;
+
+static _Thread_local scope_stack scopes;
+
+static void *grow(void *p, size_t *cap, size_t elem) {
+    size_t ncap = *cap ? *cap * 2 : 64;
+    void *np = realloc(p, ncap * elem);
+    /* A scope cannot report failure to its caller; running out of memory
+     * here leaves no consistent ownership, so it is fatal. */
+    CT_ASSERT(np != NULL);
+    *cap = ncap;
+    return np;
+}
+
+void ct_scope_begin(void) {
+    if (scopes.depth == scopes.starts_cap)
+        scopes.starts = grow(scopes.starts, &scopes.starts_cap, sizeof(size_t));
+    scopes.starts[scopes.depth++] = scopes.len;
+}
+
+void ct_scope_end(void) {
+    CT_ASSERT(scopes.depth > 0 && "ct_scope_end without ct_scope_begin on this thread");
+    size_t start = scopes.starts[--scopes.depth];
+    /* Release newest first: a tensor made late may hold the only other
+     * reference to an earlier one's autograd state. */
+    while (scopes.len > start)
+        ct_tensor_free(scopes.owned[--scopes.len]);
+    if (scopes.depth == 0) {
+        free(scopes.owned);
+        free(scopes.starts);
+        scopes = (scope_stack){0};
+    }
+}
+
+ct_tensor *ct__scope_own(ct_tensor *t) {
+    if (t && scopes.depth > 0) {
+        if (scopes.len == scopes.cap)
+            scopes.owned = grow(scopes.owned, &scopes.cap, sizeof(ct_tensor *));
+        scopes.owned[scopes.len++] = t;
+    }
+    return t;
+}
+
+ct_tensor *ct_keep(ct_tensor *t) {
+    if (!t || scopes.depth == 0)
+        return t;
+    size_t start = scopes.starts[scopes.depth - 1];
+    for (size_t i = scopes.len; i-- > start;) {
+        if (scopes.owned[i] != t)
+            continue;
+        if (scopes.depth > 1) {
+            scopes.owned[i] = scopes.owned[start];
+            scopes.owned[start] = t;
+            scopes.starts[scopes.depth - 1]++;
+        } else {
+            scopes.owned[i] = scopes.owned[--scopes.len];
+        }
+        return t;
+    }
+    return t;
+}
+
+/* ---------------------------------------------------------------- tensors */
+
+static const ct_tensor_hooks *hooks;
+
+int64_t ct__numel(int ndim, const int64_t *sizes) {
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++)
+        n *= sizes[i];
+    return n;
+}
+
+void ct__contiguous_strides(int ndim, const int64_t *sizes, int64_t *strides) {
+    int64_t s = 1;
+    for (int i = ndim - 1; i >= 0; i--) {
+        strides[i] = s;
+        s *= sizes[i] > 1 ? sizes[i] : 1;
+    }
+}
+
+static ct_tensor *tensor_alloc(ct_storage *storage, int64_t offset, int ndim,
+                               const int64_t *sizes, const int64_t *strides, ct_dtype dtype) {
+    ct_tensor *t = malloc(sizeof *t);
+    if (!t) {
+        ct__seterr(CT_ENOMEM, "tensor: out of memory allocating a tensor header");
+        return NULL;
+    }
+    t->magic = CT__TENSOR_MAGIC;
+    atomic_init(&t->refcount, 1);
+    t->storage = ct_storage_retain(storage);
+    t->offset = offset;
+    t->ndim = ndim;
+    t->dtype = dtype;
+    for (int i = 0; i < ndim; i++) {
+        t->sizes[i] = sizes[i];
+        t->strides[i] = strides[i];
+    }
+    t->meta = NULL;
+    return t;
+}
+
+static int check_shape(const char *op, int ndim, const int64_t *sizes, ct_dtype dtype) {
+    if ((unsigned)dtype >= CT_NDTYPES)
+        return ct__seterr(CT_EINVAL, "%s: invalid dtype %d", op, (int)dtype);
+    if (ndim < 0 || ndim > CT_MAX_DIMS)
+        return ct__seterr(CT_EINVAL, "%s: ndim %d is outside [0, %d]", op, ndim, CT_MAX_DIMS);
+    if (ndim > 0 && !sizes)
+        return ct__seterr(CT_EINVAL, "%s: sizes is NULL for ndim %d", op, ndim);
+    int64_t numel = 1;
+    for (int i = 0; i < ndim; i++) {
+        if (sizes[i] < 0) {
+            char buf[CT__SHAPE_STR];
+            return ct__seterr(CT_EINVAL, "%s: negative size in %s", op,
+                              ct__shape_str(buf, ndim, sizes));
+        }
+        if (sizes[i] > 0 && numel > INT64_MAX / 16 / sizes[i])
+            return ct__seterr(CT_EINVAL, "%s: shape is too large", op);
+        numel *= sizes[i];
+    }
+    return 0;
+}
+
+static ct_tensor *tensor_new_unowned(const char *op, int ndim, const int64_t *sizes,
+                                     ct_dtype dtype) {
+    if (check_shape(op, ndim, sizes, dtype))
+        return NULL;
+    int64_t strides[CT_MAX_DIMS];
+    ct__contiguous_strides(ndim, sizes, strides);
+    ct_storage *s =
+        ct_storage_new((size_t)ct__numel(ndim, sizes) * ct_dtype_size(dtype), CT_DEVICE_CPU);
+    if (!s)
+        return NULL;
+    ct_tensor *t = tensor_alloc(s, 0, ndim, sizes, strides, dtype);
+    ct_storage_free(s);
+    return t;
+}
+
+ct_tensor *ct__new(int ndim, const int64_t *sizes, ct_dtype dtype) {
+    return ct__scope_own(tensor_new_unowned("empty", ndim, sizes, dtype));
+}
+
+ct_tensor *ct__make_view(ct_tensor *base, int ndim, const int64_t *sizes,
+                         const int64_t *strides, int64_t offset) {
+    return ct__scope_own(tensor_alloc(base->storage, offset, ndim, sizes, strides, base->dtype));
+}
+
+ct_tensor *ct_tensor_retain(ct_tensor *t) {
+    if (t)
+        atomic_fetch_add_explicit(&t->refcount, 1, memory_order_relaxed);
+    return t;
+}
+
+void ct_tensor_free(ct_tensor *t) {
+    if (!t)
+        return;
+    CT_ASSERT(t->magic == CT__TENSOR_MAGIC && "ct_tensor_free on a freed or foreign pointer");
+    if (atomic_fetch_sub_explicit(&t->refcount, 1, memory_order_acq_rel) != 1)
+        return;
+    if (t->meta && hooks && hooks->free_meta)
+        hooks->free_meta(t->meta);
+    ct_storage_free(t->storage);
+    t->magic = CT__TENSOR_DEAD;
+    free(t);
+}
+
+int ct__check_inputs(const char *op, ct_tensor *const *ts, int n) {
+    for (int i = 0; i < n; i++) {
+        if (!ts[i]) {
+            /* Keep the first failure's message: it says what went wrong. */
+            if (ct_errcode() != CT_OK)
+                return ct_errcode();
+            return ct__seterr(CT_EINVAL, "%s: input %d is NULL", op, i);
+        }
+        if (ts[i]->magic != CT__TENSOR_MAGIC)
+            return ct__seterr(CT_EINVAL, "%s: input %d is not a live tensor (freed or foreign)",
+                              op, i);
+        if (ts[i]->storage->device.type != CT_CPU)
+            return ct__seterr(CT_EDEVICE,
+                              "%s: input %d is on device type %d; this build runs ops on CPU",
+                              op, i, (int)ts[i]->storage->device.type);
+    }
+    return 0;
+}
+
+int ct__wrap_dim(const char *op, int dim, int ndim) {
+    int n = ndim > 0 ? ndim : 1;
+    if (dim < -n || dim >= n) {
+        ct__seterr(CT_EINVAL, "%s: dim %d is out of range for a %d-d tensor (expected [%d, %d])",
+                   op, dim, ndim, -n, n - 1);
+        return -1;
+    }
+    return dim < 0 ? dim + n : dim;
+}
+
+int ct__broadcast_shapes(const char *op, int na, const int64_t *a, int nb, const int64_t *b,
+                         int *nout, int64_t *out) {
+    int n = na > nb ? na : nb;
+    for (int i = 0; i < n; i++) {
+        int64_t sa = i < n - na ? 1 : a[i - (n - na)];
+        int64_t sb = i < n - nb ? 1 : b[i - (n - nb)];
+        if (sa != sb && sa != 1 && sb != 1) {
+            char ba[CT__SHAPE_STR], bb[CT__SHAPE_STR];
+            return ct__seterr(CT_ESHAPE,
+                              "%s: shapes %s and %s do not broadcast (dim %d: %lld vs %lld)",
+                              op, ct__shape_str(ba, na, a), ct__shape_str(bb, nb, b), i,
+                              (long long)sa, (long long)sb);
+        }
+        out[i] = sa == 1 ? sb : sa;
+    }
+    *nout = n;
+    return 0;
+}
+
+/* Byte range [lo, hi) spanned by t's elements; empty for numel 0. */
+static void memory_extent(const ct_tensor *t, char **lo, char **hi) {
+    int64_t esize = (int64_t)ct_dtype_size(t->dtype), min = 0, max = 0;
+    for (int i = 0; i < t->ndim; i++) {
+        if (t->sizes[i] == 0) {
+            *lo = *hi = ct__data(t);
+            return;
+        }
+        int64_t span = (t->sizes[i] - 1) * t->strides[i];
+        if (span < 0)
+            min += span;
+        else
+            max += span;
+    }
+    *lo = ct__data(t) + min * esize;
+    *hi = ct__data(t) + (max + 1) * esize;
+}
+
+static bool same_layout(const ct_tensor *a, const ct_tensor *b) {
+    if (ct__data(a) != ct__data(b) || a->ndim != b->ndim ||
+        ct_dtype_size(a->dtype) != ct_dtype_size(b->dtype))
+        return false;
+    for (int i = 0; i < a->ndim; i++)
+        if (a->sizes[i] != b->sizes[i] || (a->sizes[i] > 1 && a->strides[i] != b->strides[i]))
+            return false;
+    return true;
+}
+
+void ct__bump_version(ct_tensor *t) {
+    atomic_fetch_add_explicit(&t->storage->version, 1, memory_order_relaxed);
+}
+
+int ct__check_inplace(const char *op, ct_tensor *out, ct_tensor *const *ins, int nins) {
+    char desc[CT__DESC_STR];
+    for (int i = 0; i < out->ndim; i++)
+        if (out->strides[i] == 0 && out->sizes[i] > 1)
+            return ct__seterr(CT_EINVAL,
+                              "%s: cannot write in place into %s: dim %d is an expanded view "
+                              "(stride 0), so several elements share one memory location; "
+                              "call ct_contiguous or ct_clone first",
+                              op, ct__desc(desc, out), i);
+    char *olo, *ohi;
+    memory_extent(out, &olo, &ohi);
+    for (int k = 0; k < nins; k++) {
+        const ct_tensor *in = ins[k];
+        if (!in || in->storage != out->storage || same_layout(in, out))
+            continue;
+        char *ilo, *ihi;
+        memory_extent(in, &ilo, &ihi);
+        if (ilo < ohi && olo < ihi)
+            return ct__seterr(CT_EINVAL,
+                              "%s: input %d partially overlaps the output %s in memory; "
+                              "results would depend on evaluation order. Clone the input "
+                              "first",
+                              op, k, ct__desc(desc, out));
+    }
+    ct__bump_version(out);
+    return 0;
+}
+
+ct_tensor *ct__record(ct_op op, ct_tensor *const *inputs, int ninputs, ct_tensor *const *outputs,
+                      int noutputs, bool inplace, const ct_op_args *args) {
+    if (hooks && hooks->record) {
+        static const ct_op_args no_args;
+        ct_op_record rec = {op,      inputs, ninputs, outputs, noutputs,
+                            inplace, args ? args : &no_args};
+        int rc = hooks->record(&rec);
+        if (rc != 0) {
+            if (ct_errcode() == CT_OK)
+                ct__seterr(rc, "%s: the autograd recorder failed", ct_op_name(op));
+            return NULL;
+        }
+    }
+    return outputs[0];
+}
+
+void ct_tensor_set_hooks(const ct_tensor_hooks *h) { hooks = h; }
+void *ct_tensor_meta(const ct_tensor *t) { return t ? t->meta : NULL; }
+void ct_tensor_set_meta(ct_tensor *t, void *meta) {
+    if (t)
+        t->meta = meta;
+}
+
+static const char *const op_names[] = {
+#define CT__OP_NAME(NAME) #NAME,
+    CT_OP_MAP(CT__OP_NAME)
+#undef CT__OP_NAME
+};
+
+const char *ct_op_name(ct_op op) { return (unsigned)op < CT_NOPS ? op_names[op] : "INVALID"; }
+
+/* --------------------------------------------------------------- accessors */
+
+int ct_ndim(const ct_tensor *t) { return t ? t->ndim : -1; }
+
+int64_t ct_size(const ct_tensor *t, int dim) {
+    if (!t || dim < -t->ndim || dim >= t->ndim)
+        return -1;
+    return t->sizes[dim < 0 ? dim + t->ndim : dim];
+}
+
+int64_t ct_stride(const ct_tensor *t, int dim) {
+    if (!t || dim < -t->ndim || dim >= t->ndim)
+        return -1;
+    return t->strides[dim < 0 ? dim + t->ndim : dim];
+}
+
+const int64_t *ct_sizes(const ct_tensor *t) { return t ? t->sizes : NULL; }
+const int64_t *ct_strides(const ct_tensor *t) { return t ? t->strides : NULL; }
+int64_t ct_numel(const ct_tensor *t) { return t ? ct__numel(t->ndim, t->sizes) : 0; }
+ct_dtype ct_tensor_dtype(const ct_tensor *t) { return t ? t->dtype : CT_NDTYPES; }
+ct_device ct_tensor_device(const ct_tensor *t) {
+    return t ? t->storage->device : CT_DEVICE_CPU;
+}
+ct_storage *ct_tensor_storage(const ct_tensor *t) { return t ? t->storage : NULL; }
+int64_t ct_tensor_offset(const ct_tensor *t) { return t ? t->offset : 0; }
+void *ct_data_ptr(const ct_tensor *t) { return t ? ct__data(t) : NULL; }
+
+uint64_t ct_tensor_version(const ct_tensor *t) {
+    return t ? atomic_load_explicit(&t->storage->version, memory_order_relaxed) : 0;
+}
+
+bool ct_is_contiguous(const ct_tensor *t) {
+    if (!t)
+        return false;
+    int64_t expected = 1;
+    for (int i = t->ndim - 1; i >= 0; i--) {
+        if (t->sizes[i] == 0)
+            return true;
+        if (t->sizes[i] != 1 && t->strides[i] != expected)
+            return false;
+        expected *= t->sizes[i];
+    }
+    return true;
+}
+
+double ct_item(const ct_tensor *t) {
+    if (CT__CHECK("item", (ct_tensor *)t))
+        return NAN;
+    if (ct_numel(t) != 1) {
+        char desc[CT__DESC_STR];
+        ct__seterr(CT_ESHAPE, "item: %s has %lld elements; expected exactly one",
+                   ct__desc(desc, t), (long long)ct_numel(t));
+        return NAN;
+    }
+    return ct__load_double(t->dtype, ct__data(t));
+}
+
+int64_t ct_item_int64(const ct_tensor *t) {
+    if (t && t->magic == CT__TENSOR_MAGIC && ct_numel(t) == 1) {
+        if (t->dtype == CT_INT64)
+            return *(const int64_t *)ct__data(t);
+        if (t->dtype == CT_INT32)
+            return *(const int32_t *)ct__data(t);
+    }
+    double v = ct_item(t);
+    return v != v ? 0 : (int64_t)v;
+}
+
+double ct_get(const ct_tensor *t, const int64_t *idx) {
+    if (CT__CHECK("get", (ct_tensor *)t))
+        return NAN;
+    int64_t off = 0;
+    for (int i = 0; i < t->ndim; i++) {
+        if (idx[i] < 0 || idx[i] >= t->sizes[i]) {
+            ct__seterr(CT_ERANGE, "get: index %lld is out of range for dim %d of size %lld",
+                       (long long)idx[i], i, (long long)t->sizes[i]);
+            return NAN;
+        }
+        off += idx[i] * t->strides[i];
+    }
+    return ct__load_double(t->dtype, ct__data(t) + off * (int64_t)ct_dtype_size(t->dtype));
+}
+
+/* --------------------------------------------------------------- factories */
+
+ct_tensor *ct_empty(int ndim, const int64_t *sizes, ct_dtype dtype) {
+    ct_tensor *t = ct__new(ndim, sizes, dtype);
+    return t ? ct__record1(CT_OP_EMPTY, t, NULL, 0, NULL) : NULL;
+}
+
+ct_tensor *ct_tensor_from_storage(ct_storage *storage, int64_t offset, int ndim,
+                                  const int64_t *sizes, const int64_t *strides, ct_dtype dtype) {
+    if (!storage) {
+        ct__seterr(CT_EINVAL, "tensor_from_storage: storage is NULL");
+        return NULL;
+    }
+    if (check_shape("tensor_from_storage", ndim, sizes, dtype))
+        return NULL;
+    int64_t cstrides[CT_MAX_DIMS];
+    if (!strides) {
+        ct__contiguous_strides(ndim, sizes, cstrides);
+        strides = cstrides;
+    }
+    int64_t lo = offset, hi = offset;
+    bool empty = false;
+    for (int i = 0; i < ndim; i++) {
+        if (sizes[i] == 0)
+            empty = true;
+        else if (strides[i] < 0)
+            lo += (sizes[i] - 1) * strides[i];
+        else
+            hi += (sizes[i] - 1) * strides[i];
+    }
+    int64_t esize = (int64_t)ct_dtype_size(dtype);
+    if (offset < 0 || (!empty && (lo < 0 || (hi + 1) * esize > (int64_t)storage->nbytes))) {
+        char buf[CT__SHAPE_STR];
+        ct__seterr(CT_ERANGE,
+                   "tensor_from_storage: %s%s at offset %lld reaches past the storage's %zu "
+                   "bytes",
+                   ct_dtype_name(dtype), ct__shape_str(buf, ndim, sizes), (long long)offset,
+                   storage->nbytes);
+        return NULL;
+    }
+    return ct__scope_own(tensor_alloc(storage, offset, ndim, sizes, strides, dtype));
+}

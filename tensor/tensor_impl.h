@@ -1,0 +1,169 @@
+/* ct tensor internal header: not installed, not part of the API. */
+#ifndef CT_TENSOR_IMPL_H
+#define CT_TENSOR_IMPL_H
+
+#include <ct/tensor.h>
+
+#include <stdatomic.h>
+#include <string.h>
+
+/* ---------------------------------------------------------------- asserts */
+
+#define CT_ASSERT(expr)                                                        \
+    ((expr) ? (void)0 : ct__assert_fail(#expr, __FILE__, __LINE__))
+_Noreturn void ct__assert_fail(const char *expr, const char *file, int line);
+
+/* ----------------------------------------------------------------- errors */
+
+/* Records code and a formatted message for this thread; returns code. */
+int ct__seterr(int code, const char *fmt, ...) CT_PRINTF(2, 3);
+/* Formats "[2, 3]" into buf (at least CT__SHAPE_STR bytes). */
+#define CT__SHAPE_STR 96
+const char *ct__shape_str(char *buf, int ndim, const int64_t *sizes);
+/* "float32[2, 3]" into buf (at least CT__DESC_STR bytes). */
+#define CT__DESC_STR 112
+const char *ct__desc(char *buf, const ct_tensor *t);
+
+/* Validates op inputs: NULL (keeping any earlier message), a freed or foreign
+ * handle, a non-CPU device. Returns 0 or a CT_E* code with the message
+ * set. */
+int ct__check_inputs(const char *op, ct_tensor *const *ts, int n);
+#define CT__CHECK(op, ...)                                                     \
+    ct__check_inputs(op, (ct_tensor *const[]){__VA_ARGS__},                    \
+                     (int)(sizeof((ct_tensor *const[]){__VA_ARGS__}) / sizeof(ct_tensor *)))
+
+/* --------------------------------------------------------------- objects */
+
+#define CT__TENSOR_MAGIC 0x63745431u /* "ctT1" */
+#define CT__TENSOR_DEAD 0xdeadc7c7u
+
+struct ct_storage {
+    atomic_long refcount;
+    atomic_uint_fast64_t version;
+    void *data;
+    size_t nbytes;
+    ct_device device;
+    ct_free_fn free_fn;
+    void *free_ctx;
+};
+
+struct ct_tensor {
+    uint32_t magic;
+    atomic_long refcount;
+    ct_storage *storage;
+    int64_t offset; /* in elements */
+    int ndim;
+    ct_dtype dtype;
+    int64_t sizes[CT_MAX_DIMS];
+    int64_t strides[CT_MAX_DIMS]; /* in elements */
+    void *meta;                   /* autograd's slot */
+};
+
+static inline char *ct__data(const ct_tensor *t) {
+    return (char *)t->storage->data + t->offset * (int64_t)ct_dtype_size(t->dtype);
+}
+
+int64_t ct__numel(int ndim, const int64_t *sizes);
+/* Wraps a negative dim; -1 and an error message on a bad one. */
+int ct__wrap_dim(const char *op, int dim, int ndim);
+/* A new tensor object viewing storage (retained); registered in the current
+ * scope. */
+ct_tensor *ct__make_view(ct_tensor *base, int ndim, const int64_t *sizes,
+                         const int64_t *strides, int64_t offset);
+/* New contiguous tensor registered in the current scope. */
+ct_tensor *ct__new(int ndim, const int64_t *sizes, ct_dtype dtype);
+/* Hands a new reference to the current scope (if any); returns t. */
+ct_tensor *ct__scope_own(ct_tensor *t);
+void ct__contiguous_strides(int ndim, const int64_t *sizes, int64_t *strides);
+
+/* Reports an op to the autograd recorder. On failure the outputs are
+ * released (not in-place ones) and NULL is returned; otherwise outputs[0]. */
+ct_tensor *ct__record(ct_op op, ct_tensor *const *inputs, int ninputs, ct_tensor *const *outputs,
+                      int noutputs, bool inplace, const ct_op_args *args);
+static inline ct_tensor *ct__record1(ct_op op, ct_tensor *out, ct_tensor *const *inputs,
+                                     int ninputs, const ct_op_args *args) {
+    return ct__record(op, inputs, ninputs, &out, 1, false, args);
+}
+
+/* Checks that out may be written in place: not an expanded view and not
+ * partially overlapping any of ins. Bumps the version on success. */
+int ct__check_inplace(const char *op, ct_tensor *out, ct_tensor *const *ins, int nins);
+void ct__bump_version(ct_tensor *t);
+
+/* Broadcasts shapes a and b into out; CT_ESHAPE message names op. */
+int ct__broadcast_shapes(const char *op, int na, const int64_t *a, int nb, const int64_t *b,
+                         int *nout, int64_t *out);
+
+/* ------------------------------------------------------- 16-bit floats */
+
+static inline float ct__bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline uint16_t ct__f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);         /* round to nearest even */
+    return (uint16_t)(u >> 16);
+}
+
+float ct__f16_to_f32(uint16_t h);
+uint16_t ct__f32_to_f16(float f);
+
+/* --------------------------------------------------- the element iterator */
+
+/* One iterator serves every elementwise and reduction kernel. It broadcasts
+ * operands to a common shape, orders dims so that the first operand's
+ * smallest stride comes first, and coalesces dims that are contiguous in
+ * every operand. Kernels then see a 1-D inner loop with a byte stride per
+ * operand, which the compiler can vectorize when strides equal the element
+ * size. */
+#define CT__ITER_MAX 4
+
+typedef struct ct__iter {
+    int ntensors;                              /* outputs first */
+    int ndim;                                  /* after coalescing */
+    int64_t shape[CT_MAX_DIMS];                /* dim 0 is innermost */
+    int64_t strides[CT_MAX_DIMS][CT__ITER_MAX]; /* bytes, [dim][operand] */
+    char *data[CT__ITER_MAX];
+    int64_t numel;
+} ct__iter;
+
+/* Inner loop: n elements, operand k at data[k] advancing strides[k] bytes. */
+typedef void (*ct__loop_fn)(void *ctx, char **data, const int64_t *strides, int64_t n);
+
+/* Builds an iterator over ts[0..n-1]; every operand is viewed with the
+ * broadcast shape (ndim, sizes); zero strides broadcast. */
+void ct__iter_init(ct__iter *it, ct_tensor *const *ts, int n, int ndim, const int64_t *sizes);
+/* Runs loop over every element, splitting the range across the pool in
+ * pieces of at least grain elements. Elementwise loops only: the pieces must
+ * be independent. */
+void ct__iter_run(const ct__iter *it, ct__loop_fn loop, void *ctx, int64_t grain);
+/* Runs loop sequentially over the linear range [lo, hi) of the iterator. */
+void ct__iter_run_range(const ct__iter *it, ct__loop_fn loop, void *ctx, int64_t lo, int64_t hi);
+
+/* Grain sizes: below these, work runs on one thread. */
+#define CT__GRAIN_ELEMENTWISE 32768
+#define CT__GRAIN_REDUCE 32768
+
+/* --------------------------------------------------------- scalar loads */
+
+/* Reads element i of dtype at p as double / writes v converted. */
+double ct__load_double(ct_dtype dtype, const void *p);
+void ct__store_double(ct_dtype dtype, void *p, double v);
+
+/* The loop that converts an (out, in) operand pair from one dtype to
+ * another; ctx is unused. */
+ct__loop_fn ct__cast_kernel(ct_dtype to, ct_dtype from);
+
+/* -------------------------------------------------- runtime hooks */
+
+void ct__blas_init(void);
+void ct__scope_release_all(void);
+
+#endif

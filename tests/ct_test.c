@@ -1,0 +1,192 @@
+/* ct test harness implementation and main(). */
+#include "ct_test.h"
+
+#include <stdarg.h>
+#include <stdlib.h>
+
+#define TT_MAX_TESTS 512
+
+static struct {
+    const char *name;
+    tt_fn fn;
+} tests[TT_MAX_TESTS];
+static int ntests;
+static int current_failures;
+
+void tt_register(const char *name, tt_fn fn) {
+    if (ntests == TT_MAX_TESTS) {
+        fprintf(stderr, "too many tests\n");
+        abort();
+    }
+    tests[ntests].name = name;
+    tests[ntests].fn = fn;
+    ntests++;
+}
+
+void tt_fail(const char *file, int line, const char *fmt, ...) {
+    va_list ap;
+    fprintf(stderr, "  FAIL %s:%d: ", file, line);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    current_failures++;
+}
+
+int tt_failed(void) { return current_failures; }
+
+/* Runs every test, or those named on the command line. Each runs inside a
+ * scope so that leaks show up under ASan only if ct itself leaks. */
+int main(int argc, char **argv) {
+    int passed = 0, failed = 0;
+    for (int i = 0; i < ntests; i++) {
+        bool selected = argc < 2;
+        for (int a = 1; a < argc; a++)
+            selected |= strcmp(argv[a], tests[i].name) == 0;
+        if (!selected)
+            continue;
+        current_failures = 0;
+        ct_errclear();
+        ct_scope_begin();
+        tests[i].fn();
+        ct_scope_end();
+        if (current_failures) {
+            failed++;
+            printf("FAIL %s\n", tests[i].name);
+        } else {
+            passed++;
+            printf("ok   %s\n", tests[i].name);
+        }
+        fflush(stdout);
+    }
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed ? 1 : 0;
+}
+
+static uint64_t splitmix(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+ct_tensor *tt_rand(int ndim, const int64_t *sizes, ct_dtype dtype, uint64_t seed) {
+    ct_tensor *t = ct_empty(ndim, sizes, dtype);
+    if (!t)
+        return NULL;
+    int64_t n = ct_numel(t);
+    uint64_t s = seed * 7919 + 1;
+    double *vals = malloc(sizeof(double) * (size_t)(n > 0 ? n : 1));
+    for (int64_t i = 0; i < n; i++) {
+        uint64_t r = splitmix(&s);
+        if (ct_dtype_is_float(dtype))
+            vals[i] = ((double)(r >> 11) / 9007199254740992.0) * 4.0 - 2.0;
+        else if (dtype == CT_BOOL)
+            vals[i] = (double)(r & 1);
+        else if (dtype == CT_UINT8)
+            vals[i] = (double)(r % 11);
+        else
+            vals[i] = (double)(int64_t)(r % 11) - 5.0;
+    }
+    /* Write through a float64 tensor so that each dtype rounds its own way. */
+    ct_tensor *src = ct_from_data(vals, ndim, sizes, CT_FLOAT64);
+    free(vals);
+    return ct_copy_(t, src) ? t : NULL;
+}
+
+ct_tensor *tt_layout_of(ct_tensor *t, tt_layout layout) {
+    if (!t)
+        return NULL;
+    int nd = ct_ndim(t);
+    const int64_t *sz = ct_sizes(t);
+    switch (layout) {
+    case TT_CONTIGUOUS:
+        return ct_clone(t);
+    case TT_TRANSPOSED: {
+        int64_t rsz[CT_MAX_DIMS];
+        int perm[CT_MAX_DIMS];
+        for (int i = 0; i < nd; i++) {
+            rsz[i] = sz[nd - 1 - i];
+            perm[i] = nd - 1 - i;
+        }
+        ct_tensor *buf = ct_empty(nd, rsz, ct_tensor_dtype(t));
+        ct_tensor *v = ct_permute(buf, perm);
+        return ct_copy_(v, t) ? v : NULL;
+    }
+    case TT_STRIDED: {
+        if (nd == 0)
+            return ct_clone(t);
+        int64_t big[CT_MAX_DIMS];
+        for (int i = 0; i < nd; i++)
+            big[i] = sz[i];
+        big[nd - 1] = sz[nd - 1] * 2 + 1;
+        ct_tensor *buf = ct_zeros(nd, big, ct_tensor_dtype(t));
+        ct_tensor *v = ct_slice(buf, nd - 1, 1, big[nd - 1], 2);
+        return ct_copy_(v, t) ? v : NULL;
+    }
+    case TT_NLAYOUTS:
+        break;
+    }
+    return NULL;
+}
+
+const char *tt_layout_name(tt_layout layout) {
+    static const char *names[] = {"contiguous", "transposed", "strided"};
+    return layout < TT_NLAYOUTS ? names[layout] : "?";
+}
+
+void tt_unravel(int64_t linear, int ndim, const int64_t *sizes, int64_t *idx) {
+    for (int d = ndim - 1; d >= 0; d--) {
+        idx[d] = sizes[d] ? linear % sizes[d] : 0;
+        linear = sizes[d] ? linear / sizes[d] : 0;
+    }
+}
+
+double tt_at(ct_tensor *t, int64_t linear) {
+    int64_t idx[CT_MAX_DIMS];
+    tt_unravel(linear, ct_ndim(t), ct_sizes(t), idx);
+    return ct_get(t, idx);
+}
+
+double tt_at_bcast(ct_tensor *t, int ndim, const int64_t *idx) {
+    int tn = ct_ndim(t);
+    int64_t tidx[CT_MAX_DIMS];
+    for (int i = 0; i < tn; i++) {
+        int64_t s = ct_size(t, i);
+        tidx[i] = s == 1 ? 0 : idx[i + ndim - tn];
+    }
+    return ct_get(t, tidx);
+}
+
+bool tt_close(const char *file, int line, ct_tensor *got, ct_tensor *want, double rtol,
+              double atol) {
+    if (!got || !want) {
+        tt_fail(file, line, "tensor is NULL (got %p, want %p): %s", (void *)got, (void *)want,
+                ct_errmsg());
+        return false;
+    }
+    if (ct_ndim(got) != ct_ndim(want)) {
+        tt_fail(file, line, "ndim %d vs %d", ct_ndim(got), ct_ndim(want));
+        return false;
+    }
+    for (int i = 0; i < ct_ndim(got); i++)
+        if (ct_size(got, i) != ct_size(want, i)) {
+            tt_fail(file, line, "size of dim %d: %lld vs %lld", i, (long long)ct_size(got, i),
+                    (long long)ct_size(want, i));
+            return false;
+        }
+    int64_t n = ct_numel(got);
+    for (int64_t i = 0; i < n; i++) {
+        double g = tt_at(got, i), w = tt_at(want, i);
+        if (isnan(g) && isnan(w))
+            continue;
+        if (g == w)
+            continue;
+        if (!(fabs(g - w) <= atol + rtol * fabs(w))) {
+            tt_fail(file, line, "element %lld: got %.9g, want %.9g (rtol %g, atol %g)",
+                    (long long)i, g, w, rtol, atol);
+            return false;
+        }
+    }
+    return true;
+}
