@@ -1,1 +1,87 @@
+/* Copies and dtype conversion. */
 #include "tensor_impl.h"
+
+typedef struct memcpy_job {
+    char *dst;
+    const char *src;
+} memcpy_job;
+
+static void memcpy_chunk(void *arg, int64_t lo, int64_t hi) {
+    const memcpy_job *j = arg;
+    memcpy(j->dst + lo, j->src + lo, (size_t)(hi - lo));
+}
+
+void ct__copy_into(ct_tensor *dst, ct_tensor *src) {
+    if (dst->dtype == src->dtype && ct_is_contiguous(dst) && ct_is_contiguous(src) &&
+        dst->ndim == src->ndim && ct_numel(dst) == ct_numel(src)) {
+        bool same_shape = true;
+        for (int i = 0; i < dst->ndim; i++)
+            same_shape &= dst->sizes[i] == src->sizes[i];
+        if (same_shape) {
+            memcpy_job j = {ct__data(dst), ct__data(src)};
+            int64_t bytes = ct_numel(dst) * (int64_t)ct_dtype_size(dst->dtype);
+            ct_parallel_for(0, bytes, CT__GRAIN_ELEMENTWISE * 8, memcpy_chunk, &j);
+            return;
+        }
+    }
+    ct__iter it;
+    ct__iter_init(&it, (ct_tensor *[]){dst, src}, 2, dst->ndim, dst->sizes);
+    ct__iter_run(&it, ct__cast_kernel(dst->dtype, src->dtype), NULL, CT__GRAIN_ELEMENTWISE);
+}
+
+ct_tensor *ct_copy_(ct_tensor *dst, ct_tensor *src) {
+    if (CT__CHECK("copy_", dst, src))
+        return NULL;
+    int nd;
+    int64_t shape[CT_MAX_DIMS];
+    if (ct__broadcast_shapes("copy_", dst->ndim, dst->sizes, src->ndim, src->sizes, &nd, shape))
+        return NULL;
+    bool fits = nd == dst->ndim;
+    for (int i = 0; fits && i < nd; i++)
+        fits = shape[i] == dst->sizes[i];
+    if (!fits) {
+        char d[CT__DESC_STR], s[CT__DESC_STR];
+        ct__seterr(CT_ESHAPE, "copy_: source %s does not broadcast to destination %s",
+                   ct__desc(s, src), ct__desc(d, dst));
+        return NULL;
+    }
+    if (ct__check_inplace("copy_", dst, (ct_tensor *[]){src}, 1))
+        return NULL;
+    ct__copy_into(dst, src);
+    return ct__record(CT_OP_COPY, (ct_tensor *[]){dst, src}, 2, (ct_tensor *[]){dst}, 1, true,
+                      NULL);
+}
+
+ct_tensor *ct_clone(ct_tensor *t) {
+    if (CT__CHECK("clone", t))
+        return NULL;
+    ct_tensor *out = ct__new(t->ndim, t->sizes, t->dtype);
+    if (!out)
+        return NULL;
+    ct__copy_into(out, t);
+    return ct__record1(CT_OP_CLONE, out, (ct_tensor *[]){t}, 1, NULL);
+}
+
+ct_tensor *ct_contiguous(ct_tensor *t) {
+    if (CT__CHECK("contiguous", t))
+        return NULL;
+    if (ct_is_contiguous(t))
+        return ct__scope_own(ct_tensor_retain(t));
+    return ct_clone(t);
+}
+
+ct_tensor *ct_to_dtype(ct_tensor *t, ct_dtype dtype) {
+    if (CT__CHECK("to_dtype", t))
+        return NULL;
+    if ((unsigned)dtype >= CT_NDTYPES) {
+        ct__seterr(CT_EINVAL, "to_dtype: invalid dtype %d", (int)dtype);
+        return NULL;
+    }
+    if (t->dtype == dtype)
+        return ct__scope_own(ct_tensor_retain(t));
+    ct_tensor *out = ct__new(t->ndim, t->sizes, dtype);
+    if (!out)
+        return NULL;
+    ct__copy_into(out, t);
+    return ct__record1(CT_OP_TO_DTYPE, out, (ct_tensor *[]){t}, 1, NULL);
+}

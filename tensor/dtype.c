@@ -127,55 +127,35 @@ void ct__store_double(ct_dtype dtype, void *p, double v) {
     CT_ASSERT(!"bad dtype");
 }
 
-/* Casts go through each dtype's compute type: float for the 16-bit floats,
- * double for float64, int64 for integers. One loop per (to, from) pair is
- * stamped out below so that contiguous casts vectorize. */
-#define CT__LOAD_FLOAT32(p) (*(const float *)(p))
-#define CT__LOAD_FLOAT64(p) (*(const double *)(p))
-#define CT__LOAD_BFLOAT16(p) ct__bf16_to_f32(*(const uint16_t *)(p))
-#define CT__LOAD_FLOAT16(p) ct__f16_to_f32(*(const uint16_t *)(p))
-#define CT__LOAD_INT64(p) (*(const int64_t *)(p))
-#define CT__LOAD_INT32(p) (*(const int32_t *)(p))
-#define CT__LOAD_UINT8(p) (*(const uint8_t *)(p))
-#define CT__LOAD_BOOL(p) (*(const uint8_t *)(p) != 0)
-
-#define CT__STORE_FLOAT32(p, v) (*(float *)(p) = (float)(v))
-#define CT__STORE_FLOAT64(p, v) (*(double *)(p) = (double)(v))
-#define CT__STORE_BFLOAT16(p, v) (*(uint16_t *)(p) = ct__f32_to_bf16((float)(v)))
-#define CT__STORE_FLOAT16(p, v) (*(uint16_t *)(p) = ct__f32_to_f16((float)(v)))
-#define CT__STORE_INT64(p, v) (*(int64_t *)(p) = (int64_t)(v))
-#define CT__STORE_INT32(p, v) (*(int32_t *)(p) = (int32_t)(v))
-#define CT__STORE_UINT8(p, v) (*(uint8_t *)(p) = (uint8_t)(int64_t)(v))
-#define CT__STORE_BOOL(p, v) (*(uint8_t *)(p) = (v) != 0)
-
-#define CT__CAST_LOOP(TO, FROM)                                                \
-    static void cast_##TO##_##FROM(void *ctx, char **data, const int64_t *strides, \
-                                   int64_t n) {                                \
-        (void)ctx;                                                             \
-        char *out = data[0];                                                   \
-        const char *in = data[1];                                              \
-        int64_t so = strides[0], si = strides[1];                              \
-        for (int64_t i = 0; i < n; i++)                                        \
-            CT__STORE_##TO(out + i * so, CT__LOAD_##FROM(in + i * si));        \
+/* One loop per (to, from) pair, through each dtype's compute type, so that
+ * contiguous casts vectorize. */
+#define CT__CAST_LOOP(TO, FROM)                                                                    \
+    static void cast_##TO##_##FROM(void *ctx, char **data, const int64_t *strides, int64_t n) {    \
+        (void)ctx;                                                                                 \
+        char *out = data[0];                                                                       \
+        const char *in = data[1];                                                                  \
+        int64_t so = strides[0], si = strides[1];                                                  \
+        for (int64_t i = 0; i < n; i++)                                                            \
+            *(CT__T_##TO *)(out + i * so) =                                                        \
+                CT__OUT_##TO(CT__IN_##FROM(*(const CT__T_##FROM *)(in + i * si)));                 \
     }
 
-#define CT__CAST_FROM(NAME, name, size) CT__CAST_ROW(NAME)
-#define CT__CAST_ROW(FROM)                                                     \
-    CT__CAST_LOOP(FLOAT32, FROM)                                               \
-    CT__CAST_LOOP(FLOAT64, FROM)                                               \
-    CT__CAST_LOOP(BFLOAT16, FROM)                                              \
-    CT__CAST_LOOP(FLOAT16, FROM)                                               \
-    CT__CAST_LOOP(INT64, FROM)                                                 \
-    CT__CAST_LOOP(INT32, FROM)                                                 \
-    CT__CAST_LOOP(UINT8, FROM)                                                 \
+#define CT__CAST_ROW(FROM)                                                                         \
+    CT__CAST_LOOP(FLOAT32, FROM)                                                                   \
+    CT__CAST_LOOP(FLOAT64, FROM)                                                                   \
+    CT__CAST_LOOP(BFLOAT16, FROM)                                                                  \
+    CT__CAST_LOOP(FLOAT16, FROM)                                                                   \
+    CT__CAST_LOOP(INT64, FROM)                                                                     \
+    CT__CAST_LOOP(INT32, FROM)                                                                     \
+    CT__CAST_LOOP(UINT8, FROM)                                                                     \
     CT__CAST_LOOP(BOOL, FROM)
-CT_DTYPE_MAP(CT__CAST_FROM)
+CT__ALL_DTYPES(CT__CAST_ROW)
 
-#define CT__CAST_ENTRY(NAME, name, size) CT__CAST_ENTRIES(NAME),
-#define CT__CAST_ENTRIES(TO)                                                   \
-    {cast_##TO##_FLOAT32, cast_##TO##_FLOAT64, cast_##TO##_BFLOAT16,           \
-     cast_##TO##_FLOAT16, cast_##TO##_INT64,   cast_##TO##_INT32,              \
-     cast_##TO##_UINT8,   cast_##TO##_BOOL}
-static const ct__loop_fn cast_table[CT_NDTYPES][CT_NDTYPES] = {CT_DTYPE_MAP(CT__CAST_ENTRY)};
+/* Rows in ct_dtype order: FLOAT32, FLOAT64, BFLOAT16, FLOAT16, INT64, INT32,
+ * UINT8, BOOL. */
+#define CT__CAST_ENTRIES(TO)                                                                       \
+    {cast_##TO##_FLOAT32, cast_##TO##_FLOAT64, cast_##TO##_BFLOAT16, cast_##TO##_FLOAT16,          \
+     cast_##TO##_INT64,   cast_##TO##_INT32,   cast_##TO##_UINT8,    cast_##TO##_BOOL},
+static const ct__loop_fn cast_table[CT_NDTYPES][CT_NDTYPES] = {CT__ALL_DTYPES(CT__CAST_ENTRIES)};
 
 ct__loop_fn ct__cast_kernel(ct_dtype to, ct_dtype from) { return cast_table[to][from]; }

@@ -70,8 +70,7 @@ const char *ct__shape_str(char *buf, int ndim, const int64_t *sizes) {
     size_t len = 0, cap = CT__SHAPE_STR;
     buf[len++] = '[';
     for (int i = 0; i < ndim && len < cap; i++)
-        len += (size_t)snprintf(buf + len, cap - len, "%s%lld", i ? ", " : "",
-                                (long long)sizes[i]);
+        len += (size_t)snprintf(buf + len, cap - len, "%s%lld", i ? ", " : "", (long long)sizes[i]);
     if (len < cap - 1) {
         buf[len++] = ']';
         buf[len] = '\0';

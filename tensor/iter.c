@@ -39,8 +39,7 @@ void ct__iter_init(ct__iter *it, ct_tensor *const *ts, int n, int ndim, const in
             const ct_tensor *t = ts[k];
             int kd = td - (ndim - t->ndim);
             int64_t esize = (int64_t)ct_dtype_size(t->dtype);
-            it->strides[d][k] =
-                kd < 0 || t->sizes[kd] == 1 ? 0 : t->strides[kd] * esize;
+            it->strides[d][k] = kd < 0 || t->sizes[kd] == 1 ? 0 : t->strides[kd] * esize;
         }
     }
     /* Stable insertion sort: the innermost dim gets the smallest stride. */

@@ -156,9 +156,8 @@ int ct_set_num_threads(int n) {
     if (n < 1)
         return ct__seterr(CT_EINVAL, "set_num_threads: %d threads requested; expected >= 1", n);
     if (in_region)
-        return ct__seterr(CT_ESTATE,
-                          "set_num_threads: called from inside a parallel region; "
-                          "resize the pool outside ct_parallel_for");
+        return ct__seterr(CT_ESTATE, "set_num_threads: called from inside a parallel region; "
+                                     "resize the pool outside ct_parallel_for");
     pthread_mutex_lock(&the_pool.submit);
     pool_stop();
     atomic_store(&configured_threads, n);
@@ -203,8 +202,7 @@ void ct_parallel_for(int64_t begin, int64_t end, int64_t grain, ct_parallel_fn f
     in_region = false;
 
     pthread_mutex_lock(&the_pool.lock);
-    while (atomic_load_explicit(&j.remaining, memory_order_acquire) > 0 ||
-           the_pool.active > 0)
+    while (atomic_load_explicit(&j.remaining, memory_order_acquire) > 0 || the_pool.active > 0)
         pthread_cond_wait(&the_pool.done, &the_pool.lock);
     the_pool.job = NULL;
     pthread_mutex_unlock(&the_pool.lock);

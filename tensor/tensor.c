@@ -13,8 +13,8 @@ static void free_aligned(void *data, void *ctx) {
     free(data);
 }
 
-static ct_storage *storage_wrap(void *data, size_t nbytes, ct_device device,
-                                ct_free_fn free_fn, void *ctx) {
+static ct_storage *storage_wrap(void *data, size_t nbytes, ct_device device, ct_free_fn free_fn,
+                                void *ctx) {
     ct_storage *s = malloc(sizeof *s);
     if (!s) {
         ct__seterr(CT_ENOMEM, "storage: out of memory allocating the storage header");
@@ -51,8 +51,8 @@ ct_storage *ct_storage_new(size_t nbytes, ct_device device) {
     return s;
 }
 
-ct_storage *ct_storage_from_blob(void *data, size_t nbytes, ct_device device,
-                                 ct_free_fn free_fn, void *ctx) {
+ct_storage *ct_storage_from_blob(void *data, size_t nbytes, ct_device device, ct_free_fn free_fn,
+                                 void *ctx) {
     if (!data && nbytes > 0) {
         ct__seterr(CT_EINVAL, "storage_from_blob: data is NULL but nbytes is %zu", nbytes);
         return NULL;
@@ -131,6 +131,23 @@ ct_tensor *ct__scope_own(ct_tensor *t) {
     return t;
 }
 
+void ct__release(ct_tensor *t) {
+    if (!t)
+        return;
+    if (scopes.depth > 0) {
+        size_t start = scopes.starts[scopes.depth - 1];
+        for (size_t i = scopes.len; i-- > start;) {
+            if (scopes.owned[i] == t) {
+                memmove(&scopes.owned[i], &scopes.owned[i + 1],
+                        (scopes.len - i - 1) * sizeof(ct_tensor *));
+                scopes.len--;
+                break;
+            }
+        }
+    }
+    ct_tensor_free(t);
+}
+
 ct_tensor *ct_keep(ct_tensor *t) {
     if (!t || scopes.depth == 0)
         return t;
@@ -169,8 +186,8 @@ void ct__contiguous_strides(int ndim, const int64_t *sizes, int64_t *strides) {
     }
 }
 
-static ct_tensor *tensor_alloc(ct_storage *storage, int64_t offset, int ndim,
-                               const int64_t *sizes, const int64_t *strides, ct_dtype dtype) {
+static ct_tensor *tensor_alloc(ct_storage *storage, int64_t offset, int ndim, const int64_t *sizes,
+                               const int64_t *strides, ct_dtype dtype) {
     ct_tensor *t = malloc(sizeof *t);
     if (!t) {
         ct__seterr(CT_ENOMEM, "tensor: out of memory allocating a tensor header");
@@ -230,8 +247,8 @@ ct_tensor *ct__new(int ndim, const int64_t *sizes, ct_dtype dtype) {
     return ct__scope_own(tensor_new_unowned("empty", ndim, sizes, dtype));
 }
 
-ct_tensor *ct__make_view(ct_tensor *base, int ndim, const int64_t *sizes,
-                         const int64_t *strides, int64_t offset) {
+ct_tensor *ct__make_view(ct_tensor *base, int ndim, const int64_t *sizes, const int64_t *strides,
+                         int64_t offset) {
     return ct__scope_own(tensor_alloc(base->storage, offset, ndim, sizes, strides, base->dtype));
 }
 
@@ -263,12 +280,12 @@ int ct__check_inputs(const char *op, ct_tensor *const *ts, int n) {
             return ct__seterr(CT_EINVAL, "%s: input %d is NULL", op, i);
         }
         if (ts[i]->magic != CT__TENSOR_MAGIC)
-            return ct__seterr(CT_EINVAL, "%s: input %d is not a live tensor (freed or foreign)",
-                              op, i);
+            return ct__seterr(CT_EINVAL, "%s: input %d is not a live tensor (freed or foreign)", op,
+                              i);
         if (ts[i]->storage->device.type != CT_CPU)
             return ct__seterr(CT_EDEVICE,
-                              "%s: input %d is on device type %d; this build runs ops on CPU",
-                              op, i, (int)ts[i]->storage->device.type);
+                              "%s: input %d is on device type %d; this build runs ops on CPU", op,
+                              i, (int)ts[i]->storage->device.type);
     }
     return 0;
 }
@@ -292,9 +309,9 @@ int ct__broadcast_shapes(const char *op, int na, const int64_t *a, int nb, const
         if (sa != sb && sa != 1 && sb != 1) {
             char ba[CT__SHAPE_STR], bb[CT__SHAPE_STR];
             return ct__seterr(CT_ESHAPE,
-                              "%s: shapes %s and %s do not broadcast (dim %d: %lld vs %lld)",
-                              op, ct__shape_str(ba, na, a), ct__shape_str(bb, nb, b), i,
-                              (long long)sa, (long long)sb);
+                              "%s: shapes %s and %s do not broadcast (dim %d: %lld vs %lld)", op,
+                              ct__shape_str(ba, na, a), ct__shape_str(bb, nb, b), i, (long long)sa,
+                              (long long)sb);
         }
         out[i] = sa == 1 ? sb : sa;
     }
@@ -366,12 +383,14 @@ ct_tensor *ct__record(ct_op op, ct_tensor *const *inputs, int ninputs, ct_tensor
                       int noutputs, bool inplace, const ct_op_args *args) {
     if (hooks && hooks->record) {
         static const ct_op_args no_args;
-        ct_op_record rec = {op,      inputs, ninputs, outputs, noutputs,
-                            inplace, args ? args : &no_args};
+        ct_op_record rec = {
+            op, inputs, ninputs, outputs, noutputs, inplace, args ? args : &no_args};
         int rc = hooks->record(&rec);
         if (rc != 0) {
             if (ct_errcode() == CT_OK)
                 ct__seterr(rc, "%s: the autograd recorder failed", ct_op_name(op));
+            for (int i = 0; i < noutputs && !inplace; i++)
+                ct__release(outputs[i]);
             return NULL;
         }
     }
@@ -413,9 +432,7 @@ const int64_t *ct_sizes(const ct_tensor *t) { return t ? t->sizes : NULL; }
 const int64_t *ct_strides(const ct_tensor *t) { return t ? t->strides : NULL; }
 int64_t ct_numel(const ct_tensor *t) { return t ? ct__numel(t->ndim, t->sizes) : 0; }
 ct_dtype ct_tensor_dtype(const ct_tensor *t) { return t ? t->dtype : CT_NDTYPES; }
-ct_device ct_tensor_device(const ct_tensor *t) {
-    return t ? t->storage->device : CT_DEVICE_CPU;
-}
+ct_device ct_tensor_device(const ct_tensor *t) { return t ? t->storage->device : CT_DEVICE_CPU; }
 ct_storage *ct_tensor_storage(const ct_tensor *t) { return t ? t->storage : NULL; }
 int64_t ct_tensor_offset(const ct_tensor *t) { return t ? t->offset : 0; }
 void *ct_data_ptr(const ct_tensor *t) { return t ? ct__data(t) : NULL; }
@@ -443,8 +460,8 @@ double ct_item(const ct_tensor *t) {
         return NAN;
     if (ct_numel(t) != 1) {
         char desc[CT__DESC_STR];
-        ct__seterr(CT_ESHAPE, "item: %s has %lld elements; expected exactly one",
-                   ct__desc(desc, t), (long long)ct_numel(t));
+        ct__seterr(CT_ESHAPE, "item: %s has %lld elements; expected exactly one", ct__desc(desc, t),
+                   (long long)ct_numel(t));
         return NAN;
     }
     return ct__load_double(t->dtype, ct__data(t));

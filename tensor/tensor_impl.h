@@ -9,8 +9,7 @@
 
 /* ---------------------------------------------------------------- asserts */
 
-#define CT_ASSERT(expr)                                                        \
-    ((expr) ? (void)0 : ct__assert_fail(#expr, __FILE__, __LINE__))
+#define CT_ASSERT(expr) ((expr) ? (void)0 : ct__assert_fail(#expr, __FILE__, __LINE__))
 _Noreturn void ct__assert_fail(const char *expr, const char *file, int line);
 
 /* ----------------------------------------------------------------- errors */
@@ -28,14 +27,14 @@ const char *ct__desc(char *buf, const ct_tensor *t);
  * handle, a non-CPU device. Returns 0 or a CT_E* code with the message
  * set. */
 int ct__check_inputs(const char *op, ct_tensor *const *ts, int n);
-#define CT__CHECK(op, ...)                                                     \
-    ct__check_inputs(op, (ct_tensor *const[]){__VA_ARGS__},                    \
+#define CT__CHECK(op, ...)                                                                         \
+    ct__check_inputs(op, (ct_tensor *const[]){__VA_ARGS__},                                        \
                      (int)(sizeof((ct_tensor *const[]){__VA_ARGS__}) / sizeof(ct_tensor *)))
 
 /* --------------------------------------------------------------- objects */
 
 #define CT__TENSOR_MAGIC 0x63745431u /* "ctT1" */
-#define CT__TENSOR_DEAD 0xdeadc7c7u
+#define CT__TENSOR_DEAD  0xdeadc7c7u
 
 struct ct_storage {
     atomic_long refcount;
@@ -68,12 +67,15 @@ int64_t ct__numel(int ndim, const int64_t *sizes);
 int ct__wrap_dim(const char *op, int dim, int ndim);
 /* A new tensor object viewing storage (retained); registered in the current
  * scope. */
-ct_tensor *ct__make_view(ct_tensor *base, int ndim, const int64_t *sizes,
-                         const int64_t *strides, int64_t offset);
+ct_tensor *ct__make_view(ct_tensor *base, int ndim, const int64_t *sizes, const int64_t *strides,
+                         int64_t offset);
 /* New contiguous tensor registered in the current scope. */
 ct_tensor *ct__new(int ndim, const int64_t *sizes, ct_dtype dtype);
 /* Hands a new reference to the current scope (if any); returns t. */
 ct_tensor *ct__scope_own(ct_tensor *t);
+/* Drops a result the current op made but will not return: takes it out of
+ * the current scope if the scope owns it, then frees it. */
+void ct__release(ct_tensor *t);
 void ct__contiguous_strides(int ndim, const int64_t *sizes, int64_t *strides);
 
 /* Reports an op to the autograd recorder. On failure the outputs are
@@ -115,6 +117,47 @@ static inline uint16_t ct__f32_to_bf16(float f) {
 float ct__f16_to_f32(uint16_t h);
 uint16_t ct__f32_to_f16(float f);
 
+/* Per-dtype element type (T), compute type (ACC), and conversions between
+ * them (IN: T -> ACC, OUT: ACC -> T). Kernels are stamped out per dtype with
+ * these, following the accumulate-type rule: 16-bit floats compute in float,
+ * integers in int64. */
+#define CT__T_FLOAT32       float
+#define CT__ACC_FLOAT32     float
+#define CT__IN_FLOAT32(v)   (v)
+#define CT__OUT_FLOAT32(v)  ((float)(v))
+#define CT__T_FLOAT64       double
+#define CT__ACC_FLOAT64     double
+#define CT__IN_FLOAT64(v)   (v)
+#define CT__OUT_FLOAT64(v)  ((double)(v))
+#define CT__T_BFLOAT16      uint16_t
+#define CT__ACC_BFLOAT16    float
+#define CT__IN_BFLOAT16(v)  ct__bf16_to_f32(v)
+#define CT__OUT_BFLOAT16(v) ct__f32_to_bf16((float)(v))
+#define CT__T_FLOAT16       uint16_t
+#define CT__ACC_FLOAT16     float
+#define CT__IN_FLOAT16(v)   ct__f16_to_f32(v)
+#define CT__OUT_FLOAT16(v)  ct__f32_to_f16((float)(v))
+#define CT__T_INT64         int64_t
+#define CT__ACC_INT64       int64_t
+#define CT__IN_INT64(v)     (v)
+#define CT__OUT_INT64(v)    ((int64_t)(v))
+#define CT__T_INT32         int32_t
+#define CT__ACC_INT32       int64_t
+#define CT__IN_INT32(v)     ((int64_t)(v))
+#define CT__OUT_INT32(v)    ((int32_t)(int64_t)(v))
+#define CT__T_UINT8         uint8_t
+#define CT__ACC_UINT8       int64_t
+#define CT__IN_UINT8(v)     ((int64_t)(v))
+#define CT__OUT_UINT8(v)    ((uint8_t)(int64_t)(v))
+#define CT__T_BOOL          uint8_t
+#define CT__ACC_BOOL        int64_t
+#define CT__IN_BOOL(v)      ((int64_t)((v) != 0))
+#define CT__OUT_BOOL(v)     ((uint8_t)((v) != 0))
+
+#define CT__FLOAT_DTYPES(X) X(FLOAT32) X(FLOAT64) X(BFLOAT16) X(FLOAT16)
+#define CT__INT_DTYPES(X)   X(INT64) X(INT32) X(UINT8)
+#define CT__ALL_DTYPES(X)   CT__FLOAT_DTYPES(X) CT__INT_DTYPES(X) X(BOOL)
+
 /* --------------------------------------------------- the element iterator */
 
 /* One iterator serves every elementwise and reduction kernel. It broadcasts
@@ -126,9 +169,9 @@ uint16_t ct__f32_to_f16(float f);
 #define CT__ITER_MAX 4
 
 typedef struct ct__iter {
-    int ntensors;                              /* outputs first */
-    int ndim;                                  /* after coalescing */
-    int64_t shape[CT_MAX_DIMS];                /* dim 0 is innermost */
+    int ntensors;                               /* outputs first */
+    int ndim;                                   /* after coalescing */
+    int64_t shape[CT_MAX_DIMS];                 /* dim 0 is innermost */
     int64_t strides[CT_MAX_DIMS][CT__ITER_MAX]; /* bytes, [dim][operand] */
     char *data[CT__ITER_MAX];
     int64_t numel;
@@ -149,13 +192,17 @@ void ct__iter_run_range(const ct__iter *it, ct__loop_fn loop, void *ctx, int64_t
 
 /* Grain sizes: below these, work runs on one thread. */
 #define CT__GRAIN_ELEMENTWISE 32768
-#define CT__GRAIN_REDUCE 32768
+#define CT__GRAIN_REDUCE      32768
 
 /* --------------------------------------------------------- scalar loads */
 
 /* Reads element i of dtype at p as double / writes v converted. */
 double ct__load_double(ct_dtype dtype, const void *p);
 void ct__store_double(ct_dtype dtype, void *p, double v);
+
+/* Copies src (already broadcastable to dst's shape) into dst, converting
+ * dtype; no checks, no autograd record. */
+void ct__copy_into(ct_tensor *dst, ct_tensor *src);
 
 /* The loop that converts an (out, in) operand pair from one dtype to
  * another; ctx is unused. */

@@ -1,7 +1,9 @@
 /* ct test harness implementation and main(). */
 #include "ct_test.h"
 
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 
 #define TT_MAX_TESTS 512
@@ -11,7 +13,7 @@ static struct {
     tt_fn fn;
 } tests[TT_MAX_TESTS];
 static int ntests;
-static int current_failures;
+static atomic_int current_failures;
 
 void tt_register(const char *name, tt_fn fn) {
     if (ntests == TT_MAX_TESTS) {
@@ -30,10 +32,25 @@ void tt_fail(const char *file, int line, const char *fmt, ...) {
     vfprintf(stderr, fmt, ap);
     va_end(ap);
     fputc('\n', stderr);
-    current_failures++;
+    atomic_fetch_add(&current_failures, 1);
 }
 
 int tt_failed(void) { return current_failures; }
+
+static void *run_fn(void *arg) {
+    void (**fn)(void) = arg;
+    (*fn)();
+    return NULL;
+}
+
+void tt_run_unscoped(void (*fn)(void)) {
+    pthread_t th;
+    if (pthread_create(&th, NULL, run_fn, &fn) != 0) {
+        tt_fail(__FILE__, __LINE__, "pthread_create failed");
+        return;
+    }
+    pthread_join(th, NULL);
+}
 
 /* Runs every test, or those named on the command line. Each runs inside a
  * scope so that leaks show up under ASan only if ct itself leaks. */
@@ -100,8 +117,7 @@ ct_tensor *tt_layout_of(ct_tensor *t, tt_layout layout) {
     int nd = ct_ndim(t);
     const int64_t *sz = ct_sizes(t);
     switch (layout) {
-    case TT_CONTIGUOUS:
-        return ct_clone(t);
+    case TT_CONTIGUOUS: return ct_clone(t);
     case TT_TRANSPOSED: {
         int64_t rsz[CT_MAX_DIMS];
         int perm[CT_MAX_DIMS];
@@ -124,8 +140,7 @@ ct_tensor *tt_layout_of(ct_tensor *t, tt_layout layout) {
         ct_tensor *v = ct_slice(buf, nd - 1, 1, big[nd - 1], 2);
         return ct_copy_(v, t) ? v : NULL;
     }
-    case TT_NLAYOUTS:
-        break;
+    case TT_NLAYOUTS: break;
     }
     return NULL;
 }

@@ -13,79 +13,82 @@ typedef void (*tt_fn)(void);
 void tt_register(const char *name, tt_fn fn);
 void tt_fail(const char *file, int line, const char *fmt, ...) CT_PRINTF(3, 4);
 int tt_failed(void); /* failures in the current test so far */
+/* Runs fn on a new thread, which has no scope: for tests of what happens at
+ * the outermost scope (every TEST body runs inside one). */
+void tt_run_unscoped(void (*fn)(void));
 
-#define TEST(name)                                                             \
-    static void test_##name(void);                                             \
-    __attribute__((constructor)) static void tt_reg_##name(void) {             \
-        tt_register(#name, test_##name);                                       \
-    }                                                                          \
+#define TEST(name)                                                                                 \
+    static void test_##name(void);                                                                 \
+    __attribute__((constructor)) static void tt_reg_##name(void) {                                 \
+        tt_register(#name, test_##name);                                                           \
+    }                                                                                              \
     static void test_##name(void)
 
-#define ASSERT_TRUE(x)                                                         \
-    do {                                                                       \
-        if (!(x)) {                                                            \
-            tt_fail(__FILE__, __LINE__, "expected true: %s (ct_errmsg: %s)", #x, ct_errmsg()); \
-            return;                                                            \
-        }                                                                      \
+#define ASSERT_TRUE(x)                                                                             \
+    do {                                                                                           \
+        if (!(x)) {                                                                                \
+            tt_fail(__FILE__, __LINE__, "expected true: %s (ct_errmsg: %s)", #x, ct_errmsg());     \
+            return;                                                                                \
+        }                                                                                          \
     } while (0)
 
-#define ASSERT_EQ(a, b)                                                        \
-    do {                                                                       \
-        long long tt_a = (long long)(a), tt_b = (long long)(b);                \
-        if (tt_a != tt_b) {                                                    \
-            tt_fail(__FILE__, __LINE__, "%s == %s: %lld vs %lld (ct_errmsg: %s)", #a, #b, tt_a, \
-                    tt_b, ct_errmsg());                                        \
-            return;                                                            \
-        }                                                                      \
+#define ASSERT_EQ(a, b)                                                                            \
+    do {                                                                                           \
+        long long tt_a = (long long)(a), tt_b = (long long)(b);                                    \
+        if (tt_a != tt_b) {                                                                        \
+            tt_fail(__FILE__, __LINE__, "%s == %s: %lld vs %lld (ct_errmsg: %s)", #a, #b, tt_a,    \
+                    tt_b, ct_errmsg());                                                            \
+            return;                                                                                \
+        }                                                                                          \
     } while (0)
 
-#define ASSERT_NEAR(a, b, tol)                                                 \
-    do {                                                                       \
-        double tt_a = (double)(a), tt_b = (double)(b);                         \
-        if (!(fabs(tt_a - tt_b) <= (tol)) && !(tt_a == tt_b)) {                \
-            tt_fail(__FILE__, __LINE__, "%s ~= %s: %.9g vs %.9g (tol %g)", #a, #b, tt_a, tt_b, \
-                    (double)(tol));                                            \
-            return;                                                            \
-        }                                                                      \
+#define ASSERT_NEAR(a, b, tol)                                                                     \
+    do {                                                                                           \
+        double tt_a = (double)(a), tt_b = (double)(b);                                             \
+        if (!(fabs(tt_a - tt_b) <= (tol)) && !(tt_a == tt_b)) {                                    \
+            tt_fail(__FILE__, __LINE__, "%s ~= %s: %.9g vs %.9g (tol %g)", #a, #b, tt_a, tt_b,     \
+                    (double)(tol));                                                                \
+            return;                                                                                \
+        }                                                                                          \
     } while (0)
 
-#define ASSERT_STR_CONTAINS(s, sub)                                            \
-    do {                                                                       \
-        const char *tt_s = (s), *tt_sub = (sub);                               \
-        if (!tt_s || !strstr(tt_s, tt_sub)) {                                  \
-            tt_fail(__FILE__, __LINE__, "\"%s\" does not contain \"%s\"", tt_s ? tt_s : "(null)", \
-                    tt_sub);                                                   \
-            return;                                                            \
-        }                                                                      \
+#define ASSERT_STR_CONTAINS(s, sub)                                                                \
+    do {                                                                                           \
+        const char *tt_s = (s), *tt_sub = (sub);                                                   \
+        if (!tt_s || !strstr(tt_s, tt_sub)) {                                                      \
+            tt_fail(__FILE__, __LINE__, "\"%s\" does not contain \"%s\"", tt_s ? tt_s : "(null)",  \
+                    tt_sub);                                                                       \
+            return;                                                                                \
+        }                                                                                          \
     } while (0)
 
 /* Asserts that expr returned NULL with error code and a message holding each
  * of the given substrings. Clears the error afterwards. */
-#define ASSERT_FAILS(expr, code, ...)                                          \
-    do {                                                                       \
-        ct_errclear();                                                         \
-        const void *tt_r = (const void *)(expr);                               \
-        if (tt_r != NULL) {                                                    \
-            tt_fail(__FILE__, __LINE__, "expected %s to fail with %s", #expr, ct_errname(code)); \
-            return;                                                            \
-        }                                                                      \
-        if (ct_errcode() != (code)) {                                          \
-            tt_fail(__FILE__, __LINE__, "%s failed with %s, expected %s: %s", #expr, \
-                    ct_errname(ct_errcode()), ct_errname(code), ct_errmsg());  \
-            return;                                                            \
-        }                                                                      \
-        const char *tt_subs[] = {__VA_ARGS__};                                 \
-        for (size_t tt_i = 0; tt_i < sizeof tt_subs / sizeof *tt_subs; tt_i++) \
-            ASSERT_STR_CONTAINS(ct_errmsg(), tt_subs[tt_i]);                   \
-        ct_errclear();                                                         \
+#define ASSERT_FAILS(expr, code, ...)                                                              \
+    do {                                                                                           \
+        ct_errclear();                                                                             \
+        const void *tt_r = (const void *)(expr);                                                   \
+        if (tt_r != NULL) {                                                                        \
+            tt_fail(__FILE__, __LINE__, "expected %s to fail with %s", #expr, ct_errname(code));   \
+            return;                                                                                \
+        }                                                                                          \
+        if (ct_errcode() != (code)) {                                                              \
+            tt_fail(__FILE__, __LINE__, "%s failed with %s, expected %s: %s", #expr,               \
+                    ct_errname(ct_errcode()), ct_errname(code), ct_errmsg());                      \
+            return;                                                                                \
+        }                                                                                          \
+        const char *tt_subs[] = {__VA_ARGS__};                                                     \
+        for (size_t tt_i = 0; tt_i < sizeof tt_subs / sizeof *tt_subs; tt_i++)                     \
+            ASSERT_STR_CONTAINS(ct_errmsg(), tt_subs[tt_i]);                                       \
+        ct_errclear();                                                                             \
     } while (0)
 
 /* Asserts that two tensors have the same shape and values within
  * atol + rtol * |want| (NaNs must match). */
-#define ASSERT_CLOSE(got, want, rtol, atol)                                    \
-    do {                                                                       \
-        if (!tt_close(__FILE__, __LINE__, (got), (want), (rtol), (atol)))      \
-            return;                                                            \
+#define ASSERT_CLOSE(got, want, rtol, atol)                                                        \
+    do {                                                                                           \
+        if (!tt_close(__FILE__, __LINE__, (got), (want), (rtol), (atol)))                          \
+            return;                                                                                \
     } while (0)
 
 bool tt_close(const char *file, int line, ct_tensor *got, ct_tensor *want, double rtol,

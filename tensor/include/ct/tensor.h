@@ -60,7 +60,7 @@ extern "C" {
 #endif
 
 #if defined(__GNUC__)
-#define CT_API __attribute__((visibility("default")))
+#define CT_API          __attribute__((visibility("default")))
 #define CT_PRINTF(f, a) __attribute__((format(printf, f, a)))
 #else
 #define CT_API
@@ -71,22 +71,22 @@ extern "C" {
 
 /* One table makes the enum, ct_strerror() and ct_errname(). Codes are
  * negative; 0 (CT_OK) is success. */
-#define CT_ERRNO_MAP(X)                                                        \
-    X(EINVAL, "invalid argument")                                              \
-    X(ESHAPE, "shape mismatch")                                                \
-    X(EDTYPE, "dtype mismatch")                                                \
-    X(EDEVICE, "device mismatch")                                              \
-    X(ENOMEM, "out of memory")                                                 \
-    X(ERANGE, "index out of range")                                            \
-    X(ENOTSUP, "not supported")                                                \
-    X(ESTATE, "invalid state")                                                 \
-    X(EIO, "input/output error")                                               \
-    X(ECORRUPT, "corrupt data")                                                \
-    X(EVERSION, "unsupported version")                                         \
-    X(ETIMEDOUT, "timed out")                                                  \
-    X(EPEER, "peer failed")                                                    \
-    X(ECLOSED, "closed")                                                       \
-    X(EMISMATCH, "ranks disagree")                                             \
+#define CT_ERRNO_MAP(X)                                                                            \
+    X(EINVAL, "invalid argument")                                                                  \
+    X(ESHAPE, "shape mismatch")                                                                    \
+    X(EDTYPE, "dtype mismatch")                                                                    \
+    X(EDEVICE, "device mismatch")                                                                  \
+    X(ENOMEM, "out of memory")                                                                     \
+    X(ERANGE, "index out of range")                                                                \
+    X(ENOTSUP, "not supported")                                                                    \
+    X(ESTATE, "invalid state")                                                                     \
+    X(EIO, "input/output error")                                                                   \
+    X(ECORRUPT, "corrupt data")                                                                    \
+    X(EVERSION, "unsupported version")                                                             \
+    X(ETIMEDOUT, "timed out")                                                                      \
+    X(EPEER, "peer failed")                                                                        \
+    X(ECLOSED, "closed")                                                                           \
+    X(EMISMATCH, "ranks disagree")                                                                 \
     X(EFOREIGN, "error in an external library")
 
 enum ct__errno_index {
@@ -117,14 +117,14 @@ CT_API void ct_errclear(void);
 
 /* ---------------------------------------------------------------- dtypes */
 
-#define CT_DTYPE_MAP(X)                                                        \
-    X(FLOAT32, float32, 4)                                                     \
-    X(FLOAT64, float64, 8)                                                     \
-    X(BFLOAT16, bfloat16, 2)                                                   \
-    X(FLOAT16, float16, 2)                                                     \
-    X(INT64, int64, 8)                                                         \
-    X(INT32, int32, 4)                                                         \
-    X(UINT8, uint8, 1)                                                         \
+#define CT_DTYPE_MAP(X)                                                                            \
+    X(FLOAT32, float32, 4)                                                                         \
+    X(FLOAT64, float64, 8)                                                                         \
+    X(BFLOAT16, bfloat16, 2)                                                                       \
+    X(FLOAT16, float16, 2)                                                                         \
+    X(INT64, int64, 8)                                                                             \
+    X(INT32, int32, 4)                                                                             \
+    X(UINT8, uint8, 1)                                                                             \
     X(BOOL, bool, 1)
 
 typedef enum ct_dtype {
@@ -186,11 +186,10 @@ CT_API ct_device ct_storage_device(const ct_storage *s);
 typedef struct ct_tensor ct_tensor;
 
 /* CT_SHAPE(2, 3) expands to the (ndim, sizes) argument pair. */
-#define CT_SHAPE(...)                                                          \
+#define CT_SHAPE(...)                                                                              \
     (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), (int64_t[]) { __VA_ARGS__ }
 /* CT_DIMS(0, 2) expands to the (dims, ndims) argument pair of reductions. */
-#define CT_DIMS(...)                                                           \
-    (int[]){__VA_ARGS__}, (int)(sizeof((int[]){__VA_ARGS__}) / sizeof(int))
+#define CT_DIMS(...) (int[]){__VA_ARGS__}, (int)(sizeof((int[]){__VA_ARGS__}) / sizeof(int))
 
 /* Factories. Each returns a new contiguous CPU tensor (scope-owned inside a
  * scope). Errors: CT_EINVAL for ndim outside [0, CT_MAX_DIMS], a negative
@@ -202,8 +201,7 @@ CT_API ct_tensor *ct_full(int ndim, const int64_t *sizes, double value, ct_dtype
 /* A 0-d tensor holding value. */
 CT_API ct_tensor *ct_scalar(double value, ct_dtype dtype);
 /* Copies numel elements of dtype from data (row-major). */
-CT_API ct_tensor *ct_from_data(const void *data, int ndim, const int64_t *sizes,
-                               ct_dtype dtype);
+CT_API ct_tensor *ct_from_data(const void *data, int ndim, const int64_t *sizes, ct_dtype dtype);
 /* An n x m identity (m < 0 means m = n). */
 CT_API ct_tensor *ct_eye(int64_t n, int64_t m, ct_dtype dtype);
 /* Values start, start+step, ... below end. CT_EINVAL if step is 0 or has the
@@ -313,25 +311,25 @@ CT_API ct_tensor *ct_to_dtype(ct_tensor *t, ct_dtype dtype);
  * neg, abs, relu and clamp keep the dtype. The `_` forms work in place and
  * return t; CT_EDTYPE if the result dtype cannot be stored in t, CT_EINVAL if
  * t is an expanded view. */
-#define CT_UNARY_OP_MAP(X)                                                     \
-    X(neg)                                                                     \
-    X(abs)                                                                     \
-    X(exp)                                                                     \
-    X(log)                                                                     \
-    X(log1p)                                                                   \
-    X(sqrt)                                                                    \
-    X(rsqrt)                                                                   \
-    X(sin)                                                                     \
-    X(cos)                                                                     \
-    X(tanh)                                                                    \
-    X(sigmoid)                                                                 \
-    X(relu)                                                                    \
-    X(gelu)                                                                    \
-    X(gelu_tanh)                                                               \
+#define CT_UNARY_OP_MAP(X)                                                                         \
+    X(neg)                                                                                         \
+    X(abs)                                                                                         \
+    X(exp)                                                                                         \
+    X(log)                                                                                         \
+    X(log1p)                                                                                       \
+    X(sqrt)                                                                                        \
+    X(rsqrt)                                                                                       \
+    X(sin)                                                                                         \
+    X(cos)                                                                                         \
+    X(tanh)                                                                                        \
+    X(sigmoid)                                                                                     \
+    X(relu)                                                                                        \
+    X(gelu)                                                                                        \
+    X(gelu_tanh)                                                                                   \
     X(silu)
 
-#define CT__UNARY_DECLARE(name)                                                \
-    CT_API ct_tensor *ct_##name(ct_tensor *t);                                 \
+#define CT__UNARY_DECLARE(name)                                                                    \
+    CT_API ct_tensor *ct_##name(ct_tensor *t);                                                     \
     CT_API ct_tensor *ct_##name##_(ct_tensor *t);
 CT_UNARY_OP_MAP(CT__UNARY_DECLARE)
 #undef CT__UNARY_DECLARE
@@ -348,28 +346,31 @@ CT_API ct_tensor *ct_clamp_(ct_tensor *t, double lo, double hi);
  * integer tensor it stays integer when the scalar is a whole number and
  * becomes float32 otherwise. The `_` forms write into a, which must already
  * have the broadcast shape. Comparisons return bool. */
-#define CT_BINARY_OP_MAP(X)                                                    \
-    X(add)                                                                     \
-    X(sub)                                                                     \
-    X(mul)                                                                     \
-    X(div)                                                                     \
-    X(pow)                                                                     \
-    X(maximum)                                                                 \
-    X(minimum)                                                                 \
-    X(eq)                                                                      \
-    X(ne)                                                                      \
-    X(lt)                                                                      \
-    X(le)                                                                      \
-    X(gt)                                                                      \
+#define CT_BINARY_OP_MAP(X)                                                                        \
+    X(add)                                                                                         \
+    X(sub)                                                                                         \
+    X(mul)                                                                                         \
+    X(div)                                                                                         \
+    X(maximum)                                                                                     \
+    X(minimum)                                                                                     \
+    X(eq)                                                                                          \
+    X(ne)                                                                                          \
+    X(lt)                                                                                          \
+    X(le)                                                                                          \
+    X(gt)                                                                                          \
     X(ge)
 
-#define CT__BINARY_DECLARE(name)                                               \
-    CT_API ct_tensor *ct_##name(ct_tensor *a, ct_tensor *b);                   \
-    CT_API ct_tensor *ct_##name##_(ct_tensor *a, ct_tensor *b);                \
-    CT_API ct_tensor *ct_##name##_scalar(ct_tensor *a, double b);              \
+#define CT__BINARY_DECLARE(name)                                                                   \
+    CT_API ct_tensor *ct_##name(ct_tensor *a, ct_tensor *b);                                       \
+    CT_API ct_tensor *ct_##name##_(ct_tensor *a, ct_tensor *b);                                    \
+    CT_API ct_tensor *ct_##name##_scalar(ct_tensor *a, double b);                                  \
     CT_API ct_tensor *ct_##name##_scalar_(ct_tensor *a, double b);
 CT_BINARY_OP_MAP(CT__BINARY_DECLARE)
 #undef CT__BINARY_DECLARE
+
+/* a ** b elementwise (the scalar-exponent form is ct_pow_scalar). */
+CT_API ct_tensor *ct_pow(ct_tensor *a, ct_tensor *b);
+CT_API ct_tensor *ct_pow_(ct_tensor *a, ct_tensor *b);
 
 /* cond ? a : b, broadcasting all three; cond must be bool. */
 CT_API ct_tensor *ct_where(ct_tensor *cond, ct_tensor *a, ct_tensor *b);
@@ -389,10 +390,8 @@ CT_API ct_tensor *ct_prod(ct_tensor *t, const int *dims, int ndims, bool keepdim
 CT_API ct_tensor *ct_amax(ct_tensor *t, const int *dims, int ndims, bool keepdim);
 CT_API ct_tensor *ct_amin(ct_tensor *t, const int *dims, int ndims, bool keepdim);
 /* Variance with Bessel-style correction (1 gives the unbiased estimate). */
-CT_API ct_tensor *ct_var(ct_tensor *t, const int *dims, int ndims, double correction,
-                         bool keepdim);
-CT_API ct_tensor *ct_std(ct_tensor *t, const int *dims, int ndims, double correction,
-                         bool keepdim);
+CT_API ct_tensor *ct_var(ct_tensor *t, const int *dims, int ndims, double correction, bool keepdim);
+CT_API ct_tensor *ct_std(ct_tensor *t, const int *dims, int ndims, double correction, bool keepdim);
 CT_API ct_tensor *ct_logsumexp(ct_tensor *t, const int *dims, int ndims, bool keepdim);
 /* The p-norm (p = INFINITY for the max norm). */
 CT_API ct_tensor *ct_norm(ct_tensor *t, double p, const int *dims, int ndims, bool keepdim);
@@ -489,17 +488,16 @@ CT_API bool ct_in_parallel_region(void);
 
 /* tensor/ does not know autograd. It gives each tensor an opaque slot and
  * reports every op through a recorder that a higher layer registers. */
-#define CT_OP_MAP(X)                                                           \
-    X(EMPTY) X(VIEW) X(EXPAND) X(PERMUTE) X(SLICE) X(SELECT) X(SQUEEZE)        \
-    X(UNSQUEEZE) X(CONTIGUOUS) X(CLONE) X(COPY) X(TO_DTYPE) X(NEG) X(ABS)      \
-    X(EXP) X(LOG) X(LOG1P) X(SQRT) X(RSQRT) X(SIN) X(COS) X(TANH) X(SIGMOID)   \
-    X(RELU) X(GELU) X(GELU_TANH) X(SILU) X(POW_SCALAR) X(CLAMP) X(ADD) X(SUB)  \
-    X(MUL) X(DIV) X(POW) X(MAXIMUM) X(MINIMUM) X(EQ) X(NE) X(LT) X(LE) X(GT)   \
-    X(GE) X(WHERE) X(MASKED_FILL) X(SUM) X(MEAN) X(PROD) X(AMAX) X(AMIN)       \
-    X(VAR) X(STD) X(LOGSUMEXP) X(NORM) X(MAX_DIM) X(MIN_DIM) X(ARGMAX)         \
-    X(ARGMIN) X(MATMUL) X(SOFTMAX) X(LOG_SOFTMAX) X(CAT) X(STACK)              \
-    X(INDEX_SELECT) X(GATHER) X(SCATTER_ADD) X(ONE_HOT) X(TRIL) X(TRIU)        \
-    X(RANDOM)
+#define CT_OP_MAP(X)                                                                               \
+    X(EMPTY)                                                                                       \
+    X(VIEW) X(EXPAND) X(PERMUTE) X(SLICE) X(SELECT) X(SQUEEZE) X(UNSQUEEZE) X(CONTIGUOUS) X(CLONE) \
+        X(COPY) X(TO_DTYPE) X(NEG) X(ABS) X(EXP) X(LOG) X(LOG1P) X(SQRT) X(RSQRT) X(SIN) X(COS)    \
+            X(TANH) X(SIGMOID) X(RELU) X(GELU) X(GELU_TANH) X(SILU) X(POW_SCALAR) X(CLAMP) X(ADD)  \
+                X(SUB) X(MUL) X(DIV) X(POW) X(MAXIMUM) X(MINIMUM) X(EQ) X(NE) X(LT) X(LE) X(GT)    \
+                    X(GE) X(WHERE) X(MASKED_FILL) X(SUM) X(MEAN) X(PROD) X(AMAX) X(AMIN) X(VAR)    \
+                        X(STD) X(LOGSUMEXP) X(NORM) X(MAX_DIM) X(MIN_DIM) X(ARGMAX) X(ARGMIN)      \
+                            X(MATMUL) X(SOFTMAX) X(LOG_SOFTMAX) X(CAT) X(STACK) X(INDEX_SELECT)    \
+                                X(GATHER) X(SCATTER_ADD) X(ONE_HOT) X(TRIL) X(TRIU) X(RANDOM)
 
 typedef enum ct_op {
 #define CT__OP_DEFINE(NAME) CT_OP_##NAME,

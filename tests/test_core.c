@@ -1,0 +1,227 @@
+/* Errors, dtypes, storage, tensor lifetime, scopes and the autograd hook. */
+#include "ct_test.h"
+
+#include <stdlib.h>
+
+TEST(strerror_and_errname_cover_every_code) {
+    ASSERT_STR_CONTAINS(ct_strerror(CT_OK), "success");
+    ASSERT_STR_CONTAINS(ct_strerror(CT_ESHAPE), "shape");
+    ASSERT_STR_CONTAINS(ct_errname(CT_ETIMEDOUT), "CT_ETIMEDOUT");
+    ASSERT_STR_CONTAINS(ct_strerror(-1000), "unknown");
+    ASSERT_STR_CONTAINS(ct_errname(5), "UNKNOWN");
+    for (int code = -1; code >= CT_EFOREIGN; code--) {
+        ASSERT_TRUE(strncmp(ct_errname(code), "CT_E", 4) == 0);
+        ASSERT_TRUE(strcmp(ct_strerror(code), "unknown error") != 0);
+    }
+}
+
+TEST(dtype_sizes_names_and_promotion) {
+    ASSERT_EQ(ct_dtype_size(CT_BFLOAT16), 2);
+    ASSERT_EQ(ct_dtype_size(CT_INT64), 8);
+    ASSERT_EQ(ct_dtype_size(CT_NDTYPES), 0);
+    ASSERT_STR_CONTAINS(ct_dtype_name(CT_FLOAT16), "float16");
+    ASSERT_EQ(ct_promote_types(CT_INT32, CT_FLOAT16), CT_FLOAT16);
+    ASSERT_EQ(ct_promote_types(CT_FLOAT16, CT_BFLOAT16), CT_FLOAT32);
+    ASSERT_EQ(ct_promote_types(CT_BOOL, CT_UINT8), CT_UINT8);
+    ASSERT_EQ(ct_promote_types(CT_UINT8, CT_INT32), CT_INT32);
+    ASSERT_EQ(ct_promote_types(CT_FLOAT64, CT_FLOAT32), CT_FLOAT64);
+    ASSERT_EQ(ct_promote_types(CT_INT64, CT_BOOL), CT_INT64);
+}
+
+TEST(half_precision_round_trips) {
+    float cases[] = {0.0f,           -0.0f,           1.0f,     -2.5f,    65504.0f, 6.1035156e-05f,
+                     5.9604645e-08f, 0.333251953125f, INFINITY, -INFINITY};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        ct_tensor *h = ct_to_dtype(ct_scalar(cases[i], CT_FLOAT32), CT_FLOAT16);
+        ASSERT_NEAR(ct_item(h), cases[i], 0);
+    }
+    /* Overflow saturates to inf; rounding is to nearest even. */
+    ASSERT_TRUE(isinf(ct_item(ct_to_dtype(ct_scalar(70000.0, CT_FLOAT32), CT_FLOAT16))));
+    ASSERT_NEAR(ct_item(ct_to_dtype(ct_scalar(2049.0, CT_FLOAT32), CT_FLOAT16)), 2048.0, 0);
+    ASSERT_NEAR(ct_item(ct_to_dtype(ct_scalar(2051.0, CT_FLOAT32), CT_FLOAT16)), 2052.0, 0);
+    ASSERT_TRUE(isnan(ct_item(ct_to_dtype(ct_scalar(NAN, CT_FLOAT32), CT_FLOAT16))));
+    ASSERT_TRUE(isnan(ct_item(ct_to_dtype(ct_scalar(NAN, CT_FLOAT32), CT_BFLOAT16))));
+    ASSERT_NEAR(ct_item(ct_to_dtype(ct_scalar(1.00390625, CT_FLOAT32), CT_BFLOAT16)), 1.0, 0);
+    /* 3e38 = 1.7634 * 2^127 rounds to 226/128 * 2^127 in bfloat16's 8 bits. */
+    ASSERT_NEAR(ct_item(ct_to_dtype(ct_scalar(3.0e38, CT_FLOAT32), CT_BFLOAT16)),
+                226.0 / 128.0 * ldexp(1.0, 127), 0);
+}
+
+static int blob_frees;
+static void count_free(void *data, void *ctx) {
+    blob_frees++;
+    ASSERT_TRUE(ctx == (void *)&blob_frees);
+    free(data);
+}
+
+/* Runs on a thread of its own, outside the harness's scope, so that the
+ * outermost ct_keep hands tensors to the caller. */
+static void blob_lifetime(void) {
+    blob_frees = 0;
+    float *mem = malloc(6 * sizeof(float));
+    for (int i = 0; i < 6; i++)
+        mem[i] = (float)i;
+    ct_storage *s =
+        ct_storage_from_blob(mem, 6 * sizeof(float), CT_DEVICE_CPU, count_free, &blob_frees);
+    ASSERT_TRUE(s != NULL);
+    ct_scope_begin();
+    ct_tensor *t = ct_tensor_from_storage(s, 0, CT_SHAPE(2, 3), NULL, CT_FLOAT32);
+    ct_tensor *v = ct_keep(ct_transpose(t, 0, 1));
+    ct_scope_end();
+    ct_storage_free(s);
+    ASSERT_EQ(blob_frees, 0);
+    ASSERT_NEAR(ct_get(v, (int64_t[]){2, 1}), 5.0, 0);
+    ct_tensor_free(v);
+    ASSERT_EQ(blob_frees, 1);
+}
+
+TEST(storage_from_blob_calls_free_once_when_the_last_view_goes) { tt_run_unscoped(blob_lifetime); }
+
+TEST(storage_bounds_are_checked) {
+    ct_storage *s = ct_storage_new(24, CT_DEVICE_CPU);
+    ASSERT_FAILS(ct_tensor_from_storage(s, 1, CT_SHAPE(2, 3), NULL, CT_FLOAT32), CT_ERANGE,
+                 "tensor_from_storage", "[2, 3]");
+    ASSERT_FAILS(ct_tensor_from_storage(s, 0, CT_SHAPE(2, 2), (int64_t[]){-1, 1}, CT_FLOAT32),
+                 CT_ERANGE, "tensor_from_storage");
+    ASSERT_TRUE(ct_tensor_from_storage(s, 5, CT_SHAPE(0, 9), NULL, CT_FLOAT32) != NULL);
+    ct_storage_free(s);
+    ASSERT_FAILS(ct_storage_from_blob(NULL, 8, CT_DEVICE_CPU, NULL, NULL), CT_EINVAL, "NULL");
+    ASSERT_FAILS(ct_storage_new(8, (ct_device){CT_CUDA, 0}), CT_ENOTSUP, "storage_new");
+}
+
+TEST(storage_is_aligned_to_64_bytes) {
+    for (int i = 1; i < 100; i += 7) {
+        ct_tensor *t = ct_empty(CT_SHAPE(i), CT_UINT8);
+        ASSERT_EQ((uintptr_t)ct_storage_data(ct_tensor_storage(t)) % 64, 0);
+    }
+}
+
+TEST(factory_rejects_bad_shapes) {
+    ASSERT_FAILS(ct_empty(CT_SHAPE(2, -1), CT_FLOAT32), CT_EINVAL, "empty", "negative", "[2, -1]");
+    ASSERT_FAILS(ct_empty(9, (int64_t[9]){1, 1, 1, 1, 1, 1, 1, 1, 1}, CT_FLOAT32), CT_EINVAL,
+                 "ndim 9");
+    ASSERT_FAILS(ct_empty(CT_SHAPE(2), (ct_dtype)42), CT_EINVAL, "dtype");
+    ASSERT_FAILS(ct_empty(CT_SHAPE(INT64_C(1) << 40, INT64_C(1) << 40), CT_FLOAT32), CT_EINVAL,
+                 "too large");
+}
+
+static void keep_across_scopes(void) {
+    ct_scope_begin();
+    ct_tensor *outer = ct_zeros(CT_SHAPE(4), CT_FLOAT32);
+    ct_scope_begin();
+    ct_tensor *kept = ct_keep(ct_add_scalar(outer, 1.0));
+    ct_add_scalar(outer, 2.0); /* released by the inner scope */
+    ct_scope_end();
+    ASSERT_NEAR(ct_get(kept, (int64_t[]){3}), 1.0, 0);
+    ct_scope_end();
+
+    /* At the outermost scope, keep hands the tensor to the caller. */
+    ct_tensor *mine;
+    ct_scope_begin();
+    mine = ct_keep(ct_ones(CT_SHAPE(2), CT_INT32));
+    ct_scope_end();
+    ASSERT_EQ(ct_get(mine, (int64_t[]){1}), 1);
+    ct_tensor_free(mine);
+}
+
+TEST(scopes_release_and_keep_hands_out) { tt_run_unscoped(keep_across_scopes); }
+
+TEST(keep_of_a_tensor_the_scope_does_not_own_is_a_no_op) {
+    ct_tensor *param = ct_keep(ct_zeros(CT_SHAPE(3), CT_FLOAT32));
+    ct_scope_begin();
+    ASSERT_TRUE(ct_keep(param) == param);
+    ASSERT_TRUE(ct_keep(NULL) == NULL);
+    ct_scope_end();
+    ASSERT_EQ(ct_numel(param), 3);
+}
+
+TEST(a_long_loop_of_ops_in_scopes_does_not_grow) {
+    /* Under ASan a leak here fails the run; the storage count stays flat. */
+    ct_tensor *w = ct_keep(ct_ones(CT_SHAPE(16, 16), CT_FLOAT32));
+    for (int step = 0; step < 2000; step++) {
+        ct_scope_begin();
+        ct_tensor *x = ct_full(CT_SHAPE(8, 16), (double)step, CT_FLOAT32);
+        ct_tensor *y =
+            ct_relu(ct_sub_scalar(ct_mul(ct_transpose(x, 0, 1), ct_view(x, CT_SHAPE(16, 8))), 1.0));
+        ct_tensor *z =
+            ct_add(ct_slice(y, 0, 0, 16, 2), ct_narrow(ct_select(w, 0, step % 16), 0, 0, 8));
+        ASSERT_TRUE(z != NULL);
+        ct_scope_end();
+    }
+}
+
+TEST(version_counter_is_shared_by_views_and_bumped_in_place) {
+    ct_tensor *t = ct_zeros(CT_SHAPE(4, 4), CT_FLOAT32);
+    ct_tensor *v = ct_transpose(t, 0, 1);
+    uint64_t v0 = ct_tensor_version(t);
+    ct_add_scalar_(v, 1.0);
+    ASSERT_EQ(ct_tensor_version(t), v0 + 1);
+    ct_copy_(ct_select(t, 0, 1), ct_ones(CT_SHAPE(4), CT_FLOAT32));
+    ASSERT_EQ(ct_tensor_version(v), v0 + 2);
+    ct_exp(t); /* out of place: no bump */
+    ASSERT_EQ(ct_tensor_version(t), v0 + 2);
+}
+
+TEST(null_input_keeps_the_first_message) {
+    ct_errclear();
+    ct_tensor *bad =
+        ct_matmul(ct_zeros(CT_SHAPE(2, 3), CT_FLOAT32), ct_zeros(CT_SHAPE(4, 5), CT_FLOAT32));
+    ASSERT_TRUE(bad == NULL);
+    ct_tensor *r = ct_relu(ct_add(bad, ct_ones(CT_SHAPE(1), CT_FLOAT32)));
+    ASSERT_TRUE(r == NULL);
+    ASSERT_EQ(ct_errcode(), CT_ESHAPE);
+    ASSERT_STR_CONTAINS(ct_errmsg(), "matmul");
+    ct_errclear();
+    ASSERT_FAILS(ct_exp(NULL), CT_EINVAL, "exp", "input 0 is NULL");
+}
+
+TEST(item_and_get_check_their_arguments) {
+    ct_tensor *t = ct_arange(0, 6, 1, CT_INT64);
+    ASSERT_TRUE(isnan(ct_item(t)));
+    ASSERT_EQ(ct_errcode(), CT_ESHAPE);
+    ASSERT_STR_CONTAINS(ct_errmsg(), "6 elements");
+    ASSERT_EQ(ct_item_int64(ct_select(t, 0, 5)), 5);
+    ASSERT_TRUE(isnan(ct_get(t, (int64_t[]){6})));
+    ASSERT_EQ(ct_errcode(), CT_ERANGE);
+    ASSERT_EQ(ct_item_int64(ct_scalar(9007199254740993.0, CT_INT64)), 9007199254740992LL);
+}
+
+/* The hook sees every op with its inputs; a failing recorder fails the op. */
+static int recorded[CT_NOPS];
+static int fail_on = -1;
+static int record_op(const ct_op_record *rec) {
+    recorded[rec->op]++;
+    if ((int)rec->op == fail_on)
+        return CT_ESTATE;
+    return 0;
+}
+static int meta_freed;
+static void free_meta(void *meta) {
+    meta_freed++;
+    free(meta);
+}
+
+TEST(autograd_hook_sees_ops_and_frees_meta) {
+    static const ct_tensor_hooks hooks = {record_op, free_meta};
+    memset(recorded, 0, sizeof recorded);
+    meta_freed = 0;
+    ct_tensor_set_hooks(&hooks);
+    ct_scope_begin();
+    ct_tensor *a = ct_ones(CT_SHAPE(2, 2), CT_FLOAT32);
+    ct_tensor_set_meta(a, malloc(16));
+    ct_exp(ct_transpose(ct_add(a, a), 0, 1));
+    ct_mul_(a, a);
+    fail_on = CT_OP_SIGMOID;
+    ct_tensor *s = ct_sigmoid(a);
+    fail_on = -1;
+    ct_scope_end();
+    ct_tensor_set_hooks(NULL);
+    ASSERT_TRUE(s == NULL);
+    ASSERT_EQ(recorded[CT_OP_ADD], 1);
+    ASSERT_EQ(recorded[CT_OP_PERMUTE], 1);
+    ASSERT_EQ(recorded[CT_OP_EXP], 1);
+    ASSERT_EQ(recorded[CT_OP_MUL], 1);
+    ASSERT_EQ(recorded[CT_OP_SIGMOID], 1);
+    ASSERT_EQ(meta_freed, 1);
+    ASSERT_STR_CONTAINS(ct_op_name(CT_OP_LOG_SOFTMAX), "LOG_SOFTMAX");
+}
