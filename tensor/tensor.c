@@ -6,12 +6,7 @@
 
 /* ---------------------------------------------------------------- storage */
 
-#define CT__ALIGN 64
-
-static void free_aligned(void *data, void *ctx) {
-    (void)ctx;
-    free(data);
-}
+static void free_cpu(void *data, void *ctx) { ct__cpu_free(data, (size_t)(uintptr_t)ctx); }
 
 static ct_storage *storage_wrap(void *data, size_t nbytes, ct_device device, ct_free_fn free_fn,
                                 void *ctx) {
@@ -36,18 +31,15 @@ ct_storage *ct_storage_new(size_t nbytes, ct_device device) {
                    (int)device.type);
         return NULL;
     }
-    void *data = NULL;
-    /* Round up so that a zero-byte storage still has a unique valid pointer. */
-    size_t alloc = (nbytes + CT__ALIGN - 1) / CT__ALIGN * CT__ALIGN;
-    if (alloc == 0)
-        alloc = CT__ALIGN;
-    if (alloc < nbytes || posix_memalign(&data, CT__ALIGN, alloc) != 0) {
+    size_t capacity;
+    void *data = ct__cpu_alloc(nbytes, &capacity);
+    if (!data) {
         ct__seterr(CT_ENOMEM, "storage_new: out of memory allocating %zu bytes", nbytes);
         return NULL;
     }
-    ct_storage *s = storage_wrap(data, nbytes, device, free_aligned, NULL);
+    ct_storage *s = storage_wrap(data, nbytes, device, free_cpu, (void *)(uintptr_t)capacity);
     if (!s)
-        free(data);
+        ct__cpu_free(data, capacity);
     return s;
 }
 

@@ -208,6 +208,14 @@ void ct__copy_into(ct_tensor *dst, ct_tensor *src);
  * another; ctx is unused. */
 ct__loop_fn ct__cast_kernel(ct_dtype to, ct_dtype from);
 
+/* ------------------------------------------------------------ memory */
+
+/* 64-byte aligned CPU memory of at least nbytes (a unique pointer even for
+ * 0). *capacity receives the value to hand back to ct__cpu_free. NULL when
+ * out of memory. Thread-safe. */
+void *ct__cpu_alloc(size_t nbytes, size_t *capacity);
+void ct__cpu_free(void *p, size_t capacity);
+
 /* -------------------------------------------------- runtime hooks */
 
 void ct__blas_init(void);
