@@ -133,6 +133,7 @@ TEST(keep_of_a_tensor_the_scope_does_not_own_is_a_no_op) {
     ASSERT_TRUE(ct_keep(NULL) == NULL);
     ct_scope_end();
     ASSERT_EQ(ct_numel(param), 3);
+    ct_tensor_free(param); /* the harness's scope is outermost: keep gave it to us */
 }
 
 TEST(a_long_loop_of_ops_in_scopes_does_not_grow) {
@@ -148,6 +149,7 @@ TEST(a_long_loop_of_ops_in_scopes_does_not_grow) {
         ASSERT_TRUE(z != NULL);
         ct_scope_end();
     }
+    ct_tensor_free(w);
 }
 
 TEST(version_counter_is_shared_by_views_and_bumped_in_place) {
