@@ -1,1 +1,325 @@
-#include "tensor_impl.h"
+/* Random draws on the Philox4x32-10 streams that philox.h defines.
+ *
+ * A draw reserves its blocks of counters from the generator first, then
+ * fills blocks in parallel: block b writes only its own elements, and its
+ * values depend only on (seed, offset, b), so any split of the blocks over
+ * threads gives the same tensor. */
+#include "factory.h"
+#include "philox.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+
+/* PyTorch's default seed: an unseeded program is still reproducible. */
+#define DEFAULT_SEED 67280421310721ull
+
+/* Philox blocks per parallel chunk; each costs about as much as a few dozen
+ * elementwise operations. */
+#define GRAIN_BLOCKS 2048
+
+static ct_generator default_gen = {DEFAULT_SEED, 0};
+static pthread_mutex_t default_lock = PTHREAD_MUTEX_INITIALIZER;
+
+void ct_manual_seed(uint64_t seed) {
+    pthread_mutex_lock(&default_lock);
+    default_gen.seed = seed;
+    default_gen.offset = 0;
+    pthread_mutex_unlock(&default_lock);
+}
+
+ct_generator *ct_default_generator(void) { return &default_gen; }
+
+/* A child forked while another thread held the lock would inherit it held
+ * forever. */
+static void atfork_child(void) { pthread_mutex_init(&default_lock, NULL); }
+
+__attribute__((constructor)) static void register_atfork(void) {
+    pthread_atfork(NULL, NULL, atfork_child);
+}
+
+/* Reserves nblocks counters from gen and returns where they start. Every
+ * thread shares the default generator, so its reservation is locked. */
+static void claim(ct_generator *gen, uint64_t nblocks, uint64_t *seed, uint64_t *offset) {
+    bool shared = !gen || gen == &default_gen;
+    if (shared) {
+        gen = &default_gen;
+        pthread_mutex_lock(&default_lock);
+    }
+    *seed = gen->seed;
+    *offset = gen->offset;
+    gen->offset += nblocks;
+    if (shared)
+        pthread_mutex_unlock(&default_lock);
+}
+
+/* Block b's values: its four words (32-bit layout) or two 64-bit pairs. */
+static void block_values(uint64_t seed, uint64_t offset, int64_t b, int per_block, uint64_t v[4]) {
+    uint32_t w[4];
+    ct__philox_block(seed, offset, (uint64_t)b, w);
+    for (int j = 0; j < per_block; j++)
+        v[j] = per_block == 4 ? w[j] : (uint64_t)w[2 * j + 1] << 32 | w[2 * j];
+}
+
+typedef enum dist { DIST_UNIFORM, DIST_NORMAL, DIST_BERNOULLI } dist;
+
+typedef struct draw {
+    dist kind;
+    ct_dtype dtype; /* of out */
+    int per_block;  /* 4: 32-bit layout, 2: 64-bit layout */
+    int bits;       /* of each uniform */
+    /* uniform and normal: out = a + b * value; bernoulli: p = a, or, with
+     * p_in_out, the value already at the element. */
+    double a, b;
+    bool p_in_out;
+    uint64_t seed, offset;
+    char *out; /* contiguous, n elements */
+    int64_t n;
+} draw;
+
+static void draw_blocks(void *arg, int64_t lo, int64_t hi) {
+    const draw *d = arg;
+    int64_t esize = (int64_t)ct_dtype_size(d->dtype);
+    int width = d->per_block == 4 ? 32 : 64;
+    double scale = ldexp(1.0, -d->bits);
+    for (int64_t b = lo; b < hi; b++) {
+        uint64_t v[4];
+        double u[4];
+        block_values(d->seed, d->offset, b, d->per_block, v);
+        for (int j = 0; j < d->per_block; j++)
+            u[j] = (double)(v[j] >> (width - d->bits)) * scale;
+        if (d->kind == DIST_NORMAL) {
+            for (int j = 0; j < d->per_block; j += 2) {
+                double r = sqrt(-2.0 * log(1.0 - u[j])), theta = 2.0 * M_PI * u[j + 1];
+                u[j] = r * cos(theta);
+                u[j + 1] = r * sin(theta);
+            }
+        }
+        int64_t first = b * d->per_block;
+        for (int j = 0; j < d->per_block && first + j < d->n; j++) {
+            char *p = d->out + (first + j) * esize;
+            double x;
+            if (d->kind == DIST_BERNOULLI)
+                x = u[j] < (d->p_in_out ? ct__load_double(d->dtype, p) : d->a);
+            else
+                x = d->a + d->b * u[j];
+            ct__store_double(d->dtype, p, x);
+        }
+    }
+}
+
+/* Reserves the blocks for n elements and fills out (contiguous). */
+static void run_draw(draw *d, ct_tensor *out, ct_generator *gen) {
+    d->n = ct_numel(out);
+    d->out = ct__data(out);
+    d->dtype = out->dtype;
+    int64_t nblocks = (d->n + d->per_block - 1) / d->per_block;
+    claim(gen, (uint64_t)nblocks, &d->seed, &d->offset);
+    ct_parallel_for(0, nblocks, GRAIN_BLOCKS, draw_blocks, d);
+}
+
+static ct_op_args draw_args(const draw *d, double a, double b) {
+    return (ct_op_args){
+        .scalars = {a, b}, .ints = {(int64_t)d->seed, (int64_t)d->offset}, .nints = 2};
+}
+
+/* Uniform and normal draws of float dtypes follow the dtype's layout. */
+static draw float_draw(dist kind, ct_dtype dtype, double a, double b) {
+    static const int significand[] = {
+        [CT_FLOAT32] = 24, [CT_FLOAT64] = 53, [CT_BFLOAT16] = 8, [CT_FLOAT16] = 11};
+    draw d = {.kind = kind, .a = a, .b = b, .per_block = dtype == CT_FLOAT64 ? 2 : 4};
+    d.bits = kind == DIST_UNIFORM ? significand[dtype] : dtype == CT_FLOAT64 ? 53 : 24;
+    return d;
+}
+
+static draw bernoulli_draw(double p, bool p_in_out) {
+    return (draw){.kind = DIST_BERNOULLI, .per_block = 2, .bits = 53, .a = p, .p_in_out = p_in_out};
+}
+
+static int check_float(const char *op, ct_dtype dtype) {
+    if (ct_dtype_is_float(dtype))
+        return 0;
+    return ct__seterr(CT_EDTYPE, "%s: needs a floating-point dtype, got %s", op,
+                      ct_dtype_name(dtype));
+}
+
+/* Fills t in place. A strided t is drawn into a contiguous temporary first,
+ * so that element i is always the i-th in row-major order. */
+static ct_tensor *fill_(const char *op, ct_tensor *t, draw *d, ct_generator *gen, double a,
+                        double b) {
+    if (ct__check_inplace(op, t, NULL, 0))
+        return NULL;
+    if (ct_is_contiguous(t)) {
+        run_draw(d, t, gen);
+    } else {
+        ct_tensor *tmp = ct__new(t->ndim, t->sizes, t->dtype);
+        if (!tmp)
+            return NULL;
+        run_draw(d, tmp, gen);
+        ct__copy_into(t, tmp);
+        ct__release(tmp);
+    }
+    ct_op_args args = draw_args(d, a, b);
+    return ct__record(CT_OP_RANDOM, &t, 1, &t, 1, true, &args);
+}
+
+static ct_tensor *draw_new(const char *op, int ndim, const int64_t *sizes, ct_dtype dtype,
+                           dist kind, ct_generator *gen) {
+    if (check_float(op, dtype))
+        return NULL;
+    ct_tensor *t = ct__new_named(op, ndim, sizes, dtype);
+    if (!t)
+        return NULL;
+    draw d = float_draw(kind, dtype, 0.0, 1.0);
+    run_draw(&d, t, gen);
+    ct_op_args args = draw_args(&d, 0.0, 1.0);
+    return ct__record1(CT_OP_RANDOM, t, NULL, 0, &args);
+}
+
+ct_tensor *ct_rand(int ndim, const int64_t *sizes, ct_dtype dtype, ct_generator *gen) {
+    return draw_new("rand", ndim, sizes, dtype, DIST_UNIFORM, gen);
+}
+
+ct_tensor *ct_randn(int ndim, const int64_t *sizes, ct_dtype dtype, ct_generator *gen) {
+    return draw_new("randn", ndim, sizes, dtype, DIST_NORMAL, gen);
+}
+
+/* The uniform is exact and below 1, but lo + (hi - lo) * u is rounded to the
+ * dtype and may land on hi itself when the dtype is coarse for the range, as
+ * in PyTorch. */
+ct_tensor *ct_uniform_(ct_tensor *t, double lo, double hi, ct_generator *gen) {
+    if (CT__CHECK("uniform_", t) || check_float("uniform_", t->dtype))
+        return NULL;
+    if (!(lo <= hi) || !isfinite(hi - lo)) {
+        ct__seterr(CT_EINVAL, "uniform_: expected a finite range lo <= hi, got [%g, %g)", lo, hi);
+        return NULL;
+    }
+    draw d = float_draw(DIST_UNIFORM, t->dtype, lo, hi - lo);
+    return fill_("uniform_", t, &d, gen, lo, hi);
+}
+
+ct_tensor *ct_normal_(ct_tensor *t, double mean, double std, ct_generator *gen) {
+    if (CT__CHECK("normal_", t) || check_float("normal_", t->dtype))
+        return NULL;
+    if (!(std >= 0) || !isfinite(std) || !isfinite(mean)) {
+        ct__seterr(CT_EINVAL, "normal_: expected a finite mean and std >= 0, got mean %g, std %g",
+                   mean, std);
+        return NULL;
+    }
+    draw d = float_draw(DIST_NORMAL, t->dtype, mean, std);
+    return fill_("normal_", t, &d, gen, mean, std);
+}
+
+ct_tensor *ct_bernoulli_(ct_tensor *t, double p, ct_generator *gen) {
+    if (CT__CHECK("bernoulli_", t))
+        return NULL;
+    if (!(p >= 0 && p <= 1)) {
+        ct__seterr(CT_EINVAL, "bernoulli_: p is %g; expected a probability in [0, 1]", p);
+        return NULL;
+    }
+    draw d = bernoulli_draw(p, false);
+    return fill_("bernoulli_", t, &d, gen, p, 0.0);
+}
+
+/* The first probability outside [0, 1], in iteration order. */
+typedef struct p_scan {
+    ct_dtype dtype;
+    bool found;
+    double bad;
+} p_scan;
+
+static void p_scan_loop(void *ctx, char **data, const int64_t *strides, int64_t n) {
+    p_scan *s = ctx;
+    for (int64_t i = 0; i < n && !s->found; i++) {
+        double p = ct__load_double(s->dtype, data[0] + i * strides[0]);
+        if (!(p >= 0 && p <= 1)) {
+            s->found = true;
+            s->bad = p;
+        }
+    }
+}
+
+ct_tensor *ct_bernoulli(ct_tensor *p, ct_generator *gen) {
+    if (CT__CHECK("bernoulli", p) || check_float("bernoulli", p->dtype))
+        return NULL;
+    /* On one thread, so that the message names the same value every run. */
+    p_scan s = {p->dtype, false, 0.0};
+    ct__iter it;
+    ct__iter_init(&it, &p, 1, p->ndim, p->sizes);
+    if (it.numel > 0)
+        ct__iter_run_range(&it, p_scan_loop, &s, 0, it.numel);
+    if (s.found) {
+        char desc[CT__DESC_STR];
+        ct__seterr(CT_EINVAL, "bernoulli: p %s holds %g; expected probabilities in [0, 1]",
+                   ct__desc(desc, p), s.bad);
+        return NULL;
+    }
+    ct_tensor *out = ct__new(p->ndim, p->sizes, p->dtype);
+    if (!out)
+        return NULL;
+    /* The probabilities are copied into out, and each is replaced by its
+     * draw. */
+    ct__copy_into(out, p);
+    draw d = bernoulli_draw(0.0, true);
+    run_draw(&d, out, gen);
+    ct_op_args args = draw_args(&d, NAN, 0.0);
+    return ct__record1(CT_OP_RANDOM, out, &p, 1, &args);
+}
+
+typedef struct perm_key {
+    uint64_t key;
+    int64_t index;
+} perm_key;
+
+typedef struct perm_job {
+    perm_key *keys;
+    int64_t n;
+    uint64_t seed, offset;
+} perm_job;
+
+static void perm_blocks(void *arg, int64_t lo, int64_t hi) {
+    const perm_job *j = arg;
+    for (int64_t b = lo; b < hi; b++) {
+        uint64_t v[4];
+        block_values(j->seed, j->offset, b, 2, v);
+        for (int64_t i = 2 * b; i < 2 * b + 2 && i < j->n; i++)
+            j->keys[i] = (perm_key){v[i - 2 * b], i};
+    }
+}
+
+static int perm_cmp(const void *pa, const void *pb) {
+    const perm_key *a = pa, *b = pb;
+    if (a->key != b->key)
+        return a->key < b->key ? -1 : 1;
+    return (a->index > b->index) - (a->index < b->index);
+}
+
+ct_tensor *ct_randperm(int64_t n, ct_generator *gen) {
+    if (n < 0) {
+        ct__seterr(CT_EINVAL, "randperm: n is %lld; expected n >= 0", (long long)n);
+        return NULL;
+    }
+    perm_key *keys = (uint64_t)n < SIZE_MAX / sizeof(perm_key)
+                         ? malloc(sizeof(perm_key) * (size_t)(n > 0 ? n : 1))
+                         : NULL;
+    if (!keys) {
+        ct__seterr(CT_ENOMEM, "randperm: out of memory sorting %lld keys", (long long)n);
+        return NULL;
+    }
+    ct_tensor *out = ct__new_named("randperm", 1, &n, CT_INT64);
+    if (!out) {
+        free(keys);
+        return NULL;
+    }
+    perm_job j = {keys, n, 0, 0};
+    int64_t nblocks = (n + 1) / 2;
+    claim(gen, (uint64_t)nblocks, &j.seed, &j.offset);
+    ct_parallel_for(0, nblocks, GRAIN_BLOCKS, perm_blocks, &j);
+    qsort(keys, (size_t)n, sizeof *keys, perm_cmp);
+    int64_t *data = (int64_t *)ct__data(out);
+    for (int64_t i = 0; i < n; i++)
+        data[i] = keys[i].index;
+    free(keys);
+    ct_op_args args = {.ints = {(int64_t)j.seed, (int64_t)j.offset}, .nints = 2};
+    return ct__record1(CT_OP_RANDOM, out, NULL, 0, &args);
+}

@@ -1,1 +1,625 @@
+/* Joining and indexing: cat, stack, index_select, gather, scatter_add,
+ * one_hot, tril, triu.
+ *
+ * Every op moves elements through the element iterator. Pieces of a tensor
+ * (a narrow, a select, a restrided operand) are described by views that live
+ * on the stack: the iterator reads only a tensor's layout, so they need no
+ * reference, no allocation and no scope entry. */
 #include "tensor_impl.h"
+
+/* ------------------------------------------------------- stack views */
+
+static ct_tensor layout_view(const ct_tensor *t, int ndim, const int64_t *sizes,
+                             const int64_t *strides, int64_t offset) {
+    ct_tensor v = {.magic = CT__TENSOR_MAGIC,
+                   .storage = t->storage,
+                   .offset = offset,
+                   .ndim = ndim,
+                   .dtype = t->dtype};
+    memcpy(v.sizes, sizes, sizeof(int64_t) * (size_t)ndim);
+    memcpy(v.strides, strides, sizeof(int64_t) * (size_t)ndim);
+    return v;
+}
+
+static ct_tensor narrow_view(const ct_tensor *t, int dim, int64_t start, int64_t length) {
+    int64_t sizes[CT_MAX_DIMS];
+    memcpy(sizes, t->sizes, sizeof sizes);
+    sizes[dim] = length;
+    return layout_view(t, t->ndim, sizes, t->strides, t->offset + start * t->strides[dim]);
+}
+
+static ct_tensor select_view(const ct_tensor *t, int dim, int64_t index) {
+    int64_t sizes[CT_MAX_DIMS], strides[CT_MAX_DIMS];
+    for (int i = 0, j = 0; i < t->ndim; i++) {
+        if (i == dim)
+            continue;
+        sizes[j] = t->sizes[i];
+        strides[j++] = t->strides[i];
+    }
+    return layout_view(t, t->ndim - 1, sizes, strides, t->offset + index * t->strides[dim]);
+}
+
+/* Gather and scatter treat a 0-d tensor as one element along dim 0, as
+ * PyTorch does. */
+static ct_tensor at_least_1d(const ct_tensor *t) {
+    if (t->ndim > 0)
+        return layout_view(t, t->ndim, t->sizes, t->strides, t->offset);
+    return layout_view(t, 1, (int64_t[]){1}, (int64_t[]){1}, t->offset);
+}
+
+/* Every dtype's zero is all-zero bytes. */
+static void zero_loop(void *ctx, char **data, const int64_t *strides, int64_t n) {
+    size_t esize = *(const size_t *)ctx;
+    if (strides[0] == (int64_t)esize) {
+        memset(data[0], 0, (size_t)n * esize);
+        return;
+    }
+    for (int64_t i = 0; i < n; i++)
+        memset(data[0] + i * strides[0], 0, esize);
+}
+
+static void zero_into(ct_tensor *dst) {
+    size_t esize = ct_dtype_size(dst->dtype);
+    ct__iter it;
+    ct__iter_init(&it, &dst, 1, dst->ndim, dst->sizes);
+    ct__iter_run(&it, zero_loop, &esize, CT__GRAIN_ELEMENTWISE);
+}
+
+static ct_op_args ints_args(int n, const int64_t *v) {
+    ct_op_args a = {.nints = n};
+    memcpy(a.ints, v, sizeof(int64_t) * (size_t)n);
+    return a;
+}
+
+/* ------------------------------------------------------- cat and stack */
+
+static int check_list(const char *op, ct_tensor *const *ts, int n) {
+    if (!ts || n < 1)
+        return ct__seterr(CT_EINVAL, "%s: expected a non-empty list of tensors, got %d", op,
+                          ts ? n : 0);
+    return ct__check_inputs(op, ts, n);
+}
+
+static ct_dtype promote_all(ct_tensor *const *ts, int n) {
+    ct_dtype dtype = ts[0]->dtype;
+    for (int i = 1; i < n; i++)
+        dtype = ct_promote_types(dtype, ts[i]->dtype);
+    return dtype;
+}
+
+/* PyTorch still accepts 1-D empty tensors in any cat, whatever the others'
+ * shape, for code that starts from torch.tensor([]). */
+static bool cat_skips(const ct_tensor *t) { return t->ndim == 1 && t->sizes[0] == 0; }
+
+ct_tensor *ct_cat(ct_tensor *const *ts, int n, int dim) {
+    if (check_list("cat", ts, n))
+        return NULL;
+    char a[CT__DESC_STR], b[CT__DESC_STR];
+    int r = 0; /* the tensor whose shape the others must match */
+    for (int i = 0; i < n; i++) {
+        if (ts[i]->ndim == 0) {
+            ct__seterr(CT_ESHAPE,
+                       "cat: tensor %d is zero-dimensional (%s) and cannot be concatenated; "
+                       "unsqueeze it first",
+                       i, ct__desc(a, ts[i]));
+            return NULL;
+        }
+        if (cat_skips(ts[r]))
+            r = i;
+    }
+    const ct_tensor *ref = ts[r];
+    int d = ct__wrap_dim("cat", dim, ref->ndim);
+    if (d < 0)
+        return NULL;
+    int64_t sizes[CT_MAX_DIMS];
+    memcpy(sizes, ref->sizes, sizeof sizes);
+    sizes[d] = 0;
+    for (int i = 0; i < n; i++) {
+        const ct_tensor *t = ts[i];
+        if (cat_skips(t))
+            continue;
+        bool same = t->ndim == ref->ndim;
+        for (int k = 0; same && k < t->ndim; k++)
+            same = k == d || t->sizes[k] == ref->sizes[k];
+        if (!same) {
+            ct__seterr(CT_ESHAPE,
+                       "cat: tensor %d is %s but tensor %d is %s; sizes must match except in "
+                       "dim %d",
+                       r, ct__desc(a, ref), i, ct__desc(b, t), d);
+            return NULL;
+        }
+        sizes[d] += t->sizes[d];
+    }
+    ct_tensor *out = ct__new(ref->ndim, sizes, promote_all(ts, n));
+    if (!out)
+        return NULL;
+    int64_t at = 0;
+    for (int i = 0; i < n; i++) {
+        if (cat_skips(ts[i]))
+            continue;
+        ct_tensor part = narrow_view(out, d, at, ts[i]->sizes[d]);
+        ct__copy_into(&part, ts[i]);
+        at += ts[i]->sizes[d];
+    }
+    ct_op_args args = ints_args(1, (int64_t[]){d});
+    return ct__record1(CT_OP_CAT, out, ts, n, &args);
+}
+
+ct_tensor *ct_stack(ct_tensor *const *ts, int n, int dim) {
+    if (check_list("stack", ts, n))
+        return NULL;
+    const ct_tensor *ref = ts[0];
+    char a[CT__DESC_STR], b[CT__DESC_STR];
+    if (ref->ndim == CT_MAX_DIMS) {
+        ct__seterr(CT_EINVAL, "stack: %s already has the maximum of %d dims", ct__desc(a, ref),
+                   CT_MAX_DIMS);
+        return NULL;
+    }
+    int d = ct__wrap_dim("stack", dim, ref->ndim + 1);
+    if (d < 0)
+        return NULL;
+    for (int i = 1; i < n; i++) {
+        bool same = ts[i]->ndim == ref->ndim;
+        for (int k = 0; same && k < ref->ndim; k++)
+            same = ts[i]->sizes[k] == ref->sizes[k];
+        if (!same) {
+            ct__seterr(CT_ESHAPE, "stack: tensor 0 is %s but tensor %d is %s; all must match",
+                       ct__desc(a, ref), i, ct__desc(b, ts[i]));
+            return NULL;
+        }
+    }
+    int64_t sizes[CT_MAX_DIMS];
+    for (int i = 0, j = 0; i <= ref->ndim; i++)
+        sizes[i] = i == d ? n : ref->sizes[j++];
+    ct_tensor *out = ct__new(ref->ndim + 1, sizes, promote_all(ts, n));
+    if (!out)
+        return NULL;
+    for (int i = 0; i < n; i++) {
+        ct_tensor part = select_view(out, d, i);
+        ct__copy_into(&part, ts[i]);
+    }
+    ct_op_args args = ints_args(1, (int64_t[]){d});
+    return ct__record1(CT_OP_STACK, out, ts, n, &args);
+}
+
+/* --------------------------------------------------------- index values */
+
+static inline int64_t load_index(ct_dtype dtype, const char *p) {
+    switch (dtype) {
+    case CT_INT32: return *(const int32_t *)p;
+    case CT_UINT8: return *(const uint8_t *)p;
+    default: return *(const int64_t *)p;
+    }
+}
+
+static int check_index_dtype(const char *op, const char *what, const ct_tensor *index,
+                             bool allow_uint8) {
+    if (index->dtype == CT_INT64 || index->dtype == CT_INT32 ||
+        (allow_uint8 && index->dtype == CT_UINT8))
+        return 0;
+    char desc[CT__DESC_STR];
+    return ct__seterr(CT_EDTYPE, "%s: %s must be int64 or int32%s, got %s", op, what,
+                      allow_uint8 ? " or uint8" : "", ct__desc(desc, index));
+}
+
+/* The first value outside [0, bound) in iteration order (bound < 0: only
+ * negatives count), and the largest value. */
+typedef struct index_scan {
+    ct_dtype dtype;
+    int64_t bound;
+    bool found;
+    int64_t bad, max;
+} index_scan;
+
+static void scan_loop(void *ctx, char **data, const int64_t *strides, int64_t n) {
+    index_scan *s = ctx;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t v = load_index(s->dtype, data[0] + i * strides[0]);
+        if (v > s->max)
+            s->max = v;
+        if (!s->found && (v < 0 || (s->bound >= 0 && v >= s->bound))) {
+            s->found = true;
+            s->bad = v;
+        }
+    }
+}
+
+/* Scans on one thread: the report must name the same value every run. */
+static index_scan scan_index(ct_tensor *index, int64_t bound) {
+    index_scan s = {index->dtype, bound, false, 0, INT64_MIN};
+    ct__iter it;
+    ct__iter_init(&it, &index, 1, index->ndim, index->sizes);
+    if (it.numel > 0)
+        ct__iter_run_range(&it, scan_loop, &s, 0, it.numel);
+    return s;
+}
+
+static int check_index_range(const char *op, ct_tensor *index, const ct_tensor *t, int dim) {
+    int64_t size = t->ndim ? t->sizes[dim] : 1;
+    index_scan s = scan_index(index, size);
+    if (!s.found)
+        return 0;
+    char desc[CT__DESC_STR];
+    return ct__seterr(CT_ERANGE,
+                      "%s: index %lld is out of range for dim %d of size %lld (input %s); "
+                      "expected [0, %lld)",
+                      op, (long long)s.bad, dim, (long long)size, ct__desc(desc, t),
+                      (long long)size);
+}
+
+/* ------------------------------------------- gather and scatter kernels */
+
+/* The iterator visits every position of the index with dim collapsed; the
+ * loops walk dim themselves, outermost, so that each inner run stays
+ * contiguous and each line along dim is handled by one thread in order. That
+ * keeps scatter_add's sums over duplicates in a fixed order. Operand 0 is
+ * the destination, 1 the index, 2 the source. */
+typedef struct index_loop {
+    int64_t k0, k1;  /* positions along dim to walk */
+    int64_t step[3]; /* byte stride along dim per operand */
+    int64_t jump;    /* byte stride of the indexed operand along dim */
+    ct_dtype dtype, index_dtype;
+} index_loop;
+
+static inline void copy_elem(char *dst, const char *src, size_t esize) {
+    switch (esize) {
+    case 1: *dst = *src; break;
+    case 2: memcpy(dst, src, 2); break;
+    case 4: memcpy(dst, src, 4); break;
+    default: memcpy(dst, src, 8); break;
+    }
+}
+
+static inline void add_elem(ct_dtype dtype, char *dst, const char *src) {
+    switch (dtype) {
+    case CT_FLOAT32: *(float *)dst += *(const float *)src; break;
+    case CT_FLOAT64: *(double *)dst += *(const double *)src; break;
+    /* Integers wrap around, as in PyTorch, rather than overflow. */
+    case CT_INT64: {
+        int64_t *d = (int64_t *)dst;
+        *d = (int64_t)((uint64_t)*d + (uint64_t) * (const int64_t *)src);
+        break;
+    }
+    case CT_INT32: {
+        int32_t *d = (int32_t *)dst;
+        *d = (int32_t)((uint32_t)*d + (uint32_t) * (const int32_t *)src);
+        break;
+    }
+    case CT_UINT8: *(uint8_t *)dst = (uint8_t)(*(uint8_t *)dst + *(const uint8_t *)src); break;
+    case CT_BOOL: *(uint8_t *)dst |= *(const uint8_t *)src; break;
+    default:
+        ct__store_double(dtype, dst, ct__load_double(dtype, dst) + ct__load_double(dtype, src));
+        break;
+    }
+}
+
+/* dst = src[index] */
+static void gather_loop(void *ctx, char **data, const int64_t *strides, int64_t n) {
+    const index_loop *c = ctx;
+    size_t esize = ct_dtype_size(c->dtype);
+    for (int64_t k = c->k0; k < c->k1; k++) {
+        char *dst = data[0] + k * c->step[0];
+        const char *idx = data[1] + k * c->step[1];
+        for (int64_t i = 0; i < n; i++) {
+            int64_t at = load_index(c->index_dtype, idx + i * strides[1]);
+            copy_elem(dst + i * strides[0], data[2] + i * strides[2] + at * c->jump, esize);
+        }
+    }
+}
+
+/* dst[index] += src */
+static void scatter_add_loop(void *ctx, char **data, const int64_t *strides, int64_t n) {
+    const index_loop *c = ctx;
+    for (int64_t k = c->k0; k < c->k1; k++) {
+        const char *idx = data[1] + k * c->step[1];
+        const char *src = data[2] + k * c->step[2];
+        for (int64_t i = 0; i < n; i++) {
+            int64_t at = load_index(c->index_dtype, idx + i * strides[1]);
+            add_elem(c->dtype, data[0] + i * strides[0] + at * c->jump, src + i * strides[2]);
+        }
+    }
+}
+
+/* Sets up the iterator over index's shape with dim collapsed, each operand
+ * at its own strides, and the per-operand steps along dim; operand `indexed`
+ * moves along dim by the index values instead. */
+static void index_iter(ct__iter *it, index_loop *c, ct_tensor *const ops[3], int dim, int indexed) {
+    const ct_tensor *index = ops[1];
+    int64_t outer[CT_MAX_DIMS];
+    memcpy(outer, index->sizes, sizeof outer);
+    outer[dim] = 1;
+    ct_tensor views[3];
+    for (int k = 0; k < 3; k++) {
+        views[k] = layout_view(ops[k], index->ndim, outer, ops[k]->strides, ops[k]->offset);
+        c->step[k] = ops[k]->strides[dim] * (int64_t)ct_dtype_size(ops[k]->dtype);
+    }
+    ct__iter_init(it, (ct_tensor *const[]){&views[0], &views[1], &views[2]}, 3, index->ndim, outer);
+    c->jump = c->step[indexed];
+    c->step[indexed] = 0;
+    c->k0 = 0;
+    c->k1 = index->sizes[dim];
+    c->dtype = ops[0]->dtype;
+    c->index_dtype = index->dtype;
+}
+
+typedef struct dim_job {
+    const ct__iter *it;
+    const index_loop *c;
+} dim_job;
+
+static void gather_dim_chunk(void *arg, int64_t lo, int64_t hi) {
+    const dim_job *j = arg;
+    index_loop c = *j->c;
+    c.k0 = lo;
+    c.k1 = hi;
+    ct__iter_run_range(j->it, gather_loop, &c, 0, j->it->numel);
+}
+
+/* out[..., k, ...] = t[..., index[..., k, ...], ...] along dim, over index's
+ * shape (which out has). The index values must be in range. */
+static void gather_into(ct_tensor *out, ct_tensor *t, int dim, ct_tensor *index) {
+    ct__iter it;
+    index_loop c;
+    index_iter(&it, &c, (ct_tensor *const[]){out, index, t}, dim, 2);
+    int64_t lines = it.numel, len = c.k1;
+    if (lines == 0 || len == 0)
+        return;
+    /* Gather writes each element once, so it may split along dim too; it
+     * does when the lines are long and few (an embedding lookup). */
+    if (len > lines) {
+        dim_job j = {&it, &c};
+        int64_t grain = CT__GRAIN_ELEMENTWISE / lines;
+        ct_parallel_for(0, len, grain, gather_dim_chunk, &j);
+    } else {
+        ct__iter_run(&it, gather_loop, &c, CT__GRAIN_ELEMENTWISE / len);
+    }
+}
+
+static void scatter_add_into(ct_tensor *self, int dim, ct_tensor *index, ct_tensor *src) {
+    ct__iter it;
+    index_loop c;
+    index_iter(&it, &c, (ct_tensor *const[]){self, index, src}, dim, 0);
+    if (it.numel > 0 && c.k1 > 0)
+        ct__iter_run(&it, scatter_add_loop, &c, CT__GRAIN_ELEMENTWISE / c.k1);
+}
+
+/* -------------------------------------------------------- index ops */
+
+ct_tensor *ct_index_select(ct_tensor *t, int dim, ct_tensor *index) {
+    if (CT__CHECK("index_select", t, index))
+        return NULL;
+    int d = ct__wrap_dim("index_select", dim, t->ndim);
+    if (d < 0 || check_index_dtype("index_select", "index", index, false))
+        return NULL;
+    char a[CT__DESC_STR], b[CT__DESC_STR];
+    int64_t nidx = ct_numel(index);
+    if (index->ndim > 1 || (t->ndim == 0 && nidx != 1)) {
+        ct__seterr(CT_ESHAPE,
+                   "index_select: index %s must be 1-D (or a single value for the 0-d input "
+                   "%s)",
+                   ct__desc(a, index), ct__desc(b, t));
+        return NULL;
+    }
+    if (check_index_range("index_select", index, t, d))
+        return NULL;
+    int64_t sizes[CT_MAX_DIMS];
+    memcpy(sizes, t->sizes, sizeof sizes);
+    if (t->ndim > 0)
+        sizes[d] = nidx;
+    ct_tensor *out = ct__new(t->ndim, sizes, t->dtype);
+    if (!out)
+        return NULL;
+    /* index_select is a gather whose index is the 1-D index broadcast over
+     * every other dim of the output. */
+    ct_tensor t1 = at_least_1d(t), out1 = at_least_1d(out);
+    int64_t idx_strides[CT_MAX_DIMS] = {0};
+    idx_strides[d] = index->ndim ? index->strides[0] : 0;
+    ct_tensor idx = layout_view(index, out1.ndim, out1.sizes, idx_strides, index->offset);
+    gather_into(&out1, &t1, d, &idx);
+    ct_op_args args = ints_args(1, (int64_t[]){d});
+    return ct__record1(CT_OP_INDEX_SELECT, out, (ct_tensor *const[]){t, index}, 2, &args);
+}
+
+/* index must not be larger than each other operand outside dim (src: in
+ * every dim). */
+static int check_index_fits(const char *op, const ct_tensor *index, const ct_tensor *t, int dim,
+                            const char *what) {
+    char a[CT__DESC_STR], b[CT__DESC_STR];
+    int ni = index->ndim ? index->ndim : 1, nt = t->ndim ? t->ndim : 1;
+    if (ni != nt)
+        return ct__seterr(CT_ESHAPE, "%s: index %s and %s %s must have the same number of dims", op,
+                          ct__desc(a, index), what, ct__desc(b, t));
+    for (int k = 0; k < index->ndim; k++)
+        if (k != dim && index->sizes[k] > t->sizes[k])
+            return ct__seterr(CT_ESHAPE,
+                              "%s: index %s is larger than %s %s in dim %d (%lld vs %lld)", op,
+                              ct__desc(a, index), what, ct__desc(b, t), k,
+                              (long long)index->sizes[k], (long long)t->sizes[k]);
+    return 0;
+}
+
+ct_tensor *ct_gather(ct_tensor *t, int dim, ct_tensor *index) {
+    if (CT__CHECK("gather", t, index))
+        return NULL;
+    int d = ct__wrap_dim("gather", dim, t->ndim);
+    if (d < 0 || check_index_dtype("gather", "index", index, false) ||
+        check_index_fits("gather", index, t, d, "input") ||
+        check_index_range("gather", index, t, d))
+        return NULL;
+    ct_tensor *out = ct__new(index->ndim, index->sizes, t->dtype);
+    if (!out)
+        return NULL;
+    ct_tensor out1 = at_least_1d(out), t1 = at_least_1d(t), idx1 = at_least_1d(index);
+    gather_into(&out1, &t1, d, &idx1);
+    ct_op_args args = ints_args(1, (int64_t[]){d});
+    return ct__record1(CT_OP_GATHER, out, (ct_tensor *const[]){t, index}, 2, &args);
+}
+
+/* Validates a scatter and wraps dim into *d. */
+static int check_scatter(const char *op, ct_tensor *t, int dim, ct_tensor *index, ct_tensor *src,
+                         int *d) {
+    if (CT__CHECK(op, t, index, src))
+        return ct_errcode();
+    *d = ct__wrap_dim(op, dim, t->ndim);
+    if (*d < 0)
+        return CT_EINVAL;
+    char a[CT__DESC_STR], b[CT__DESC_STR];
+    if (src->dtype != t->dtype)
+        return ct__seterr(CT_EDTYPE, "%s: src %s and self %s must have the same dtype", op,
+                          ct__desc(a, src), ct__desc(b, t));
+    int rc = check_index_dtype(op, "index", index, false);
+    if (!rc)
+        rc = check_index_fits(op, index, t, *d, "self");
+    if (!rc)
+        rc = check_index_fits(op, index, src, -1, "src");
+    if (!rc)
+        rc = check_index_range(op, index, t, *d);
+    return rc;
+}
+
+/* Adds src into out (t itself, or a copy of it) and records the op. */
+static ct_tensor *scatter_add(ct_tensor *out, ct_tensor *t, int d, ct_tensor *index,
+                              ct_tensor *src) {
+    ct_tensor self1 = at_least_1d(out), idx1 = at_least_1d(index), src1 = at_least_1d(src);
+    scatter_add_into(&self1, d, &idx1, &src1);
+    ct_op_args args = ints_args(1, (int64_t[]){d});
+    return ct__record(CT_OP_SCATTER_ADD, (ct_tensor *const[]){t, index, src}, 3, &out, 1, out == t,
+                      &args);
+}
+
+ct_tensor *ct_scatter_add(ct_tensor *t, int dim, ct_tensor *index, ct_tensor *src) {
+    int d;
+    if (check_scatter("scatter_add", t, dim, index, src, &d))
+        return NULL;
+    ct_tensor *out = ct__new(t->ndim, t->sizes, t->dtype);
+    if (!out)
+        return NULL;
+    ct__copy_into(out, t);
+    return scatter_add(out, t, d, index, src);
+}
+
+ct_tensor *ct_scatter_add_(ct_tensor *t, int dim, ct_tensor *index, ct_tensor *src) {
+    int d;
+    if (check_scatter("scatter_add_", t, dim, index, src, &d) ||
+        ct__check_inplace("scatter_add_", t, (ct_tensor *const[]){index, src}, 2))
+        return NULL;
+    return scatter_add(t, t, d, index, src);
+}
+
+/* ------------------------------------------------------------- one_hot */
+
+typedef struct one_hot_loop {
+    int64_t classes;
+    ct_dtype dtype;
+} one_hot_loop;
+
+/* Operand 0 is the start of each output row, operand 1 the label. */
+static void one_hot_rows(void *ctx, char **data, const int64_t *strides, int64_t n) {
+    const one_hot_loop *c = ctx;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t *row = (int64_t *)(data[0] + i * strides[0]);
+        memset(row, 0, sizeof(int64_t) * (size_t)c->classes);
+        row[load_index(c->dtype, data[1] + i * strides[1])] = 1;
+    }
+}
+
+ct_tensor *ct_one_hot(ct_tensor *labels, int64_t num_classes) {
+    if (CT__CHECK("one_hot", labels) || check_index_dtype("one_hot", "labels", labels, true))
+        return NULL;
+    char desc[CT__DESC_STR];
+    if (labels->ndim == CT_MAX_DIMS) {
+        ct__seterr(CT_EINVAL, "one_hot: labels %s already have the maximum of %d dims",
+                   ct__desc(desc, labels), CT_MAX_DIMS);
+        return NULL;
+    }
+    index_scan s = scan_index(labels, num_classes);
+    if (s.found) {
+        if (s.bad < 0)
+            ct__seterr(CT_ERANGE, "one_hot: label %lld in %s is negative", (long long)s.bad,
+                       ct__desc(desc, labels));
+        else
+            ct__seterr(CT_ERANGE, "one_hot: label %lld in %s is out of range for %lld classes",
+                       (long long)s.bad, ct__desc(desc, labels), (long long)num_classes);
+        return NULL;
+    }
+    if (num_classes < 0) {
+        if (ct_numel(labels) == 0) {
+            ct__seterr(CT_EINVAL,
+                       "one_hot: cannot infer the number of classes from the empty labels %s; "
+                       "pass num_classes",
+                       ct__desc(desc, labels));
+            return NULL;
+        }
+        num_classes = s.max + 1;
+    }
+    int64_t sizes[CT_MAX_DIMS];
+    memcpy(sizes, labels->sizes, sizeof(int64_t) * (size_t)labels->ndim);
+    sizes[labels->ndim] = num_classes;
+    ct_tensor *out = ct__new(labels->ndim + 1, sizes, CT_INT64);
+    if (!out)
+        return NULL;
+    ct_tensor rows = layout_view(out, labels->ndim, labels->sizes, out->strides, out->offset);
+    one_hot_loop c = {num_classes, labels->dtype};
+    ct__iter it;
+    ct__iter_init(&it, (ct_tensor *const[]){&rows, labels}, 2, labels->ndim, labels->sizes);
+    ct__iter_run(&it, one_hot_rows, &c,
+                 CT__GRAIN_ELEMENTWISE / (num_classes > 0 ? num_classes : 1));
+    ct_op_args args = ints_args(1, (int64_t[]){num_classes});
+    return ct__record1(CT_OP_ONE_HOT, out, &labels, 1, &args);
+}
+
+/* -------------------------------------------------------- tril and triu */
+
+typedef struct band_job {
+    ct_tensor *out, *t;
+    int64_t k;
+    bool upper;
+} band_job;
+
+/* Row i of every matrix keeps columns [lo, hi) and zeroes the rest. */
+static void band_rows(void *arg, int64_t r0, int64_t r1) {
+    const band_job *j = arg;
+    /* Once the row dim is selected away, the columns are at its place. */
+    int row_dim = j->t->ndim - 2, col_dim = row_dim;
+    int64_t cols = j->t->sizes[j->t->ndim - 1];
+    for (int64_t i = r0; i < r1; i++) {
+        int64_t edge = j->upper ? i + j->k : i + j->k + 1;
+        edge = edge < 0 ? 0 : edge > cols ? cols : edge;
+        int64_t lo = j->upper ? edge : 0, hi = j->upper ? cols : edge;
+        ct_tensor o = select_view(j->out, row_dim, i), s = select_view(j->t, row_dim, i);
+        ct_tensor keep = narrow_view(&o, col_dim, lo, hi - lo);
+        ct_tensor from = narrow_view(&s, col_dim, lo, hi - lo);
+        ct_tensor before = narrow_view(&o, col_dim, 0, lo);
+        ct_tensor after = narrow_view(&o, col_dim, hi, cols - hi);
+        ct__copy_into(&keep, &from);
+        zero_into(&before);
+        zero_into(&after);
+    }
+}
+
+static ct_tensor *band(const char *op, ct_op opcode, ct_tensor *t, int64_t k, bool upper) {
+    if (CT__CHECK(op, t))
+        return NULL;
+    if (t->ndim < 2) {
+        char desc[CT__DESC_STR];
+        ct__seterr(CT_ESHAPE, "%s: input %s must have at least 2 dims", op, ct__desc(desc, t));
+        return NULL;
+    }
+    ct_tensor *out = ct__new(t->ndim, t->sizes, t->dtype);
+    if (!out)
+        return NULL;
+    band_job j = {out, t, k, upper};
+    int64_t rows = t->sizes[t->ndim - 2];
+    int64_t per_row = ct_numel(t) / (rows > 0 ? rows : 1);
+    /* Rows go to threads when each is small; a large row is split inside
+     * by the iterator instead. */
+    if (per_row >= CT__GRAIN_ELEMENTWISE)
+        band_rows(&j, 0, rows);
+    else if (per_row > 0)
+        ct_parallel_for(0, rows, CT__GRAIN_ELEMENTWISE / per_row, band_rows, &j);
+    ct_op_args args = ints_args(1, (int64_t[]){k});
+    return ct__record1(opcode, out, &t, 1, &args);
+}
+
+ct_tensor *ct_tril(ct_tensor *t, int64_t k) { return band("tril", CT_OP_TRIL, t, k, false); }
+ct_tensor *ct_triu(ct_tensor *t, int64_t k) { return band("triu", CT_OP_TRIU, t, k, true); }
