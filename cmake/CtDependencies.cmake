@@ -7,8 +7,11 @@ find_package(Threads REQUIRED)
 add_library(ct_deps INTERFACE)
 target_link_libraries(ct_deps INTERFACE Threads::Threads m)
 set(CT_SUMMARY "")
+# A line may contain ';', which would split it in a CMake list: it is stored
+# as a placeholder and put back when printed.
 macro(ct_summary line)
-  list(APPEND CT_SUMMARY "${line}")
+  string(REPLACE ";" "<semicolon>" _ct_line "${line}")
+  list(APPEND CT_SUMMARY "${_ct_line}")
 endmacro()
 
 # OpenBLAS: required, for matmul. Its own CMake config first, pkg-config next.
@@ -90,6 +93,7 @@ endif()
 function(ct_print_summary)
   message(STATUS "ct ${PROJECT_VERSION} configuration:")
   foreach(line IN LISTS CT_SUMMARY)
+    string(REPLACE "<semicolon>" ";" line "${line}")
     message(STATUS "  ${line}")
   endforeach()
   message(STATUS "  sanitizers: ${CT_SANITIZE}")

@@ -13,5 +13,20 @@ write_basic_package_version_file(${CMAKE_CURRENT_BINARY_DIR}/ctConfigVersion.cma
                                  COMPATIBILITY SameMinorVersion)
 install(FILES ${CMAKE_CURRENT_BINARY_DIR}/ctConfig.cmake ${CMAKE_CURRENT_BINARY_DIR}/ctConfigVersion.cmake
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/ct)
-configure_file(cmake/ct.pc.in ${CMAKE_CURRENT_BINARY_DIR}/ct.pc @ONLY)
+
+# ct.pc names the prefix, which `cmake --install --prefix` may change after
+# configuring; so the prefix is filled in when installing.
+foreach(kind LIBDIR INCLUDEDIR)
+  if(IS_ABSOLUTE "${CMAKE_INSTALL_${kind}}")
+    set(CT_PC_${kind} "${CMAKE_INSTALL_${kind}}")
+  else()
+    set(CT_PC_${kind} "\${prefix}/${CMAKE_INSTALL_${kind}}")
+  endif()
+endforeach()
+set(CT_PC_PREFIX "@CT_PC_PREFIX@")
+configure_file(cmake/ct.pc.in ${CMAKE_CURRENT_BINARY_DIR}/ct.pc.in @ONLY)
+install(CODE "
+  set(CT_PC_PREFIX \"\${CMAKE_INSTALL_PREFIX}\")
+  configure_file(\"${CMAKE_CURRENT_BINARY_DIR}/ct.pc.in\" \"${CMAKE_CURRENT_BINARY_DIR}/ct.pc\" @ONLY)
+")
 install(FILES ${CMAKE_CURRENT_BINARY_DIR}/ct.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)

@@ -106,14 +106,14 @@ int ct_tensor_fprint(FILE *f, const ct_tensor *t) {
     if (ct_numel(t) > 0) {
         double maxabs = 0, minabs = INFINITY;
         int width = 0;
-        scan(&p, 0, t->offset, &maxabs, &minabs, &width);
+        scan(&p, 0, 0, &maxabs, &minabs, &width);
         if (ct_dtype_is_float(t->dtype) && (maxabs >= 1e8 || (minabs < 1e-4 && minabs > 0))) {
             p.sci = true;
             width = 0;
-            scan(&p, 0, t->offset, &maxabs, &minabs, &width);
+            scan(&p, 0, 0, &maxabs, &minabs, &width);
         }
         p.width = width;
-        emit(&p, 0, t->offset, (int)sizeof prefix - 1);
+        emit(&p, 0, 0, (int)sizeof prefix - 1);
     } else {
         put(&p, "[]");
     }

@@ -27,6 +27,10 @@ TEST(small_tensors_print_every_value) {
     s = print_to_string(ct_lt_scalar(ct_arange(0, 3, 1, CT_INT32), 1));
     ASSERT_STR_CONTAINS(s, "[ true, false, false]");
     free(s);
+    /* A view with a storage offset prints its own elements. */
+    s = print_to_string(ct_select(ct_transpose(t, 0, 1), 0, 2));
+    ASSERT_STR_CONTAINS(s, "tensor([2.0000, 5.0000], shape=[2]");
+    free(s);
     s = print_to_string(ct_scalar(-7, CT_INT64));
     ASSERT_STR_CONTAINS(s, "tensor(-7, shape=[], dtype=int64");
     free(s);

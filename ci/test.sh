@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# Builds ct and runs its tests: the README's test command, and what CI runs.
+#
+#   bash ci/test.sh
+#
+# Steps: install system packages (ci/setup.sh), configure, build, install
+# into a temporary prefix and build a program against it with find_package
+# and with pkg-config, then run ctest.
+#
+# Environment:
+#   BUILD_DIR          build directory (default: build)
+#   CC                 C compiler (default: CMake's choice)
+#   CMAKE_BUILD_TYPE   Release (default), Debug or RelWithDebInfo
+#   CT_SANITIZE        empty (default), "address;undefined" or "thread"
+#   CT_CMAKE_ARGS      more arguments for cmake, split on spaces
+#   CT_BUILD_ONLY      1: stop after the build (the CUDA job: no GPU there)
+#   CI                 true: warnings are errors (-DCT_WERROR=ON)
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+t0=$SECONDS
+
+step() { printf '\n==> [%3ds] %s\n' $((SECONDS - t0)) "$*"; }
+
+build_dir=${BUILD_DIR:-build}
+build_type=${CMAKE_BUILD_TYPE:-Release}
+sanitize=${CT_SANITIZE:-}
+werror=OFF
+if [[ ${CI:-} == true ]]; then
+    werror=ON
+fi
+read -r -a extra_args <<<"${CT_CMAKE_ARGS:-}"
+
+case $sanitize in
+"") san_flags="" ;;
+"address;undefined" | "address,undefined") san_flags="-fsanitize=address,undefined" ;;
+thread) san_flags="-fsanitize=thread" ;;
+*)
+    echo "ci/test.sh: CT_SANITIZE must be empty, 'address;undefined' or 'thread' (got '$sanitize')" >&2
+    exit 2
+    ;;
+esac
+
+step "ci/setup.sh"
+bash ci/setup.sh
+
+# CMake reads CC only when it first configures a build directory. When CC
+# names another compiler than the cached one, configure afresh.
+fresh=()
+if [[ -n ${CC:-} && -f $build_dir/CMakeCache.txt ]]; then
+    cached=$(sed -n 's/^CMAKE_C_COMPILER:[A-Z]*=//p' "$build_dir/CMakeCache.txt")
+    wanted=$(command -v "$CC" || true)
+    if [[ -z $wanted || $(realpath -m "$cached") != $(realpath -m "$wanted") ]]; then
+        echo "ci/test.sh: $build_dir was configured with $cached; configuring afresh for CC=$CC"
+        fresh=(--fresh)
+    fi
+fi
+
+step "configure $build_dir ($build_type, CC=${CC:-default}, CT_SANITIZE='$sanitize', CT_WERROR=$werror)"
+cmake -S . -B "$build_dir" "${fresh[@]}" \
+    -DCMAKE_BUILD_TYPE="$build_type" \
+    -DCT_SANITIZE="$sanitize" \
+    -DCT_WERROR="$werror" \
+    -DCT_BUILD_TESTS=ON \
+    "${extra_args[@]}"
+
+step "build with $(nproc) jobs"
+cmake --build "$build_dir" --parallel "$(nproc)"
+
+if [[ ${CT_BUILD_ONLY:-0} == 1 ]]; then
+    step "built; CT_BUILD_ONLY=1, so no tests run"
+    exit 0
+fi
+
+# Sanitizer settings, unless the caller chose their own.
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:detect_stack_use_after_return=1:strict_string_checks=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
+# CI runs as root; Open MPI's mpirun refuses to unless told.
+if ((EUID == 0)); then
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+fi
+
+# The sanitizers of GCC 12 and LLVM 14 map shadow memory at fixed addresses
+# and fail on kernels with more than 28 bits of mmap randomisation
+# (vm.mmap_rnd_bits = 32 on some recent kernels). Run the test programs
+# without address randomisation then, if this machine allows it.
+run=()
+if [[ -n $sanitize ]]; then
+    rnd_bits=$(cat /proc/sys/vm/mmap_rnd_bits 2>/dev/null || echo 0)
+    if ((rnd_bits > 28)); then
+        if setarch "$(uname -m)" -R true 2>/dev/null; then
+            echo "ci/test.sh: vm.mmap_rnd_bits is $rnd_bits; running tests under setarch -R"
+            run=(setarch "$(uname -m)" -R)
+        else
+            echo "ci/test.sh: warning: vm.mmap_rnd_bits is $rnd_bits and setarch -R is not" \
+                "allowed here; the sanitizers may fail to start (sysctl vm.mmap_rnd_bits=28)" >&2
+        fi
+    fi
+fi
+
+step "install into a temporary prefix and build against it"
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/ct-test.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+prefix=$tmp/prefix
+cmake --install "$build_dir" --prefix "$prefix" >"$tmp/install.log"
+for h in ct/ct.h ct/tensor.h; do
+    if [[ ! -f $prefix/include/$h ]]; then
+        echo "ci/test.sh: install did not put include/$h into the prefix" >&2
+        exit 1
+    fi
+done
+private=$(find "$prefix/include" -name '*_impl.h')
+if [[ -n $private ]]; then
+    echo "ci/test.sh: private headers were installed: $private" >&2
+    exit 1
+fi
+
+consumer_args=(-DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE="$build_type")
+if [[ -n ${CC:-} ]]; then
+    consumer_args+=(-DCMAKE_C_COMPILER="$CC")
+fi
+if [[ -n $san_flags ]]; then
+    consumer_args+=(-DCMAKE_C_FLAGS="$san_flags")
+fi
+cmake -S tests/install -B "$tmp/consumer" "${consumer_args[@]}" >"$tmp/consumer.log" ||
+    { cat "$tmp/consumer.log"; exit 1; }
+cmake --build "$tmp/consumer" --parallel "$(nproc)" >>"$tmp/consumer.log" ||
+    { cat "$tmp/consumer.log"; exit 1; }
+out=$("${run[@]}" "$tmp/consumer/consumer")
+echo "find_package(ct), ct::ct:        $out"
+out=$("${run[@]}" "$tmp/consumer/consumer_static")
+echo "find_package(ct), ct::ct_static: $out"
+
+pc_dir=$(dirname "$(find "$prefix" -name ct.pc -print -quit)")
+export PKG_CONFIG_PATH=$pc_dir${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
+pkg-config --static --libs ct >/dev/null
+read -r -a pc_flags <<<"$(pkg-config --cflags --libs ct)"
+read -r -a san_array <<<"$san_flags"
+"${CC:-cc}" -std=c11 -Wall -Wextra -Wpedantic -Werror "${san_array[@]}" tests/install/main.c \
+    "${pc_flags[@]}" -Wl,-rpath,"$(pkg-config --variable=libdir ct)" -o "$tmp/consumer_pc"
+out=$("${run[@]}" "$tmp/consumer_pc")
+echo "pkg-config ct:                   $out"
+
+step "ctest"
+"${run[@]}" ctest --test-dir "$build_dir" --output-on-failure --no-tests=error -j2
