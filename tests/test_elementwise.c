@@ -420,19 +420,23 @@ TEST(results_do_not_depend_on_the_thread_count) {
 }
 
 TEST(special_values_of_the_vectorised_float_functions) {
-    static const float xs[] = {0.0f, -0.0f, 1e-30f, -1e-8f, 0.624f, 0.626f, -3.0f, 9.5f, -20.0f,
-                               88.7f, 89.0f, -87.3f, -103.0f, -110.0f, INFINITY, -INFINITY, NAN};
+    static const float xs[] = {0.0f,   -0.0f,   1e-30f,  -1e-8f,   0.624f,    0.626f, -3.0f, 9.5f,
+                               -20.0f, 1.414f,  1.415f,  -2.5f,    5.6f,      -5.7f,  88.7f, 89.0f,
+                               -87.3f, -103.0f, -110.0f, INFINITY, -INFINITY, NAN};
     enum { N = sizeof xs / sizeof *xs };
     ct_tensor *x = ct_from_data(xs, CT_SHAPE(N), CT_FLOAT32);
-    ct_tensor *e = ct_exp(x), *t = ct_tanh(x), *s = ct_sigmoid(x);
+    ct_tensor *e = ct_exp(x), *t = ct_tanh(x), *s = ct_sigmoid(x), *g = ct_gelu(x);
     for (int i = 0; i < N; i++) {
         double v = xs[i];
         double want_e = (float)exp(v), want_t = (float)tanh(v), want_s = (float)(1 / (1 + exp(-v)));
-        double ge = tt_at(e, i), gt = tt_at(t, i), gs = tt_at(s, i);
+        double want_g = (float)(0.5 * v * erfc(-v / sqrt(2.0)));
+        double ge = tt_at(e, i), gt = tt_at(t, i), gs = tt_at(s, i), gg = tt_at(g, i);
         if (isnan(v)) {
-            ASSERT_TRUE(isnan(ge) && isnan(gt) && isnan(gs));
+            ASSERT_TRUE(isnan(ge) && isnan(gt) && isnan(gs) && isnan(gg));
             continue;
         }
+        if (isfinite(v))
+            ASSERT_NEAR(gg, want_g, 4e-7 * fabs(want_g) + 1e-7);
         /* Within a few ulp, and exact at the saturated ends. */
         ASSERT_NEAR(ge, want_e, 4e-7 * fabs(want_e) + 1e-44);
         ASSERT_NEAR(gt, want_t, 2.5e-7 * fabs(want_t));

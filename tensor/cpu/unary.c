@@ -1,6 +1,6 @@
 /* Unary elementwise ops. */
 #include "tensor_impl.h"
-#include "vtanh.h"
+#include "vmath.h"
 
 #include <tgmath.h>
 
@@ -14,10 +14,11 @@ typedef struct unary_params {
 #define PARAM(acc, k) _Generic((acc)0, int64_t : prm->i[k], default : (acc)prm->d[k])
 
 /* Float ops; x is the compute type (float or double), tgmath picks the
- * single- or double-precision function. float's exp and tanh are ct's own so that
+ * single- or double-precision function. float's exp, tanh and erf are ct's own so that
  * the loops that use it vectorize. */
-#define VEXP(x) _Generic((x), float: ct__vexpf((float)(x)), default: exp(x))
-#define VTANH(x) _Generic((x), float: ct__vtanhf((float)(x)), default: tanh(x))
+#define VEXP(x)      _Generic((x), float : ct__vexpf((float)(x)), default : exp(x))
+#define VTANH(x)     _Generic((x), float : ct__vtanhf((float)(x)), default : tanh(x))
+#define VERF(x)      _Generic((x), float : ct__verff((float)(x)), default : erf(x))
 #define F_NEG(x)     (-(x))
 #define F_ABS(x)     fabs(x)
 #define F_EXP(x)     VEXP(x)
@@ -30,7 +31,7 @@ typedef struct unary_params {
 #define F_TANH(x)    VTANH(x)
 #define F_SIGMOID(x) (1 / (1 + VEXP(-(x))))
 #define F_RELU(x)    ((x) > 0 || (x) != (x) ? (x) : 0)
-#define F_GELU(x)    ((x) * (acc)0.5 * (1 + erf((x) * (acc)0.70710678118654752440)))
+#define F_GELU(x)    ((x) * (acc)0.5 * (1 + VERF((x) * (acc)0.70710678118654752440)))
 #define F_GELU_TANH(x)                                                                             \
     ((acc)0.5 * (x) *                                                                              \
      (1 + VTANH((acc)0.79788456080286535588 * ((x) + (acc)0.044715 * (x) * (x) * (x)))))
