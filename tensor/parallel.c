@@ -23,11 +23,11 @@ typedef struct job {
 
 typedef struct pool {
     pthread_mutex_t submit; /* held by the thread whose job is running */
-    pthread_mutex_t lock;   /* guards generation, job and stop */
+    pthread_mutex_t lock;   /* guards changes to generation, job, active and stop */
     pthread_cond_t wake, done;
-    uint64_t generation;
+    atomic_uint_fast64_t generation; /* read without the lock while spinning */
     job *job;
-    int active; /* workers holding a pointer to job */
+    atomic_int active; /* workers holding a pointer to job */
     bool stop;
     int nthreads; /* including the caller */
     int nworkers;
@@ -75,6 +75,32 @@ int ct_get_num_threads(void) {
     return n;
 }
 
+/* Polls spent before sleeping on a condition variable: about 20-50 us,
+ * longer than a wake-up and shorter than a scheduler tick. */
+#define SPIN_POLLS 2000
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+static void spin_until_changed(atomic_uint_fast64_t *gen, uint64_t seen) {
+    for (int i = 0; i < SPIN_POLLS && atomic_load_explicit(gen, memory_order_relaxed) == seen; i++)
+        cpu_relax();
+}
+
+static void spin_until_idle(job *j) {
+    for (int i = 0; i < SPIN_POLLS; i++) {
+        if (atomic_load_explicit(&j->remaining, memory_order_acquire) == 0 &&
+            atomic_load(&the_pool.active) == 0)
+            return;
+        cpu_relax();
+    }
+}
+
 static void run_chunks(job *j) {
     for (;;) {
         int c = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
@@ -97,21 +123,29 @@ static void *worker_main(void *arg) {
     uint64_t seen = 0;
     pthread_mutex_lock(&the_pool.lock);
     for (;;) {
-        while (!the_pool.stop && the_pool.generation == seen)
+        if (!the_pool.stop && atomic_load(&the_pool.generation) == seen) {
+            /* Ops come back to back in a training step: a worker that just
+             * finished polls for the next job for a while before sleeping,
+             * so that short jobs are not dominated by wake-up latency. */
+            pthread_mutex_unlock(&the_pool.lock);
+            spin_until_changed(&the_pool.generation, seen);
+            pthread_mutex_lock(&the_pool.lock);
+        }
+        while (!the_pool.stop && atomic_load(&the_pool.generation) == seen)
             pthread_cond_wait(&the_pool.wake, &the_pool.lock);
         if (the_pool.stop)
             break;
-        seen = the_pool.generation;
+        seen = atomic_load(&the_pool.generation);
         job *j = the_pool.job;
         if (!j)
             continue;
-        the_pool.active++;
+        atomic_fetch_add(&the_pool.active, 1);
         pthread_mutex_unlock(&the_pool.lock);
         run_chunks(j);
         pthread_mutex_lock(&the_pool.lock);
         /* The job lives on the caller's stack: it may return only once no
          * worker can touch it. */
-        if (--the_pool.active == 0)
+        if (atomic_fetch_sub(&the_pool.active, 1) == 1)
             pthread_cond_broadcast(&the_pool.done);
     }
     pthread_mutex_unlock(&the_pool.lock);
@@ -193,7 +227,7 @@ void ct_parallel_for(int64_t begin, int64_t end, int64_t grain, ct_parallel_fn f
 
     pthread_mutex_lock(&the_pool.lock);
     the_pool.job = &j;
-    the_pool.generation++;
+    atomic_fetch_add(&the_pool.generation, 1);
     pthread_cond_broadcast(&the_pool.wake);
     pthread_mutex_unlock(&the_pool.lock);
 
@@ -201,8 +235,10 @@ void ct_parallel_for(int64_t begin, int64_t end, int64_t grain, ct_parallel_fn f
     run_chunks(&j);
     in_region = false;
 
+    spin_until_idle(&j);
     pthread_mutex_lock(&the_pool.lock);
-    while (atomic_load_explicit(&j.remaining, memory_order_acquire) > 0 || the_pool.active > 0)
+    while (atomic_load_explicit(&j.remaining, memory_order_acquire) > 0 ||
+           atomic_load(&the_pool.active) > 0)
         pthread_cond_wait(&the_pool.done, &the_pool.lock);
     the_pool.job = NULL;
     pthread_mutex_unlock(&the_pool.lock);
@@ -225,7 +261,7 @@ static void atfork_child(void) {
     the_pool.started = false;
     the_pool.stop = false;
     the_pool.job = NULL;
-    the_pool.active = 0;
+    atomic_store(&the_pool.active, 0);
     in_region = false;
 }
 
