@@ -55,7 +55,7 @@ ct_tensor *ct_copy_(ct_tensor *dst, ct_tensor *src) {
 ct_tensor *ct_clone(ct_tensor *t) {
     if (CT__CHECK("clone", t))
         return NULL;
-    ct_tensor *out = ct__new(t->ndim, t->sizes, t->dtype);
+    ct_tensor *out = ct__new("clone", t->ndim, t->sizes, t->dtype);
     if (!out)
         return NULL;
     ct__copy_into(out, t);
@@ -79,7 +79,7 @@ ct_tensor *ct_to_dtype(ct_tensor *t, ct_dtype dtype) {
     }
     if (t->dtype == dtype)
         return ct__scope_own(ct_tensor_retain(t));
-    ct_tensor *out = ct__new(t->ndim, t->sizes, dtype);
+    ct_tensor *out = ct__new("to_dtype", t->ndim, t->sizes, dtype);
     if (!out)
         return NULL;
     ct__copy_into(out, t);

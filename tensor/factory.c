@@ -1,17 +1,7 @@
 /* Factories: tensors made from a value, a sequence or the caller's data. */
-#include "factory.h"
+#include "tensor_impl.h"
 
 #include <math.h>
-
-/* ct__new reports its shape errors as "empty: ..."; name the factory the user
- * called instead. */
-ct_tensor *ct__new_named(const char *op, int ndim, const int64_t *sizes, ct_dtype dtype) {
-    ct_tensor *t = ct__new(ndim, sizes, dtype);
-    const char *msg = ct_errmsg();
-    if (!t && strncmp(msg, "empty: ", 7) == 0)
-        ct__seterr(ct_errcode(), "%s: %s", op, msg + 7);
-    return t;
-}
 
 static ct_tensor *record_factory(ct_tensor *t) {
     return ct__record1(CT_OP_EMPTY, t, NULL, 0, NULL);
@@ -46,7 +36,7 @@ static void fill_value(ct_tensor *t, double value) {
 
 static ct_tensor *full(const char *op, int ndim, const int64_t *sizes, double value,
                        ct_dtype dtype) {
-    ct_tensor *t = ct__new_named(op, ndim, sizes, dtype);
+    ct_tensor *t = ct__new(op, ndim, sizes, dtype);
     if (!t)
         return NULL;
     fill_value(t, value);
@@ -78,7 +68,7 @@ ct_tensor *ct_from_data(const void *data, int ndim, const int64_t *sizes, ct_dty
                    ct__shape_str(buf, ndim, sizes));
         return NULL;
     }
-    ct_tensor *t = ct__new_named("from_data", ndim, sizes, dtype);
+    ct_tensor *t = ct__new("from_data", ndim, sizes, dtype);
     if (!t)
         return NULL;
     size_t nbytes = (size_t)ct_numel(t) * ct_dtype_size(dtype);
@@ -90,7 +80,7 @@ ct_tensor *ct_from_data(const void *data, int ndim, const int64_t *sizes, ct_dty
 ct_tensor *ct_eye(int64_t n, int64_t m, ct_dtype dtype) {
     if (m < 0)
         m = n;
-    ct_tensor *t = ct__new_named("eye", 2, (int64_t[]){n, m}, dtype);
+    ct_tensor *t = ct__new("eye", 2, (int64_t[]){n, m}, dtype);
     if (!t)
         return NULL;
     fill_value(t, 0.0);
@@ -122,7 +112,7 @@ static void seq_chunk(void *arg, int64_t lo, int64_t hi) {
 }
 
 static ct_tensor *sequence(const char *op, seq_job *j) {
-    ct_tensor *t = ct__new_named(op, 1, &j->n, j->dtype);
+    ct_tensor *t = ct__new(op, 1, &j->n, j->dtype);
     if (!t)
         return NULL;
     j->data = ct__data(t);

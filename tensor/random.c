@@ -4,8 +4,8 @@
  * fills blocks in parallel: block b writes only its own elements, and its
  * values depend only on (seed, offset, b), so any split of the blocks over
  * threads gives the same tensor. */
-#include "factory.h"
 #include "philox.h"
+#include "tensor_impl.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -152,7 +152,7 @@ static ct_tensor *fill_(const char *op, ct_tensor *t, draw *d, ct_generator *gen
     if (ct_is_contiguous(t)) {
         run_draw(d, t, gen);
     } else {
-        ct_tensor *tmp = ct__new(t->ndim, t->sizes, t->dtype);
+        ct_tensor *tmp = ct__new(op, t->ndim, t->sizes, t->dtype);
         if (!tmp)
             return NULL;
         run_draw(d, tmp, gen);
@@ -167,7 +167,7 @@ static ct_tensor *draw_new(const char *op, int ndim, const int64_t *sizes, ct_dt
                            dist kind, ct_generator *gen) {
     if (check_float(op, dtype))
         return NULL;
-    ct_tensor *t = ct__new_named(op, ndim, sizes, dtype);
+    ct_tensor *t = ct__new(op, ndim, sizes, dtype);
     if (!t)
         return NULL;
     draw d = float_draw(kind, dtype, 0.0, 1.0);
@@ -254,7 +254,7 @@ ct_tensor *ct_bernoulli(ct_tensor *p, ct_generator *gen) {
                    ct__desc(desc, p), s.bad);
         return NULL;
     }
-    ct_tensor *out = ct__new(p->ndim, p->sizes, p->dtype);
+    ct_tensor *out = ct__new("bernoulli", p->ndim, p->sizes, p->dtype);
     if (!out)
         return NULL;
     /* The probabilities are copied into out, and each is replaced by its
@@ -306,7 +306,7 @@ ct_tensor *ct_randperm(int64_t n, ct_generator *gen) {
         ct__seterr(CT_ENOMEM, "randperm: out of memory sorting %lld keys", (long long)n);
         return NULL;
     }
-    ct_tensor *out = ct__new_named("randperm", 1, &n, CT_INT64);
+    ct_tensor *out = ct__new("randperm", 1, &n, CT_INT64);
     if (!out) {
         free(keys);
         return NULL;

@@ -226,17 +226,21 @@ static ct_tensor *tensor_new_unowned(const char *op, int ndim, const int64_t *si
         return NULL;
     int64_t strides[CT_MAX_DIMS];
     ct__contiguous_strides(ndim, sizes, strides);
-    ct_storage *s =
-        ct_storage_new((size_t)ct__numel(ndim, sizes) * ct_dtype_size(dtype), CT_DEVICE_CPU);
-    if (!s)
+    size_t nbytes = (size_t)ct__numel(ndim, sizes) * ct_dtype_size(dtype);
+    ct_storage *s = ct_storage_new(nbytes, CT_DEVICE_CPU);
+    if (!s) {
+        char buf[CT__SHAPE_STR];
+        ct__seterr(CT_ENOMEM, "%s: out of memory allocating %s%s (%zu bytes)", op,
+                   ct_dtype_name(dtype), ct__shape_str(buf, ndim, sizes), nbytes);
         return NULL;
+    }
     ct_tensor *t = tensor_alloc(s, 0, ndim, sizes, strides, dtype);
     ct_storage_free(s);
     return t;
 }
 
-ct_tensor *ct__new(int ndim, const int64_t *sizes, ct_dtype dtype) {
-    return ct__scope_own(tensor_new_unowned("empty", ndim, sizes, dtype));
+ct_tensor *ct__new(const char *op, int ndim, const int64_t *sizes, ct_dtype dtype) {
+    return ct__scope_own(tensor_new_unowned(op, ndim, sizes, dtype));
 }
 
 ct_tensor *ct__make_view(ct_tensor *base, int ndim, const int64_t *sizes, const int64_t *strides,
@@ -488,7 +492,7 @@ double ct_get(const ct_tensor *t, const int64_t *idx) {
 /* --------------------------------------------------------------- factories */
 
 ct_tensor *ct_empty(int ndim, const int64_t *sizes, ct_dtype dtype) {
-    ct_tensor *t = ct__new(ndim, sizes, dtype);
+    ct_tensor *t = ct__new("empty", ndim, sizes, dtype);
     return t ? ct__record1(CT_OP_EMPTY, t, NULL, 0, NULL) : NULL;
 }
 

@@ -69,8 +69,9 @@ int ct__wrap_dim(const char *op, int dim, int ndim);
  * scope. */
 ct_tensor *ct__make_view(ct_tensor *base, int ndim, const int64_t *sizes, const int64_t *strides,
                          int64_t offset);
-/* New contiguous tensor registered in the current scope. */
-ct_tensor *ct__new(int ndim, const int64_t *sizes, ct_dtype dtype);
+/* New contiguous tensor registered in the current scope. Errors (bad shape,
+ * out of memory) are reported under op's name. */
+ct_tensor *ct__new(const char *op, int ndim, const int64_t *sizes, ct_dtype dtype);
 /* Hands a new reference to the current scope (if any); returns t. */
 ct_tensor *ct__scope_own(ct_tensor *t);
 /* Drops a result the current op made but will not return: takes it out of

@@ -25,7 +25,7 @@
 #define CT__ALLOC_SANITIZED 0
 #endif
 
-#define LARGE ((size_t)1 << 20)
+#define LARGE    ((size_t)1 << 20)
 #define NCLASSES (64 * 4)
 
 typedef struct free_block {
@@ -44,7 +44,7 @@ static int size_class(size_t n, size_t *rounded) {
     int k = 63 - __builtin_clzll((unsigned long long)n); /* 2^k <= n */
     size_t step = (size_t)1 << (k - 2);
     size_t r = (n + step - 1) / step * step; /* 4 steps per doubling */
-    int j = (int)(r >> (k - 2)) - 4;          /* 0..4; 4 means 2^(k+1) */
+    int j = (int)(r >> (k - 2)) - 4;         /* 0..4; 4 means 2^(k+1) */
     *rounded = r;
     return k * 4 + j;
 }

@@ -211,7 +211,7 @@ static ct_tensor *binary(int which, ct_tensor *a, ct_tensor *b, double scalar, b
     /* In place with the same dtype writes straight into a; otherwise compute
      * into a temporary and convert. */
     bool direct = inplace && result == a->dtype;
-    ct_tensor *out = direct ? a : ct__new(nd, shape, result);
+    ct_tensor *out = direct ? a : ct__new(name, nd, shape, result);
     if (!x || !y || !out) {
         ct_scope_end();
         return NULL;
@@ -300,7 +300,7 @@ ct_tensor *ct_where(ct_tensor *cond, ct_tensor *a, ct_tensor *b) {
     ct_dtype dt = ct_promote_types(a->dtype, b->dtype);
     ct_scope_begin();
     ct_tensor *x = ct_to_dtype(a, dt), *y = ct_to_dtype(b, dt);
-    ct_tensor *out = ct__new(nd, shape, dt);
+    ct_tensor *out = ct__new("where", nd, shape, dt);
     if (!x || !y || !out) {
         ct_scope_end();
         return NULL;

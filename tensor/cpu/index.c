@@ -130,7 +130,7 @@ ct_tensor *ct_cat(ct_tensor *const *ts, int n, int dim) {
         }
         sizes[d] += t->sizes[d];
     }
-    ct_tensor *out = ct__new(ref->ndim, sizes, promote_all(ts, n));
+    ct_tensor *out = ct__new("cat", ref->ndim, sizes, promote_all(ts, n));
     if (!out)
         return NULL;
     int64_t at = 0;
@@ -171,7 +171,7 @@ ct_tensor *ct_stack(ct_tensor *const *ts, int n, int dim) {
     int64_t sizes[CT_MAX_DIMS];
     for (int i = 0, j = 0; i <= ref->ndim; i++)
         sizes[i] = i == d ? n : ref->sizes[j++];
-    ct_tensor *out = ct__new(ref->ndim + 1, sizes, promote_all(ts, n));
+    ct_tensor *out = ct__new("stack", ref->ndim + 1, sizes, promote_all(ts, n));
     if (!out)
         return NULL;
     for (int i = 0; i < n; i++) {
@@ -406,7 +406,7 @@ ct_tensor *ct_index_select(ct_tensor *t, int dim, ct_tensor *index) {
     memcpy(sizes, t->sizes, sizeof sizes);
     if (t->ndim > 0)
         sizes[d] = nidx;
-    ct_tensor *out = ct__new(t->ndim, sizes, t->dtype);
+    ct_tensor *out = ct__new("index_select", t->ndim, sizes, t->dtype);
     if (!out)
         return NULL;
     /* index_select is a gather whose index is the 1-D index broadcast over
@@ -446,7 +446,7 @@ ct_tensor *ct_gather(ct_tensor *t, int dim, ct_tensor *index) {
         check_index_fits("gather", index, t, d, "input") ||
         check_index_range("gather", index, t, d))
         return NULL;
-    ct_tensor *out = ct__new(index->ndim, index->sizes, t->dtype);
+    ct_tensor *out = ct__new("gather", index->ndim, index->sizes, t->dtype);
     if (!out)
         return NULL;
     ct_tensor out1 = at_least_1d(out), t1 = at_least_1d(t), idx1 = at_least_1d(index);
@@ -491,7 +491,7 @@ ct_tensor *ct_scatter_add(ct_tensor *t, int dim, ct_tensor *index, ct_tensor *sr
     int d;
     if (check_scatter("scatter_add", t, dim, index, src, &d))
         return NULL;
-    ct_tensor *out = ct__new(t->ndim, t->sizes, t->dtype);
+    ct_tensor *out = ct__new("scatter_add", t->ndim, t->sizes, t->dtype);
     if (!out)
         return NULL;
     ct__copy_into(out, t);
@@ -555,7 +555,7 @@ ct_tensor *ct_one_hot(ct_tensor *labels, int64_t num_classes) {
     int64_t sizes[CT_MAX_DIMS];
     memcpy(sizes, labels->sizes, sizeof(int64_t) * (size_t)labels->ndim);
     sizes[labels->ndim] = num_classes;
-    ct_tensor *out = ct__new(labels->ndim + 1, sizes, CT_INT64);
+    ct_tensor *out = ct__new("one_hot", labels->ndim + 1, sizes, CT_INT64);
     if (!out)
         return NULL;
     ct_tensor rows = layout_view(out, labels->ndim, labels->sizes, out->strides, out->offset);
@@ -605,7 +605,7 @@ static ct_tensor *band(const char *op, ct_op opcode, ct_tensor *t, int64_t k, bo
         ct__seterr(CT_ESHAPE, "%s: input %s must have at least 2 dims", op, ct__desc(desc, t));
         return NULL;
     }
-    ct_tensor *out = ct__new(t->ndim, t->sizes, t->dtype);
+    ct_tensor *out = ct__new(op, t->ndim, t->sizes, t->dtype);
     if (!out)
         return NULL;
     band_job j = {out, t, k, upper};

@@ -1060,8 +1060,8 @@ static ct_tensor *reduce(const red_desc *d, ct_tensor *t, const int *dims, int n
     /* max_dim always makes its indices: autograd needs them even when the
      * caller does not. */
     bool with_indices = arg && !j.index_only;
-    ct_tensor *out = ct__new(out_ndim, out_sizes, j.out_dtype);
-    ct_tensor *idx = with_indices ? ct__new(out_ndim, out_sizes, CT_INT64) : NULL;
+    ct_tensor *out = ct__new(d->name, out_ndim, out_sizes, j.out_dtype);
+    ct_tensor *idx = with_indices ? ct__new(d->name, out_ndim, out_sizes, CT_INT64) : NULL;
     bool ok = out && (idx || !with_indices);
     if (ok) {
         j.out = ct__data(out);

@@ -183,7 +183,7 @@ static ct_tensor *softmax_op(const char *name, ct_op op, bool log, ct_tensor *t,
                    name, ct__desc(desc, t), name);
         return NULL;
     }
-    ct_tensor *out = ct__new(t->ndim, t->sizes, t->dtype);
+    ct_tensor *out = ct__new(name, t->ndim, t->sizes, t->dtype);
     if (!out)
         return NULL;
     if (ct_numel(t) > 0) {
