@@ -155,7 +155,6 @@ static void *worker_main(void *arg) {
 /* Called with the submit mutex held. */
 static void pool_start(void) {
     int n = ct_get_num_threads();
-    ct__blas_init();
     the_pool.nthreads = n;
     the_pool.nworkers = 0;
     the_pool.stop = false;

@@ -217,9 +217,4 @@ ct__loop_fn ct__cast_kernel(ct_dtype to, ct_dtype from);
 void *ct__cpu_alloc(size_t nbytes, size_t *capacity);
 void ct__cpu_free(void *p, size_t capacity);
 
-/* -------------------------------------------------- runtime hooks */
-
-void ct__blas_init(void);
-void ct__scope_release_all(void);
-
 #endif

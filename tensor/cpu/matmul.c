@@ -20,7 +20,6 @@
 #include "tensor_impl.h"
 
 #include <cblas.h>
-#include <pthread.h>
 
 /* OpenBLAS hands its kernels groups of 3 register tiles of GEMM_UNROLL_N rows
  * of a row-major C (6 with AVX-512): 12 rows for float32 on Haswell and Zen,
@@ -35,11 +34,11 @@
 #define MM_GRAIN_MACS (1.0 * (1 << 20))
 #define MM_BLAS_MAX   ((int64_t)((1ull << (sizeof(blasint) * 8 - 1)) - 1))
 
-static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
-
-static void blas_init_once(void) { openblas_set_num_threads(1); }
-
-void ct__blas_init(void) { pthread_once(&blas_once, blas_init_once); }
+/* At load time, before any thread of ct's exists: OpenBLAS's own threads
+ * would otherwise compete with ct's pool, and spin while idle. */
+__attribute__((constructor)) static void blas_single_thread(void) {
+    openblas_set_num_threads(1);
+}
 
 /* One operand as a batch of matrices in the compute dtype. */
 typedef struct mm_mat {
@@ -229,7 +228,6 @@ static void mm_run(mm_plan *p) {
     }
     double unit_macs = macs / (double)p->parts;
     int64_t grain = unit_macs >= MM_GRAIN_MACS ? 1 : (int64_t)(MM_GRAIN_MACS / unit_macs) + 1;
-    ct__blas_init();
     ct_parallel_for(0, p->nb * p->parts, grain, mm_chunk, p);
 }
 
