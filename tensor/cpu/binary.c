@@ -40,13 +40,9 @@ static inline int64_t int_pow(int64_t x, int64_t e) {
 
 /* One loop per (op, dtype) with the common layouts specialised so that the
  * compiler vectorizes them: all contiguous, and either side a broadcast
- * scalar. OUTT/OUTC are the output element type and conversion (the
- * dtype's own for arithmetic, bool for comparisons). */
-#define BINARY_LOOP(A, B)                                                                          \
-    for (int64_t i = 0; i < n; i++) {                                                              \
-        acc x = CT__IN_##DT(A), y = CT__IN_##DT(B);                                                \
-        *(outt *)(o + i * s[0]) = OUTC(EXPR(x, y));                                                \
-    }
+ * scalar. OUTT/OUTC_ are the output element type and conversion (the
+ * dtype's own for arithmetic, bool for comparisons); BINARY_LOOP_ is the
+ * loop body each layout shares. */
 #define BINARY_KERNEL(NAME, EXPR_, DT, OUTT, OUTC_)                                                \
     static void NAME##_##DT(void *ctx, char **data, const int64_t *s, int64_t n) {                 \
         (void)ctx;                                                                                 \
