@@ -117,8 +117,12 @@ def main():
             set_blas_threads(nthreads)
         for fields, metric, amount, fn in cases(torch):
             us = median_us(fn)
-            result = {"bench": "ops", **fields, "impl": "torch", "threads": nthreads,
-                      "us": round(us, 2), metric: round(amount / us * 1e-3, 3)}
+            result = {"bench": "ops", "op": fields["op"]}
+            if "layout" in fields:
+                result["layout"] = fields["layout"]
+            result.update(impl="torch", size=fields["size"], shape=fields["shape"],
+                          threads=nthreads, us=round(us, 2))
+            result[metric] = round(amount / us * 1e-3, 3)
             print(json.dumps(result), flush=True)
             mine = ct.get(key(result))
             if mine and metric in mine:

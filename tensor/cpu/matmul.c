@@ -36,9 +36,7 @@
 
 /* At load time, before any thread of ct's exists: OpenBLAS's own threads
  * would otherwise compete with ct's pool, and spin while idle. */
-__attribute__((constructor)) static void blas_single_thread(void) {
-    openblas_set_num_threads(1);
-}
+__attribute__((constructor)) static void blas_single_thread(void) { openblas_set_num_threads(1); }
 
 /* One operand as a batch of matrices in the compute dtype. */
 typedef struct mm_mat {
