@@ -75,9 +75,11 @@ int ct_get_num_threads(void) {
     return n;
 }
 
-/* Polls spent before sleeping on a condition variable: about 20-50 us,
- * longer than a wake-up and shorter than a scheduler tick. */
-#define SPIN_POLLS 2000
+/* Polls spent before sleeping on a condition variable: about 0.5 ms here.
+ * Waking a sleeping thread costs 100 us or more on a virtual machine, and in
+ * a training step the next op usually follows within that window; a shorter
+ * spin left about half of back-to-back matmuls waiting for a wake-up. */
+#define SPIN_POLLS 20000
 
 static inline void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
