@@ -107,12 +107,6 @@ static int scratch_new(ct_tensor *t, ct_storage **s, int ndim, const int64_t *si
     return 0;
 }
 
-static void cast_into(ct_tensor *dst, ct_tensor *src) {
-    ct__iter it;
-    ct__iter_init(&it, (ct_tensor *[]){dst, src}, 2, dst->ndim, dst->sizes);
-    ct__iter_run(&it, ct__cast_kernel(dst->dtype, src->dtype), NULL, CT__GRAIN_ELEMENTWISE);
-}
-
 /* Points x at t, through a contiguous copy in the compute dtype when t's
  * dtype differs or BLAS cannot read its layout. */
 static int mm_operand(const mm_plan *p, mm_mat *x, ct_tensor *t, bool left, ct_storage **s) {
@@ -122,7 +116,7 @@ static int mm_operand(const mm_plan *p, mm_mat *x, ct_tensor *t, bool left, ct_s
     ct_tensor tmp;
     if (scratch_new(&tmp, s, t->ndim, t->sizes, p->dtype))
         return ct_errcode();
-    cast_into(&tmp, t);
+    ct__copy_into(&tmp, t);
     mm_describe(p, x, &tmp, left);
     return 0;
 }
@@ -319,7 +313,7 @@ ct_tensor *ct_matmul(ct_tensor *a, ct_tensor *b) {
         mm_fold_batch(&p);
         mm_run(&p);
         if (scratch[2])
-            cast_into(out, &cbuf);
+            ct__copy_into(out, &cbuf);
     }
 done:
     for (int i = 0; i < 3; i++)
