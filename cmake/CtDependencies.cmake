@@ -27,6 +27,12 @@ else()
   ct_summary("OpenBLAS ${OPENBLAS_VERSION}: found (pkg-config)")
 endif()
 
+# zlib: data/ reads gzipped IDX files (Fashion-MNIST as Debian ships it).
+pkg_check_modules(ZLIB REQUIRED zlib)
+target_include_directories(ct_deps INTERFACE ${ZLIB_INCLUDE_DIRS})
+target_link_libraries(ct_deps INTERFACE ${ZLIB_LINK_LIBRARIES})
+ct_summary("zlib ${ZLIB_VERSION}: found")
+
 # libzmq: the store and RPC use it; found now so that a missing one is
 # reported at configure time.
 pkg_check_modules(ZMQ QUIET IMPORTED_TARGET libzmq)
