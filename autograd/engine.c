@@ -383,8 +383,14 @@ static int execute(task *t, int si) {
     const ct__run *run = t->run;
     int rc = 0;
     ct_scope_begin();
-    for (int o = 0; o < n->nout && n->hooks && !rc; o++)
-        rc = run_grad_hooks(n, n->hooks, o, &in[o], &n->out_meta[o]);
+    for (int o = 0; o < n->nout && n->hooks && !rc; o++) {
+        ct_tensor *g = in[o];
+        rc = run_grad_hooks(n, n->hooks, o, &g, &n->out_meta[o]);
+        if (g != in[o]) {
+            ct_tensor_free(in[o]);
+            in[o] = ct_tensor_retain(g);
+        }
+    }
     for (int c = s->capture; c >= 0 && !rc; c = t->capture_next[c])
         run->captured[c] = ct_tensor_retain(in[run->captures[c].input_nr]);
 

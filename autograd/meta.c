@@ -527,12 +527,20 @@ static bool is_view_op(ct_op op) {
     }
 }
 
-/* In-place ops on tensors that require grad: the checks PyTorch makes. */
-static int check_inplace(const ct_op_record *r, const ct__deriv *d) {
-    ct_tensor *self = r->inputs[0];
+/* In-place ops on tensors that require grad: the checks PyTorch makes,
+ * before the op writes. others are the op's operands after self. */
+static int check_inplace(ct_op opcode, ct_tensor *self, ct_tensor *const *others, int nothers) {
+    if (grad_disabled)
+        return 0;
+    bool any = ct__needs_grad(self);
+    for (int i = 0; i < nothers && !any; i++)
+        any = ct__needs_grad(others[i]);
+    if (!any)
+        return 0;
+    const ct__deriv *d = ct__deriv_of(opcode);
     ct__meta *m = ct__meta_of(self);
     char desc[CT__DESC_STR];
-    const char *op = ct_op_name(r->op);
+    const char *op = ct_op_name(opcode);
     if (m && m->requires_grad && !m->grad_fn)
         return ct__seterr(CT_EINVAL,
                           "%s: a leaf tensor that requires grad (%s) is being used in an in-place "
@@ -556,8 +564,8 @@ static int check_inplace(const ct_op_record *r, const ct__deriv *d) {
                           "%s: op has no derivative and cannot be applied in place to %s, which "
                           "requires grad; apply it to a detached tensor (ct_detach)",
                           op, ct__desc(desc, self));
-    for (int i = 0; i < r->ninputs; i++)
-        if ((d->needs_old_self >> i & 1u) && ct__needs_grad(r->inputs[i]))
+    for (int i = 0; i <= nothers; i++)
+        if ((d->needs_old_self >> i & 1u) && ct__needs_grad(i == 0 ? self : others[i - 1]))
             return ct__seterr(CT_ENOTSUP,
                               "%s: the gradient of input %d needs the value of %s from before "
                               "the in-place op overwrote it; use the out-of-place form",
@@ -574,11 +582,6 @@ static int record(const ct_op_record *r) {
     if (!any)
         return 0;
     const ct__deriv *d = ct__deriv_of(r->op);
-    if (r->inplace) {
-        int rc = check_inplace(r, d);
-        if (rc)
-            return rc;
-    }
     if (!d)
         return 0;
 
@@ -617,7 +620,8 @@ static int record(const ct_op_record *r) {
     return 0;
 }
 
-static const ct_tensor_hooks hooks = {.record = record, .free_meta = meta_free};
+static const ct_tensor_hooks hooks = {
+    .record = record, .free_meta = meta_free, .check_inplace = check_inplace};
 
 __attribute__((constructor)) static void install_hooks(void) { ct_tensor_set_hooks(&hooks); }
 

@@ -45,7 +45,7 @@ ct_tensor *ct_copy_(ct_tensor *dst, ct_tensor *src) {
                    ct__desc(s, src), ct__desc(d, dst));
         return NULL;
     }
-    if (ct__check_inplace("copy_", dst, (ct_tensor *[]){src}, 1))
+    if (ct__check_inplace(CT_OP_COPY, "copy_", dst, (ct_tensor *[]){src}, 1))
         return NULL;
     ct__copy_into(dst, src);
     return ct__record(CT_OP_COPY, (ct_tensor *[]){dst, src}, 2, (ct_tensor *[]){dst}, 1, true,

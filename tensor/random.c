@@ -147,7 +147,7 @@ static int check_float(const char *op, ct_dtype dtype) {
  * so that element i is always the i-th in row-major order. */
 static ct_tensor *fill_(const char *op, ct_tensor *t, draw *d, ct_generator *gen, double a,
                         double b) {
-    if (ct__check_inplace(op, t, NULL, 0))
+    if (ct__check_inplace(CT_OP_RANDOM, op, t, NULL, 0))
         return NULL;
     if (ct_is_contiguous(t)) {
         run_draw(d, t, gen);

@@ -8,6 +8,31 @@
 
 static void free_cpu(void *data, void *ctx) { ct__cpu_free(data, (size_t)(uintptr_t)ctx); }
 
+/* Bytes of live storages ct allocated on the CPU, and their high-water
+ * mark. */
+static atomic_llong cpu_allocated, cpu_peak;
+
+static void count_alloc(long long nbytes) {
+    long long now =
+        atomic_fetch_add_explicit(&cpu_allocated, nbytes, memory_order_relaxed) + nbytes;
+    long long peak = atomic_load_explicit(&cpu_peak, memory_order_relaxed);
+    while (now > peak && !atomic_compare_exchange_weak(&cpu_peak, &peak, now))
+        ;
+}
+
+int64_t ct_memory_allocated(ct_device device) {
+    return device.type == CT_CPU ? atomic_load(&cpu_allocated) : 0;
+}
+
+int64_t ct_memory_peak(ct_device device) {
+    return device.type == CT_CPU ? atomic_load(&cpu_peak) : 0;
+}
+
+void ct_memory_reset_peak(ct_device device) {
+    if (device.type == CT_CPU)
+        atomic_store(&cpu_peak, atomic_load(&cpu_allocated));
+}
+
 static ct_storage *storage_wrap(void *data, size_t nbytes, ct_device device, ct_free_fn free_fn,
                                 void *ctx) {
     ct_storage *s = malloc(sizeof *s);
@@ -40,6 +65,8 @@ ct_storage *ct_storage_new(size_t nbytes, ct_device device) {
     ct_storage *s = storage_wrap(data, nbytes, device, free_cpu, (void *)(uintptr_t)capacity);
     if (!s)
         ct__cpu_free(data, capacity);
+    else
+        count_alloc((long long)nbytes);
     return s;
 }
 
@@ -61,6 +88,8 @@ ct_storage *ct_storage_retain(ct_storage *s) {
 void ct_storage_free(ct_storage *s) {
     if (!s || atomic_fetch_sub_explicit(&s->refcount, 1, memory_order_acq_rel) != 1)
         return;
+    if (s->free_fn == free_cpu)
+        count_alloc(-(long long)s->nbytes);
     if (s->free_fn)
         s->free_fn(s->data, s->free_ctx);
     free(s);
@@ -347,7 +376,8 @@ void ct__bump_version(ct_tensor *t) {
     atomic_fetch_add_explicit(&t->storage->version, 1, memory_order_relaxed);
 }
 
-int ct__check_inplace(const char *op, ct_tensor *out, ct_tensor *const *ins, int nins) {
+int ct__check_inplace(ct_op opcode, const char *op, ct_tensor *out, ct_tensor *const *ins,
+                      int nins) {
     char desc[CT__DESC_STR];
     for (int i = 0; i < out->ndim; i++)
         if (out->strides[i] == 0 && out->sizes[i] > 1)
@@ -370,6 +400,11 @@ int ct__check_inplace(const char *op, ct_tensor *out, ct_tensor *const *ins, int
                               "results would depend on evaluation order. Clone the input "
                               "first",
                               op, k, ct__desc(desc, out));
+    }
+    if (hooks && hooks->check_inplace) {
+        int rc = hooks->check_inplace(opcode, out, ins, nins);
+        if (rc)
+            return rc;
     }
     ct__bump_version(out);
     return 0;

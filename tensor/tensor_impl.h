@@ -88,9 +88,11 @@ static inline ct_tensor *ct__record1(ct_op op, ct_tensor *out, ct_tensor *const 
     return ct__record(op, inputs, ninputs, &out, 1, false, args);
 }
 
-/* Checks that out may be written in place: not an expanded view and not
- * partially overlapping any of ins. Bumps the version on success. */
-int ct__check_inplace(const char *op, ct_tensor *out, ct_tensor *const *ins, int nins);
+/* Checks that out may be written in place by op (named name for messages):
+ * not an expanded view, not partially overlapping any of ins (its other
+ * operands), and allowed by the autograd hook. Bumps the version on
+ * success. */
+int ct__check_inplace(ct_op op, const char *name, ct_tensor *out, ct_tensor *const *ins, int nins);
 void ct__bump_version(ct_tensor *t);
 
 /* Broadcasts shapes a and b into out; CT_ESHAPE message names op. */

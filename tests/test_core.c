@@ -227,3 +227,22 @@ TEST(autograd_hook_sees_ops_and_frees_meta) {
     ASSERT_EQ(meta_freed, 1);
     ASSERT_STR_CONTAINS(ct_op_name(CT_OP_LOG_SOFTMAX), "LOG_SOFTMAX");
 }
+
+TEST(memory_stats_count_live_storages_and_their_peak) {
+    ct_memory_reset_peak(CT_DEVICE_CPU);
+    int64_t base = ct_memory_allocated(CT_DEVICE_CPU);
+    ASSERT_EQ(ct_memory_peak(CT_DEVICE_CPU), base);
+    ct_scope_begin();
+    ct_tensor *big = ct_empty(CT_SHAPE(1 << 18), CT_FLOAT64);
+    ASSERT_EQ(ct_memory_allocated(CT_DEVICE_CPU), base + (8 << 18));
+    ASSERT_TRUE(ct_transpose(ct_view(big, CT_SHAPE(512, 512)), 0, 1));
+    static float blob[64];
+    ct_storage *wrapped = ct_storage_from_blob(blob, sizeof blob, CT_DEVICE_CPU, NULL, NULL);
+    ASSERT_EQ(ct_memory_allocated(CT_DEVICE_CPU), base + (8 << 18));
+    ct_storage_free(wrapped);
+    ct_scope_end();
+    ASSERT_EQ(ct_memory_allocated(CT_DEVICE_CPU), base);
+    ASSERT_EQ(ct_memory_peak(CT_DEVICE_CPU), base + (8 << 18));
+    ct_memory_reset_peak(CT_DEVICE_CPU);
+    ASSERT_EQ(ct_memory_peak(CT_DEVICE_CPU), base);
+}

@@ -197,7 +197,7 @@ static ct_tensor *binary(int which, ct_tensor *a, ct_tensor *b, double scalar, b
                        ct_dtype_name(result), ct__desc(da, a));
             return NULL;
         }
-        if (ct__check_inplace(name, a, (ct_tensor *[]){b}, has_b))
+        if (ct__check_inplace(bo->op, name, a, (ct_tensor *[]){b}, has_b))
             return NULL;
     }
 
@@ -324,7 +324,8 @@ static ct_tensor *masked_fill(ct_tensor *t, ct_tensor *mask, double value, bool 
         return NULL;
     }
     ct_tensor *out = inplace ? t : ct_clone(t);
-    if (!out || (inplace && ct__check_inplace(name, t, (ct_tensor *[]){mask}, 1)))
+    if (!out ||
+        (inplace && ct__check_inplace(CT_OP_MASKED_FILL, name, t, (ct_tensor *[]){mask}, 1)))
         return NULL;
     uint64_t bits = 0;
     ct__store_double(t->dtype, &bits, value);

@@ -501,7 +501,8 @@ ct_tensor *ct_scatter_add(ct_tensor *t, int dim, ct_tensor *index, ct_tensor *sr
 ct_tensor *ct_scatter_add_(ct_tensor *t, int dim, ct_tensor *index, ct_tensor *src) {
     int d;
     if (check_scatter("scatter_add_", t, dim, index, src, &d) ||
-        ct__check_inplace("scatter_add_", t, (ct_tensor *const[]){index, src}, 2))
+        ct__check_inplace(CT_OP_SCATTER_ADD, "scatter_add_", t, (ct_tensor *const[]){index, src},
+                          2))
         return NULL;
     return scatter_add(t, t, d, index, src);
 }

@@ -184,7 +184,7 @@ static ct_tensor *unary(int which, ct_tensor *t, bool inplace, double p0, double
     ct_scope_begin();
     ct_tensor *src = out_dtype == t->dtype ? t : ct_to_dtype(t, out_dtype);
     ct_tensor *out = inplace ? t : ct__new(name, t->ndim, t->sizes, out_dtype);
-    if (!src || !out || (inplace && ct__check_inplace(name, out, NULL, 0))) {
+    if (!src || !out || (inplace && ct__check_inplace(u->op, name, out, NULL, 0))) {
         ct_scope_end();
         return NULL;
     }

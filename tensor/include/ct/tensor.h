@@ -171,6 +171,13 @@ CT_API ct_storage *ct_storage_new(size_t nbytes, ct_device device);
  * reference. NULL with CT_EINVAL if data is NULL and nbytes > 0. */
 CT_API ct_storage *ct_storage_from_blob(void *data, size_t nbytes, ct_device device,
                                         ct_free_fn free_fn, void *ctx);
+/* Bytes held by live storages that ct allocated on device (memory wrapped
+ * with ct_storage_from_blob is not counted), and the most held at once since
+ * the start or the last reset: PyTorch's memory_allocated and
+ * max_memory_allocated. Thread-safe. */
+CT_API int64_t ct_memory_allocated(ct_device device);
+CT_API int64_t ct_memory_peak(ct_device device);
+CT_API void ct_memory_reset_peak(ct_device device);
 /* Adds a reference and returns s. */
 CT_API ct_storage *ct_storage_retain(ct_storage *s);
 /* Drops a reference; accepts NULL. */
@@ -490,14 +497,15 @@ CT_API bool ct_in_parallel_region(void);
  * reports every op through a recorder that a higher layer registers. */
 #define CT_OP_MAP(X)                                                                               \
     X(EMPTY)                                                                                       \
-    X(VIEW) X(EXPAND) X(PERMUTE) X(SLICE) X(SELECT) X(SQUEEZE) X(UNSQUEEZE) X(CONTIGUOUS) X(CLONE) \
-        X(COPY) X(TO_DTYPE) X(NEG) X(ABS) X(EXP) X(LOG) X(LOG1P) X(SQRT) X(RSQRT) X(SIN) X(COS)    \
-            X(TANH) X(SIGMOID) X(RELU) X(GELU) X(GELU_TANH) X(SILU) X(POW_SCALAR) X(CLAMP) X(ADD)  \
-                X(SUB) X(MUL) X(DIV) X(POW) X(MAXIMUM) X(MINIMUM) X(EQ) X(NE) X(LT) X(LE) X(GT)    \
-                    X(GE) X(WHERE) X(MASKED_FILL) X(SUM) X(MEAN) X(PROD) X(AMAX) X(AMIN) X(VAR)    \
-                        X(STD) X(LOGSUMEXP) X(NORM) X(MAX_DIM) X(MIN_DIM) X(ARGMAX) X(ARGMIN)      \
-                            X(MATMUL) X(SOFTMAX) X(LOG_SOFTMAX) X(CAT) X(STACK) X(INDEX_SELECT)    \
-                                X(GATHER) X(SCATTER_ADD) X(ONE_HOT) X(TRIL) X(TRIU) X(RANDOM)
+    X(VIEW)                                                                                        \
+    X(EXPAND) X(PERMUTE) X(SLICE) X(SELECT) X(SQUEEZE) X(UNSQUEEZE) X(CONTIGUOUS) X(CLONE) X(COPY) \
+        X(TO_DTYPE) X(NEG) X(ABS) X(EXP) X(LOG) X(LOG1P) X(SQRT) X(RSQRT) X(SIN) X(COS) X(TANH)    \
+            X(SIGMOID) X(RELU) X(GELU) X(GELU_TANH) X(SILU) X(POW_SCALAR) X(CLAMP) X(ADD) X(SUB)   \
+                X(MUL) X(DIV) X(POW) X(MAXIMUM) X(MINIMUM) X(EQ) X(NE) X(LT) X(LE) X(GT) X(GE)     \
+                    X(WHERE) X(MASKED_FILL) X(SUM) X(MEAN) X(PROD) X(AMAX) X(AMIN) X(VAR) X(STD)   \
+                        X(LOGSUMEXP) X(NORM) X(MAX_DIM) X(MIN_DIM) X(ARGMAX) X(ARGMIN) X(MATMUL)   \
+                            X(SOFTMAX) X(LOG_SOFTMAX) X(CAT) X(STACK) X(INDEX_SELECT) X(GATHER)    \
+                                X(SCATTER_ADD) X(ONE_HOT) X(TRIL) X(TRIU) X(RANDOM)
 
 typedef enum ct_op {
 #define CT__OP_DEFINE(NAME) CT_OP_##NAME,
@@ -535,6 +543,10 @@ typedef struct ct_tensor_hooks {
     int (*record)(const ct_op_record *rec);
     /* Called when a tensor holding a non-NULL slot is destroyed. */
     void (*free_meta)(void *meta);
+    /* Called before an in-place op writes into t; others are its other
+     * operands (NULL entries for scalar operands). Returns 0, or a CT_E*
+     * code, with a message, that makes the op fail before it writes. */
+    int (*check_inplace)(ct_op op, ct_tensor *t, ct_tensor *const *others, int nothers);
 } ct_tensor_hooks;
 
 /* Registers the recorder (NULL removes it). Not thread-safe: call it before
