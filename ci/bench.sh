@@ -2,12 +2,14 @@
 # Builds ct's benchmarks (Release, in build-bench/) and runs them with their
 # peers in the same run.
 #
-#   ci/bench.sh [NAME...]     NAME: ops; with none, every benchmark
+#   ci/bench.sh [NAME...]     NAME: ops, train; with none, every benchmark
 #
 # stdout: one JSON object per result. stderr: build output, notes, and a
 # ratio line per comparison. CT_BENCH_THREADS (default "1,2") lists the thread
-# counts; PYTHON (default /usr/bin/python3, Debian's, with python3-torch)
-# runs the PyTorch peers; CT_BENCH_BUILD_DIR moves the build.
+# counts for ops (train runs at 1 thread); CT_BENCH_EPOCHS (default 1) sets
+# train's epochs: 1 measures throughput, 10 compares test accuracy (see
+# docs/bench-train.md); PYTHON (default /usr/bin/python3, Debian's, with
+# python3-torch) runs the PyTorch peers; CT_BENCH_BUILD_DIR moves the build.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -17,10 +19,11 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 export OPENBLAS_THREAD_TIMEOUT=${OPENBLAS_THREAD_TIMEOUT:-4}
 build=${CT_BENCH_BUILD_DIR:-$root/build-bench}
 python=${PYTHON:-/usr/bin/python3}
-all=(ops)
+epochs=${CT_BENCH_EPOCHS:-1}
+all=(ops train)
 
 usage() {
-    sed -n '2,11s/^# \{0,1\}//p' "$0"
+    sed -n '2,13s/^# \{0,1\}//p' "$0"
 }
 
 names=()
@@ -40,25 +43,50 @@ done
 if [[ ${#names[@]} -eq 0 ]]; then
     names=("${all[@]}")
 fi
+if [[ ! $epochs =~ ^[1-9][0-9]*$ ]]; then
+    echo "ci/bench.sh: CT_BENCH_EPOCHS=$epochs: expected a whole number >= 1" >&2
+    exit 2
+fi
 
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCT_BUILD_BENCH=ON \
     -DCT_BUILD_TESTS=OFF -DCT_BUILD_EXAMPLES=OFF >&2
 targets=()
 for name in "${names[@]}"; do
-    targets+=("bench_$name")
+    case $name in
+    train) targets+=(bench_train_floor) ;; # and ct's bench_train, once it exists
+    *) targets+=("bench_$name") ;;
+    esac
 done
 cmake --build "$build" -j"$(nproc)" --target "${targets[@]}" >&2
+
+# Runs the PyTorch peer bench/$1 with the remaining arguments.
+run_peer() {
+    local peer=$root/bench/$1
+    shift
+    if [[ -x $python ]]; then
+        "$python" "$peer" "$@"
+    else
+        echo "ci/bench.sh: $python not found; skipping $peer" >&2
+    fi
+}
+
+run_ops() {
+    "$build/bench/bench_ops" | tee "$tmp"
+    run_peer ops_torch.py --compare "$tmp"
+}
+
+# The fmnist_mlp recipe at one thread, whatever CT_BENCH_THREADS says: the
+# hand-written floor, ct, then PyTorch, which sets both beside its own figure.
+run_train() {
+    OPENBLAS_NUM_THREADS=1 "$build/bench/bench_train_floor" --epochs "$epochs" | tee "$tmp"
+    # ct's bench_train runs here, once it exists, appending its "train" and
+    # "autograd_overhead" lines to $tmp for the peers below to compare.
+    run_peer train_torch.py --epochs "$epochs" --compare "$tmp"
+    run_peer autograd_torch.py --compare "$tmp"
+}
 
 tmp=$(mktemp)
 trap 'rm -f "$tmp"' EXIT
 for name in "${names[@]}"; do
-    "$build/bench/bench_$name" | tee "$tmp"
-    peer=$root/bench/${name}_torch.py
-    if [[ -f $peer ]]; then
-        if [[ -x $python ]]; then
-            "$python" "$peer" --compare "$tmp"
-        else
-            echo "ci/bench.sh: $python not found; skipping $peer" >&2
-        fi
-    fi
+    "run_$name"
 done
