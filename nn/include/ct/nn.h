@@ -1,0 +1,228 @@
+/* ct/nn.h: modules, layers, losses and initializers.
+ *
+ * A ct_module is a node of a module tree, as in PyTorch: it owns its
+ * parameters (leaf tensors that require grad), its buffers and its children,
+ * each under a name, so that a tree gives every parameter a dotted name such
+ * as "layers.1.weight". Built-in layers (Linear, Embedding, LayerNorm,
+ * Dropout, activations) and Sequential are modules; ct_module_new() makes
+ * custom ones with their own forward.
+ *
+ * Example:
+ *
+ *     #include <ct/nn.h>
+ *     #include <stdio.h>
+ *
+ *     int main(void) {
+ *         ct_manual_seed(0);
+ *         ct_module *net = ct_sequential_new();
+ *         ct_sequential_append(net, ct_linear_new(4, 8, true));
+ *         ct_sequential_append(net, ct_relu_new());
+ *         ct_sequential_append(net, ct_linear_new(8, 3, true));
+ *         ct_param_list params;
+ *         ct_param_list_init(&params);
+ *         int rc = net ? ct_module_named_parameters(net, &params) : ct_errcode();
+ *         for (int i = 0; rc == 0 && i < params.n; i++)
+ *             printf("%s %lld\n", params.names[i], (long long)ct_numel(params.tensors[i]));
+ *         ct_scope_begin();
+ *         ct_tensor *x = ct_randn(CT_SHAPE(5, 4), CT_FLOAT32, NULL);
+ *         ct_tensor *y = ct_from_data((int64_t[]){0, 2, 1, 1, 0}, CT_SHAPE(5), CT_INT64);
+ *         ct_tensor *loss = ct_cross_entropy(ct_module_forward(net, x), y, NULL);
+ *         if (rc == 0)
+ *             rc = loss ? ct_tensor_backward(loss) : ct_errcode();
+ *         if (rc == 0)
+ *             printf("loss %.4f\n", ct_item(loss));
+ *         else
+ *             fprintf(stderr, "%s\n", ct_errmsg());
+ *         ct_scope_end();
+ *         ct_param_list_free(&params);
+ *         ct_module_free(net);
+ *         return rc ? 1 : 0;
+ *     }
+ *
+ * Ownership. A module owns its parameters, buffers and children; adding a
+ * child transfers ownership to the parent, and ct_module_free() frees the
+ * whole tree. Constructors return NULL on error (a NULL child makes
+ * ct_sequential_append() fail with the first message, so a tree can be built
+ * and checked once). Forward functions and losses return op results, owned
+ * like any op result (by the current scope).
+ *
+ * Errors. As everywhere in ct: NULL or a negative CT_E* code, with a message
+ * naming the module (by its dotted path), the shapes and what was expected.
+ *
+ * Threads. A module may run forward on several threads at once (its
+ * parameters are only read), but changing it (adding parameters or children,
+ * flattening, train/eval) is not thread-safe.
+ */
+#ifndef CT_NN_H
+#define CT_NN_H
+
+#include <ct/autograd.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* --------------------------------------------------------------- modules */
+
+typedef struct ct_module ct_module;
+
+/* A module's forward: one input, one output (an op result). */
+typedef ct_tensor *(*ct_forward_fn)(ct_module *m, ct_tensor *x);
+
+/* A custom module of the given type name (static string). state is owned:
+ * free_state(state) runs when the module is freed (free_state may be
+ * NULL). forward may be NULL for containers that are not called directly.
+ * NULL on out of memory. */
+CT_API ct_module *ct_module_new(const char *type, ct_forward_fn forward, void *state,
+                                void (*free_state)(void *state));
+/* Frees m, its parameters, buffers and children; accepts NULL. */
+CT_API void ct_module_free(ct_module *m);
+/* Runs m's forward. While anomaly mode is on, nodes recorded inside are
+ * labelled with the module's dotted path. */
+CT_API ct_tensor *ct_module_forward(ct_module *m, ct_tensor *x);
+
+CT_API const char *ct_module_type(const ct_module *m);
+CT_API void *ct_module_state(const ct_module *m);
+/* The module's dotted path from the root ("" for the root). Valid until the
+ * tree changes. */
+CT_API const char *ct_module_path(ct_module *m);
+
+/* Registers a parameter (made to require grad) or a buffer (state that is
+ * saved but not trained) under name; takes over the caller's reference to
+ * t. CT_EINVAL for a duplicate or dotted name or a non-float parameter. */
+CT_API int ct_module_add_param(ct_module *m, const char *name, ct_tensor *t);
+CT_API int ct_module_add_buffer(ct_module *m, const char *name, ct_tensor *t);
+/* Adds child under name and takes ownership of it (also when this fails). A
+ * NULL child fails with the message that made it NULL. */
+CT_API int ct_module_add_child(ct_module *m, const char *name, ct_module *child);
+/* Borrowed lookups by (undotted) name; NULL if absent. */
+CT_API ct_tensor *ct_module_param(const ct_module *m, const char *name);
+CT_API ct_tensor *ct_module_buffer(const ct_module *m, const char *name);
+CT_API ct_module *ct_module_child(const ct_module *m, const char *name);
+CT_API int ct_module_num_children(const ct_module *m);
+CT_API ct_module *ct_module_child_at(const ct_module *m, int i);
+
+/* Training mode (the default) or evaluation mode, for the whole subtree:
+ * dropout is active only in training mode. */
+CT_API void ct_module_train(ct_module *m, bool training);
+CT_API bool ct_module_training(const ct_module *m);
+
+/* Parameters or buffers with their dotted names, in PyTorch's order (a
+ * module's own first, then each child's, depth first). */
+typedef struct ct_param_list {
+    int n;
+    char **names;        /* owned copies */
+    ct_tensor **tensors; /* a reference each */
+    int cap;
+} ct_param_list;
+
+CT_API void ct_param_list_init(ct_param_list *pl);
+CT_API void ct_param_list_free(ct_param_list *pl);
+/* Appends name (copied) and t (retained). */
+CT_API int ct_param_list_add(ct_param_list *pl, const char *name, ct_tensor *t);
+CT_API ct_tensor *ct_param_list_find(const ct_param_list *pl, const char *name);
+CT_API int64_t ct_param_list_numel(const ct_param_list *pl);
+/* Appends m's parameters / buffers to pl. */
+CT_API int ct_module_named_parameters(ct_module *m, ct_param_list *pl);
+CT_API int ct_module_named_buffers(ct_module *m, ct_param_list *pl);
+
+/* Moves every parameter of the tree into one flat buffer, in named order,
+ * each parameter becoming a view into it (llm.c's layout: optimizers then
+ * update everything in one pass, and bucketing and checkpoints see plain
+ * offsets). With grads, each .grad becomes a view into one flat zeroed
+ * gradient buffer, which backward accumulates into in place. Parameter
+ * lists taken before are stale. CT_EDTYPE unless all parameters share one
+ * dtype. */
+CT_API int ct_module_flatten(ct_module *m, bool grads);
+/* The flat buffers of a flattened root (borrowed); NULL if none. */
+CT_API ct_tensor *ct_module_flat_params(const ct_module *m);
+CT_API ct_tensor *ct_module_flat_grads(const ct_module *m);
+
+/* ---------------------------------------------------------------- layers */
+
+/* y = x W^T + b; weight [out, in], bias [out]. PyTorch's initialisation:
+ * U(-1/sqrt(in), 1/sqrt(in)) for both, from the default generator. */
+CT_API ct_module *ct_linear_new(int64_t in_features, int64_t out_features, bool bias);
+/* Rows of weight [num, dim] at the integer indices x; out [..., dim].
+ * Initialised N(0, 1). CT_ERANGE for an index outside [0, num). */
+CT_API ct_module *ct_embedding_new(int64_t num, int64_t dim);
+/* Normalizes over the last dim (size dim), then scales by weight and adds
+ * bias (ones and zeros at first). */
+CT_API ct_module *ct_layer_norm_new(int64_t dim, double eps);
+/* Zeroes each element with probability p in training mode and scales the
+ * rest by 1 / (1 - p); the identity in evaluation mode. Draws from the
+ * default generator. */
+CT_API ct_module *ct_dropout_new(double p);
+CT_API ct_module *ct_relu_new(void);
+CT_API ct_module *ct_gelu_new(bool tanh_approximation);
+CT_API ct_module *ct_tanh_new(void);
+CT_API ct_module *ct_sigmoid_new(void);
+CT_API ct_module *ct_silu_new(void);
+/* Children named "0", "1", ... run in order. */
+CT_API ct_module *ct_sequential_new(void);
+/* Appends child (taking ownership; NULL fails with its message). */
+CT_API int ct_sequential_append(ct_module *seq, ct_module *child);
+
+/* The layers' computations as functions, for modules written by hand. */
+CT_API ct_tensor *ct_linear(ct_tensor *x, ct_tensor *weight, ct_tensor *bias);
+CT_API ct_tensor *ct_embedding(ct_tensor *indices, ct_tensor *weight);
+CT_API ct_tensor *ct_layer_norm(ct_tensor *x, ct_tensor *weight, ct_tensor *bias, double eps);
+CT_API ct_tensor *ct_dropout(ct_tensor *x, double p, bool training, ct_generator *gen);
+
+/* ---------------------------------------------------------------- losses */
+
+typedef enum ct_reduction {
+    CT_REDUCTION_MEAN = 0,
+    CT_REDUCTION_SUM,
+    CT_REDUCTION_NONE,
+} ct_reduction;
+
+typedef struct ct_loss_options {
+    ct_reduction reduction;
+    int64_t ignore_index; /* targets equal to it are skipped (PyTorch: -100) */
+    double label_smoothing;
+} ct_loss_options;
+
+/* PyTorch's defaults: mean, ignore_index -100, no smoothing. */
+#define CT_LOSS_DEFAULTS ((ct_loss_options){CT_REDUCTION_MEAN, -100, 0.0})
+
+/* Cross-entropy of logits [N, C] (or [C]) against class indices [N] (or a
+ * 0-d index), fused: one stable pass computes log-softmax and the loss, and
+ * its backward is softmax minus the (smoothed) target. The mean is over
+ * targets that are not ignored (NaN if all are). opts NULL means
+ * CT_LOSS_DEFAULTS. CT_ERANGE names the first target outside [0, C). */
+CT_API ct_tensor *ct_cross_entropy(ct_tensor *logits, ct_tensor *target,
+                                   const ct_loss_options *opts);
+/* Negative log-likelihood of log-probabilities [N, C] against indices [N]
+ * (label_smoothing is not used). */
+CT_API ct_tensor *ct_nll_loss(ct_tensor *log_probs, ct_tensor *target, const ct_loss_options *opts);
+/* Mean (or sum, or elementwise) squared error; shapes broadcast. */
+CT_API ct_tensor *ct_mse_loss(ct_tensor *input, ct_tensor *target, ct_reduction reduction);
+
+/* ----------------------------------------------------------- initializers */
+
+/* In-place initializers; each returns t, runs with grad mode off and draws
+ * from gen (NULL: the default generator). Fans follow PyTorch: fan_in =
+ * size(1) * receptive field, fan_out = size(0) * receptive field; CT_EINVAL
+ * for tensors with fewer than 2 dims where a fan is needed. */
+typedef enum ct_fan_mode { CT_FAN_IN, CT_FAN_OUT } ct_fan_mode;
+
+/* Kaiming (He): std = gain / sqrt(fan), gain = sqrt(2 / (1 + a^2)) (leaky
+ * ReLU slope a; 0 for ReLU). The uniform form has bound sqrt(3) * std. */
+CT_API ct_tensor *ct_init_kaiming_uniform_(ct_tensor *t, double a, ct_fan_mode mode,
+                                           ct_generator *gen);
+CT_API ct_tensor *ct_init_kaiming_normal_(ct_tensor *t, double a, ct_fan_mode mode,
+                                          ct_generator *gen);
+/* Xavier (Glorot): std = gain * sqrt(2 / (fan_in + fan_out)). */
+CT_API ct_tensor *ct_init_xavier_uniform_(ct_tensor *t, double gain, ct_generator *gen);
+CT_API ct_tensor *ct_init_xavier_normal_(ct_tensor *t, double gain, ct_generator *gen);
+CT_API ct_tensor *ct_init_uniform_(ct_tensor *t, double lo, double hi, ct_generator *gen);
+CT_API ct_tensor *ct_init_normal_(ct_tensor *t, double mean, double std, ct_generator *gen);
+CT_API ct_tensor *ct_init_constant_(ct_tensor *t, double value);
+CT_API ct_tensor *ct_init_zeros_(ct_tensor *t);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CT_NN_H */

@@ -1,0 +1,236 @@
+/* Built-in layers: their computations as functions, and as modules. */
+#include "nn_impl.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+/* ------------------------------------------------------------- functions */
+
+ct_tensor *ct_linear(ct_tensor *x, ct_tensor *weight, ct_tensor *bias) {
+    if (CT__CHECK("linear", x, weight))
+        return NULL;
+    char dx[CT__DESC_STR], dw[CT__DESC_STR];
+    if (weight->ndim != 2 || x->ndim < 1 || x->sizes[x->ndim - 1] != weight->sizes[1]) {
+        ct__seterr(CT_ESHAPE,
+                   "linear: input %s does not match weight %s: expected [..., %lld] for a "
+                   "[out, in] weight",
+                   ct__desc(dx, x), ct__desc(dw, weight),
+                   weight->ndim == 2 ? (long long)weight->sizes[1] : -1LL);
+        return NULL;
+    }
+    ct_tensor *y = ct_matmul(x, ct_transpose(weight, 0, 1));
+    return bias ? ct_add(y, bias) : y;
+}
+
+ct_tensor *ct_embedding(ct_tensor *indices, ct_tensor *weight) {
+    if (CT__CHECK("embedding", indices, weight))
+        return NULL;
+    char di[CT__DESC_STR], dw[CT__DESC_STR];
+    if (weight->ndim != 2 || ct_dtype_is_float(indices->dtype) || indices->dtype == CT_BOOL ||
+        indices->ndim + 1 > CT_MAX_DIMS) {
+        ct__seterr(CT_EINVAL,
+                   "embedding: expected integer indices with fewer than %d dims and a [num, dim] "
+                   "weight, got indices %s and weight %s",
+                   CT_MAX_DIMS, ct__desc(di, indices), ct__desc(dw, weight));
+        return NULL;
+    }
+    int64_t shape[CT_MAX_DIMS];
+    memcpy(shape, indices->sizes, sizeof(int64_t) * (size_t)indices->ndim);
+    shape[indices->ndim] = weight->sizes[1];
+    ct_tensor *rows = ct_index_select(weight, 0, ct_reshape(indices, 1, (int64_t[]){-1}));
+    return ct_view(rows, indices->ndim + 1, shape);
+}
+
+ct_tensor *ct_layer_norm(ct_tensor *x, ct_tensor *weight, ct_tensor *bias, double eps) {
+    if (CT__CHECK("layer_norm", x))
+        return NULL;
+    char dx[CT__DESC_STR];
+    int64_t d = x->ndim ? x->sizes[x->ndim - 1] : 0;
+    bool ok = x->ndim > 0 && eps >= 0 &&
+              (!weight || (weight->ndim == 1 && weight->sizes[0] == d)) &&
+              (!bias || (bias->ndim == 1 && bias->sizes[0] == d));
+    if (!ok) {
+        ct__seterr(CT_ESHAPE,
+                   "layer_norm: input %s needs a last dim matching weight and bias of shape [%lld] "
+                   "and eps >= 0 (got %g)",
+                   ct__desc(dx, x), (long long)d, eps);
+        return NULL;
+    }
+    ct_tensor *mean = ct_mean(x, (int[]){-1}, 1, true);
+    ct_tensor *var = ct_var(x, (int[]){-1}, 1, 0, true);
+    ct_tensor *y = ct_mul(ct_sub(x, mean), ct_rsqrt(ct_add_scalar(var, eps)));
+    if (weight)
+        y = ct_mul(y, weight);
+    return bias ? ct_add(y, bias) : y;
+}
+
+ct_tensor *ct_dropout(ct_tensor *x, double p, bool training, ct_generator *gen) {
+    if (CT__CHECK("dropout", x))
+        return NULL;
+    if (!(p >= 0 && p <= 1)) {
+        ct__seterr(CT_EINVAL, "dropout: p must be in [0, 1], got %g", p);
+        return NULL;
+    }
+    if (!training || p == 0)
+        return ct__scope_own(ct_tensor_retain(x));
+    if (p == 1)
+        return ct_mul_scalar(x, 0);
+    ct_tensor *keep = ct_bernoulli_(ct_empty(x->ndim, x->sizes, x->dtype), 1 - p, gen);
+    return ct_mul(x, ct_mul_scalar_(keep, 1 / (1 - p)));
+}
+
+/* --------------------------------------------------------------- modules */
+
+/* A parameter tensor owned by the caller, made in a scope of its own so that
+ * the caller's scope (if any) does not own it. */
+static ct_tensor *new_param(int ndim, const int64_t *sizes, double lo, double hi) {
+    ct_scope_begin();
+    bool prev = ct_set_grad_enabled(false);
+    ct_tensor *t = ct_empty(ndim, sizes, CT_FLOAT32);
+    t = lo < hi ? ct_uniform_(t, lo, hi, NULL) : ct_init_constant_(t, lo);
+    ct_set_grad_enabled(prev);
+    ct_tensor_retain(t);
+    ct_scope_end();
+    return t;
+}
+
+static ct_tensor *linear_forward(ct_module *m, ct_tensor *x) {
+    return ct_linear(x, ct_module_param(m, "weight"), ct_module_param(m, "bias"));
+}
+
+ct_module *ct_linear_new(int64_t in_features, int64_t out_features, bool bias) {
+    if (in_features <= 0 || out_features <= 0) {
+        ct__seterr(CT_EINVAL, "linear_new: features must be positive, got in %lld, out %lld",
+                   (long long)in_features, (long long)out_features);
+        return NULL;
+    }
+    double bound = 1 / sqrt((double)in_features);
+    ct_module *m = ct_module_new("Linear", linear_forward, NULL, NULL);
+    int rc =
+        m ? ct_module_add_param(m, "weight",
+                                new_param(2, (int64_t[]){out_features, in_features}, -bound, bound))
+          : ct_errcode();
+    if (!rc && bias)
+        rc = ct_module_add_param(m, "bias", new_param(1, &out_features, -bound, bound));
+    if (rc) {
+        ct_module_free(m);
+        return NULL;
+    }
+    return m;
+}
+
+static ct_tensor *embedding_forward(ct_module *m, ct_tensor *x) {
+    return ct_embedding(x, ct_module_param(m, "weight"));
+}
+
+ct_module *ct_embedding_new(int64_t num, int64_t dim) {
+    if (num <= 0 || dim <= 0) {
+        ct__seterr(CT_EINVAL, "embedding_new: sizes must be positive, got %lld x %lld",
+                   (long long)num, (long long)dim);
+        return NULL;
+    }
+    ct_module *m = ct_module_new("Embedding", embedding_forward, NULL, NULL);
+    ct_tensor *w = m ? new_param(2, (int64_t[]){num, dim}, 0, 0) : NULL;
+    if (w) {
+        bool prev = ct_set_grad_enabled(false);
+        ct_init_normal_(w, 0, 1, NULL);
+        ct_set_grad_enabled(prev);
+    }
+    if (!m || ct_module_add_param(m, "weight", w)) {
+        ct_module_free(m);
+        return NULL;
+    }
+    return m;
+}
+
+typedef struct norm_state {
+    double eps;
+} norm_state;
+
+static ct_tensor *layer_norm_forward(ct_module *m, ct_tensor *x) {
+    const norm_state *s = ct_module_state(m);
+    return ct_layer_norm(x, ct_module_param(m, "weight"), ct_module_param(m, "bias"), s->eps);
+}
+
+ct_module *ct_layer_norm_new(int64_t dim, double eps) {
+    if (dim <= 0 || !(eps >= 0)) {
+        ct__seterr(CT_EINVAL, "layer_norm_new: expected dim > 0 and eps >= 0, got %lld and %g",
+                   (long long)dim, eps);
+        return NULL;
+    }
+    norm_state *s = malloc(sizeof *s);
+    ct_module *m = s ? ct_module_new("LayerNorm", layer_norm_forward, s, free) : NULL;
+    if (!m) {
+        ct__seterr(CT_ENOMEM, "layer_norm_new: out of memory");
+        return NULL;
+    }
+    s->eps = eps;
+    if (ct_module_add_param(m, "weight", new_param(1, &dim, 1, 1)) ||
+        ct_module_add_param(m, "bias", new_param(1, &dim, 0, 0))) {
+        ct_module_free(m);
+        return NULL;
+    }
+    return m;
+}
+
+typedef struct dropout_state {
+    double p;
+} dropout_state;
+
+static ct_tensor *dropout_forward(ct_module *m, ct_tensor *x) {
+    const dropout_state *s = ct_module_state(m);
+    return ct_dropout(x, s->p, ct_module_training(m), NULL);
+}
+
+ct_module *ct_dropout_new(double p) {
+    if (!(p >= 0 && p <= 1)) {
+        ct__seterr(CT_EINVAL, "dropout_new: p must be in [0, 1], got %g", p);
+        return NULL;
+    }
+    dropout_state *s = malloc(sizeof *s);
+    ct_module *m = s ? ct_module_new("Dropout", dropout_forward, s, free) : NULL;
+    if (!m) {
+        ct__seterr(CT_ENOMEM, "dropout_new: out of memory");
+        return NULL;
+    }
+    s->p = p;
+    return m;
+}
+
+#define ACTIVATION(fn, Type, expr)                                                                 \
+    static ct_tensor *fn##_forward(ct_module *m, ct_tensor *x) {                                   \
+        (void)m;                                                                                   \
+        return expr;                                                                               \
+    }                                                                                              \
+    ct_module *ct_##fn##_new(void) { return ct_module_new(Type, fn##_forward, NULL, NULL); }
+ACTIVATION(relu, "ReLU", ct_relu(x))
+ACTIVATION(tanh, "Tanh", ct_tanh(x))
+ACTIVATION(sigmoid, "Sigmoid", ct_sigmoid(x))
+ACTIVATION(silu, "SiLU", ct_silu(x))
+#undef ACTIVATION
+
+static ct_tensor *gelu_forward(ct_module *m, ct_tensor *x) {
+    return ct_module_state(m) ? ct_gelu_tanh(x) : ct_gelu(x);
+}
+
+ct_module *ct_gelu_new(bool tanh_approximation) {
+    /* The state pointer itself says which form: no allocation. */
+    static char tanh_form;
+    return ct_module_new("GELU", gelu_forward, tanh_approximation ? &tanh_form : NULL, NULL);
+}
+
+static ct_tensor *sequential_forward(ct_module *m, ct_tensor *x) {
+    for (int i = 0; x && i < ct_module_num_children(m); i++)
+        x = ct_module_forward(ct_module_child_at(m, i), x);
+    return x;
+}
+
+ct_module *ct_sequential_new(void) {
+    return ct_module_new("Sequential", sequential_forward, NULL, NULL);
+}
+
+int ct_sequential_append(ct_module *seq, ct_module *child) {
+    char name[16];
+    snprintf(name, sizeof name, "%d", ct_module_num_children(seq));
+    return ct_module_add_child(seq, name, child);
+}

@@ -1,0 +1,267 @@
+/* Losses. Cross-entropy is one fused kernel with its own backward; the
+ * others are compositions of ops. */
+#include "nn_impl.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+static int check_options(const char *op, const ct_loss_options *o) {
+    if ((unsigned)o->reduction > CT_REDUCTION_NONE)
+        return ct__seterr(CT_EINVAL, "%s: unknown reduction %d", op, (int)o->reduction);
+    if (!(o->label_smoothing >= 0 && o->label_smoothing <= 1))
+        return ct__seterr(CT_EINVAL, "%s: label_smoothing must be in [0, 1], got %g", op,
+                          o->label_smoothing);
+    return 0;
+}
+
+/* Checks logits [N, C] (or [C]) against integer targets [N] (or []). */
+static int check_targets(const char *op, const ct_tensor *x, const ct_tensor *t) {
+    char dx[CT__DESC_STR], dt[CT__DESC_STR];
+    if (!ct_dtype_is_float(x->dtype) || x->ndim < 1 || x->ndim > 2 || x->sizes[x->ndim - 1] < 1)
+        return ct__seterr(CT_EINVAL, "%s: expected float scores [N, C] or [C] with C >= 1, got %s",
+                          op, ct__desc(dx, x));
+    if (ct_dtype_is_float(t->dtype) || t->dtype == CT_BOOL)
+        return ct__seterr(CT_EDTYPE,
+                          "%s: targets must be integer class indices, got %s (class "
+                          "probabilities are not supported)",
+                          op, ct__desc(dt, t));
+    bool fits = x->ndim == 2 ? t->ndim == 1 && t->sizes[0] == x->sizes[0] : t->ndim == 0;
+    if (!fits)
+        return ct__seterr(CT_ESHAPE, "%s: targets %s do not match scores %s: expected %s", op,
+                          ct__desc(dt, t), ct__desc(dx, x), x->ndim == 2 ? "[N]" : "a 0-d index");
+    return 0;
+}
+
+/* ------------------------------------------------------- cross-entropy */
+
+typedef struct ce_job {
+    const void *x;        /* [n, c] contiguous */
+    const int64_t *t;     /* [n] */
+    void *lse;            /* [n], x's dtype: written by forward */
+    double *loss;         /* [n]: forward */
+    void *grad;           /* [n, c]: backward */
+    const void *scale;    /* backward: one value (stride 0) or one per row, x's dtype */
+    int64_t scale_stride; /* 0 or 1 */
+    int64_t n, c, ignore;
+    double smoothing;
+    bool dbl;
+} ce_job;
+
+/* One body for float and double rows. */
+#define CE_ROWS(T, EXP, LOG)                                                                       \
+    static void ce_forward_##T(const ce_job *j, int64_t lo, int64_t hi) {                          \
+        const T *x = j->x;                                                                         \
+        T *lse = j->lse;                                                                           \
+        double on = 1 - j->smoothing, off = j->smoothing / (double)j->c;                           \
+        for (int64_t i = lo; i < hi; i++) {                                                        \
+            const T *r = x + i * j->c;                                                             \
+            T m = r[0];                                                                            \
+            for (int64_t k = 1; k < j->c; k++)                                                     \
+                m = r[k] > m ? r[k] : m;                                                           \
+            T s = 0, total = 0;                                                                    \
+            for (int64_t k = 0; k < j->c; k++) {                                                   \
+                s += EXP(r[k] - m);                                                                \
+                total += r[k];                                                                     \
+            }                                                                                      \
+            lse[i] = m + LOG(s);                                                                   \
+            int64_t t = j->t[i];                                                                   \
+            j->loss[i] =                                                                           \
+                t == j->ignore ? 0 : (double)lse[i] - on * (double)r[t] - off * (double)total;     \
+        }                                                                                          \
+    }                                                                                              \
+    static void ce_backward_##T(const ce_job *j, int64_t lo, int64_t hi) {                         \
+        const T *x = j->x, *lse = j->lse, *scale = j->scale;                                       \
+        T *g = j->grad;                                                                            \
+        T on = (T)(1 - j->smoothing), off = (T)(j->smoothing / (double)j->c);                      \
+        for (int64_t i = lo; i < hi; i++) {                                                        \
+            const T *r = x + i * j->c;                                                             \
+            T *out = g + i * j->c;                                                                 \
+            int64_t t = j->t[i];                                                                   \
+            T s = scale[i * j->scale_stride];                                                      \
+            if (t == j->ignore) {                                                                  \
+                memset(out, 0, sizeof(T) * (size_t)j->c);                                          \
+                continue;                                                                          \
+            }                                                                                      \
+            for (int64_t k = 0; k < j->c; k++)                                                     \
+                out[k] = (EXP(r[k] - lse[i]) - off) * s;                                           \
+            out[t] -= on * s;                                                                      \
+        }                                                                                          \
+    }
+CE_ROWS(float, expf, logf)
+CE_ROWS(double, exp, log)
+#undef CE_ROWS
+
+static void ce_forward_range(void *ctx, int64_t lo, int64_t hi) {
+    const ce_job *j = ctx;
+    if (j->dbl)
+        ce_forward_double(j, lo, hi);
+    else
+        ce_forward_float(j, lo, hi);
+}
+
+static void ce_backward_range(void *ctx, int64_t lo, int64_t hi) {
+    const ce_job *j = ctx;
+    if (j->dbl)
+        ce_backward_double(j, lo, hi);
+    else
+        ce_backward_float(j, lo, hi);
+}
+
+static int64_t ce_grain(int64_t c) { return c >= 4096 ? 1 : 4096 / c; }
+
+/* What backward needs besides the saved tensors (scores, lse, targets). */
+typedef struct ce_ctx {
+    ct_loss_options o;
+    int64_t nvalid;
+    int logits_ndim;
+} ce_ctx;
+
+static int ce_backward(const ct_backward_args *a) {
+    const ce_ctx *c = a->ctx;
+    if (ct_grad_enabled())
+        return ct__seterr(CT_ENOTSUP,
+                          "cross_entropy: the fused backward cannot be differentiated again "
+                          "(create_graph); compose ct_log_softmax and ct_nll_loss instead");
+    ct_tensor *x = a->saved[0], *lse = a->saved[1], *t = a->saved[2];
+    ct_tensor *g = a->grad_outputs[0];
+    if (!g || !a->needs_input_grad[0])
+        return 0;
+    /* The incoming gradient per row: a scalar for mean and sum (divided by
+     * the count for mean), a vector for none. */
+    ct_tensor *scale =
+        c->o.reduction == CT_REDUCTION_MEAN ? ct_div_scalar(g, (double)c->nvalid) : g;
+    scale = ct_contiguous(ct_to_dtype(scale, x->dtype));
+    ct_tensor *grad = ct_empty(2, x->sizes, x->dtype);
+    if (!scale || !grad)
+        return ct_errcode();
+    ce_job j = {.x = ct__data(x),
+                .t = (const int64_t *)ct__data(t),
+                .lse = ct__data(lse),
+                .grad = ct__data(grad),
+                .scale = ct__data(scale),
+                .scale_stride = c->o.reduction == CT_REDUCTION_NONE ? 1 : 0,
+                .n = x->sizes[0],
+                .c = x->sizes[1],
+                .ignore = c->o.ignore_index,
+                .smoothing = c->o.label_smoothing,
+                .dbl = x->dtype == CT_FLOAT64};
+    ct_parallel_for(0, j.n, ce_grain(j.c), ce_backward_range, &j);
+    a->grad_inputs[0] = c->logits_ndim == 1 ? ct_view(grad, 1, &x->sizes[1]) : grad;
+    return 0;
+}
+
+static const ct_function_def ce_def = {"CrossEntropyLossBackward", ce_backward, free};
+
+ct_tensor *ct_cross_entropy(ct_tensor *logits, ct_tensor *target, const ct_loss_options *opts) {
+    ct_loss_options o = opts ? *opts : CT_LOSS_DEFAULTS;
+    if (CT__CHECK("cross_entropy", logits, target) || check_options("cross_entropy", &o) ||
+        check_targets("cross_entropy", logits, target))
+        return NULL;
+    ct_scope_begin();
+    bool prev = ct_set_grad_enabled(false);
+    ct_dtype dt = logits->dtype == CT_FLOAT64 ? CT_FLOAT64 : CT_FLOAT32;
+    ct_tensor *x = logits->ndim == 1 ? ct_unsqueeze(logits, 0) : logits;
+    x = ct_contiguous(ct_to_dtype(x, dt));
+    ct_tensor *t = ct_contiguous(ct_to_dtype(ct_reshape(target, 1, (int64_t[]){-1}), CT_INT64));
+    ct_tensor *lse = x ? ct_empty(1, x->sizes, dt) : NULL;
+    ct_tensor *out = NULL;
+    ce_ctx *c = malloc(sizeof *c);
+    double *loss = x ? malloc(sizeof(double) * (size_t)(x->sizes[0] + 1)) : NULL;
+    int rc = !x || !t || !lse ? ct_errcode() : !c || !loss ? CT_ENOMEM : 0;
+    int64_t n = x ? x->sizes[0] : 0, nc = x ? x->sizes[1] : 0, nvalid = 0;
+    const int64_t *tp = t ? (const int64_t *)ct__data(t) : NULL;
+    for (int64_t i = 0; i < n && !rc; i++) {
+        if (tp[i] == o.ignore_index)
+            continue;
+        nvalid++;
+        if (tp[i] < 0 || tp[i] >= nc)
+            rc = ct__seterr(CT_ERANGE,
+                            "cross_entropy: target %lld at position %lld is outside the %lld "
+                            "classes [0, %lld) (ignore_index is %lld)",
+                            (long long)tp[i], (long long)i, (long long)nc, (long long)nc,
+                            (long long)o.ignore_index);
+    }
+    if (!rc) {
+        ce_job j = {.x = ct__data(x),
+                    .t = tp,
+                    .lse = ct__data(lse),
+                    .loss = loss,
+                    .n = n,
+                    .c = nc,
+                    .ignore = o.ignore_index,
+                    .smoothing = o.label_smoothing,
+                    .dbl = dt == CT_FLOAT64};
+        ct_parallel_for(0, n, ce_grain(nc), ce_forward_range, &j);
+        if (o.reduction == CT_REDUCTION_NONE) {
+            out = logits->ndim == 1 ? ct_empty(0, NULL, dt) : ct_empty(1, &n, dt);
+            for (int64_t i = 0; out && i < n; i++)
+                ct__store_double(dt, (char *)ct__data(out) + i * (int64_t)ct_dtype_size(dt),
+                                 loss[i]);
+        } else {
+            /* Summed in row order: the same result on any thread count. */
+            double total = 0;
+            for (int64_t i = 0; i < n; i++)
+                total += loss[i];
+            out = ct_scalar(o.reduction == CT_REDUCTION_MEAN ? total / (double)nvalid : total, dt);
+        }
+        rc = out ? 0 : ct_errcode();
+    }
+    free(loss);
+    ct_set_grad_enabled(prev);
+    if (!rc) {
+        *c = (ce_ctx){o, nvalid, logits->ndim};
+        rc = ct_function_record(&ce_def, c, &logits, 1, &out, 1, (ct_tensor *[]){x, lse, t}, 3);
+        c = NULL;
+    }
+    free(c);
+    if (!rc && logits->dtype != dt)
+        out = ct_to_dtype(out, logits->dtype);
+    ct_keep(out);
+    ct_scope_end();
+    return rc ? NULL : out;
+}
+
+/* ----------------------------------------------------- composite losses */
+
+static ct_tensor *reduce(ct_tensor *per, ct_reduction r) {
+    if (r == CT_REDUCTION_NONE)
+        return per;
+    return r == CT_REDUCTION_SUM ? ct_sum(per, NULL, 0, false) : ct_mean(per, NULL, 0, false);
+}
+
+ct_tensor *ct_nll_loss(ct_tensor *log_probs, ct_tensor *target, const ct_loss_options *opts) {
+    ct_loss_options o = opts ? *opts : CT_LOSS_DEFAULTS;
+    if (CT__CHECK("nll_loss", log_probs, target) || check_options("nll_loss", &o) ||
+        check_targets("nll_loss", log_probs, target))
+        return NULL;
+    ct_tensor *x = log_probs->ndim == 1 ? ct_unsqueeze(log_probs, 0) : log_probs;
+    ct_tensor *t = ct_to_dtype(ct_reshape(target, 1, (int64_t[]){-1}), CT_INT64);
+    ct_tensor *keep = ct_ne_scalar(t, (double)o.ignore_index);
+    ct_tensor *safe = ct_where(keep, t, ct_scalar(0, CT_INT64));
+    int64_t nc = ct_size(x, 1);
+    ct_tensor *lo = ct_numel(safe) ? ct_amin(safe, NULL, 0, false) : NULL;
+    ct_tensor *hi = ct_numel(safe) ? ct_amax(safe, NULL, 0, false) : NULL;
+    if (lo && hi && (ct_item_int64(lo) < 0 || ct_item_int64(hi) >= nc)) {
+        ct__seterr(CT_ERANGE, "nll_loss: a target is outside the %lld classes [0, %lld)",
+                   (long long)nc, (long long)nc);
+        return NULL;
+    }
+    ct_tensor *picked = ct_squeeze(ct_gather(x, 1, ct_unsqueeze(safe, 1)), 1);
+    ct_tensor *per = ct_neg(ct_where(keep, picked, ct_scalar(0, ct_tensor_dtype(x))));
+    if (log_probs->ndim == 1)
+        per = ct_squeeze(per, 0);
+    if (o.reduction != CT_REDUCTION_MEAN)
+        return reduce(per, o.reduction);
+    return ct_div(ct_sum(per, NULL, 0, false), ct_sum(keep, NULL, 0, false));
+}
+
+ct_tensor *ct_mse_loss(ct_tensor *input, ct_tensor *target, ct_reduction reduction) {
+    if (CT__CHECK("mse_loss", input, target))
+        return NULL;
+    if ((unsigned)reduction > CT_REDUCTION_NONE) {
+        ct__seterr(CT_EINVAL, "mse_loss: unknown reduction %d", (int)reduction);
+        return NULL;
+    }
+    ct_tensor *d = ct_sub(input, target);
+    return reduce(ct_mul(d, d), reduction);
+}
