@@ -82,12 +82,18 @@ int ct_checkpoint(ct_checkpoint_fn fn, void *ctx, ct_tensor *const *inputs, int 
     if (!c)
         return ct__seterr(CT_ENOMEM, "checkpoint: out of memory");
     *c = (checkpoint){fn, ctx, *ct_default_generator(), noutputs};
+    /* fn's intermediate results are freed here, not by the caller's scope:
+     * that is the memory checkpointing saves. */
     ct_set_grad_enabled(false);
+    ct_scope_begin();
     rc = fn(ctx, inputs, ninputs, outputs, noutputs);
-    ct_set_grad_enabled(true);
     for (int o = 0; o < noutputs && !rc; o++)
         if (!outputs[o])
             rc = ct__seterr(CT_EINVAL, "checkpoint: fn returned 0 but left output %d NULL", o);
+    for (int o = 0; o < noutputs && !rc; o++)
+        ct_keep(outputs[o]);
+    ct_scope_end();
+    ct_set_grad_enabled(true);
     if (!rc)
         return ct_function_record(&checkpoint_def, c, inputs, ninputs, outputs, noutputs, inputs,
                                   ninputs);
