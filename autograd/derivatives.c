@@ -159,7 +159,7 @@ static int d_sigmoid(ct_node *n, args_t *a) {
 }
 
 static int d_relu(ct_node *n, args_t *a) {
-    SET(0, ct_mul(G, mask_as(ct_gt_scalar(OUT, 0), G)));
+    SET(0, ct_where(ct_gt_scalar(OUT, 0), G, scalar_like(0, G)));
     return 0;
 }
 
@@ -431,6 +431,13 @@ static ct_tensor *as_matrix(ct_tensor *t, bool first) {
 
 static ct_tensor *mT(ct_tensor *t) { return ct_transpose(t, -1, -2); }
 
+/* A matrix stored column-major: the transpose of a contiguous one, as the
+ * weight of a linear layer is when used as W^T. */
+static bool column_major(const ct_tensor *t) {
+    return ct_ndim(t) == 2 && ct_stride(t, 0) == 1 && ct_stride(t, 1) == ct_size(t, 0) &&
+           ct_size(t, 0) > 1;
+}
+
 /* grad of a (or b) in its matrix form, summed over broadcast batch dims and
  * reshaped to the operand's shape. */
 static ct_tensor *to_operand(ct_tensor *g, const ct__shape *s, bool vector, bool first) {
@@ -441,7 +448,7 @@ static ct_tensor *to_operand(ct_tensor *g, const ct__shape *s, bool vector, bool
         m.sizes[1] = first ? s->sizes[0] : 1;
     }
     ct_tensor *r = ct__sum_to(g, &m);
-    return r ? ct_reshape(r, s->ndim, s->sizes) : NULL;
+    return !r || ct__shape_equal(s, r) ? r : ct_reshape(r, s->ndim, s->sizes);
 }
 
 static int d_matmul(ct_node *n, args_t *a) {
@@ -456,10 +463,17 @@ static int d_matmul(ct_node *n, args_t *a) {
     else if (yv)
         g = ct_unsqueeze(g, -1);
     ct_tensor *xm = as_matrix(x, true), *ym = as_matrix(y, false);
-    if (NEEDS(0))
-        a->grad_inputs[0] = to_operand(ct_matmul(g, mT(ym)), in_shape(n, 0), xv, true);
-    if (NEEDS(1))
-        a->grad_inputs[1] = to_operand(ct_matmul(mT(xm), g), in_shape(n, 1), yv, false);
+    /* A gradient gets its operand's layout: for a column-major operand the
+     * transposed product is computed, so that the gradient of a weight used
+     * as W^T comes out contiguous like W, with no copy. */
+    if (NEEDS(0)) {
+        ct_tensor *gx = column_major(x) ? mT(ct_matmul(ym, mT(g))) : ct_matmul(g, mT(ym));
+        a->grad_inputs[0] = to_operand(gx, in_shape(n, 0), xv, true);
+    }
+    if (NEEDS(1)) {
+        ct_tensor *gy = column_major(y) ? mT(ct_matmul(mT(g), xm)) : ct_matmul(mT(xm), g);
+        a->grad_inputs[1] = to_operand(gy, in_shape(n, 1), yv, false);
+    }
     return 0;
 }
 
