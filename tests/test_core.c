@@ -204,7 +204,7 @@ static void free_meta(void *meta) {
 }
 
 TEST(autograd_hook_sees_ops_and_frees_meta) {
-    static const ct_tensor_hooks hooks = {record_op, free_meta, NULL};
+    static const ct_tensor_hooks hooks = {.record = record_op, .free_meta = free_meta};
     memset(recorded, 0, sizeof recorded);
     meta_freed = 0;
     ct_tensor_set_hooks(&hooks);

@@ -542,7 +542,7 @@ static int recorder(const ct_op_record *rec) {
 }
 
 TEST(ops_are_recorded_for_autograd) {
-    static const ct_tensor_hooks hooks = {recorder, NULL};
+    static const ct_tensor_hooks hooks = {.record = recorder};
     ct_tensor *t = tt_rand(CT_SHAPE(3, 4, 5), CT_FLOAT32, 9);
     ct_tensor_set_hooks(&hooks);
     ct_tensor *v = ct_var(t, CT_DIMS(-1, 0), 0.5, true);
@@ -611,7 +611,7 @@ static int failing_recorder(const ct_op_record *rec) {
 }
 
 TEST(failing_recorder_fails_the_op) {
-    static const ct_tensor_hooks hooks = {failing_recorder, NULL};
+    static const ct_tensor_hooks hooks = {.record = failing_recorder};
     ct_tensor *t = tt_rand(CT_SHAPE(4, 6), CT_FLOAT64, 4);
     ct_tensor *idx = (ct_tensor *)1;
     ct_tensor_set_hooks(&hooks);

@@ -163,7 +163,7 @@ static int recorder(const ct_op_record *rec) {
 }
 
 TEST(ops_are_recorded_for_autograd) {
-    static const ct_tensor_hooks hooks = {recorder, NULL};
+    static const ct_tensor_hooks hooks = {.record = recorder};
     ct_tensor *t = tt_rand(CT_SHAPE(3, 4), CT_FLOAT32, 2);
     ct_tensor_set_hooks(&hooks);
     ct_tensor *s = ct_softmax(t, -1);
