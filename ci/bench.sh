@@ -48,12 +48,14 @@ if [[ ! $epochs =~ ^[1-9][0-9]*$ ]]; then
     exit 2
 fi
 
+# Examples are built too: ct's side of the training benchmark is the main
+# job itself, examples/fmnist_mlp.
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCT_BUILD_BENCH=ON \
-    -DCT_BUILD_TESTS=OFF -DCT_BUILD_EXAMPLES=OFF >&2
+    -DCT_BUILD_TESTS=OFF -DCT_BUILD_EXAMPLES=ON >&2
 targets=()
 for name in "${names[@]}"; do
     case $name in
-    train) targets+=(bench_train_floor) ;; # and ct's bench_train, once it exists
+    train) targets+=(bench_train_floor fmnist_mlp bench_autograd) ;;
     *) targets+=("bench_$name") ;;
     esac
 done
@@ -79,8 +81,11 @@ run_ops() {
 # hand-written floor, ct, then PyTorch, which sets both beside its own figure.
 run_train() {
     OPENBLAS_NUM_THREADS=1 "$build/bench/bench_train_floor" --epochs "$epochs" | tee "$tmp"
-    # ct's bench_train runs here, once it exists, appending its "train" and
-    # "autograd_overhead" lines to $tmp for the peers below to compare.
+    # fmnist_mlp prints its progress and per-epoch accuracy too; its last
+    # line is the JSON result.
+    "$build/examples/fmnist_mlp" --epochs "$epochs" --threads 1 --metrics "" |
+        tail -n 1 | tee -a "$tmp"
+    "$build/bench/bench_autograd" | tee -a "$tmp"
     run_peer train_torch.py --epochs "$epochs" --compare "$tmp"
     run_peer autograd_torch.py --compare "$tmp"
 }

@@ -240,8 +240,8 @@ static int train(const options *o, FILE *metrics) {
     fflush(stdout);
 
     progress prog = {isatty(STDERR_FILENO) != 0, 0};
-    int64_t step = 0, timed_samples = 0;
-    double timed = 0, start = now(), loss_sum = 0, acc = 0, last_loss = NAN;
+    int64_t step = 0, timed_samples = 0, timed_steps = 0;
+    double timed = 0, start = now(), loss_sum = 0, acc = 0, last_loss = NAN, epoch_loss = NAN;
     int rc = 0;
     for (int epoch = 1; epoch <= o->r.epochs && step < total && !rc; epoch++) {
         int64_t in_epoch = 0, epoch_count = 0;
@@ -274,6 +274,7 @@ static int train(const options *o, FILE *metrics) {
             if (step >= o->warmup_steps) {
                 timed += now() - t0;
                 timed_samples += rows;
+                timed_steps++;
             }
             double rate = timed > 0 ? (double)timed_samples / timed : 0;
             double eta = rate > 0 ? (double)(total - step - 1) * (double)o->r.batch / rate : 0;
@@ -290,6 +291,7 @@ static int train(const options *o, FILE *metrics) {
             fputc('\n', stderr);
         acc = evaluate(net, test_x, test_y);
         double mean_loss = epoch_count ? loss_sum / (double)epoch_count : NAN;
+        epoch_loss = mean_loss;
         printf("epoch %2d  train loss %.4f  test accuracy %.2f%%  (%.0f samples/s, %.1f s)\n",
                epoch, mean_loss, 100 * acc, rate, now() - start);
         fflush(stdout);
@@ -302,10 +304,12 @@ static int train(const options *o, FILE *metrics) {
         }
     }
     if (!rc)
-        printf("{\"bench\":\"train\",\"impl\":\"ct\",\"threads\":%d,\"batch\":%lld,\"steps\":%lld,"
-               "\"samples_per_s\":%.1f,\"epochs\":%d,\"test_acc\":%.4f,\"final_loss\":%.4f}\n",
-               o->threads, (long long)o->r.batch, (long long)step,
-               timed > 0 ? (double)timed_samples / timed : 0, o->r.epochs, acc, last_loss);
+        printf("{\"bench\": \"train\", \"impl\": \"ct\", \"threads\": %d, \"batch\": %lld, "
+               "\"epochs\": %d, \"steps\": %lld, \"timed_steps\": %lld, \"samples_per_s\": %.1f, "
+               "\"test_acc\": %.4f, \"final_loss\": %.4f}\n",
+               o->threads, (long long)o->r.batch, o->r.epochs, (long long)step,
+               (long long)timed_steps, timed > 0 ? (double)timed_samples / timed : 0, acc,
+               epoch_loss);
     ct_loader_free(loader);
     ct_optim_free(opt);
     ct_param_list_free(&params);
