@@ -15,14 +15,12 @@
 
 #include <ct/ct.h>
 
-#include <errno.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <zlib.h>
 
 #define DEFAULT_DATA_DIR "/usr/share/datasets/fashion-mnist"
 #define NCLASSES         10
@@ -49,98 +47,18 @@ static ct_tensor *fail(const char *what) {
 
 /* ----------------------------------------------------------- IDX files */
 
-static void free_buffer(void *data, void *ctx) {
-    (void)ctx;
-    free(data);
-}
-
-static int read_all(gzFile f, void *buf, size_t n, const char *path) {
-    unsigned char *p = buf;
-    while (n > 0) {
-        unsigned chunk = n > (1u << 30) ? (1u << 30) : (unsigned)n;
-        int got = gzread(f, p, chunk);
-        if (got <= 0) {
-            int zerr = Z_OK;
-            const char *msg = got < 0 ? gzerror(f, &zerr) : "the file ends early";
-            fprintf(stderr,
-                    "tensor_demo: %s: %s (truncated or corrupt? `apt-get install --reinstall "
-                    "dataset-fashion-mnist` restores the packaged files)\n",
-                    path, zerr == Z_ERRNO ? strerror(errno) : msg);
-            return -1;
-        }
-        p += got;
-        n -= (size_t)got;
-    }
-    return 0;
-}
-
-/* Reads a gzipped IDX file of unsigned bytes (type 0x08) with `ndim` dims
- * into a uint8 tensor. The tensor views the decompressed file in place: its
- * storage is the whole buffer, header included, and the tensor starts past
- * the header (ct_storage_from_blob takes ownership of the buffer). */
-static ct_tensor *load_idx(const char *dir, const char *name, int ndim) {
+/* One of the data set's files, as ct's IDX reader gives it: uint8 images
+ * [n, 28, 28] or labels [n]. */
+static ct_tensor *load_idx(const char *dir, const char *name) {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, name);
-    gzFile f = gzopen(path, "rb");
-    if (!f) {
+    ct_tensor *t = ct_idx_load(path);
+    if (!t)
         fprintf(stderr,
-                "tensor_demo: cannot open %s: %s\n"
-                "  Fashion-MNIST comes from Debian's dataset-fashion-mnist package: run\n"
-                "  `bash ci/setup.sh`, or pass the folder holding the four *-ubyte.gz files\n"
-                "  as the first argument.\n",
-                path, errno ? strerror(errno) : "out of memory");
-        return NULL;
-    }
-    unsigned char head[4 + 4 * 3];
-    size_t header = 4 + 4 * (size_t)ndim;
-    if (read_all(f, head, header, path)) {
-        gzclose(f);
-        return NULL;
-    }
-    if (head[0] != 0 || head[1] != 0 || head[2] != 0x08 || head[3] != ndim) {
-        fprintf(stderr,
-                "tensor_demo: %s is not an IDX file of %d-d unsigned bytes (magic %02x %02x "
-                "%02x %02x; expected 00 00 08 %02x)\n",
-                path, ndim, head[0], head[1], head[2], head[3], ndim);
-        gzclose(f);
-        return NULL;
-    }
-    int64_t sizes[3];
-    size_t numel = 1;
-    for (int i = 0; i < ndim; i++) {
-        const unsigned char *b = head + 4 + 4 * i;
-        sizes[i] = (int64_t)((uint32_t)b[0] << 24 | (uint32_t)b[1] << 16 | (uint32_t)b[2] << 8 |
-                             (uint32_t)b[3]);
-        numel *= (size_t)sizes[i];
-        if (sizes[i] == 0 || numel > ((size_t)1 << 32)) {
-            fprintf(stderr, "tensor_demo: %s: implausible size %lld in dim %d\n", path,
-                    (long long)sizes[i], i);
-            gzclose(f);
-            return NULL;
-        }
-    }
-    unsigned char *buf = malloc(header + numel);
-    if (!buf) {
-        fprintf(stderr, "tensor_demo: %s: out of memory for %zu bytes\n", path, header + numel);
-        gzclose(f);
-        return NULL;
-    }
-    memcpy(buf, head, header);
-    int rc = read_all(f, buf + header, numel, path);
-    gzclose(f);
-    if (rc) {
-        free(buf);
-        return NULL;
-    }
-    ct_storage *s = ct_storage_from_blob(buf, header + numel, CT_DEVICE_CPU, free_buffer, NULL);
-    if (!s) {
-        free(buf);
-        return fail("ct_storage_from_blob");
-    }
-    /* The tensor takes its own reference to the storage; drop ours. */
-    ct_tensor *t = ct_tensor_from_storage(s, (int64_t)header, ndim, sizes, NULL, CT_UINT8);
-    ct_storage_free(s);
-    return t ? t : fail("ct_tensor_from_storage");
+                "tensor_demo: %s\n  install Debian's dataset-fashion-mnist package with "
+                "`bash ci/setup.sh`, or pass the folder holding the four *-ubyte.gz files\n",
+                ct_errmsg());
+    return t;
 }
 
 /* uint8 images [n, 28, 28] -> float32 pixels in [0, 1] as rows [n, 784]. */
@@ -280,13 +198,14 @@ int main(int argc, char **argv) {
     int status = 1;
     double t0 = now();
 
-    ct_tensor *train_img = load_idx(dir, "train-images-idx3-ubyte.gz", 3);
-    ct_tensor *train_lab = train_img ? load_idx(dir, "train-labels-idx1-ubyte.gz", 1) : NULL;
-    ct_tensor *test_img = train_lab ? load_idx(dir, "t10k-images-idx3-ubyte.gz", 3) : NULL;
-    ct_tensor *test_lab = test_img ? load_idx(dir, "t10k-labels-idx1-ubyte.gz", 1) : NULL;
+    ct_tensor *train_img = load_idx(dir, "train-images-idx3-ubyte.gz");
+    ct_tensor *train_lab = train_img ? load_idx(dir, "train-labels-idx1-ubyte.gz") : NULL;
+    ct_tensor *test_img = train_lab ? load_idx(dir, "t10k-images-idx3-ubyte.gz") : NULL;
+    ct_tensor *test_lab = test_img ? load_idx(dir, "t10k-labels-idx1-ubyte.gz") : NULL;
     if (!test_lab)
         goto out;
-    if (ct_size(train_img, 0) != ct_size(train_lab, 0) ||
+    if (ct_ndim(train_img) != 3 || ct_ndim(test_img) != 3 ||
+        ct_tensor_dtype(train_img) != CT_UINT8 || ct_size(train_img, 0) != ct_size(train_lab, 0) ||
         ct_size(test_img, 0) != ct_size(test_lab, 0) || ct_size(train_img, 1) != SIDE ||
         ct_size(train_img, 2) != SIDE || ct_size(test_img, 1) != SIDE) {
         fprintf(stderr,
@@ -295,8 +214,7 @@ int main(int argc, char **argv) {
                 SIDE, SIDE);
         goto out;
     }
-    printf("[1/5] loaded %lld training and %lld test images in %.2f s; the tensors view the\n"
-           "      decompressed files in place (storage from a blob, offset past the header)\n",
+    printf("[1/5] loaded %lld training and %lld test images in %.2f s\n",
            (long long)ct_size(train_img, 0), (long long)ct_size(test_img, 0), now() - t0);
     printf("      first training labels:\n");
     ct_print(ct_narrow(train_lab, 0, 0, 10));
