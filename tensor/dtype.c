@@ -3,7 +3,7 @@
 
 #include <math.h>
 
-static const size_t dtype_size[] = {
+const size_t ct__dtype_sizes[CT_NDTYPES] = {
 #define CT__DTYPE_SIZE(NAME, name, size) size,
     CT_DTYPE_MAP(CT__DTYPE_SIZE)
 #undef CT__DTYPE_SIZE
@@ -16,7 +16,7 @@ static const char *const dtype_name[] = {
 };
 
 size_t ct_dtype_size(ct_dtype dtype) {
-    return (unsigned)dtype < CT_NDTYPES ? dtype_size[dtype] : 0;
+    return (unsigned)dtype < CT_NDTYPES ? ct__dtype_sizes[dtype] : 0;
 }
 
 const char *ct_dtype_name(ct_dtype dtype) {

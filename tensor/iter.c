@@ -29,8 +29,11 @@ void ct__iter_init(ct__iter *it, ct_tensor *const *ts, int n, int ndim, const in
     CT_ASSERT(n >= 1 && n <= CT__ITER_MAX);
     it->ntensors = n;
     it->numel = ct__numel(ndim, sizes);
-    for (int k = 0; k < n; k++)
+    int64_t esize[CT__ITER_MAX];
+    for (int k = 0; k < n; k++) {
         it->data[k] = ct__data(ts[k]);
+        esize[k] = (int64_t)ct__esize(ts[k]->dtype);
+    }
     /* Dim 0 of the iterator is the tensor's last dim. */
     for (int d = 0; d < ndim; d++) {
         int td = ndim - 1 - d;
@@ -38,8 +41,7 @@ void ct__iter_init(ct__iter *it, ct_tensor *const *ts, int n, int ndim, const in
         for (int k = 0; k < n; k++) {
             const ct_tensor *t = ts[k];
             int kd = td - (ndim - t->ndim);
-            int64_t esize = (int64_t)ct_dtype_size(t->dtype);
-            it->strides[d][k] = kd < 0 || t->sizes[kd] == 1 ? 0 : t->strides[kd] * esize;
+            it->strides[d][k] = kd < 0 || t->sizes[kd] == 1 ? 0 : t->strides[kd] * esize[k];
         }
     }
     /* Stable insertion sort: the innermost dim gets the smallest stride. */
@@ -77,8 +79,15 @@ void ct__iter_init(ct__iter *it, ct_tensor *const *ts, int n, int ndim, const in
 
 void ct__iter_run_range(const ct__iter *it, ct__loop_fn loop, void *ctx, int64_t lo, int64_t hi) {
     int n = it->ntensors;
-    int64_t idx[CT_MAX_DIMS];
     char *ptr[CT__ITER_MAX];
+    /* Coalescing leaves one dim for most operands: no odometer needed. */
+    if (it->ndim == 1) {
+        for (int k = 0; k < n; k++)
+            ptr[k] = it->data[k] + lo * it->strides[0][k];
+        loop(ctx, ptr, it->strides[0], hi - lo);
+        return;
+    }
+    int64_t idx[CT_MAX_DIMS];
     int64_t rem = lo;
     for (int k = 0; k < n; k++)
         ptr[k] = it->data[k];
@@ -123,6 +132,12 @@ static void iter_chunk(void *arg, int64_t lo, int64_t hi) {
 void ct__iter_run(const ct__iter *it, ct__loop_fn loop, void *ctx, int64_t grain) {
     if (it->numel == 0)
         return;
+    /* What ct_parallel_for would do below the grain, without its call and
+     * its bookkeeping: loops never start parallel work of their own. */
+    if (it->numel <= grain) {
+        ct__iter_run_range(it, loop, ctx, 0, it->numel);
+        return;
+    }
     iter_job j = {it, loop, ctx};
     ct_parallel_for(0, it->numel, grain, iter_chunk, &j);
 }

@@ -33,20 +33,54 @@ void ct_memory_reset_peak(ct_device device) {
         atomic_store(&cpu_peak, atomic_load(&cpu_allocated));
 }
 
-static ct_storage *storage_wrap(void *data, size_t nbytes, ct_device device, ct_free_fn free_fn,
-                                void *ctx) {
-    ct_storage *s = malloc(sizeof *s);
-    if (!s) {
-        ct__seterr(CT_ENOMEM, "storage: out of memory allocating the storage header");
-        return NULL;
-    }
+/* Data up to this size lives in the same heap block as the storage header
+ * (and the tensor object, for ct__new): one malloc per tensor instead of
+ * three, and no posix_memalign, whose split-off fragments cost glibc more
+ * than a tiny op itself. Above it the allocation is noise next to the op's
+ * work on the data, which then comes from ct__cpu_alloc and its policy for
+ * large blocks (huge pages, the reuse cache). */
+#define INLINE_MAX 4096
+
+static void storage_init(ct_storage *s, void *block, void *data, size_t nbytes, ct_device device,
+                         bool counted, ct_free_fn free_fn, void *ctx) {
     atomic_init(&s->refcount, 1);
     atomic_init(&s->version, 0);
     s->data = data;
     s->nbytes = nbytes;
     s->device = device;
+    s->counted = counted;
     s->free_fn = free_fn;
     s->free_ctx = ctx;
+    s->block = block;
+}
+
+/* New CPU storage whose header sits prefix bytes into a fresh heap block (the
+ * caller builds its tensor object in those bytes); small data follows the
+ * header, 64-byte aligned. Message and NULL when out of memory. */
+static ct_storage *storage_new_in_block(size_t nbytes, size_t prefix) {
+    bool inline_data = nbytes <= INLINE_MAX;
+    size_t header = prefix + sizeof(ct_storage);
+    char *block = malloc(header + (inline_data ? 63 + nbytes : 0));
+    if (!block) {
+        ct__seterr(CT_ENOMEM, "storage_new: out of memory allocating %zu bytes", nbytes);
+        return NULL;
+    }
+    ct_storage *s = (ct_storage *)(block + prefix);
+    if (inline_data) {
+        uintptr_t data = ((uintptr_t)(block + header) + 63) & ~(uintptr_t)63;
+        storage_init(s, block, (void *)data, nbytes, CT_DEVICE_CPU, true, NULL, NULL);
+    } else {
+        size_t capacity;
+        void *data = ct__cpu_alloc(nbytes, &capacity);
+        if (!data) {
+            free(block);
+            ct__seterr(CT_ENOMEM, "storage_new: out of memory allocating %zu bytes", nbytes);
+            return NULL;
+        }
+        storage_init(s, block, data, nbytes, CT_DEVICE_CPU, true, free_cpu,
+                     (void *)(uintptr_t)capacity);
+    }
+    count_alloc((long long)nbytes);
     return s;
 }
 
@@ -56,18 +90,7 @@ ct_storage *ct_storage_new(size_t nbytes, ct_device device) {
                    (int)device.type);
         return NULL;
     }
-    size_t capacity;
-    void *data = ct__cpu_alloc(nbytes, &capacity);
-    if (!data) {
-        ct__seterr(CT_ENOMEM, "storage_new: out of memory allocating %zu bytes", nbytes);
-        return NULL;
-    }
-    ct_storage *s = storage_wrap(data, nbytes, device, free_cpu, (void *)(uintptr_t)capacity);
-    if (!s)
-        ct__cpu_free(data, capacity);
-    else
-        count_alloc((long long)nbytes);
-    return s;
+    return storage_new_in_block(nbytes, 0);
 }
 
 ct_storage *ct_storage_from_blob(void *data, size_t nbytes, ct_device device, ct_free_fn free_fn,
@@ -76,7 +99,23 @@ ct_storage *ct_storage_from_blob(void *data, size_t nbytes, ct_device device, ct
         ct__seterr(CT_EINVAL, "storage_from_blob: data is NULL but nbytes is %zu", nbytes);
         return NULL;
     }
-    return storage_wrap(data, nbytes, device, free_fn, ctx);
+    ct_storage *s = malloc(sizeof *s);
+    if (!s) {
+        ct__seterr(CT_ENOMEM, "storage_from_blob: out of memory allocating the storage header");
+        return NULL;
+    }
+    storage_init(s, s, data, nbytes, device, false, free_fn, ctx);
+    return s;
+}
+
+static void storage_drop(ct_storage *s) {
+    if (atomic_fetch_sub_explicit(&s->refcount, 1, memory_order_acq_rel) != 1)
+        return;
+    if (s->counted)
+        count_alloc(-(long long)s->nbytes);
+    if (s->free_fn)
+        s->free_fn(s->data, s->free_ctx);
+    free(s->block);
 }
 
 ct_storage *ct_storage_retain(ct_storage *s) {
@@ -86,13 +125,8 @@ ct_storage *ct_storage_retain(ct_storage *s) {
 }
 
 void ct_storage_free(ct_storage *s) {
-    if (!s || atomic_fetch_sub_explicit(&s->refcount, 1, memory_order_acq_rel) != 1)
-        return;
-    if (s->free_fn == free_cpu)
-        count_alloc(-(long long)s->nbytes);
-    if (s->free_fn)
-        s->free_fn(s->data, s->free_ctx);
-    free(s);
+    if (s)
+        storage_drop(s);
 }
 
 void *ct_storage_data(const ct_storage *s) { return s ? s->data : NULL; }
@@ -112,6 +146,8 @@ typedef struct scope_stack {
 } scope_stack;
 
 static _Thread_local scope_stack scopes;
+
+static void tensor_drop(ct_tensor *t);
 
 static void *grow(void *p, size_t *cap, size_t elem) {
     size_t ncap = *cap ? *cap * 2 : 64;
@@ -135,7 +171,7 @@ void ct_scope_end(void) {
     /* Release newest first: a tensor made late may hold the only other
      * reference to an earlier one's autograd state. */
     while (scopes.len > start)
-        ct_tensor_free(scopes.owned[--scopes.len]);
+        tensor_drop(scopes.owned[--scopes.len]);
     if (scopes.depth == 0) {
         free(scopes.owned);
         free(scopes.starts);
@@ -166,7 +202,7 @@ void ct__release(ct_tensor *t) {
             }
         }
     }
-    ct_tensor_free(t);
+    tensor_drop(t);
 }
 
 ct_tensor *ct_keep(ct_tensor *t) {
@@ -207,16 +243,12 @@ void ct__contiguous_strides(int ndim, const int64_t *sizes, int64_t *strides) {
     }
 }
 
-static ct_tensor *tensor_alloc(ct_storage *storage, int64_t offset, int ndim, const int64_t *sizes,
-                               const int64_t *strides, ct_dtype dtype) {
-    ct_tensor *t = malloc(sizeof *t);
-    if (!t) {
-        ct__seterr(CT_ENOMEM, "tensor: out of memory allocating a tensor header");
-        return NULL;
-    }
+/* Fills in t; t takes over the caller's reference to storage. */
+static void tensor_init(ct_tensor *t, ct_storage *storage, int64_t offset, int ndim,
+                        const int64_t *sizes, const int64_t *strides, ct_dtype dtype) {
     t->magic = CT__TENSOR_MAGIC;
     atomic_init(&t->refcount, 1);
-    t->storage = ct_storage_retain(storage);
+    t->storage = storage;
     t->offset = offset;
     t->ndim = ndim;
     t->dtype = dtype;
@@ -225,6 +257,17 @@ static ct_tensor *tensor_alloc(ct_storage *storage, int64_t offset, int ndim, co
         t->strides[i] = strides[i];
     }
     t->meta = NULL;
+}
+
+static ct_tensor *tensor_alloc(ct_storage *storage, int64_t offset, int ndim, const int64_t *sizes,
+                               const int64_t *strides, ct_dtype dtype) {
+    ct_tensor *t = malloc(sizeof *t);
+    if (!t) {
+        ct__seterr(CT_ENOMEM, "tensor: out of memory allocating a tensor header");
+        return NULL;
+    }
+    atomic_fetch_add_explicit(&storage->refcount, 1, memory_order_relaxed);
+    tensor_init(t, storage, offset, ndim, sizes, strides, dtype);
     return t;
 }
 
@@ -249,23 +292,34 @@ static int check_shape(const char *op, int ndim, const int64_t *sizes, ct_dtype 
     return 0;
 }
 
+/* The storage header follows the tensor object in its block. */
+_Static_assert(sizeof(ct_tensor) % _Alignof(ct_storage) == 0, "storage header misaligned");
+
 static ct_tensor *tensor_new_unowned(const char *op, int ndim, const int64_t *sizes,
                                      ct_dtype dtype) {
     if (check_shape(op, ndim, sizes, dtype))
         return NULL;
     int64_t strides[CT_MAX_DIMS];
     ct__contiguous_strides(ndim, sizes, strides);
-    size_t nbytes = (size_t)ct__numel(ndim, sizes) * ct_dtype_size(dtype);
-    ct_storage *s = ct_storage_new(nbytes, CT_DEVICE_CPU);
+    size_t nbytes = (size_t)ct__numel(ndim, sizes) * ct__esize(dtype);
+    ct_storage *s = storage_new_in_block(nbytes, sizeof(ct_tensor));
     if (!s) {
         char buf[CT__SHAPE_STR];
         ct__seterr(CT_ENOMEM, "%s: out of memory allocating %s%s (%zu bytes)", op,
                    ct_dtype_name(dtype), ct__shape_str(buf, ndim, sizes), nbytes);
         return NULL;
     }
-    ct_tensor *t = tensor_alloc(s, 0, ndim, sizes, strides, dtype);
-    ct_storage_free(s);
+    ct_tensor *t = s->block;
+    tensor_init(t, s, 0, ndim, sizes, strides, dtype);
     return t;
+}
+
+ct_tensor *ct__scalar_operand_init(ct__scalar_operand *op, double value, ct_dtype dtype) {
+    ct__store_double(dtype, op->value.bytes, value);
+    storage_init(&op->storage, NULL, op->value.bytes, ct__esize(dtype), CT_DEVICE_CPU, false, NULL,
+                 NULL);
+    tensor_init(&op->tensor, &op->storage, 0, 0, NULL, NULL, dtype);
+    return &op->tensor;
 }
 
 ct_tensor *ct__new(const char *op, int ndim, const int64_t *sizes, ct_dtype dtype) {
@@ -283,17 +337,25 @@ ct_tensor *ct_tensor_retain(ct_tensor *t) {
     return t;
 }
 
-void ct_tensor_free(ct_tensor *t) {
-    if (!t)
-        return;
+static void tensor_drop(ct_tensor *t) {
     CT_ASSERT(t->magic == CT__TENSOR_MAGIC && "ct_tensor_free on a freed or foreign pointer");
     if (atomic_fetch_sub_explicit(&t->refcount, 1, memory_order_acq_rel) != 1)
         return;
     if (t->meta && hooks && hooks->free_meta)
         hooks->free_meta(t->meta);
-    ct_storage_free(t->storage);
+    ct_storage *s = t->storage;
+    bool own_block = s->block != t;
     t->magic = CT__TENSOR_DEAD;
-    free(t);
+    /* A tensor made by ct__new lives in its storage's block: it goes with
+     * the storage's last reference, which may be a view's. */
+    storage_drop(s);
+    if (own_block)
+        free(t);
+}
+
+void ct_tensor_free(ct_tensor *t) {
+    if (t)
+        tensor_drop(t);
 }
 
 int ct__check_inputs(const char *op, ct_tensor *const *ts, int n) {

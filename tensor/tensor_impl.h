@@ -42,8 +42,13 @@ struct ct_storage {
     void *data;
     size_t nbytes;
     ct_device device;
-    ct_free_fn free_fn;
+    bool counted;       /* ct allocated data: counts toward ct_memory_allocated */
+    ct_free_fn free_fn; /* releases data; NULL when data lives in block or is foreign */
     void *free_ctx;
+    /* The heap block this header lives in, freed last: the storage itself,
+     * or the tensor object ct__new made alongside it (NULL: not on the
+     * heap). */
+    void *block;
 };
 
 struct ct_tensor {
@@ -58,8 +63,13 @@ struct ct_tensor {
     void *meta;                   /* autograd's slot */
 };
 
+/* ct_dtype_size without the bounds check or the call: public functions are
+ * interposable, so calls to them from inside libct go through the PLT. */
+extern const size_t ct__dtype_sizes[CT_NDTYPES];
+static inline size_t ct__esize(ct_dtype dtype) { return ct__dtype_sizes[dtype]; }
+
 static inline char *ct__data(const ct_tensor *t) {
-    return (char *)t->storage->data + t->offset * (int64_t)ct_dtype_size(t->dtype);
+    return (char *)t->storage->data + t->offset * (int64_t)ct__esize(t->dtype);
 }
 
 int64_t ct__numel(int ndim, const int64_t *sizes);
@@ -70,8 +80,25 @@ int ct__wrap_dim(const char *op, int dim, int ndim);
 ct_tensor *ct__make_view(ct_tensor *base, int ndim, const int64_t *sizes, const int64_t *strides,
                          int64_t offset);
 /* New contiguous tensor registered in the current scope. Errors (bad shape,
- * out of memory) are reported under op's name. */
+ * out of memory) are reported under op's name. The tensor object, its
+ * storage header and (for small tensors) its data share one heap block,
+ * released when the storage goes. */
 ct_tensor *ct__new(const char *op, int ndim, const int64_t *sizes, ct_dtype dtype);
+
+/* A 0-d tensor in caller storage holding one value: how scalar operands
+ * reach the element iterator without a heap allocation. It is for the
+ * iterator only: never record, own, retain, free or return it. */
+typedef struct ct__scalar_operand {
+    ct_tensor tensor;
+    ct_storage storage;
+    union {
+        double f64;
+        int64_t i64;
+        unsigned char bytes[8];
+    } value;
+} ct__scalar_operand;
+/* Initialises op with value converted to dtype; returns &op->tensor. */
+ct_tensor *ct__scalar_operand_init(ct__scalar_operand *op, double value, ct_dtype dtype);
 /* Hands a new reference to the current scope (if any); returns t. */
 ct_tensor *ct__scope_own(ct_tensor *t);
 /* Drops a result the current op made but will not return: takes it out of

@@ -246,3 +246,93 @@ TEST(memory_stats_count_live_storages_and_their_peak) {
     ct_memory_reset_peak(CT_DEVICE_CPU);
     ASSERT_EQ(ct_memory_peak(CT_DEVICE_CPU), base);
 }
+
+/* A tensor made by an op shares one heap block with its storage header and,
+ * when small, its data: the block must last as long as any reference to the
+ * storage, whoever holds it and whichever thread drops it. */
+static void small_tensor_block_lifetime(void) {
+    ct_scope_begin();
+    ct_tensor *base = ct_arange(0, 6, 1, CT_FLOAT32);
+    ct_tensor *row = ct_keep(ct_select(ct_view(base, CT_SHAPE(2, 3)), 0, 1));
+    ct_storage *s = ct_storage_retain(ct_tensor_storage(base));
+    ct_scope_end();
+    ASSERT_EQ(ct_get(row, (int64_t[]){2}), 5);
+    ct_tensor_free(row);
+    ASSERT_EQ(((const float *)ct_storage_data(s))[4], 4);
+    ct_storage_free(s);
+}
+
+TEST(a_view_and_a_storage_reference_outlive_the_small_tensor_they_came_from) {
+    tt_run_unscoped(small_tensor_block_lifetime);
+}
+
+static ct_tensor *handed_over[4];
+static void free_handed_over(void) {
+    for (int i = 0; i < 4; i++)
+        ct_tensor_free(handed_over[i]);
+}
+
+static void last_reference_on_another_thread(void) {
+    ct_tensor *small = ct_ones(CT_SHAPE(3), CT_FLOAT32);
+    ct_tensor *big = ct_ones(CT_SHAPE(1 << 16), CT_FLOAT32);
+    handed_over[0] = small;
+    handed_over[1] = ct_unsqueeze(small, 0);
+    handed_over[2] = big;
+    handed_over[3] = ct_narrow(big, 0, 1, 2);
+    tt_run_unscoped(free_handed_over);
+}
+
+TEST(the_last_reference_may_be_dropped_on_another_thread) {
+    int64_t before = ct_memory_allocated(CT_DEVICE_CPU);
+    tt_run_unscoped(last_reference_on_another_thread);
+    ASSERT_EQ(ct_memory_allocated(CT_DEVICE_CPU), before);
+}
+
+TEST(memory_stats_are_exact_for_small_tensors_and_count_no_scalar_operand) {
+    ct_memory_reset_peak(CT_DEVICE_CPU);
+    int64_t base = ct_memory_allocated(CT_DEVICE_CPU);
+    ct_scope_begin();
+    ct_tensor *x = ct_ones(CT_SHAPE(3), CT_FLOAT32);
+    ASSERT_EQ(ct_memory_allocated(CT_DEVICE_CPU), base + 12);
+    /* The scalar is handed to the kernel without a storage of its own. */
+    ct_tensor *y = ct_mul_scalar(x, 2.5);
+    ASSERT_NEAR(ct_get(y, (int64_t[]){2}), 2.5, 0);
+    ASSERT_TRUE(ct_add_scalar_(y, 1) == y);
+    ASSERT_NEAR(ct_get(y, (int64_t[]){0}), 3.5, 0);
+    ASSERT_EQ(ct_memory_peak(CT_DEVICE_CPU), base + 24);
+    int64_t total = 24;
+    const int64_t sizes[] = {0, 1, 63, 64, 4095, 4096, 4097, 65536};
+    for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+        ct_tensor *t = ct_empty(1, &sizes[i], CT_UINT8);
+        total += sizes[i];
+        ASSERT_EQ((uintptr_t)ct_storage_data(ct_tensor_storage(t)) % 64, 0);
+        ASSERT_EQ(ct_memory_allocated(CT_DEVICE_CPU), base + total);
+    }
+    ct_storage *s = ct_storage_new(100, CT_DEVICE_CPU);
+    ASSERT_EQ((uintptr_t)ct_storage_data(s) % 64, 0);
+    ASSERT_EQ(ct_memory_allocated(CT_DEVICE_CPU), base + total + 100);
+    ct_storage_free(s);
+    ct_scope_end();
+    ASSERT_EQ(ct_memory_allocated(CT_DEVICE_CPU), base);
+}
+
+TEST(messages_name_the_form_of_the_op_called) {
+    ct_tensor *i = ct_ones(CT_SHAPE(2), CT_INT32);
+    ASSERT_FAILS(ct_add_scalar_(i, 0.5), CT_EDTYPE, "add_scalar_: ", "float32");
+    ASSERT_FAILS(ct_mul_(i, ct_ones(CT_SHAPE(3), CT_INT32)), CT_ESHAPE, "mul_: ");
+    ASSERT_FAILS(ct_sub_scalar(NULL, 1), CT_EINVAL, "sub_scalar: ");
+    ASSERT_FAILS(ct_ge(i, NULL), CT_EINVAL, "ge: ");
+    ASSERT_FAILS(ct_exp_(i), CT_EDTYPE, "exp_: ");
+    ASSERT_FAILS(ct_neg(ct_ones(CT_SHAPE(1), CT_BOOL)), CT_EDTYPE, "neg: ");
+}
+
+TEST(errclear_forgets_the_message_too) {
+    ct_errclear();
+    ASSERT_TRUE(ct_sqrt(NULL) == NULL);
+    ASSERT_STR_CONTAINS(ct_errmsg(), "sqrt");
+    ct_errclear();
+    ASSERT_EQ(ct_errcode(), CT_OK);
+    ASSERT_EQ(strlen(ct_errmsg()), 0);
+    ASSERT_TRUE(ct_log(NULL) == NULL);
+    ASSERT_STR_CONTAINS(ct_errmsg(), "log: input 0 is NULL");
+}

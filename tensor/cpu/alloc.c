@@ -1,11 +1,13 @@
 /* CPU memory for storages.
  *
- * Small blocks come from posix_memalign. Large blocks (>= 1 MiB) are mapped
- * directly, advised to use transparent huge pages, and kept in a bounded
- * cache when freed: a training step allocates the same large sizes every
- * iteration, and returning them to the kernel would make every step
- * page-fault its activations in again. Sizes are rounded to classes four per
- * power of two, so a cached block is at most 25% larger than asked for.
+ * Storages of a few KiB or less never come here: their data shares a heap
+ * block with the storage header (tensor.c). Small blocks come from
+ * posix_memalign. Large blocks (>= 1 MiB) are mapped directly, advised to
+ * use transparent huge pages, and kept in a bounded cache when freed: a
+ * training step allocates the same large sizes every iteration, and
+ * returning them to the kernel would make every step page-fault its
+ * activations in again. Sizes are rounded to classes four per power of two,
+ * so a cached block is at most 25% larger than asked for.
  *
  * Sanitizer builds bypass the cache so that ASan sees every allocation. */
 #include "tensor_impl.h"

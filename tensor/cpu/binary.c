@@ -113,7 +113,7 @@ ARITH_OPS(STAMP_ARITH)
 COMPARE_OPS(STAMP_COMPARE)
 
 typedef struct binary_op {
-    const char *name;
+    const char *names[2][2]; /* [scalar form][in place]: add, add_, add_scalar, add_scalar_ */
     ct_op op;
     bool compare;
     ct__loop_fn kernels[CT_NDTYPES]; /* by compute dtype; NULL: unsupported */
@@ -138,10 +138,15 @@ enum {
 #undef BINARY_ENUM
 };
 
+#define NAMES(name)                                                                                \
+    {                                                                                              \
+        {#name, #name "_"}, { #name "_scalar", #name "_scalar_" }                                  \
+    }
 static const binary_op binary_ops[] = {
-#define ARITH_ROW(name, NAME, FEXPR, IEXPR) {#name, CT_OP_##NAME, false, {ROW_ARITH_##IEXPR(name)}},
+#define ARITH_ROW(name, NAME, FEXPR, IEXPR)                                                        \
+    {NAMES(name), CT_OP_##NAME, false, {ROW_ARITH_##IEXPR(name)}},
 #define COMPARE_ROW(name, NAME, FEXPR, IEXPR)                                                      \
-    {#name, CT_OP_##NAME, true, {ROW_FLOATS(name), ROW_INTS(name), [CT_BOOL] = name##_BOOL}},
+    {NAMES(name), CT_OP_##NAME, true, {ROW_FLOATS(name), ROW_INTS(name), [CT_BOOL] = name##_BOOL}},
     ARITH_OPS(ARITH_ROW) COMPARE_OPS(COMPARE_ROW)
 #undef ARITH_ROW
 #undef COMPARE_ROW
@@ -160,12 +165,18 @@ static ct_dtype scalar_dtype(ct_dtype t, double v) {
     return t == CT_BOOL ? CT_INT64 : t;
 }
 
+/* t itself when it has dtype, else a conversion owned by the current
+ * scope. */
+static ct_tensor *as_dtype(ct_tensor *t, ct_dtype dtype) {
+    return t->dtype == dtype ? t : ct_to_dtype(t, dtype);
+}
+
 /* a (op) b, or a (op) scalar when b is NULL. inplace writes into a. */
 static ct_tensor *binary(int which, ct_tensor *a, ct_tensor *b, double scalar, bool inplace) {
     const binary_op *bo = &binary_ops[which];
     bool has_b = b != NULL;
-    char name[40], da[CT__DESC_STR], db[CT__DESC_STR];
-    snprintf(name, sizeof name, "%s%s%s", bo->name, has_b ? "" : "_scalar", inplace ? "_" : "");
+    const char *name = bo->names[!has_b][inplace];
+    char da[CT__DESC_STR], db[CT__DESC_STR];
     if (has_b ? CT__CHECK(name, a, b) : CT__CHECK(name, a))
         return NULL;
     ct_dtype compute =
@@ -201,25 +212,37 @@ static ct_tensor *binary(int which, ct_tensor *a, ct_tensor *b, double scalar, b
             return NULL;
     }
 
-    ct_scope_begin();
-    ct_tensor *x = ct_to_dtype(a, compute);
-    ct_tensor *y = has_b ? ct_to_dtype(b, compute) : ct_scalar(scalar, compute);
-    /* In place with the same dtype writes straight into a; otherwise compute
-     * into a temporary and convert. */
+    /* The result is made in the caller's scope. Operands in another dtype
+     * are converted, and an in-place result of another dtype is computed
+     * into a temporary, in a private scope that releases them; the common
+     * case needs none and skips it. */
     bool direct = inplace && result == a->dtype;
-    ct_tensor *out = direct ? a : ct__new(name, nd, shape, result);
-    if (!x || !y || !out) {
+    bool temps = a->dtype != compute || (has_b && b->dtype != compute) || (inplace && !direct);
+    ct_tensor *out = inplace ? a : ct__new(name, nd, shape, result);
+    if (!out)
+        return NULL;
+    if (temps)
+        ct_scope_begin();
+    ct__scalar_operand operand;
+    ct_tensor *x = as_dtype(a, compute);
+    ct_tensor *y =
+        has_b ? as_dtype(b, compute) : ct__scalar_operand_init(&operand, scalar, compute);
+    ct_tensor *dst = inplace && !direct ? ct__new(name, nd, shape, result) : out;
+    bool ok = x && y && dst;
+    if (ok) {
+        ct__iter it;
+        ct__iter_init(&it, (ct_tensor *[]){dst, x, y}, 3, nd, shape);
+        ct__iter_run(&it, bo->kernels[compute], NULL, CT__GRAIN_ELEMENTWISE);
+        if (dst != out)
+            ct__copy_into(out, dst);
+    }
+    if (temps)
         ct_scope_end();
+    if (!ok) {
+        if (!inplace)
+            ct__release(out);
         return NULL;
     }
-    ct__iter it;
-    ct__iter_init(&it, (ct_tensor *[]){out, x, y}, 3, nd, shape);
-    ct__iter_run(&it, bo->kernels[compute], NULL, CT__GRAIN_ELEMENTWISE);
-    if (inplace && !direct)
-        ct__copy_into(a, out);
-    else if (!inplace)
-        ct_keep(out);
-    ct_scope_end();
 
     ct_tensor *res = inplace ? a : out;
     ct_op_args args = {.scalars = {scalar, 0}, .scalar_operand = !has_b};

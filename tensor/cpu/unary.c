@@ -118,7 +118,7 @@ STAMP_INT(I_POW_SCALAR)
 STAMP_INT(I_CLAMP)
 
 typedef struct unary_op {
-    const char *name;
+    const char *names[2]; /* [in place] */
     ct_op op;
     ct__loop_fn floats[4]; /* FLOAT32, FLOAT64, BFLOAT16, FLOAT16 */
     ct__loop_fn ints[3];   /* INT64, INT32, UINT8; NULL: float-valued */
@@ -144,7 +144,7 @@ enum {
 
 static const unary_op unary_ops[] = {
 #define UNARY_ROW(name, NAME, FEXPR, IEXPR)                                                        \
-    {#name,                                                                                        \
+    {{#name, #name "_"},                                                                           \
      CT_OP_##NAME,                                                                                 \
      {FEXPR##_FLOAT32, FEXPR##_FLOAT64, FEXPR##_BFLOAT16, FEXPR##_FLOAT16},                        \
      INT_ROW_SELECT(IEXPR)},
@@ -154,8 +154,7 @@ static const unary_op unary_ops[] = {
 
 static ct_tensor *unary(int which, ct_tensor *t, bool inplace, double p0, double p1) {
     const unary_op *u = &unary_ops[which];
-    char name[32];
-    snprintf(name, sizeof name, "%s%s", u->name, inplace ? "_" : "");
+    const char *name = u->names[inplace];
     if (CT__CHECK(name, t))
         return NULL;
     char desc[CT__DESC_STR];
@@ -181,21 +180,28 @@ static ct_tensor *unary(int which, ct_tensor *t, bool inplace, double p0, double
                        ? INT64_MAX
                        : (int64_t)(which == U_clamp && k == 0 ? ceil(prm.d[k]) : floor(prm.d[k]));
 
-    ct_scope_begin();
-    ct_tensor *src = out_dtype == t->dtype ? t : ct_to_dtype(t, out_dtype);
     ct_tensor *out = inplace ? t : ct__new(name, t->ndim, t->sizes, out_dtype);
-    if (!src || !out || (inplace && ct__check_inplace(u->op, name, out, NULL, 0))) {
+    if (!out || (inplace && ct__check_inplace(u->op, name, out, NULL, 0)))
+        return NULL;
+    /* An integer input of a float-valued op (never in place: refused above)
+     * is converted in a private scope that releases the copy. */
+    bool convert = out_dtype != t->dtype;
+    if (convert)
+        ct_scope_begin();
+    ct_tensor *src = convert ? ct_to_dtype(t, out_dtype) : t;
+    if (src) {
+        ct__loop_fn fn =
+            ct_dtype_is_float(out_dtype) ? u->floats[out_dtype] : u->ints[out_dtype - CT_INT64];
+        ct__iter it;
+        ct__iter_init(&it, (ct_tensor *[]){out, src}, 2, out->ndim, out->sizes);
+        ct__iter_run(&it, fn, &prm, CT__GRAIN_ELEMENTWISE);
+    }
+    if (convert)
         ct_scope_end();
+    if (!src) {
+        ct__release(out);
         return NULL;
     }
-    ct__loop_fn fn =
-        ct_dtype_is_float(out_dtype) ? u->floats[out_dtype] : u->ints[out_dtype - CT_INT64];
-    ct__iter it;
-    ct__iter_init(&it, (ct_tensor *[]){out, src}, 2, out->ndim, out->sizes);
-    ct__iter_run(&it, fn, &prm, CT__GRAIN_ELEMENTWISE);
-    if (!inplace)
-        ct_keep(out);
-    ct_scope_end();
 
     ct_op_args args = {.scalars = {p0, p1}};
     return ct__record(u->op, (ct_tensor *[]){t}, 1, (ct_tensor *[]){out}, 1, inplace, &args);
