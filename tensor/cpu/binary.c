@@ -277,9 +277,27 @@ DEFINE_BINARY(pow)
 
 /* Selection only moves bytes, so one loop per element size serves every
  * dtype. */
+/* The contiguous case (and its scalar-b form, as in relu's backward) gets
+ * loops the compiler turns into vector blends. */
 #define SELECT_KERNELS(BITS)                                                                       \
     static void where_##BITS(void *ctx, char **d, const int64_t *s, int64_t n) {                   \
         (void)ctx;                                                                                 \
+        const int64_t e = BITS / 8;                                                                \
+        if (s[0] == e && s[1] == 1 && s[2] == e && (s[3] == e || s[3] == 0)) {                     \
+            uint##BITS##_t *restrict o = (uint##BITS##_t *)d[0];                                   \
+            const uint8_t *restrict c = (const uint8_t *)d[1];                                     \
+            const uint##BITS##_t *restrict x = (const uint##BITS##_t *)d[2];                       \
+            const uint##BITS##_t *restrict y = (const uint##BITS##_t *)d[3];                       \
+            if (s[3] == 0) {                                                                       \
+                uint##BITS##_t yv = *y;                                                            \
+                for (int64_t i = 0; i < n; i++)                                                    \
+                    o[i] = c[i] ? x[i] : yv;                                                       \
+            } else {                                                                               \
+                for (int64_t i = 0; i < n; i++)                                                    \
+                    o[i] = c[i] ? x[i] : y[i];                                                     \
+            }                                                                                      \
+            return;                                                                                \
+        }                                                                                          \
         for (int64_t i = 0; i < n; i++)                                                            \
             *(uint##BITS##_t *)(d[0] + i * s[0]) =                                                 \
                 *(const uint8_t *)(d[1] + i * s[1]) ? *(const uint##BITS##_t *)(d[2] + i * s[2])   \
