@@ -52,24 +52,27 @@ static inline int64_t int_pow(int64_t x, int64_t e) {
         char *o = data[0];                                                                         \
         const char *a = data[1], *b = data[2];                                                     \
         const int64_t es = (int64_t)sizeof(elem);                                                  \
+        outt *po = (outt *)o;                                                                      \
         if (s[0] == (int64_t)sizeof(outt) && s[1] == es && s[2] == es) {                           \
             const elem *pa = (const elem *)a, *pb = (const elem *)b;                               \
-            BINARY_LOOP_(DT, EXPR_, OUTC_, pa[i], pb[i])                                           \
+            BINARY_LOOP_(DT, EXPR_, OUTC_, po[i], pa[i], pb[i])                                    \
         } else if (s[0] == (int64_t)sizeof(outt) && s[1] == es && s[2] == 0) {                     \
             const elem *pa = (const elem *)a, vb = *(const elem *)b;                               \
-            BINARY_LOOP_(DT, EXPR_, OUTC_, pa[i], vb)                                              \
+            BINARY_LOOP_(DT, EXPR_, OUTC_, po[i], pa[i], vb)                                       \
         } else if (s[0] == (int64_t)sizeof(outt) && s[1] == 0 && s[2] == es) {                     \
             const elem va = *(const elem *)a, *pb = (const elem *)b;                               \
-            BINARY_LOOP_(DT, EXPR_, OUTC_, va, pb[i])                                              \
+            BINARY_LOOP_(DT, EXPR_, OUTC_, po[i], va, pb[i])                                       \
         } else {                                                                                   \
-            BINARY_LOOP_(DT, EXPR_, OUTC_, *(const elem *)(a + i * s[1]),                          \
+            BINARY_LOOP_(DT, EXPR_, OUTC_, *(outt *)(o + i * s[0]), *(const elem *)(a + i * s[1]), \
                          *(const elem *)(b + i * s[2]))                                            \
         }                                                                                          \
     }
-#define BINARY_LOOP_(DT, EXPR, OUTC, A, B)                                                         \
+/* The contiguous layouts index the output as an array (OUT is po[i]), which
+ * is what lets the compiler vectorize them. */
+#define BINARY_LOOP_(DT, EXPR, OUTC, OUT, A, B)                                                    \
     for (int64_t i = 0; i < n; i++) {                                                              \
         acc x = CT__IN_##DT(A), y = CT__IN_##DT(B);                                                \
-        *(outt *)(o + i * s[0]) = OUTC(EXPR(x, y));                                                \
+        OUT = OUTC(EXPR(x, y));                                                                    \
     }
 
 #define ARITH_FLOAT(NAME, FEXPR, DT) BINARY_KERNEL(NAME, FEXPR, DT, CT__T_##DT, CT__OUT_##DT)
