@@ -19,7 +19,11 @@ ct_tensor *ct_linear(ct_tensor *x, ct_tensor *weight, ct_tensor *bias) {
         return NULL;
     }
     ct_tensor *y = ct_matmul(x, ct_transpose(weight, 0, 1));
-    return bias ? ct_add(y, bias) : y;
+    /* The bias goes into the fresh product in place (its backward needs
+     * neither operand), saving a buffer, unless dtypes promote. */
+    if (!bias || !y)
+        return y;
+    return ct_tensor_dtype(bias) == y->dtype ? ct_add_(y, bias) : ct_add(y, bias);
 }
 
 ct_tensor *ct_embedding(ct_tensor *indices, ct_tensor *weight) {
@@ -143,13 +147,22 @@ ct_module *ct_embedding_new(int64_t num, int64_t dim) {
     return m;
 }
 
-typedef struct norm_state {
-    double eps;
-} norm_state;
+/* A module whose state is one number: LayerNorm's eps, Dropout's p. */
+static ct_module *with_number(const char *op, const char *type, ct_forward_fn forward, double v) {
+    double *s = malloc(sizeof *s);
+    ct_module *m = s ? ct_module_new(type, forward, s, free) : NULL;
+    if (!m) {
+        ct__seterr(CT_ENOMEM, "%s: out of memory", op);
+        return NULL;
+    }
+    *s = v;
+    return m;
+}
+
+static double number_of(const ct_module *m) { return *(const double *)ct_module_state(m); }
 
 static ct_tensor *layer_norm_forward(ct_module *m, ct_tensor *x) {
-    const norm_state *s = ct_module_state(m);
-    return ct_layer_norm(x, ct_module_param(m, "weight"), ct_module_param(m, "bias"), s->eps);
+    return ct_layer_norm(x, ct_module_param(m, "weight"), ct_module_param(m, "bias"), number_of(m));
 }
 
 ct_module *ct_layer_norm_new(int64_t dim, double eps) {
@@ -158,14 +171,8 @@ ct_module *ct_layer_norm_new(int64_t dim, double eps) {
                    (long long)dim, eps);
         return NULL;
     }
-    norm_state *s = malloc(sizeof *s);
-    ct_module *m = s ? ct_module_new("LayerNorm", layer_norm_forward, s, free) : NULL;
-    if (!m) {
-        ct__seterr(CT_ENOMEM, "layer_norm_new: out of memory");
-        return NULL;
-    }
-    s->eps = eps;
-    if (ct_module_add_param(m, "weight", new_param(1, &dim, 1, 1)) ||
+    ct_module *m = with_number("layer_norm_new", "LayerNorm", layer_norm_forward, eps);
+    if (!m || ct_module_add_param(m, "weight", new_param(1, &dim, 1, 1)) ||
         ct_module_add_param(m, "bias", new_param(1, &dim, 0, 0))) {
         ct_module_free(m);
         return NULL;
@@ -173,13 +180,8 @@ ct_module *ct_layer_norm_new(int64_t dim, double eps) {
     return m;
 }
 
-typedef struct dropout_state {
-    double p;
-} dropout_state;
-
 static ct_tensor *dropout_forward(ct_module *m, ct_tensor *x) {
-    const dropout_state *s = ct_module_state(m);
-    return ct_dropout(x, s->p, ct_module_training(m), NULL);
+    return ct_dropout(x, number_of(m), ct_module_training(m), NULL);
 }
 
 ct_module *ct_dropout_new(double p) {
@@ -187,14 +189,7 @@ ct_module *ct_dropout_new(double p) {
         ct__seterr(CT_EINVAL, "dropout_new: p must be in [0, 1], got %g", p);
         return NULL;
     }
-    dropout_state *s = malloc(sizeof *s);
-    ct_module *m = s ? ct_module_new("Dropout", dropout_forward, s, free) : NULL;
-    if (!m) {
-        ct__seterr(CT_ENOMEM, "dropout_new: out of memory");
-        return NULL;
-    }
-    s->p = p;
-    return m;
+    return with_number("dropout_new", "Dropout", dropout_forward, p);
 }
 
 #define ACTIVATION(fn, Type, expr)                                                                 \
