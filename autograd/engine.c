@@ -9,7 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-/* Nested backwards past this depth continue on a fresh thread, so that a
+/* Nested backwards past this depth continue on a worker thread, so that a
  * chain of reentrant backwards cannot overflow one thread's stack. */
 #define MAX_REENTRANT_DEPTH 16
 #define WORKER_STACK_BYTES  (8u << 20)
@@ -525,41 +525,109 @@ static void task_free(task *t) {
     free(t->callbacks);
 }
 
-/* A backward nested too deep continues here, on a thread with a fresh
- * stack, while the caller waits. */
-typedef struct overflow {
-    const ct__run *run;
+/* A backward nested too deep continues on a worker thread with a fresh
+ * stack while the caller waits. Workers are kept for the next overflow:
+ * each waits for one job at a time, and nesting that overflows again takes
+ * another worker, so the pool grows to the deepest chain seen. */
+typedef struct worker {
+    struct worker *next; /* idle list */
+    pthread_cond_t wake, done;
+    const ct__run *run; /* the job; NULL while idle */
+    bool finished;
     int rc;
     char msg[1024];
-} overflow;
+} worker;
 
-static void *overflow_main(void *arg) {
-    overflow *o = arg;
-    o->rc = ct__engine_run(o->run);
-    if (o->rc)
-        snprintf(o->msg, sizeof o->msg, "%s", ct_errmsg());
+static struct {
+    pthread_mutex_t lock;
+    worker *idle;
+} workers = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static void *worker_main(void *arg) {
+    worker *w = arg;
+    pthread_mutex_lock(&workers.lock);
+    for (;;) {
+        while (!w->run)
+            pthread_cond_wait(&w->wake, &workers.lock);
+        const ct__run *run = w->run;
+        pthread_mutex_unlock(&workers.lock);
+        int rc = ct__engine_run(run);
+        pthread_mutex_lock(&workers.lock);
+        w->rc = rc;
+        if (rc)
+            snprintf(w->msg, sizeof w->msg, "%s", ct_errmsg());
+        w->run = NULL;
+        w->finished = true;
+        pthread_cond_signal(&w->done);
+    }
     return NULL;
 }
 
-int ct__engine_run(const ct__run *run) {
-    if (depth >= MAX_REENTRANT_DEPTH) {
-        overflow o = {.run = run};
-        pthread_attr_t attr;
-        pthread_t th;
-        pthread_attr_init(&attr);
-        pthread_attr_setstacksize(&attr, WORKER_STACK_BYTES);
-        int err = pthread_create(&th, &attr, overflow_main, &o);
-        pthread_attr_destroy(&attr);
-        if (err)
-            return ct__seterr(CT_ENOMEM,
-                              "backward: nested %d deep, could not start a thread to continue "
-                              "(%s)",
-                              depth, strerror(err));
-        pthread_join(th, NULL);
-        if (o.rc)
-            ct__seterr(o.rc, "%s", o.msg);
-        return o.rc;
+/* An idle worker, started if there is none. Called with the lock held. */
+static worker *take_worker(void) {
+    worker *w = workers.idle;
+    if (w) {
+        workers.idle = w->next;
+        return w;
     }
+    w = calloc(1, sizeof *w);
+    if (!w)
+        return NULL;
+    pthread_cond_init(&w->wake, NULL);
+    pthread_cond_init(&w->done, NULL);
+    pthread_attr_t attr;
+    pthread_t th;
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, WORKER_STACK_BYTES);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    int err = pthread_create(&th, &attr, worker_main, w);
+    pthread_attr_destroy(&attr);
+    if (err) {
+        pthread_cond_destroy(&w->wake);
+        pthread_cond_destroy(&w->done);
+        free(w);
+        return NULL;
+    }
+    return w;
+}
+
+static int run_on_worker(const ct__run *run) {
+    pthread_mutex_lock(&workers.lock);
+    worker *w = take_worker();
+    if (!w) {
+        pthread_mutex_unlock(&workers.lock);
+        return ct__seterr(CT_ENOMEM,
+                          "backward: nested %d deep, could not start a thread to continue", depth);
+    }
+    w->run = run;
+    w->finished = false;
+    pthread_cond_signal(&w->wake);
+    while (!w->finished)
+        pthread_cond_wait(&w->done, &workers.lock);
+    int rc = w->rc;
+    if (rc)
+        ct__seterr(rc, "%s", w->msg);
+    w->next = workers.idle;
+    workers.idle = w;
+    pthread_mutex_unlock(&workers.lock);
+    return rc;
+}
+
+/* A forked child has none of the parent's workers. */
+static void workers_atfork_prepare(void) { pthread_mutex_lock(&workers.lock); }
+static void workers_atfork_parent(void) { pthread_mutex_unlock(&workers.lock); }
+static void workers_atfork_child(void) {
+    pthread_mutex_init(&workers.lock, NULL);
+    workers.idle = NULL;
+}
+
+__attribute__((constructor)) static void workers_register_atfork(void) {
+    pthread_atfork(workers_atfork_prepare, workers_atfork_parent, workers_atfork_child);
+}
+
+int ct__engine_run(const ct__run *run) {
+    if (depth >= MAX_REENTRANT_DEPTH)
+        return run_on_worker(run);
     task t = {.run = run, .accumulate = run->ncaptures == 0};
     depth++;
     int rc = run_task(&t);

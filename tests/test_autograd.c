@@ -428,6 +428,12 @@ TEST(reentrant_backward_nests_past_the_depth_limit_on_other_threads) {
     ASSERT_NEAR(at(ct_tensor_grad(x), 0), 3, 0);
     ASSERT_NEAR(at(ct_tensor_grad(x), 1), -4, 0);
     ASSERT_TRUE(ctx.nthreads >= 3); /* 50 levels at 16 per thread */
+    /* A second backward runs on the same worker threads. */
+    int first = ctx.nthreads;
+    ct_tensor *y2 = ct_sum(nested_square(x, &ctx), NULL, 0, false);
+    ASSERT_EQ(ct_tensor_backward(y2), 0);
+    ASSERT_NEAR(at(ct_tensor_grad(x), 0), 6, 0);
+    ASSERT_EQ(ctx.nthreads, first);
 }
 
 static int failing_backward(const ct_backward_args *a) {
