@@ -559,6 +559,15 @@ static int check_inplace(ct_op opcode, ct_tensor *self, ct_tensor *const *others
                           "the result with ct_cat/ct_stack",
                           op, ct__desc(desc, self));
     }
+    /* The tensors sharing self's memory (its base, other views) would not
+     * learn that their values now depend on something that requires grad. */
+    if (!ct__needs_grad(self) && atomic_load(&self->storage->refcount) > 1)
+        return ct__seterr(CT_ENOTSUP,
+                          "%s: writing a result that requires grad in place into %s, which shares "
+                          "its memory with other tensors (it is a view, or is viewed), would "
+                          "leave them without a gradient; write into a fresh tensor, or assemble "
+                          "the pieces with ct_cat/ct_stack",
+                          op, ct__desc(desc, self));
     if (!d)
         return ct__seterr(CT_ENOTSUP,
                           "%s: op has no derivative and cannot be applied in place to %s, which "

@@ -20,10 +20,14 @@ ct_tensor *ct_linear(ct_tensor *x, ct_tensor *weight, ct_tensor *bias) {
     }
     ct_tensor *y = ct_matmul(x, ct_transpose(weight, 0, 1));
     /* The bias goes into the fresh product in place (its backward needs
-     * neither operand), saving a buffer, unless dtypes promote. */
+     * neither operand), saving a buffer, unless dtypes promote or only the
+     * bias requires grad (the product may be a view, which autograd does
+     * not let a gradient-carrying write into). */
     if (!bias || !y)
         return y;
-    return ct_tensor_dtype(bias) == y->dtype ? ct_add_(y, bias) : ct_add(y, bias);
+    bool in_place =
+        ct_tensor_dtype(bias) == y->dtype && (ct_requires_grad(y) || !ct_requires_grad(bias));
+    return in_place ? ct_add_(y, bias) : ct_add(y, bias);
 }
 
 ct_tensor *ct_embedding(ct_tensor *indices, ct_tensor *weight) {

@@ -117,6 +117,12 @@ TEST(in_place_rules) {
     ASSERT_FAILS(ct_exp_(ct_slice(h, 0, 0, 1, 1)), CT_ENOTSUP, "view of a tensor that requires");
     ASSERT_FAILS(ct_sin_(h), CT_ENOTSUP, "needs the value", "before the in-place op");
     ASSERT_FAILS(ct_bernoulli_(h, 0.5, NULL), CT_ENOTSUP, "no derivative");
+    /* Copying a result that requires grad into a slice of a plain buffer
+     * would leave the buffer without history: refused, buffer untouched. */
+    ct_tensor *buf = ct_zeros(CT_SHAPE(4), CT_FLOAT64);
+    ASSERT_FAILS(ct_copy_(ct_narrow(buf, 0, 1, 2), h), CT_ENOTSUP, "shares its memory", "ct_cat");
+    ASSERT_NEAR(ct_item(ct_sum(buf, NULL, 0, false)), 0, 0);
+    ASSERT_TRUE(ct_copy_(ct_zeros(CT_SHAPE(2), CT_FLOAT64), h)); /* a fresh tensor is fine */
     /* With grad mode off, in-place updates of leaves are how optimizers
      * work. */
     bool prev = ct_set_grad_enabled(false);

@@ -78,6 +78,13 @@ TEST(linear_computes_x_wt_plus_b_and_is_initialised_like_pytorch) {
     ct_tensor *x = ct_randn(CT_SHAPE(2, 5, 100), CT_FLOAT32, NULL);
     ct_tensor *want = ct_add(ct_matmul(x, ct_transpose(w, 0, 1)), b);
     ASSERT_CLOSE(ct_module_forward(fc, x), want, 1e-6, 1e-6);
+    /* A 1-D input with a frozen weight: only the bias gets a gradient. */
+    ct_requires_grad_(w, false);
+    ct_tensor *v = ct_select(ct_select(x, 0, 0), 0, 0);
+    ct_tensor *y = ct_module_forward(fc, v);
+    ASSERT_EQ(ct_ndim(y), 1);
+    ASSERT_EQ(ct_tensor_backward(ct_sum(y, NULL, 0, false)), 0);
+    ASSERT_NEAR(ct_item(ct_sum(ct_tensor_grad(b), NULL, 0, false)), 30, 0);
     ct_module_free(fc);
 }
 
