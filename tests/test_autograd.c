@@ -491,3 +491,43 @@ TEST(gradcheck_reports_the_worst_element) {
     ASSERT_FAILS(ct_gradcheck(wrong_square, NULL, &e, 1, NULL) ? NULL : NULL, CT_EINVAL,
                  "expanded");
 }
+
+TEST(roots_that_depend_on_each_other_and_leaf_roots) {
+    ct_tensor *x = leaf(2, (double[]){1, 2});
+    ct_tensor *y = ct_mul_scalar(x, 3);
+    ct_tensor *z = ct_sum(ct_mul(y, y), NULL, 0, false);
+    ct_tensor *ones = ct_ones(CT_SHAPE(2), CT_FLOAT64);
+    /* d(z + sum(y))/dx = 3 (2y + 1), with y also reached through z. */
+    ASSERT_EQ(ct_backward((ct_tensor *[]){z, y}, 2, (ct_tensor *[]){NULL, ones}, false), 0);
+    ASSERT_NEAR(at(ct_tensor_grad(x), 1), 3 * (2 * 6 + 1), 1e-12);
+    /* A leaf as the output: its gradient is the one given. */
+    ct_tensor *w = leaf(2, (double[]){5, 6});
+    ct_tensor *g = vec(2, (double[]){0.5, -1});
+    ASSERT_EQ(ct_backward(&w, 1, &g, false), 0);
+    ASSERT_CLOSE(ct_tensor_grad(w), g, 0, 0);
+}
+
+TEST(half_precision_leaves_get_half_precision_gradients) {
+    ct_tensor *x = ct_requires_grad_(ct_full(CT_SHAPE(3), 2, CT_FLOAT16), true);
+    ct_tensor *y = ct_sum(ct_mul(ct_to_dtype(x, CT_FLOAT32), ct_full(CT_SHAPE(3), 1.5, CT_FLOAT32)),
+                          NULL, 0, false);
+    ASSERT_EQ(ct_tensor_backward(y), 0);
+    ASSERT_EQ(ct_tensor_dtype(ct_tensor_grad(x)), CT_FLOAT16);
+    ASSERT_NEAR(at(ct_tensor_grad(x), 2), 1.5, 0);
+}
+
+TEST(second_order_gradients_through_backward) {
+    ct_tensor *x = leaf(2, (double[]){1, 2});
+    ct_tensor *y = ct_sum(ct_pow_scalar(x, 3), NULL, 0, false);
+    ct_tensor *g = NULL;
+    ct_grad_options cg = {.create_graph = true};
+    ASSERT_EQ(ct_grad(&y, 1, NULL, &x, 1, &g, &cg), 0); /* 3 x^2, with history */
+    ASSERT_TRUE(ct_requires_grad(g));
+    ASSERT_EQ(ct_tensor_backward(ct_sum(g, NULL, 0, false)), 0); /* d/dx sum(3 x^2) = 6 x */
+    ASSERT_NEAR(at(ct_tensor_grad(x), 1), 12, 1e-12);
+    /* ct_grad of an intermediate that is also an output. */
+    ct_tensor *h = ct_exp(x), *dh = NULL;
+    ASSERT_EQ(ct_grad(&h, 1, (ct_tensor *[]){ct_ones(CT_SHAPE(2), CT_FLOAT64)}, &h, 1, &dh, NULL),
+              0);
+    ASSERT_NEAR(at(dh, 0), 1, 0);
+}
