@@ -53,7 +53,17 @@ typedef enum ct__node_kind {
     CT__NODE_OP,         /* a recorded tensor op */
     CT__NODE_ACCUMULATE, /* AccumulateGrad of a leaf */
     CT__NODE_CUSTOM,     /* ct_function_record */
+    CT__NODE_VIEW,       /* CopySlices or AsStrided: views and their base (views.c) */
 } ct__node_kind;
+
+/* Where a view lies in its base, in elements: the base is contiguous, so the
+ * same geometry places the view in a contiguous gradient of the base. */
+typedef struct ct__geometry {
+    int ndim;
+    int64_t sizes[CT_MAX_DIMS];
+    int64_t strides[CT_MAX_DIMS];
+    int64_t offset;
+} ct__geometry;
 
 struct ct_node {
     atomic_long refcount;
@@ -74,6 +84,8 @@ struct ct_node {
     ct__saved *saved;    /* [nsaved] */
     ct__hook *hooks;     /* gradient hooks on outputs of non-leaf tensors */
     ct_tensor *leaf;     /* AccumulateGrad: the leaf, strong */
+    ct_node *inner;      /* CopySlices: the in-place op's own node, strong */
+    ct__geometry *geom;  /* view nodes: owned */
     char *label;
 };
 
@@ -88,15 +100,22 @@ typedef struct ct__meta {
     ct_tensor *grad; /* strong */
     ct_node *acc;    /* weak: cleared by the AccumulateGrad node when it dies */
     ct__hook *hooks; /* grad and post-accumulate hooks */
-    /* Views of tensors that require grad: the view's base, strong. */
+    /* Views made in grad mode: the root tensor whose memory they view,
+     * strong, and the base's version when the view's history last matched
+     * the base's (an in-place write to the base or another view makes it
+     * stale, and it is regenerated from the base). */
     ct_tensor *base;
+    uint64_t base_version;
 } ct__meta;
 
 static inline ct__meta *ct__meta_of(const ct_tensor *t) { return t ? (ct__meta *)t->meta : NULL; }
 
+/* A view of a base that has history needs grad even before its own history
+ * is regenerated (ct__refresh_view). */
 static inline bool ct__needs_grad(const ct_tensor *t) {
     const ct__meta *m = ct__meta_of(t);
-    return m && (m->grad_fn || m->requires_grad);
+    const ct__meta *b = m ? ct__meta_of(m->base) : NULL;
+    return m && (m->grad_fn || m->requires_grad || (b && b->grad_fn));
 }
 
 /* Grad mode and anomaly state of this thread. */
@@ -130,6 +149,25 @@ const char *ct__shape_rec_str(char *buf, const ct__shape *s);
 /* Unpacks saved slot i, checking its version. NULL (slot empty) is
  * returned as NULL with *err 0; a stale or freed one sets *err. */
 ct_tensor *ct__saved_unpack(ct_node *n, int i, int *err);
+
+/* Unpacks n's saved tensors and runs its backward on grad_outputs in,
+ * writing grad_inputs to out for the inputs that needs marks. */
+int ct__node_apply(ct_node *n, ct_tensor **in, ct_tensor **out, const bool *needs);
+/* Checks the gradient n produced for its input i (shape, dtype, NaN in
+ * anomaly mode), reducing broadcast dims. NULL with a message if wrong. */
+ct_tensor *ct__validate_grad(ct_node *n, int i, ct_tensor *g);
+
+/* Views (views.c). A view op's output remembers its root base. */
+int ct__track_view(ct_tensor *in, ct_tensor *out);
+/* Gives a view whose base was written in place since its history was made
+ * the history of its place in the base. */
+int ct__refresh_view(ct_tensor *view);
+/* Whether an in-place op into the view self can be recorded as a write into
+ * its base (CopySlices); 0 or an error naming op. */
+int ct__check_view_write(const char *op, ct_tensor *self);
+/* Records the in-place op n on the view self as a write into its base:
+ * the base's history becomes CopySlices(n), the view's a slice of it. */
+int ct__record_view_write(ct_node *n, ct_tensor *self);
 
 /* Derivatives of built-in ops. */
 typedef struct ct__deriv {

@@ -15,10 +15,13 @@
 #define WORKER_STACK_BYTES  (8u << 20)
 
 typedef struct slot {
-    ct_node *node; /* strong for the task's life */
-    int deps;      /* gradients still to come from nodes that will run */
-    int buf;       /* index of the node's first input buffer */
-    int capture;   /* first capture on this node, -1 if none */
+    ct_node *node;   /* strong for the task's life */
+    uint64_t seq;    /* the node's, kept here for the ready queue */
+    int nnext, nout; /* the node's, kept here for the passes over slots */
+    int deps;        /* gradients still to come from nodes that will run */
+    int buf;         /* index of the node's first input buffer */
+    int edge0;       /* index in task.edges of the slots its edges lead to */
+    int capture;     /* first capture on this node, -1 if none */
     bool discovered;
     bool exec;   /* its backward runs */
     bool needed; /* exec, or captured */
@@ -36,6 +39,10 @@ typedef struct task {
     int nslots, slots_cap;
     int *table; /* open addressing: slot index + 1, 0 = empty */
     size_t table_mask;
+    /* The slot each edge of a discovered node leads to (-1: none), so that
+     * only discovery hashes node addresses. */
+    int *edges;
+    int nedges, edges_cap;
     ct_tensor **bufs;
     int *heap;
     int nheap;
@@ -96,7 +103,11 @@ static int slot_of(task *t, ct_node *n) {
         t->slots_cap = cap;
     }
     i = t->nslots++;
-    t->slots[i] = (slot){.node = ct__node_retain(n), .capture = -1};
+    t->slots[i] = (slot){.node = ct__node_retain(n),
+                         .seq = n->seq,
+                         .nnext = n->nnext,
+                         .nout = n->nout,
+                         .capture = -1};
     size_t h = hash_ptr(n) & t->table_mask;
     while (t->table[h])
         h = (h + 1) & t->table_mask;
@@ -104,38 +115,63 @@ static int slot_of(task *t, ct_node *n) {
     return i;
 }
 
+typedef struct frame {
+    int slot;
+    int child;
+} frame;
+
+typedef struct walk {
+    frame *stack;
+    int n, cap;
+} walk;
+
+/* Marks slot si discovered, makes room for the slots its edges lead to, and
+ * pushes it on the walk. */
+static int visit(task *t, walk *w, int si) {
+    int nnext = t->slots[si].nnext;
+    if (t->nedges + nnext > t->edges_cap) {
+        int cap = t->edges_cap ? t->edges_cap * 2 : 256;
+        while (cap < t->nedges + nnext)
+            cap *= 2;
+        int *grown = realloc(t->edges, (size_t)cap * sizeof *grown);
+        if (!grown)
+            return ct__seterr(CT_ENOMEM, "backward: out of memory walking the graph");
+        t->edges = grown;
+        t->edges_cap = cap;
+    }
+    if (w->n == w->cap) {
+        int cap = w->cap ? w->cap * 2 : 256;
+        frame *grown = realloc(w->stack, (size_t)cap * sizeof *grown);
+        if (!grown)
+            return ct__seterr(CT_ENOMEM, "backward: out of memory walking the graph");
+        w->stack = grown;
+        w->cap = cap;
+    }
+    slot *s = &t->slots[si];
+    s->discovered = true;
+    s->edge0 = t->nedges;
+    for (int i = 0; i < nnext; i++)
+        t->edges[t->nedges++] = -1;
+    w->stack[w->n++] = (frame){si, 0};
+    return 0;
+}
+
 /* Depth-first from the roots with an explicit stack; in post order a node's
  * children are complete, so whether it must run is known when it is
  * popped. */
 static int discover(task *t) {
-    typedef struct frame {
-        int slot;
-        int child;
-    } frame;
-    frame *stack = NULL;
-    int n = 0, cap = 0, rc = 0;
+    walk w = {0};
+    int rc = 0;
     for (int r = 0; r < t->run->nroots && !rc; r++) {
         int root = slot_of(t, t->run->roots[r].node);
-        if (root < 0)
-            rc = root;
-        else if (!t->slots[root].discovered) {
-            t->slots[root].discovered = true;
-            if (n == cap) {
-                cap = cap ? cap * 2 : 256;
-                frame *grown = realloc(stack, (size_t)cap * sizeof *grown);
-                if (!grown) {
-                    rc = ct__seterr(CT_ENOMEM, "backward: out of memory walking the graph");
-                    break;
-                }
-                stack = grown;
-            }
-            stack[n++] = (frame){root, 0};
-        }
-        while (n > 0 && !rc) {
-            frame *f = &stack[n - 1];
-            ct_node *node = t->slots[f->slot].node;
+        rc = root < 0 ? root : t->slots[root].discovered ? 0 : visit(t, &w, root);
+        while (w.n > 0 && !rc) {
+            frame *f = &w.stack[w.n - 1];
+            slot *s = &t->slots[f->slot];
+            ct_node *node = s->node;
             if (f->child < node->nnext) {
-                ct_node *c = node->next[f->child++].node;
+                int e = f->child++;
+                ct_node *c = node->next[e].node;
                 if (!c)
                     continue;
                 int ci = slot_of(t, c);
@@ -143,42 +179,30 @@ static int discover(task *t) {
                     rc = ci;
                     break;
                 }
-                if (t->slots[ci].discovered)
-                    continue;
-                t->slots[ci].discovered = true;
-                if (n == cap) {
-                    cap *= 2;
-                    frame *grown = realloc(stack, (size_t)cap * sizeof *grown);
-                    if (!grown) {
-                        rc = ct__seterr(CT_ENOMEM, "backward: out of memory walking the graph");
-                        break;
-                    }
-                    stack = grown;
-                }
-                stack[n++] = (frame){ci, 0};
+                t->edges[t->slots[f->slot].edge0 + e] = ci;
+                if (!t->slots[ci].discovered)
+                    rc = visit(t, &w, ci);
                 continue;
             }
-            slot *s = &t->slots[f->slot];
             if (t->accumulate) {
                 s->exec = true;
             } else {
-                for (int i = 0; i < node->nnext && !s->exec; i++)
-                    if (node->next[i].node)
-                        s->exec = t->slots[lookup(t, node->next[i].node)].needed;
+                for (int i = 0; i < node->nnext && !s->exec; i++) {
+                    int ci = t->edges[s->edge0 + i];
+                    s->exec = ci >= 0 && t->slots[ci].needed;
+                }
             }
             s->needed = s->exec || s->capture >= 0;
-            n--;
+            w.n--;
         }
     }
-    free(stack);
+    free(w.stack);
     return rc;
 }
 
 /* --------------------------------------------------------- ready queue */
 
-static bool before(const task *t, int a, int b) {
-    return t->slots[a].node->seq > t->slots[b].node->seq;
-}
+static bool before(const task *t, int a, int b) { return t->slots[a].seq > t->slots[b].seq; }
 
 static void heap_push(task *t, int s) {
     int i = t->nheap++;
@@ -257,9 +281,7 @@ static bool has_nan(ct_tensor *g) {
     return n && ct_item_int64(n) > 0;
 }
 
-/* Checks a gradient a node produced for its input i against that input's
- * shape and dtype, reducing broadcast dims. */
-static ct_tensor *validate(ct_node *n, int i, ct_tensor *g) {
+ct_tensor *ct__validate_grad(ct_node *n, int i, ct_tensor *g) {
     const ct__shape *s = &n->in_meta[i];
     char desc[256], gs[CT__SHAPE_STR], ws[CT__SHAPE_STR];
     if (!ct__shape_equal(s, g) || g->dtype != s->dtype) {
@@ -341,16 +363,13 @@ static int accumulate_leaf(ct_node *n, ct_tensor *in, bool create_graph) {
     return rc;
 }
 
-/* Unpacks the node's saved tensors and calls its backward. */
-static int call_backward(ct_node *n, ct_tensor **in, ct_tensor **out, bool *needs) {
+int ct__node_apply(ct_node *n, ct_tensor **in, ct_tensor **out, const bool *needs) {
     ct_tensor *saved[n->nsaved > 0 ? n->nsaved : 1];
     int rc = 0;
     for (int i = 0; i < n->nsaved && !rc; i++)
         saved[i] = ct__saved_unpack(n, i, &rc);
     if (rc)
         return rc;
-    for (int i = 0; i < n->nnext; i++)
-        needs[i] = n->next[i].node != NULL;
     ct_backward_args a = {
         .ctx = n->ctx,
         .saved = saved,
@@ -404,17 +423,19 @@ static int execute(task *t, int si) {
             ct_tensor *out[n->nnext > 0 ? n->nnext : 1];
             bool needs[n->nnext > 0 ? n->nnext : 1];
             memset(out, 0, sizeof out);
-            rc = call_backward(n, in, out, needs);
+            for (int i = 0; i < n->nnext; i++)
+                needs[i] = n->next[i].node != NULL;
+            rc = ct__node_apply(n, in, out, needs);
             for (int i = 0; i < n->nnext && !rc; i++) {
                 const ct__edge *e = &n->next[i];
                 if (!e->node || !out[i])
                     continue;
-                ct_tensor *g = validate(n, i, out[i]);
+                ct_tensor *g = ct__validate_grad(n, i, out[i]);
                 if (!g) {
                     rc = ct_errcode();
                     break;
                 }
-                slot *cs = &t->slots[lookup(t, e->node)];
+                slot *cs = &t->slots[t->edges[s->edge0 + i]];
                 if (cs->needed)
                     rc = accumulate_into(&t->bufs[cs->buf + e->input_nr], g, run->create_graph);
             }
@@ -432,7 +453,7 @@ static int execute(task *t, int si) {
     for (int i = 0; i < n->nnext && s->exec; i++) {
         if (!n->next[i].node)
             continue;
-        int ci = lookup(t, n->next[i].node);
+        int ci = t->edges[s->edge0 + i];
         if (t->slots[ci].needed && --t->slots[ci].deps == 0)
             heap_push(t, ci);
     }
@@ -462,14 +483,14 @@ static int prepare(task *t) {
     for (int i = 0; i < t->nslots; i++) {
         slot *s = &t->slots[i];
         s->buf = nbufs;
-        nbufs += s->node->nout;
+        nbufs += s->nout;
         if (!s->exec)
             continue;
-        for (int e = 0; e < s->node->nnext; e++)
-            if (s->node->next[e].node) {
-                slot *c = &t->slots[lookup(t, s->node->next[e].node)];
-                c->deps += c->needed;
-            }
+        for (int e = 0; e < s->nnext; e++) {
+            int ci = t->edges[s->edge0 + e];
+            if (ci >= 0)
+                t->slots[ci].deps += t->slots[ci].needed;
+        }
     }
     t->bufs = calloc((size_t)nbufs + 1, sizeof *t->bufs);
     t->heap = malloc(((size_t)t->nslots + 1) * sizeof *t->heap);
@@ -512,7 +533,7 @@ static int run_task(task *t) {
 static void task_free(task *t) {
     int nbufs = 0;
     for (int i = 0; i < t->nslots; i++)
-        nbufs += t->slots[i].node->nout;
+        nbufs += t->slots[i].nout;
     for (int i = 0; t->bufs && i < nbufs; i++)
         ct_tensor_free(t->bufs[i]);
     for (int i = 0; i < t->nslots; i++)
@@ -522,6 +543,7 @@ static void task_free(task *t) {
     free(t->bufs);
     free(t->heap);
     free(t->capture_next);
+    free(t->edges);
     free(t->callbacks);
 }
 

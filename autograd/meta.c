@@ -106,6 +106,8 @@ static void free_hooks(ct__hook *h) {
 }
 
 void ct__node_release_saved(ct_node *n) {
+    if (n->inner)
+        ct__node_release_saved(n->inner);
     for (int i = 0; i < n->nsaved; i++) {
         ct_tensor_free(n->saved[i].t);
         n->saved[i].t = NULL;
@@ -125,6 +127,8 @@ static void node_destroy(ct_node *n) {
         ct_tensor_free(n->saved[i].t);
     for (int i = 0; i < n->nnext; i++)
         ct__node_release(n->next[i].node);
+    ct__node_release(n->inner);
+    free(n->geom);
     if (n->def && n->def->free_ctx)
         n->def->free_ctx(n->ctx);
     free_hooks(n->hooks);
@@ -269,6 +273,9 @@ int ct__gradient_edge(ct_tensor *t, ct__edge *edge) {
     ct__meta *m = ct__meta_of(t);
     if (!m)
         return 0;
+    int rc = m->base ? ct__refresh_view(t) : 0;
+    if (rc)
+        return rc;
     if (m->grad_fn) {
         *edge = (ct__edge){ct__node_retain(m->grad_fn), m->output_nr};
         return 0;
@@ -279,10 +286,10 @@ int ct__gradient_edge(ct_tensor *t, ct__edge *edge) {
     ct_node *acc = m->acc;
     /* The weak pointer may name a node whose last reference is being
      * dropped on another thread: take a reference only while it is live. */
-    long rc = acc ? atomic_load(&acc->refcount) : 0;
-    while (rc > 0 && !atomic_compare_exchange_weak(&acc->refcount, &rc, rc + 1))
+    long refs = acc ? atomic_load(&acc->refcount) : 0;
+    while (refs > 0 && !atomic_compare_exchange_weak(&acc->refcount, &refs, refs + 1))
         ;
-    if (rc <= 0) {
+    if (refs <= 0) {
         acc = ct__node_new(CT__NODE_ACCUMULATE, 0, 1, 0);
         if (acc) {
             acc->fn = &accumulate_fn;
@@ -382,7 +389,9 @@ ct_tensor *ct_detach(ct_tensor *t) {
 }
 
 ct_node *ct_tensor_grad_fn(const ct_tensor *t) {
-    const ct__meta *m = ct__meta_of(t);
+    ct__meta *m = ct__meta_of(t);
+    if (m && m->base && ct__refresh_view((ct_tensor *)t))
+        return NULL;
     return m ? m->grad_fn : NULL;
 }
 
@@ -546,28 +555,22 @@ static int check_inplace(ct_op opcode, ct_tensor *self, ct_tensor *const *others
                           "%s: a leaf tensor that requires grad (%s) is being used in an in-place "
                           "op; do it with grad mode off (ct_set_grad_enabled(false)) or on a clone",
                           op, ct__desc(desc, self));
-    if (m && m->base && ct__needs_grad(m->base)) {
-        ct__meta *bm = ct__meta_of(m->base);
-        if (bm->requires_grad && !bm->grad_fn)
-            return ct__seterr(CT_EINVAL,
-                              "%s: %s is a view of a leaf tensor that requires grad and is being "
-                              "used in an in-place op; do it with grad mode off or on a clone",
-                              op, ct__desc(desc, self));
-        return ct__seterr(CT_ENOTSUP,
-                          "%s: in-place op on %s, a view of a tensor that requires grad, is not "
-                          "supported by ct's autograd; apply the op out of place and assemble "
-                          "the result with ct_cat/ct_stack",
-                          op, ct__desc(desc, self));
-    }
-    /* The tensors sharing self's memory (its base, other views) would not
-     * learn that their values now depend on something that requires grad. */
-    if (!ct__needs_grad(self) && atomic_load(&self->storage->refcount) > 1)
+    if (m && m->base) {
+        int rc = ct__check_view_write(op, self);
+        if (rc)
+            return rc;
+    } else if (!ct__needs_grad(self) && atomic_load(&self->storage->refcount) > 1) {
+        /* Memory shared with tensors that are not its views (its own views
+         * are tracked, and regenerate their history from it): they would
+         * not learn that their values now depend on something that
+         * requires grad. */
         return ct__seterr(CT_ENOTSUP,
                           "%s: writing a result that requires grad in place into %s, which shares "
-                          "its memory with other tensors (it is a view, or is viewed), would "
-                          "leave them without a gradient; write into a fresh tensor, or assemble "
-                          "the pieces with ct_cat/ct_stack",
+                          "its memory with tensors that are not views of it, would leave them "
+                          "without a gradient; write into a fresh tensor, or assemble the pieces "
+                          "with ct_cat/ct_stack",
                           op, ct__desc(desc, self));
+    }
     if (!d)
         return ct__seterr(CT_ENOTSUP,
                           "%s: op has no derivative and cannot be applied in place to %s, which "
@@ -585,6 +588,16 @@ static int check_inplace(ct_op opcode, ct_tensor *self, ct_tensor *const *others
 static int record(const ct_op_record *r) {
     if (grad_disabled)
         return 0;
+    int rc = 0;
+    for (int i = 0; i < r->ninputs && !rc; i++) {
+        ct__meta *im = ct__meta_of(r->inputs[i]);
+        if (im && im->base)
+            rc = ct__refresh_view(r->inputs[i]);
+    }
+    if (!rc && is_view_op(r->op) && !r->inplace && ct_dtype_is_float(r->outputs[0]->dtype))
+        rc = ct__track_view(r->inputs[0], r->outputs[0]);
+    if (rc)
+        return rc;
     bool any = false;
     for (int i = 0; i < r->ninputs && !any; i++)
         any = ct__needs_grad(r->inputs[i]);
@@ -601,27 +614,27 @@ static int record(const ct_op_record *r) {
     n->op = r->op;
     n->inplace = r->inplace;
     n->args = *r->args;
-    int rc = 0;
+    /* x * s and x / s need only s, which the node's arguments hold. */
+    bool scalar_form = r->args->scalar_operand && (r->op == CT_OP_MUL || r->op == CT_OP_DIV);
     for (int i = 0; i < r->ninputs && !rc; i++) {
         ct_tensor *in = r->inputs[i];
         rc = ct__gradient_edge(in, &n->next[i]);
         ct__shape_of(&n->in_meta[i], in);
-        bool save = d->save_inputs >> i & 1u;
+        bool save = (d->save_inputs >> i & 1u) && !scalar_form;
         if (!rc && save && !(r->inplace && i == 0))
             rc = ct__node_save(n, i, in, -1);
     }
     for (int i = 0; i < r->noutputs; i++)
         ct__shape_of(&n->out_meta[i], r->outputs[i]);
-    if (!rc && d->save_output)
+    if (!rc && d->save_output && !scalar_form)
         rc = ct__node_save(n, r->ninputs, r->outputs[d->saved_output], d->saved_output);
-    for (int i = 0; i < r->noutputs && !rc; i++)
-        if (ct_dtype_is_float(r->outputs[i]->dtype))
-            rc = ct__set_history(r->outputs[i], n, i);
-    if (!rc && is_view_op(r->op) && !r->inplace) {
-        ct__meta *im = ct__meta_of(r->inputs[0]);
-        ct__meta *om = ct__meta_of(r->outputs[0]);
-        om->base = ct_tensor_retain(im && im->base ? im->base : r->inputs[0]);
-    }
+    ct__meta *self = r->inplace ? ct__meta_of(r->inputs[0]) : NULL;
+    if (!rc && self && self->base)
+        rc = ct__record_view_write(n, r->inputs[0]);
+    else
+        for (int i = 0; i < r->noutputs && !rc; i++)
+            if (ct_dtype_is_float(r->outputs[i]->dtype))
+                rc = ct__set_history(r->outputs[i], n, i);
     ct__node_release(n);
     if (rc)
         return ct__seterr(rc, "%s: autograd could not record the op: %s", ct_op_name(r->op),

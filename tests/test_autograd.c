@@ -114,15 +114,24 @@ TEST(in_place_rules) {
     ASSERT_FAILS(ct_exp_(x), CT_EINVAL, "leaf tensor that requires grad", "in-place");
     ASSERT_FAILS(ct_mul_scalar_(ct_slice(x, 0, 0, 1, 1), 2), CT_EINVAL, "view of a leaf");
     ct_tensor *h = ct_mul_scalar(x, 1);
-    ASSERT_FAILS(ct_exp_(ct_slice(h, 0, 0, 1, 1)), CT_ENOTSUP, "view of a tensor that requires");
     ASSERT_FAILS(ct_sin_(h), CT_ENOTSUP, "needs the value", "before the in-place op");
     ASSERT_FAILS(ct_bernoulli_(h, 0.5, NULL), CT_ENOTSUP, "no derivative");
-    /* Copying a result that requires grad into a slice of a plain buffer
-     * would leave the buffer without history: refused, buffer untouched. */
-    ct_tensor *buf = ct_zeros(CT_SHAPE(4), CT_FLOAT64);
-    ASSERT_FAILS(ct_copy_(ct_narrow(buf, 0, 1, 2), h), CT_ENOTSUP, "shares its memory", "ct_cat");
-    ASSERT_NEAR(ct_item(ct_sum(buf, NULL, 0, false)), 0, 0);
+    /* Memory shared with a tensor that is not a view of it (both made from
+     * one storage) cannot learn about the write: refused, untouched. */
+    ct_tensor *buf = ct_zeros(CT_SHAPE(2), CT_FLOAT64);
+    ct_tensor *alias =
+        ct_tensor_from_storage(ct_tensor_storage(buf), 0, CT_SHAPE(2), NULL, CT_FLOAT64);
+    ASSERT_FAILS(ct_copy_(buf, h), CT_ENOTSUP, "shares its memory", "ct_cat");
+    ASSERT_NEAR(ct_item(ct_sum(alias, NULL, 0, false)), 0, 0);
     ASSERT_TRUE(ct_copy_(ct_zeros(CT_SHAPE(2), CT_FLOAT64), h)); /* a fresh tensor is fine */
+    /* Views of a non-contiguous base cannot be placed in its gradient. */
+    ct_tensor *strided =
+        ct_tensor_from_storage(ct_tensor_storage(ct_zeros(CT_SHAPE(4), CT_FLOAT64)), 0,
+                               CT_SHAPE(2, 2), (int64_t[]){1, 2}, CT_FLOAT64);
+    ASSERT_FAILS(ct_copy_(ct_select(strided, 0, 0), h), CT_ENOTSUP, "non-contiguous");
+    /* A transposed view of a contiguous buffer is fine: its base is. */
+    ct_tensor *t = ct_transpose(ct_zeros(CT_SHAPE(2, 2), CT_FLOAT64), 0, 1);
+    ASSERT_TRUE(ct_copy_(ct_select(t, 0, 1), h) && ct_requires_grad(t));
     /* With grad mode off, in-place updates of leaves are how optimizers
      * work. */
     bool prev = ct_set_grad_enabled(false);
@@ -530,4 +539,64 @@ TEST(second_order_gradients_through_backward) {
     ASSERT_EQ(ct_grad(&h, 1, (ct_tensor *[]){ct_ones(CT_SHAPE(2), CT_FLOAT64)}, &h, 1, &dh, NULL),
               0);
     ASSERT_NEAR(at(dh, 0), 1, 0);
+}
+
+/* ------------------------------------------------- writes into views */
+
+TEST(in_place_ops_on_views_rewrite_the_base_history) {
+    ct_tensor *x = leaf(3, (double[]){0.5, 1, 2});
+    /* exp_ on a slice of a result. */
+    ct_tensor *h = ct_mul_scalar(x, 1);
+    ct_exp_(ct_narrow(h, 0, 0, 1));
+    ASSERT_STR_CONTAINS(ct_node_name(ct_tensor_grad_fn(h)), "CopySlices");
+    ASSERT_EQ(ct_tensor_backward(ct_sum(h, NULL, 0, false)), 0);
+    ASSERT_NEAR(at(ct_tensor_grad(x), 0), exp(0.5), 1e-12);
+    ASSERT_NEAR(at(ct_tensor_grad(x), 2), 1, 0);
+    /* Pieces written into a plain buffer: the buffer gets their history. */
+    ct_tensor *x2 = leaf(3, (double[]){0.5, 1, 2});
+    ct_tensor *buf = ct_zeros(CT_SHAPE(2, 3), CT_FLOAT64);
+    ct_copy_(ct_select(buf, 0, 1), ct_mul_scalar(x2, 2));
+    ct_copy_(ct_narrow(ct_select(buf, 0, 0), 0, 1, 2), ct_narrow(x2, 0, 0, 2));
+    ASSERT_TRUE(ct_requires_grad(buf));
+    ct_tensor *w = ct_from_data((double[]){1, 2, 3, 4, 5, 6}, CT_SHAPE(2, 3), CT_FLOAT64);
+    ASSERT_EQ(ct_tensor_backward(ct_sum(ct_mul(buf, w), NULL, 0, false)), 0);
+    /* x2[0] lands at buf[0][1] (w 2) and buf[1][0] (w 4, times 2). */
+    ASSERT_NEAR(at(ct_tensor_grad(x2), 0), 2 + 8, 0);
+    ASSERT_NEAR(at(ct_tensor_grad(x2), 1), 3 + 10, 0);
+    ASSERT_NEAR(at(ct_tensor_grad(x2), 2), 12, 0);
+}
+
+TEST(views_see_writes_made_through_their_base_or_other_views) {
+    ct_tensor *x = leaf(3, (double[]){1, 2, 3});
+    ct_tensor *y = ct_mul_scalar(x, 1);
+    ct_tensor *v1 = ct_narrow(y, 0, 0, 2), *v2 = ct_narrow(y, 0, 1, 2);
+    ct_mul_scalar_(v1, 3);                                        /* y = [3 x0, 3 x1, x2] */
+    ASSERT_EQ(ct_tensor_backward(ct_sum(v2, NULL, 0, false)), 0); /* 3 x1 + x2 */
+    ASSERT_NEAR(at(ct_tensor_grad(x), 0), 0, 0);
+    ASSERT_NEAR(at(ct_tensor_grad(x), 1), 3, 0);
+    ASSERT_NEAR(at(ct_tensor_grad(x), 2), 1, 0);
+    ct_tensor *x2 = leaf(2, (double[]){1, 2});
+    ct_tensor *b = ct_mul_scalar(x2, 1);
+    ct_tensor *v = ct_narrow(b, 0, 1, 1);
+    ct_mul_scalar_(b, 5); /* the base itself */
+    ASSERT_EQ(ct_tensor_backward(ct_sum(v, NULL, 0, false)), 0);
+    ASSERT_NEAR(at(ct_tensor_grad(x2), 0), 0, 0);
+    ASSERT_NEAR(at(ct_tensor_grad(x2), 1), 5, 0);
+}
+
+/* Assembles a [3, 4] matrix from pieces written into views of a buffer. */
+static ct_tensor *assemble(void *ctx, ct_tensor *const *x, int n) {
+    (void)ctx;
+    (void)n;
+    ct_tensor *buf = ct_zeros(CT_SHAPE(3, 4), CT_FLOAT64);
+    ct_copy_(ct_slice(buf, 1, 0, 4, 2), ct_exp(x[0]));       /* [3, 2] into columns 0, 2 */
+    ct_mul_(ct_select(buf, 0, 1), ct_narrow(x[1], 0, 0, 4)); /* row 1 times x1 */
+    ct_add_(ct_narrow(ct_select(buf, 1, 3), 0, 1, 2), ct_narrow(x[1], 0, 0, 2));
+    return ct_tanh(buf);
+}
+
+TEST(gradcheck_through_writes_into_views) {
+    ct_tensor *x[2] = {ct_requires_grad_(tt_rand(CT_SHAPE(3, 2), CT_FLOAT64, 1), true),
+                       ct_requires_grad_(tt_rand(CT_SHAPE(4), CT_FLOAT64, 2), true)};
+    ASSERT_EQ(ct_gradcheck(assemble, NULL, x, 2, NULL), 0);
 }
