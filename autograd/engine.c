@@ -87,6 +87,24 @@ static int lookup(const task *t, const ct_node *n) {
     return -1;
 }
 
+/* items (of size bytes each, *cap of them) grown to hold at least need,
+ * doubling; items itself when it already does. NULL with a message when out
+ * of memory (items is then unchanged). */
+static void *reserve(void *items, int *cap, int need, size_t size) {
+    if (need <= *cap)
+        return items;
+    int c = *cap ? *cap : 64;
+    while (c < need)
+        c *= 2;
+    void *grown = realloc(items, (size_t)c * size);
+    if (!grown) {
+        ct__seterr(CT_ENOMEM, "backward: out of memory for the graph (%d items)", need);
+        return NULL;
+    }
+    *cap = c;
+    return grown;
+}
+
 /* The slot of n, added if new. Returns its index or a negative CT_E*. */
 static int slot_of(task *t, ct_node *n) {
     int i = lookup(t, n);
@@ -94,14 +112,10 @@ static int slot_of(task *t, ct_node *n) {
         return i;
     if ((size_t)(t->nslots + 1) * 2 > t->table_mask + 1 && grow_table(t))
         return CT_ENOMEM;
-    if (t->nslots == t->slots_cap) {
-        int cap = t->slots_cap ? t->slots_cap * 2 : 128;
-        slot *grown = realloc(t->slots, (size_t)cap * sizeof *grown);
-        if (!grown)
-            return ct__seterr(CT_ENOMEM, "backward: out of memory for the graph");
-        t->slots = grown;
-        t->slots_cap = cap;
-    }
+    slot *slots = reserve(t->slots, &t->slots_cap, t->nslots + 1, sizeof *slots);
+    if (!slots)
+        return CT_ENOMEM;
+    t->slots = slots;
     i = t->nslots++;
     t->slots[i] = (slot){.node = ct__node_retain(n),
                          .seq = n->seq,
@@ -129,24 +143,13 @@ typedef struct walk {
  * pushes it on the walk. */
 static int visit(task *t, walk *w, int si) {
     int nnext = t->slots[si].nnext;
-    if (t->nedges + nnext > t->edges_cap) {
-        int cap = t->edges_cap ? t->edges_cap * 2 : 256;
-        while (cap < t->nedges + nnext)
-            cap *= 2;
-        int *grown = realloc(t->edges, (size_t)cap * sizeof *grown);
-        if (!grown)
-            return ct__seterr(CT_ENOMEM, "backward: out of memory walking the graph");
-        t->edges = grown;
-        t->edges_cap = cap;
-    }
-    if (w->n == w->cap) {
-        int cap = w->cap ? w->cap * 2 : 256;
-        frame *grown = realloc(w->stack, (size_t)cap * sizeof *grown);
-        if (!grown)
-            return ct__seterr(CT_ENOMEM, "backward: out of memory walking the graph");
-        w->stack = grown;
-        w->cap = cap;
-    }
+    int *edges = reserve(t->edges, &t->edges_cap, t->nedges + nnext, sizeof *edges);
+    if (edges)
+        t->edges = edges;
+    frame *stack = edges ? reserve(w->stack, &w->cap, w->n + 1, sizeof *stack) : NULL;
+    if (!stack)
+        return CT_ENOMEM;
+    w->stack = stack;
     slot *s = &t->slots[si];
     s->discovered = true;
     s->edge0 = t->nedges;
@@ -665,14 +668,10 @@ int ct_autograd_queue_callback(ct_backward_callback_fn fn, void *ctx) {
     if (!t)
         return ct__seterr(CT_ESTATE, "queue_callback: no backward is running on this thread; "
                                      "queue callbacks from a hook or a backward function");
-    if (t->ncallbacks == t->callbacks_cap) {
-        int cap = t->callbacks_cap ? t->callbacks_cap * 2 : 8;
-        callback *grown = realloc(t->callbacks, (size_t)cap * sizeof *grown);
-        if (!grown)
-            return ct__seterr(CT_ENOMEM, "queue_callback: out of memory");
-        t->callbacks = grown;
-        t->callbacks_cap = cap;
-    }
+    callback *cbs = reserve(t->callbacks, &t->callbacks_cap, t->ncallbacks + 1, sizeof *cbs);
+    if (!cbs)
+        return CT_ENOMEM;
+    t->callbacks = cbs;
     t->callbacks[t->ncallbacks++] = (callback){fn, ctx};
     return 0;
 }
