@@ -87,22 +87,24 @@ static int lookup(const task *t, const ct_node *n) {
     return -1;
 }
 
-/* items (of size bytes each, *cap of them) grown to hold at least need,
- * doubling; items itself when it already does. NULL with a message when out
- * of memory (items is then unchanged). */
-static void *reserve(void *items, int *cap, int need, size_t size) {
+/* Grows the array whose pointer is at array_ptr (elements of size bytes,
+ * *cap of them) to hold at least need, doubling. The pointer is read and
+ * written with memcpy, so one helper serves arrays of every type. Returns 0
+ * or CT_ENOMEM with a message (the array is then unchanged). */
+static int reserve(void *array_ptr, int *cap, int need, size_t size) {
     if (need <= *cap)
-        return items;
+        return 0;
     int c = *cap ? *cap : 64;
     while (c < need)
         c *= 2;
+    void *items;
+    memcpy(&items, array_ptr, sizeof items);
     void *grown = realloc(items, (size_t)c * size);
-    if (!grown) {
-        ct__seterr(CT_ENOMEM, "backward: out of memory for the graph (%d items)", need);
-        return NULL;
-    }
+    if (!grown)
+        return ct__seterr(CT_ENOMEM, "backward: out of memory for the graph (%d items)", need);
+    memcpy(array_ptr, &grown, sizeof grown);
     *cap = c;
-    return grown;
+    return 0;
 }
 
 /* The slot of n, added if new. Returns its index or a negative CT_E*. */
@@ -112,10 +114,8 @@ static int slot_of(task *t, ct_node *n) {
         return i;
     if ((size_t)(t->nslots + 1) * 2 > t->table_mask + 1 && grow_table(t))
         return CT_ENOMEM;
-    slot *slots = reserve(t->slots, &t->slots_cap, t->nslots + 1, sizeof *slots);
-    if (!slots)
+    if (reserve(&t->slots, &t->slots_cap, t->nslots + 1, sizeof *t->slots))
         return CT_ENOMEM;
-    t->slots = slots;
     i = t->nslots++;
     t->slots[i] = (slot){.node = ct__node_retain(n),
                          .seq = n->seq,
@@ -143,13 +143,9 @@ typedef struct walk {
  * pushes it on the walk. */
 static int visit(task *t, walk *w, int si) {
     int nnext = t->slots[si].nnext;
-    int *edges = reserve(t->edges, &t->edges_cap, t->nedges + nnext, sizeof *edges);
-    if (edges)
-        t->edges = edges;
-    frame *stack = edges ? reserve(w->stack, &w->cap, w->n + 1, sizeof *stack) : NULL;
-    if (!stack)
+    if (reserve(&t->edges, &t->edges_cap, t->nedges + nnext, sizeof *t->edges) ||
+        reserve(&w->stack, &w->cap, w->n + 1, sizeof *w->stack))
         return CT_ENOMEM;
-    w->stack = stack;
     slot *s = &t->slots[si];
     s->discovered = true;
     s->edge0 = t->nedges;
@@ -668,10 +664,8 @@ int ct_autograd_queue_callback(ct_backward_callback_fn fn, void *ctx) {
     if (!t)
         return ct__seterr(CT_ESTATE, "queue_callback: no backward is running on this thread; "
                                      "queue callbacks from a hook or a backward function");
-    callback *cbs = reserve(t->callbacks, &t->callbacks_cap, t->ncallbacks + 1, sizeof *cbs);
-    if (!cbs)
+    if (reserve(&t->callbacks, &t->callbacks_cap, t->ncallbacks + 1, sizeof *t->callbacks))
         return CT_ENOMEM;
-    t->callbacks = cbs;
     t->callbacks[t->ncallbacks++] = (callback){fn, ctx};
     return 0;
 }
