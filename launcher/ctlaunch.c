@@ -66,7 +66,8 @@ static const char usage_text[] =
 typedef struct options {
     int np, nnodes, node_rank, max_restarts;
     double grace;
-    const char *master_host, *log_dir;
+    char *master_host; /* owned */
+    const char *log_dir;
     int master_port;
     bool *show; /* [np]: ranks shown on the console */
     char **argv;
@@ -155,7 +156,7 @@ static void parse_ranks(const char *list, bool *show, int np) {
 }
 
 static void parse(int argc, char **argv, options *o) {
-    *o = (options){.nnodes = 1, .grace = 5, .master_host = "127.0.0.1", .master_port = 29500};
+    *o = (options){.nnodes = 1, .grace = 5, .master_port = 29500};
     const char *ranks = NULL;
     int i = 1;
     for (; i < argc && argv[i][0] == '-'; i++) {
@@ -192,6 +193,7 @@ static void parse(int argc, char **argv, options *o) {
             const char *colon = strrchr(v, ':');
             if (!colon || colon == v)
                 die_usage("--master needs HOST:PORT, got '%s'", v);
+            free(o->master_host);
             o->master_host = strndup(v, (size_t)(colon - v));
             o->master_port = parse_int("--master's port", colon + 1, 1, 65535);
         } else {
@@ -200,16 +202,18 @@ static void parse(int argc, char **argv, options *o) {
     }
     if (o->np == 0)
         die_usage("-np N is required");
+    if (!o->master_host)
+        o->master_host = strdup("127.0.0.1");
+    o->show = malloc(sizeof(bool) * (size_t)o->np);
+    if (!o->master_host || !o->show) {
+        perror("ctlaunch");
+        exit(1);
+    }
     if (o->node_rank >= o->nnodes)
         die_usage("--node-rank %d is not below --nnodes %d", o->node_rank, o->nnodes);
     if (i >= argc)
         die_usage("no program to run");
     o->argv = &argv[i];
-    o->show = malloc(sizeof(bool) * (size_t)o->np);
-    if (!o->show) {
-        perror("ctlaunch");
-        exit(1);
-    }
     if (ranks)
         parse_ranks(ranks, o->show, o->np);
     else
@@ -487,20 +491,28 @@ int main(int argc, char **argv) {
         perror("ctlaunch");
         return 1;
     }
+    int code = 0;
     for (int restart = 0;; restart++) {
         if (spawn(&o, ranks, restart)) {
             signal_all(ranks, o.np, SIGKILL);
-            return 1;
+            code = 1;
+            break;
         }
         int first = supervise(&o, ranks);
-        if (first <= -2)
-            return 128 + (-2 - first);
-        if (first < 0)
-            return 0;
+        if (first < 0) {
+            code = first <= -2 ? 128 + (-2 - first) : 0;
+            break;
+        }
         report(&o, ranks, first);
-        if (restart >= o.max_restarts)
-            return exit_code(ranks[first].status);
+        if (restart >= o.max_restarts) {
+            code = exit_code(ranks[first].status);
+            break;
+        }
         fprintf(stderr, "ctlaunch: restarting the group (%d of %d restarts)\n", restart + 1,
                 o.max_restarts);
     }
+    free(ranks);
+    free(o.show);
+    free(o.master_host);
+    return code;
 }
