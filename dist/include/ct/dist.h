@@ -1,0 +1,179 @@
+/* ct/dist.h: ct's distributed runtime.
+ *
+ * A multi-process job needs to know its shape and a place where its
+ * processes meet. This header grows in sections, each built on the
+ * previous one:
+ *   - the world: rank, size and local rank, read from whichever launcher
+ *     started the process (ctlaunch, mpirun, a PMI launcher, Slurm);
+ *   - the store: a small key-value service over libzmq that carries
+ *     rendezvous, the NCCL unique id, shared-memory segment names, RPC
+ *     addresses and heartbeats. ctlaunch hosts it; without ctlaunch, rank 0
+ *     does. Every operation has a timeout, so no rank waits forever.
+ *   - init and data-parallel sections come next, on top of them.
+ *
+ * Example:
+ *
+ *     #include <ct/dist.h>
+ *     #include <stdio.h>
+ *     #include <stdlib.h>
+ *
+ *     int main(void) {
+ *         ct_store_server *server = ct_store_server_new("127.0.0.1", 0);
+ *         ct_store *store = NULL;
+ *         if (server)
+ *             store = ct_store_connect("127.0.0.1", ct_store_server_port(server), 5.0);
+ *         int64_t arrived = 0;
+ *         void *addr = NULL;
+ *         size_t len = 0;
+ *         int rc = store ? 0 : ct_errcode();
+ *         if (rc == 0)
+ *             rc = ct_store_set(store, "rank0/addr", "10.0.0.1:4000", 13, -1);
+ *         if (rc == 0)
+ *             rc = ct_store_add(store, "arrived", 1, &arrived, -1);
+ *         if (rc == 0)
+ *             rc = ct_store_get(store, "rank0/addr", &addr, &len, 1.0);
+ *         if (rc != 0) {
+ *             fprintf(stderr, "%s\n", ct_errmsg());
+ *         } else {
+ *             printf("%lld arrived; rank 0 listens on %.*s\n", (long long)arrived, (int)len,
+ *                    (const char *)addr);
+ *         }
+ *         free(addr);
+ *         ct_store_free(store);
+ *         ct_store_server_free(server);
+ *         return rc != 0;
+ *     }
+ *
+ * Errors. Functions that return int return 0 or a negative CT_E* code and
+ * record a message (ct_errmsg()) that names the operation, the key(s), the
+ * server's address and the timeout. CT_ETIMEDOUT: the server answered
+ * nothing in time, or a key did not appear in time. CT_EPEER: the server is
+ * unreachable (never connected, or the connection is down at the deadline).
+ * CT_EINVAL: a bad argument, or a request the server refused.
+ *
+ * Threads. The server serves on its own thread; any number of clients, in
+ * any number of processes, may talk to one server at once. A ct_store client
+ * must be used by one thread at a time (zmq's rule for sockets); give each
+ * thread its own. A client made before fork() must not be used in the
+ * child: connect a new one there.
+ */
+#ifndef CT_DIST_H
+#define CT_DIST_H
+
+#include <ct/tensor.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ----------------------------------------------------------------- world */
+
+typedef enum ct_world_source {
+    CT_WORLD_SINGLE,   /* no launcher: a world of one */
+    CT_WORLD_CTLAUNCH, /* CT_RANK, CT_WORLD_SIZE, CT_LOCAL_*, CT_MASTER_*, CT_RESTART_COUNT */
+    CT_WORLD_OPENMPI,  /* OMPI_COMM_WORLD_{RANK,SIZE,LOCAL_RANK,LOCAL_SIZE} */
+    CT_WORLD_PMI,      /* PMI_RANK, PMI_SIZE, MPI_LOCALRANKID, MPI_LOCALNRANKS */
+    CT_WORLD_SLURM,    /* SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID */
+} ct_world_source;
+
+typedef struct ct_world {
+    int rank, size;
+    /* The rank among the processes on this machine, and their number; 0
+     * when the launcher does not say (Slurm), and the backend must find
+     * out. Without local variables, every rank is taken to be local. */
+    int local_rank, local_size;
+    int restart_count;     /* ctlaunch's CT_RESTART_COUNT, else 0 */
+    char master_addr[256]; /* the store's host from ctlaunch, "" if none */
+    int master_port;       /* -1 if none */
+    ct_world_source source;
+} ct_world;
+
+/* Fills *w from the environment, trying ctlaunch's variables, then Open
+ * MPI's, PMI's and Slurm's; the first launcher with a rank or size variable
+ * set wins, and its variables must then be complete and consistent. With
+ * none, *w is a world of one. Errors: CT_EINVAL naming the variable, its
+ * value and the valid range (*w is then a world of one). Thread-safe as
+ * long as nothing changes the environment meanwhile. */
+CT_API int ct_world_from_env(ct_world *w);
+/* "ctlaunch", "Open MPI", ... */
+CT_API const char *ct_world_source_name(ct_world_source source);
+
+/* ----------------------------------------------------------------- store */
+
+/* Limits, checked on both sides of the wire. */
+#define CT_STORE_MAX_KEY   1024               /* bytes in a key, without the NUL */
+#define CT_STORE_MAX_VALUE (64 * 1024 * 1024) /* bytes in a value */
+#define CT_STORE_MAX_KEYS  1024               /* keys in one wait or check */
+
+typedef struct ct_store_server ct_store_server;
+typedef struct ct_store ct_store;
+
+/* Binds a store server to host:port and serves it on a new thread until
+ * ct_store_server_free(). host is an IPv4 address, "*" (or NULL) for every
+ * interface, or an interface name; port 0 picks a free port
+ * (ct_store_server_port() tells which). The caller owns the result.
+ * Errors: NULL with CT_EINVAL for a port outside [0, 65535]; CT_EIO when the
+ * address cannot be bound (in use, unknown interface), with zmq's text;
+ * CT_EFOREIGN when zmq or the thread cannot start. */
+CT_API ct_store_server *ct_store_server_new(const char *host, int port);
+/* The TCP port the server listens on; CT_EINVAL for a NULL or freed handle. */
+CT_API int ct_store_server_port(const ct_store_server *server);
+/* Stops the thread and frees the server and every key. Clients still
+ * connected get CT_EPEER from their next operation. Accepts NULL. Not
+ * thread-safe against itself (free once). */
+CT_API void ct_store_server_free(ct_store_server *server);
+
+/* Connects a client to the server at host:port (an address or a host name)
+ * and checks, within timeout_s seconds, that it answers; the server may
+ * start later within that time. timeout_s (> 0, finite) is also the
+ * default timeout of every operation. The caller owns the result.
+ * Errors: NULL with CT_EINVAL for a bad argument; CT_EPEER when no server
+ * could be reached; CT_ETIMEDOUT when one was reached but did not answer. */
+CT_API ct_store *ct_store_connect(const char *host, int port, double timeout_s);
+/* Closes the client without waiting for unsent messages. Accepts NULL. */
+CT_API void ct_store_free(ct_store *store);
+
+/* In every operation below: key is a NUL-terminated string of 1 to
+ * CT_STORE_MAX_KEY bytes; values are binary blobs of at most
+ * CT_STORE_MAX_VALUE bytes (NULL is allowed when the length is 0);
+ * timeout_s > 0 is this call's limit in seconds, and a negative one means
+ * the client's default. Errors as described in the overview. */
+
+/* Stores a copy of value under key, replacing any earlier value, and wakes
+ * the get()s and wait()s waiting for it. */
+CT_API int ct_store_set(ct_store *store, const char *key, const void *value, size_t len,
+                        double timeout_s);
+/* Waits until key exists, then returns a copy of its value in *value
+ * (malloc'd, NUL-terminated for convenience; the caller free()s it) and its
+ * length in *len. On failure *value is NULL and *len 0. */
+CT_API int ct_store_get(ct_store *store, const char *key, void **value, size_t *len,
+                        double timeout_s);
+/* Adds delta to the counter at key (an absent key counts as 0) and returns
+ * the new total in *result (may be NULL). The value is stored as decimal
+ * text, as torch's TCPStore does, so get() returns e.g. "8000". Applied
+ * exactly once even when the request is resent. Errors: CT_EINVAL when the
+ * current value is not a decimal integer, CT_ERANGE on int64 overflow. */
+CT_API int ct_store_add(ct_store *store, const char *key, int64_t delta, int64_t *result,
+                        double timeout_s);
+/* Waits until every one of the nkeys (1 to CT_STORE_MAX_KEYS) keys exists.
+ * The timeout message names the keys still missing. */
+CT_API int ct_store_wait(ct_store *store, const char *const *keys, int nkeys, double timeout_s);
+/* torch's compare_set: stores desired if key holds exactly expected, or if
+ * key is absent and expected is empty (elen 0). Returns in *actual (malloc'd,
+ * NUL-terminated; the caller free()s it) and *alen the value now stored, or,
+ * when key is absent and expected is not empty, expected itself. */
+CT_API int ct_store_compare_set(ct_store *store, const char *key, const void *expected, size_t elen,
+                                const void *desired, size_t dlen, void **actual, size_t *alen,
+                                double timeout_s);
+/* Sets *all_exist to whether every one of the nkeys keys exists, without
+ * waiting (torch's check). */
+CT_API int ct_store_check(ct_store *store, const char *const *keys, int nkeys, bool *all_exist,
+                          double timeout_s);
+/* Removes key; *existed (may be NULL) tells whether it was there. */
+CT_API int ct_store_delete(ct_store *store, const char *key, bool *existed, double timeout_s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
