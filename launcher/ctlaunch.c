@@ -13,6 +13,8 @@
  */
 #define _GNU_SOURCE
 
+#include <ct/dist.h>
+
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -43,7 +45,9 @@ static const char usage_text[] =
     "  --nnodes M          nodes in the job (default 1)\n"
     "  --node-rank K       this node's index, 0 <= K < M (default 0)\n"
     "  --master HOST:PORT  the store's address, given to every rank as CT_MASTER_ADDR\n"
-    "                      and CT_MASTER_PORT (default 127.0.0.1:29500)\n"
+    "                      and CT_MASTER_PORT; node 0's ctlaunch hosts the store on\n"
+    "                      PORT. Without it (one node only), ctlaunch hosts the store\n"
+    "                      on 127.0.0.1 at a free port, so jobs never collide\n"
     "  --log-dir DIR       also write each rank's output to DIR/rank.N.out and\n"
     "                      DIR/rank.N.err\n"
     "  --ranks LIST        show only these ranks on the console, e.g. 0 or 0,2-3\n"
@@ -156,7 +160,7 @@ static void parse_ranks(const char *list, bool *show, int np) {
 }
 
 static void parse(int argc, char **argv, options *o) {
-    *o = (options){.nnodes = 1, .grace = 5, .master_port = 29500};
+    *o = (options){.nnodes = 1, .grace = 5};
     const char *ranks = NULL;
     int i = 1;
     for (; i < argc && argv[i][0] == '-'; i++) {
@@ -202,6 +206,8 @@ static void parse(int argc, char **argv, options *o) {
     }
     if (o->np == 0)
         die_usage("-np N is required");
+    if (!o->master_host && o->nnodes > 1)
+        die_usage("--nnodes %d needs --master HOST:PORT, the same on every node", o->nnodes);
     if (!o->master_host)
         o->master_host = strdup("127.0.0.1");
     o->show = malloc(sizeof(bool) * (size_t)o->np);
@@ -486,9 +492,21 @@ int main(int argc, char **argv) {
         sigaction(forwarded[i], &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
 
+    /* Node 0 hosts the store the ranks meet through; it outlives restarts.
+     * Without --master it binds a free port, published to the ranks. */
+    ct_store_server *store = NULL;
+    if (o.node_rank == 0) {
+        store = ct_store_server_new(o.master_port ? "*" : "127.0.0.1", o.master_port);
+        if (!store) {
+            fprintf(stderr, "ctlaunch: cannot host the store: %s\n", ct_errmsg());
+            return 1;
+        }
+        o.master_port = ct_store_server_port(store);
+    }
     rank *ranks = calloc((size_t)o.np, sizeof *ranks);
     if (!ranks) {
         perror("ctlaunch");
+        ct_store_server_free(store);
         return 1;
     }
     int code = 0;
@@ -514,5 +532,6 @@ int main(int argc, char **argv) {
     free(ranks);
     free(o.show);
     free(o.master_host);
+    ct_store_server_free(store);
     return code;
 }

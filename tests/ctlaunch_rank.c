@@ -6,11 +6,13 @@
  *   wait           prints "ready" and waits to be stopped
  *   stubborn       ignores SIGTERM, prints "ready" and waits
  *   restart        rank 1 fails on the first run only
+ *   store          meets the other ranks through ctlaunch's store
  *
  * Every mode first prints "pid=<pid>", so the test can check that no rank
  * is left behind. Waiting ranks give up after 30 s. */
 #define _DEFAULT_SOURCE
 
+#include <ct/dist.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -67,6 +69,31 @@ int main(int argc, char **argv) {
             return 1;
         }
         printf("ok restart=%s\n", env("CT_RESTART_COUNT"));
+        return 0;
+    }
+    if (!strcmp(mode, "store")) {
+        /* Each rank publishes its pid and waits for everyone's. */
+        ct_world w;
+        ct_store *store =
+            ct_world_from_env(&w) ? NULL : ct_store_connect(w.master_addr, w.master_port, 10);
+        char key[64], pid[32], *keys[64];
+        snprintf(key, sizeof key, "pid/%d", w.rank);
+        snprintf(pid, sizeof pid, "%ld", (long)getpid());
+        int rc = store ? ct_store_set(store, key, pid, strlen(pid), -1) : -1;
+        for (int r = 0; r < w.size && r < 64; r++) {
+            keys[r] = malloc(32);
+            snprintf(keys[r], 32, "pid/%d", r);
+        }
+        if (rc == 0)
+            rc = ct_store_wait(store, (const char *const *)keys, w.size, 10);
+        for (int r = 0; r < w.size && r < 64; r++)
+            free(keys[r]);
+        ct_store_free(store);
+        if (rc) {
+            fprintf(stderr, "rank %d: %s\n", w.rank, ct_errmsg());
+            return 1;
+        }
+        printf("met %d ranks at %s:%d\n", w.size, w.master_addr, w.master_port);
         return 0;
     }
     fprintf(stderr, "ctlaunch_rank: unknown mode '%s'\n", mode);

@@ -108,18 +108,33 @@ static int code_of(const result *r) {
 
 TEST(every_rank_gets_its_variables_and_prefixed_output) {
     static result r;
-    run(&r, (const char *[]){"-np", "3", "--master", "10.0.0.7:4242", RANK_PATH, "env", NULL}, 20);
+    run(&r, (const char *[]){"-np", "3", RANK_PATH, "env", NULL}, 20);
     ASSERT_EQ(code_of(&r), 0);
-    ASSERT_STR_CONTAINS(r.out, "[rank 0] rank=0 world=3 local=0 local_world=3 master=10.0.0.7:4242 "
-                               "restart=0 threads=");
+    ASSERT_STR_CONTAINS(r.out, "[rank 0] rank=0 world=3 local=0 local_world=3 master=127.0.0.1:");
+    ASSERT_STR_CONTAINS(r.out, "restart=0 threads=");
     ASSERT_STR_CONTAINS(r.out, "[rank 2] rank=2 world=3 local=2");
     ASSERT_TRUE(!strstr(r.out, "threads=(unset)"));
-    /* Node 1 of 2: global ranks continue where node 0's end. */
+    /* Node 1 of 2: global ranks continue where node 0's end, and the store
+     * is node 0's. */
     run(&r,
-        (const char *[]){"-np", "2", "--nnodes", "2", "--node-rank", "1", RANK_PATH, "env", NULL},
+        (const char *[]){"-np", "2", "--nnodes", "2", "--node-rank", "1", "--master",
+                         "10.0.0.7:4242", RANK_PATH, "env", NULL},
         20);
     ASSERT_EQ(code_of(&r), 0);
-    ASSERT_STR_CONTAINS(r.out, "[rank 3] rank=3 world=4 local=1 local_world=2");
+    ASSERT_STR_CONTAINS(r.out,
+                        "[rank 3] rank=3 world=4 local=1 local_world=2 master=10.0.0.7:4242");
+}
+
+TEST(ranks_meet_through_the_store_ctlaunch_hosts) {
+    static result r, other;
+    run(&r, (const char *[]){"-np", "3", RANK_PATH, "store", NULL}, 30);
+    ASSERT_EQ(code_of(&r), 0);
+    ASSERT_STR_CONTAINS(r.out, "[rank 2] met 3 ranks at 127.0.0.1:");
+    /* A second job gets a store of its own on another port. */
+    run(&other, (const char *[]){"-np", "2", RANK_PATH, "store", NULL}, 30);
+    ASSERT_EQ(code_of(&other), 0);
+    const char *x = strstr(r.out, "127.0.0.1:"), *y = strstr(other.out, "127.0.0.1:");
+    ASSERT_TRUE(x && y && atoi(x + 10) != atoi(y + 10));
 }
 
 TEST(the_first_failure_stops_the_others_and_sets_the_exit_code) {
@@ -199,6 +214,8 @@ TEST(bad_usage_names_the_flag) {
     ASSERT_STR_CONTAINS(r.err, "-np N is required");
     run(&r, (const char *[]){"-np", "2", "--ranks", "5", RANK_PATH, "env", NULL}, 10);
     ASSERT_STR_CONTAINS(r.err, "--ranks: 5-5 is outside the 2 local ranks");
+    run(&r, (const char *[]){"-np", "2", "--nnodes", "2", RANK_PATH, "env", NULL}, 10);
+    ASSERT_STR_CONTAINS(r.err, "--nnodes 2 needs --master HOST:PORT");
     run(&r, (const char *[]){"-np", "0", RANK_PATH, NULL}, 10);
     ASSERT_STR_CONTAINS(r.err, "-np needs a whole number in [1, 1024], got '0'");
     run(&r, (const char *[]){"--help", NULL}, 10);
