@@ -62,6 +62,16 @@ void tt_run_unscoped(void (*fn)(void));
         }                                                                                          \
     } while (0)
 
+/* Checks that the current error message holds each of the substrings;
+ * clears the error afterwards. */
+#define TT_MESSAGE_HOLDS_(...)                                                                     \
+    do {                                                                                           \
+        const char *tt_subs[] = {__VA_ARGS__};                                                     \
+        for (size_t tt_i = 0; tt_i < sizeof tt_subs / sizeof *tt_subs; tt_i++)                     \
+            ASSERT_STR_CONTAINS(ct_errmsg(), tt_subs[tt_i]);                                       \
+        ct_errclear();                                                                             \
+    } while (0)
+
 /* Asserts that expr returned NULL with error code and a message holding each
  * of the given substrings. Clears the error afterwards. */
 #define ASSERT_FAILS(expr, code, ...)                                                              \
@@ -77,10 +87,21 @@ void tt_run_unscoped(void (*fn)(void));
                     ct_errname(ct_errcode()), ct_errname(code), ct_errmsg());                      \
             return;                                                                                \
         }                                                                                          \
-        const char *tt_subs[] = {__VA_ARGS__};                                                     \
-        for (size_t tt_i = 0; tt_i < sizeof tt_subs / sizeof *tt_subs; tt_i++)                     \
-            ASSERT_STR_CONTAINS(ct_errmsg(), tt_subs[tt_i]);                                       \
+        TT_MESSAGE_HOLDS_(__VA_ARGS__);                                                            \
+    } while (0)
+
+/* Asserts that the int-returning expr returned code (a negative CT_E*) with
+ * a message holding each of the given substrings. Clears the error. */
+#define ASSERT_RC(expr, code, ...)                                                                 \
+    do {                                                                                           \
         ct_errclear();                                                                             \
+        int tt_rc = (expr);                                                                        \
+        if (tt_rc != (code)) {                                                                     \
+            tt_fail(__FILE__, __LINE__, "%s returned %s, expected %s: %s", #expr,                  \
+                    ct_errname(tt_rc), ct_errname(code), ct_errmsg());                             \
+            return;                                                                                \
+        }                                                                                          \
+        TT_MESSAGE_HOLDS_(__VA_ARGS__);                                                            \
     } while (0)
 
 /* Asserts that two tensors have the same shape and values within

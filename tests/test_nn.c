@@ -33,19 +33,14 @@ TEST(module_tree_names_parameters_in_pytorch_order) {
     ASSERT_TRUE(ct_requires_grad(pl.tensors[0]));
     ASSERT_STR_CONTAINS(ct_module_path(ct_module_child(block, "norm")), "1.norm");
     ASSERT_STR_CONTAINS(ct_module_type(block), "Block");
-    ASSERT_FAILS(ct_module_add_child(block, "fc", ct_relu_new()) ? NULL : NULL, CT_EINVAL,
-                 "already has something named 'fc'", "Block '1'");
-    ASSERT_FAILS(
-        ct_module_add_param(block, "a.b", ct_tensor_retain(ct_ones(CT_SHAPE(1), CT_FLOAT32)))
-            ? NULL
-            : NULL,
-        CT_EINVAL, "invalid name");
-    ASSERT_FAILS(
-        ct_module_add_param(block, "ints", ct_tensor_retain(ct_ones(CT_SHAPE(1), CT_INT64))) ? NULL
-                                                                                             : NULL,
-        CT_EDTYPE, "must be float");
-    ASSERT_FAILS(ct_sequential_append(net, ct_linear_new(0, 3, true)) ? NULL : NULL, CT_EINVAL,
-                 "features must be positive");
+    ASSERT_RC(ct_module_add_child(block, "fc", ct_relu_new()), CT_EINVAL,
+              "already has something named 'fc'", "Block '1'");
+    ASSERT_RC(ct_module_add_param(block, "a.b", ct_tensor_retain(ct_ones(CT_SHAPE(1), CT_FLOAT32))),
+              CT_EINVAL, "invalid name");
+    ASSERT_RC(ct_module_add_param(block, "ints", ct_tensor_retain(ct_ones(CT_SHAPE(1), CT_INT64))),
+              CT_EDTYPE, "must be float");
+    ASSERT_RC(ct_sequential_append(net, ct_linear_new(0, 3, true)), CT_EINVAL,
+              "features must be positive");
     ASSERT_TRUE(ct_module_training(block));
     ct_module_train(net, false);
     ASSERT_TRUE(!ct_module_training(ct_module_child(block, "fc")));
@@ -250,8 +245,7 @@ TEST(cross_entropy_edge_cases_and_errors) {
     ct_tensor *loss = ct_cross_entropy(xg, ct_zeros(CT_SHAPE(3), CT_INT64), NULL);
     ct_tensor *g;
     ct_grad_options cg = {.create_graph = true};
-    ASSERT_FAILS(ct_grad(&loss, 1, NULL, &xg, 1, &g, &cg) ? NULL : NULL, CT_ENOTSUP, "create_graph",
-                 "ct_nll_loss");
+    ASSERT_RC(ct_grad(&loss, 1, NULL, &xg, 1, &g, &cg), CT_ENOTSUP, "create_graph", "ct_nll_loss");
 }
 
 static ct_tensor *f_nll(void *ctx, ct_tensor *const *x, int n) {
@@ -345,7 +339,7 @@ TEST(flatten_puts_parameters_and_gradients_in_one_buffer) {
     ASSERT_EQ(ct_tensor_backward(loss), 0);
     ASSERT_NEAR(ct_item(ct_sum(ct_narrow(flat_grad, 0, 32, 2), NULL, 0, false)), 6, 1e-6);
     ct_module *child = ct_module_child(net, "0");
-    ASSERT_FAILS(ct_module_flatten(child, true) ? NULL : NULL, CT_EINVAL, "not the root");
+    ASSERT_RC(ct_module_flatten(child, true), CT_EINVAL, "not the root");
     ct_param_list_free(&pl);
     ct_module_free(net);
 }

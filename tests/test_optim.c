@@ -9,15 +9,6 @@
 
 #include <stdlib.h>
 
-#define ASSERT_RC(expr, code, sub)                                                                 \
-    do {                                                                                           \
-        ct_errclear();                                                                             \
-        int tt_rc = (expr);                                                                        \
-        ASSERT_EQ(tt_rc, code);                                                                    \
-        ASSERT_STR_CONTAINS(ct_errmsg(), sub);                                                     \
-        ct_errclear();                                                                             \
-    } while (0)
-
 /* Element i of a contiguous float tensor. */
 static double val(ct_tensor *t, int64_t i) {
     if (ct_tensor_dtype(t) == CT_FLOAT32)

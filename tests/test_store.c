@@ -21,23 +21,6 @@
 const char *__tsan_default_suppressions(void);
 const char *__tsan_default_suppressions(void) { return "race:libzmq.so\nrace:libstdc++.so\n"; }
 
-/* Asserts that an int-returning call failed with code and a message holding
- * each substring. */
-#define ASSERT_RC(expr, code, ...)                                                                 \
-    do {                                                                                           \
-        ct_errclear();                                                                             \
-        int tt_rc = (expr);                                                                        \
-        if (tt_rc != (code)) {                                                                     \
-            tt_fail(__FILE__, __LINE__, "%s returned %s, expected %s: %s", #expr,                  \
-                    ct_errname(tt_rc), ct_errname(code), ct_errmsg());                             \
-            return;                                                                                \
-        }                                                                                          \
-        const char *tt_subs[] = {__VA_ARGS__};                                                     \
-        for (size_t tt_i = 0; tt_i < sizeof tt_subs / sizeof *tt_subs; tt_i++)                     \
-            ASSERT_STR_CONTAINS(ct_errmsg(), tt_subs[tt_i]);                                       \
-        ct_errclear();                                                                             \
-    } while (0)
-
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
