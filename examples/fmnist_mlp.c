@@ -154,14 +154,17 @@ static ct_optim *build_optimizer(const options *o, const ct_param_list *pl) {
     return ct_optim_new_groups(&opts, groups, 2);
 }
 
+/* Warmup takes at most a fifth of a short run (--max-steps), so that the
+ * cosine decay always has steps left. */
 static ct_lr_schedule schedule(const options *o, int64_t total_steps) {
     if (!o->r.adamw)
         return (ct_lr_schedule){.kind = CT_LR_CONSTANT, .base_lr = o->r.lr};
+    int64_t warmup = o->r.warmup_steps < total_steps / 5 ? o->r.warmup_steps : total_steps / 5;
     return (ct_lr_schedule){.kind = CT_LR_COSINE,
                             .base_lr = o->r.lr,
-                            .warmup_steps = o->r.warmup_steps,
+                            .warmup_steps = warmup,
                             .warmup_start_factor = 0.01,
-                            .total_steps = total_steps - o->r.warmup_steps,
+                            .total_steps = total_steps - warmup,
                             .eta_min = o->r.lr * 0.01};
 }
 
