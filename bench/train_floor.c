@@ -411,7 +411,8 @@ static int parse_args(int argc, char **argv, options *o) {
                    .seed = 0,
                    .warmup_steps = 50,
                    .data_dir = "/usr/share/datasets/fashion-mnist"};
-    for (int i = 1; i < argc; i++) {
+    /* Each flag takes the next argument as its value. */
+    for (int i = 1; i < argc; i += 2) {
         const char *flag = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         bool ok;
         if (!strcmp(flag, "-h") || !strcmp(flag, "--help")) {
@@ -434,7 +435,6 @@ static int parse_args(int argc, char **argv, options *o) {
         }
         if (!ok)
             return 1;
-        i++;
     }
     return 0;
 }
