@@ -116,12 +116,22 @@ typedef struct ce_ctx {
     int logits_ndim;
 } ce_ctx;
 
+/* The backward as ops, recorded so that it can be differentiated again
+ * (create_graph): (softmax - smoothed one-hot) * scale, zero on ignored
+ * rows. */
+static ct_tensor *ce_backward_ops(const ce_ctx *c, ct_tensor *x, ct_tensor *t, ct_tensor *scale) {
+    int64_t nc = ct_size(x, 1);
+    double e = c->o.label_smoothing;
+    ct_tensor *valid = ct_unsqueeze(ct_ne_scalar(t, (double)c->o.ignore_index), 1);
+    ct_tensor *safe = ct_where(ct_squeeze(valid, 1), t, ct_scalar(0, CT_INT64));
+    ct_tensor *target = ct_to_dtype(ct_one_hot(safe, nc), x->dtype);
+    target = ct_add_scalar(ct_mul_scalar(target, 1 - e), e / (double)nc);
+    ct_tensor *rows = ct_mul(ct_to_dtype(valid, x->dtype), scale);
+    return ct_mul(ct_sub(ct_softmax(x, 1), target), rows);
+}
+
 static int ce_backward(const ct_backward_args *a) {
     const ce_ctx *c = a->ctx;
-    if (ct_grad_enabled())
-        return ct__seterr(CT_ENOTSUP,
-                          "cross_entropy: the fused backward cannot be differentiated again "
-                          "(create_graph); compose ct_log_softmax and ct_nll_loss instead");
     ct_tensor *x = a->saved[0], *lse = a->saved[1], *t = a->saved[2];
     ct_tensor *g = a->grad_outputs[0];
     if (!g || !a->needs_input_grad[0])
@@ -130,6 +140,18 @@ static int ce_backward(const ct_backward_args *a) {
      * the count for mean), a vector for none. */
     ct_tensor *scale =
         c->o.reduction == CT_REDUCTION_MEAN ? ct_div_scalar(g, (double)c->nvalid) : g;
+    if (ct_grad_enabled()) {
+        /* A converted copy of the logits has no history to differentiate. */
+        if (!ct_requires_grad(x))
+            return ct__seterr(CT_ENOTSUP,
+                              "cross_entropy: differentiating the backward again (create_graph) "
+                              "needs float32 or float64 contiguous logits; convert them first");
+        if (c->o.reduction == CT_REDUCTION_NONE)
+            scale = ct_unsqueeze(scale, -1);
+        ct_tensor *grad = ce_backward_ops(c, x, t, scale);
+        a->grad_inputs[0] = c->logits_ndim == 1 && grad ? ct_view(grad, 1, &x->sizes[1]) : grad;
+        return 0;
+    }
     scale = ct_contiguous(ct_to_dtype(scale, x->dtype));
     ct_tensor *grad = ct_empty(2, x->sizes, x->dtype);
     if (!scale || !grad)

@@ -240,12 +240,14 @@ TEST(cross_entropy_edge_cases_and_errors) {
     /* Large logits stay finite. */
     ct_tensor *big = ct_from_data((float[]){1000, -1000, 0}, CT_SHAPE(1, 3), CT_FLOAT32);
     ASSERT_NEAR(ct_item(ct_cross_entropy(big, ct_zeros(CT_SHAPE(1), CT_INT64), NULL)), 0, 1e-6);
-    /* The fused backward refuses double backward instead of being wrong. */
-    ct_tensor *xg = ct_requires_grad_(ct_clone(x), true);
-    ct_tensor *loss = ct_cross_entropy(xg, ct_zeros(CT_SHAPE(3), CT_INT64), NULL);
+    /* Double backward needs the logits themselves: a converted copy has no
+     * history. */
     ct_tensor *g;
     ct_grad_options cg = {.create_graph = true};
-    ASSERT_RC(ct_grad(&loss, 1, NULL, &xg, 1, &g, &cg), CT_ENOTSUP, "create_graph", "ct_nll_loss");
+    ct_tensor *half = ct_requires_grad_(ct_to_dtype(x, CT_FLOAT16), true);
+    ct_tensor *loss = ct_cross_entropy(half, ct_zeros(CT_SHAPE(3), CT_INT64), NULL);
+    ASSERT_RC(ct_grad(&loss, 1, NULL, &half, 1, &g, &cg), CT_ENOTSUP, "create_graph",
+              "float32 or float64");
 }
 
 static ct_tensor *f_nll(void *ctx, ct_tensor *const *x, int n) {
@@ -342,4 +344,28 @@ TEST(flatten_puts_parameters_and_gradients_in_one_buffer) {
     ASSERT_RC(ct_module_flatten(child, true), CT_EINVAL, "not the root");
     ct_param_list_free(&pl);
     ct_module_free(net);
+}
+
+/* The gradient of the loss as a function of the logits: gradcheck then
+ * checks the second derivative. */
+static ct_tensor *f_ce_grad(void *ctx, ct_tensor *const *x, int n) {
+    (void)n;
+    const ce_case *c = ctx;
+    ct_tensor *t = ct_from_data(c->t, CT_SHAPE(5), CT_INT64);
+    ct_tensor *loss = ct_cross_entropy(x[0], t, &c->o), *g = NULL;
+    if (c->o.reduction == CT_REDUCTION_NONE)
+        loss = ct_sum(ct_mul(loss, ct_arange(1, 6, 1, CT_FLOAT64)), NULL, 0, false);
+    ct_grad_options cg = {.create_graph = true};
+    return loss && !ct_grad(&loss, 1, NULL, x, 1, &g, &cg) ? ct_mul(g, g) : NULL;
+}
+
+TEST(cross_entropy_can_be_differentiated_twice) {
+    const int64_t t[5] = {3, 0, -100, 6, 3};
+    ct_loss_options opts[] = {
+        CT_LOSS_DEFAULTS, {CT_REDUCTION_SUM, -100, 0.1}, {CT_REDUCTION_NONE, -100, 0.25}};
+    for (int k = 0; k < 3; k++) {
+        ce_case c = {opts[k], t};
+        ct_tensor *in = ct_requires_grad_(tt_rand(CT_SHAPE(5, 7), CT_FLOAT64, 40 + k), true);
+        ASSERT_EQ(ct_gradcheck(f_ce_grad, &c, &in, 1, NULL), 0);
+    }
 }
