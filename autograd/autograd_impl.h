@@ -87,6 +87,8 @@ struct ct_node {
     ct_node *inner;      /* CopySlices: the in-place op's own node, strong */
     ct__geometry *geom;  /* view nodes: owned */
     char *label;
+    void **trace; /* anomaly mode: the call stack that recorded it, owned */
+    int ntrace;
 };
 
 /* Per-tensor autograd state, in the tensor's opaque slot. Allocated only for
@@ -138,6 +140,9 @@ void ct__node_release(ct_node *n);
 void ct__node_release_saved(ct_node *n);
 /* Writes "MulBackward0 (from op mul, label 'fc1')" into buf. */
 const char *ct__node_desc(char *buf, size_t cap, const ct_node *n);
+/* Writes where (outside ct) the node was recorded, from anomaly mode's
+ * stack, as "fn+0x1c (prog) < main+0x40 (prog)"; "" without one. */
+const char *ct__node_trace(char *buf, size_t cap, const ct_node *n);
 /* Keeps t (an input or output of n) for backward. Returns 0 or CT_ENOMEM. */
 int ct__node_save(ct_node *n, int slot, ct_tensor *t, int output_nr);
 /* Attaches n's history to output i: output i now requires grad. */

@@ -296,10 +296,13 @@ ct_tensor *ct__validate_grad(ct_node *n, int i, ct_tensor *g) {
         g = r;
     }
     if (ct_anomaly_enabled() && has_nan(g)) {
+        char trace[512];
+        ct__node_trace(trace, sizeof trace, n);
         ct__seterr(CT_ESTATE,
                    "backward (anomaly mode): %s returned NaN values in the gradient of its "
-                   "input %d (shape %s)",
-                   ct__node_desc(desc, sizeof desc, n), i, ct__shape_rec_str(ws, s));
+                   "input %d (shape %s)%s%s",
+                   ct__node_desc(desc, sizeof desc, n), i, ct__shape_rec_str(ws, s),
+                   *trace ? "; its op was recorded at " : "", trace);
         return NULL;
     }
     return g;

@@ -2,6 +2,8 @@
  * after every op. */
 #include "autograd_impl.h"
 
+#include <dlfcn.h>
+#include <execinfo.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -79,9 +81,43 @@ ct_node *ct__node_new(ct__node_kind kind, int nnext, int nout, int nsaved) {
     /* AccumulateGrad runs as soon as it is ready, so that hooks on leaves
      * (data-parallel bucketing) see gradients as early as possible. */
     n->seq = kind == CT__NODE_ACCUMULATE ? UINT64_MAX : next_seq++;
-    if (ct_anomaly_enabled() && current_label)
-        n->label = strdup(current_label);
+    if (ct_anomaly_enabled()) {
+        if (current_label)
+            n->label = strdup(current_label);
+        void *frames[32];
+        int nf = backtrace(frames, 32);
+        n->trace = malloc(sizeof(void *) * (size_t)nf);
+        if (n->trace) {
+            memcpy(n->trace, frames, sizeof(void *) * (size_t)nf);
+            n->ntrace = nf;
+        }
+    }
     return n;
+}
+
+const char *ct__node_trace(char *buf, size_t cap, const ct_node *n) {
+    Dl_info self, at;
+    size_t len = 0;
+    int shown = 0;
+    buf[0] = 0;
+    if (!dladdr((void *)ct__node_trace, &self))
+        return buf;
+    for (int i = 0; i < n->ntrace && shown < 6 && len < cap; i++) {
+        /* Frames inside ct itself say nothing about the user's code. */
+        if (!dladdr(n->trace[i], &at) || at.dli_fbase == self.dli_fbase)
+            continue;
+        const char *file = at.dli_fname ? strrchr(at.dli_fname, '/') : NULL;
+        file = file ? file + 1 : at.dli_fname ? at.dli_fname : "?";
+        char *base = at.dli_sname ? (char *)at.dli_saddr : (char *)at.dli_fbase;
+        int w = snprintf(buf + len, cap - len, "%s%s+0x%lx (%s)", shown ? " < " : "",
+                         at.dli_sname ? at.dli_sname : "",
+                         (unsigned long)((char *)n->trace[i] - base), file);
+        len += w > 0 ? (size_t)w : 0;
+        shown++;
+        if (at.dli_sname && strcmp(at.dli_sname, "main") == 0)
+            break; /* what follows is the C runtime's */
+    }
+    return buf;
 }
 
 ct_node *ct__node_retain(ct_node *n) {
@@ -133,6 +169,7 @@ static void node_destroy(ct_node *n) {
         n->def->free_ctx(n->ctx);
     free_hooks(n->hooks);
     free(n->label);
+    free(n->trace);
     free(n);
 }
 

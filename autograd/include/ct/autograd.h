@@ -172,8 +172,9 @@ CT_API int ct_autograd_fail(int code, const char *fmt, ...) CT_PRINTF(2, 3);
 /* ------------------------------------------------------------- anomaly */
 
 /* Anomaly mode (process-wide, off by default): nodes remember the label set
- * on their thread when they were created, and a NaN in any gradient made by
- * backward fails it with CT_ESTATE, naming the node, its op and its label.
+ * on their thread when they were created and the call stack that recorded
+ * them, and a NaN in any gradient made by backward fails it with CT_ESTATE,
+ * naming the node, its op, its label and where its op was recorded.
  * Returns the previous setting. */
 CT_API bool ct_set_anomaly_enabled(bool enabled);
 CT_API bool ct_anomaly_enabled(void);
