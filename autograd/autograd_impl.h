@@ -190,8 +190,8 @@ typedef struct ct__deriv {
  * require grad). */
 const ct__deriv *ct__deriv_of(ct_op op);
 
-/* Runs a backward from roots (edges with their gradients, engine-owned
- * references are not taken). With captures (ct_grad), the gradients flowing
+/* Runs a backward from roots (edges and their gradients, borrowed for the
+ * call; the engine takes its own references). With captures (ct_grad), the gradients flowing
  * into those edges are written to captured[] as new references and no leaf
  * is touched; otherwise leaves accumulate. Reentrant: called from inside a
  * backward it nests, past a depth limit on another thread. */
@@ -210,8 +210,8 @@ int ct__engine_run(const ct__run *run);
 bool ct__engine_capturing(void);
 
 /* Sums grad down to shape (the reverse of broadcasting) and converts it to
- * its dtype. NULL with a message naming who if the shapes do not
- * broadcast. */
+ * its dtype. NULL, without a message, if grad does not broadcast from shape:
+ * the caller knows what to name. */
 ct_tensor *ct__sum_to(ct_tensor *grad, const ct__shape *shape);
 bool ct__shape_equal(const ct__shape *s, const ct_tensor *t);
 

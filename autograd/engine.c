@@ -248,8 +248,7 @@ static int accumulate_into(ct_tensor **buf, ct_tensor *g, bool create_graph) {
         *buf = ct_tensor_retain(g);
         return 0;
     }
-    if (!create_graph && exclusive(*buf) && ct_ndim(g) == ct_ndim(*buf) &&
-        memcmp(ct_sizes(g), ct_sizes(*buf), sizeof(int64_t) * (size_t)ct_ndim(g)) == 0)
+    if (!create_graph && exclusive(*buf) && ct__same_shape(g, *buf))
         return ct_add_(*buf, g) ? 0 : ct_errcode();
     ct_tensor *sum = ct_add(*buf, g);
     if (!sum)
@@ -693,8 +692,7 @@ static int make_roots(const char *op, ct_tensor *const *outputs, int n,
         if (g) {
             if ((rc = CT__CHECK(op, g)))
                 return rc;
-            if (g->ndim != o->ndim ||
-                memcmp(g->sizes, o->sizes, sizeof(int64_t) * (size_t)o->ndim) != 0)
+            if (!ct__same_shape(g, o))
                 return ct__seterr(CT_ESHAPE, "%s: grad_outputs[%d] is %s but output %d is %s", op,
                                   i, ct__desc(a, g), i, ct__desc(b, o));
             g = ct_to_dtype(g, o->dtype);

@@ -399,8 +399,7 @@ int ct_tensor_set_grad(ct_tensor *t, ct_tensor *grad) {
         if (rc)
             return rc;
         char a[CT__DESC_STR], b[CT__DESC_STR];
-        if (grad->ndim != t->ndim ||
-            memcmp(grad->sizes, t->sizes, sizeof(int64_t) * (size_t)t->ndim) != 0)
+        if (!ct__same_shape(grad, t))
             return ct__seterr(CT_ESHAPE, "set_grad: gradient %s does not match the tensor %s",
                               ct__desc(a, grad), ct__desc(b, t));
         if (grad->dtype != t->dtype)

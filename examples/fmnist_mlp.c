@@ -141,9 +141,9 @@ static ct_optim *build_optimizer(const options *o, const ct_param_list *pl) {
         opts.momentum = 0.9;
         return ct_optim_new(&opts, pl->tensors, pl->n);
     }
-    ct_tensor *decay[16], *plain[16];
+    ct_tensor *decay[pl->n], *plain[pl->n];
     int nd = 0, np = 0;
-    for (int i = 0; i < pl->n && i < 16; i++) {
+    for (int i = 0; i < pl->n; i++) {
         if (ct_ndim(pl->tensors[i]) >= 2)
             decay[nd++] = pl->tensors[i];
         else

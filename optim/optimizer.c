@@ -410,8 +410,7 @@ static int plan(ct_optim *opt, int *nsegs_out, int64_t *total_out) {
         if (ct_tensor_dtype(g) != opt->dtype)
             return ct__seterr(CT_EDTYPE, "optim_step: param %d is %s but its gradient is %s", i,
                               ct__desc(d0, pp->t), ct__desc(d1, g));
-        if (ct_ndim(g) != ct_ndim(pp->t) ||
-            memcmp(ct_sizes(g), ct_sizes(pp->t), (size_t)ct_ndim(g) * sizeof(int64_t)) != 0)
+        if (!ct__same_shape(g, pp->t))
             return ct__seterr(CT_ESHAPE, "optim_step: param %d is %s but its gradient is %s", i,
                               ct__desc(d0, pp->t), ct__desc(d1, g));
         if (steps[i] < 0 || steps[i] == INT64_MAX)

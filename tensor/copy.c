@@ -13,16 +13,11 @@ static void memcpy_chunk(void *arg, int64_t lo, int64_t hi) {
 
 void ct__copy_into(ct_tensor *dst, ct_tensor *src) {
     if (dst->dtype == src->dtype && ct_is_contiguous(dst) && ct_is_contiguous(src) &&
-        dst->ndim == src->ndim && ct_numel(dst) == ct_numel(src)) {
-        bool same_shape = true;
-        for (int i = 0; i < dst->ndim; i++)
-            same_shape &= dst->sizes[i] == src->sizes[i];
-        if (same_shape) {
-            memcpy_job j = {ct__data(dst), ct__data(src)};
-            int64_t bytes = ct_numel(dst) * (int64_t)ct_dtype_size(dst->dtype);
-            ct_parallel_for(0, bytes, CT__GRAIN_ELEMENTWISE * 8, memcpy_chunk, &j);
-            return;
-        }
+        ct__same_shape(dst, src)) {
+        memcpy_job j = {ct__data(dst), ct__data(src)};
+        int64_t bytes = ct_numel(dst) * (int64_t)ct_dtype_size(dst->dtype);
+        ct_parallel_for(0, bytes, CT__GRAIN_ELEMENTWISE * 8, memcpy_chunk, &j);
+        return;
     }
     ct__iter it;
     ct__iter_init(&it, (ct_tensor *[]){dst, src}, 2, dst->ndim, dst->sizes);

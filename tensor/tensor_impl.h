@@ -73,6 +73,9 @@ static inline char *ct__data(const ct_tensor *t) {
 }
 
 int64_t ct__numel(int ndim, const int64_t *sizes);
+static inline bool ct__same_shape(const ct_tensor *a, const ct_tensor *b) {
+    return a->ndim == b->ndim && memcmp(a->sizes, b->sizes, sizeof(int64_t) * (size_t)a->ndim) == 0;
+}
 /* Wraps a negative dim; -1 and an error message on a bad one. */
 int ct__wrap_dim(const char *op, int dim, int ndim);
 /* A new tensor object viewing storage (retained); registered in the current

@@ -5,6 +5,7 @@
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <time.h>
 
 #define TT_MAX_TESTS 512
 
@@ -41,6 +42,12 @@ static void *run_fn(void *arg) {
     void (**fn)(void) = arg;
     (*fn)();
     return NULL;
+}
+
+double tt_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 void tt_run_unscoped(void (*fn)(void)) {

@@ -13,6 +13,10 @@ typedef void (*tt_fn)(void);
 void tt_register(const char *name, tt_fn fn);
 void tt_fail(const char *file, int line, const char *fmt, ...) CT_PRINTF(3, 4);
 int tt_failed(void); /* failures in the current test so far */
+/* Seconds on the monotonic clock, for tests that bound how long things
+ * take. */
+double tt_now(void);
+
 /* Runs fn on a new thread, which has no scope: for tests of what happens at
  * the outermost scope (every TEST body runs inside one). */
 void tt_run_unscoped(void (*fn)(void));

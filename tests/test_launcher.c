@@ -9,7 +9,6 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 typedef struct result {
@@ -17,12 +16,6 @@ typedef struct result {
     char out[16384], err[16384];
     double seconds;
 } result;
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static void slurp(int fd, char *buf, size_t cap) {
     lseek(fd, 0, SEEK_SET);
@@ -43,7 +36,7 @@ static void run_full(result *r, const char *const *args, double timeout, int sig
     for (; args[n - 1] && n < 63; n++)
         argv[n] = args[n - 1];
     argv[n] = NULL;
-    double t0 = now();
+    double t0 = tt_now();
     pid_t pid = fork();
     if (pid == 0) {
         dup2(out, STDOUT_FILENO);
@@ -53,7 +46,7 @@ static void run_full(result *r, const char *const *args, double timeout, int sig
     }
     bool signalled = false;
     r->status = -1;
-    while (now() - t0 < timeout) {
+    while (tt_now() - t0 < timeout) {
         int st;
         if (waitpid(pid, &st, WNOHANG) == pid) {
             r->status = st;
@@ -77,7 +70,7 @@ static void run_full(result *r, const char *const *args, double timeout, int sig
         kill(pid, SIGKILL);
         waitpid(pid, NULL, 0);
     }
-    r->seconds = now() - t0;
+    r->seconds = tt_now() - t0;
     slurp(out, r->out, sizeof r->out);
     slurp(err, r->err, sizeof r->err);
 }

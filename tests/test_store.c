@@ -21,12 +21,6 @@
 const char *__tsan_default_suppressions(void);
 const char *__tsan_default_suppressions(void) { return "race:libzmq.so\nrace:libstdc++.so\n"; }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static void sleep_s(double s) {
     struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
     nanosleep(&ts, NULL);
@@ -133,9 +127,9 @@ TEST(get_waits_for_a_later_set) {
     later l = {f.port, 0.2, (const char *[]){"rank3/addr"}, 1, -1};
     pthread_t th;
     ASSERT_EQ(pthread_create(&th, NULL, set_later, &l), 0);
-    double t0 = now_s();
+    double t0 = tt_now();
     bool got = value_is(f.store, "rank3/addr", "rank3/addr", 10);
-    double waited = now_s() - t0;
+    double waited = tt_now() - t0;
     pthread_join(th, NULL);
     ASSERT_EQ(l.rc, 0);
     ASSERT_TRUE(got);
@@ -240,18 +234,18 @@ TEST(timeouts_fire_in_time_and_name_the_key) {
     ASSERT_TRUE(fixture_init(&f));
     void *v = (void *)1;
     size_t len = 1;
-    double t0 = now_s();
+    double t0 = tt_now();
     ASSERT_RC(ct_store_get(f.store, "rank3/addr", &v, &len, 0.3), CT_ETIMEDOUT,
               "store get 'rank3/addr'", "timed out after 0.3 s", "127.0.0.1");
-    double took = now_s() - t0;
+    double took = tt_now() - t0;
     ASSERT_TRUE(took > 0.25 && took < 1.5);
     ASSERT_TRUE(v == NULL && len == 0);
 
     ASSERT_EQ(ct_store_set(f.store, "a", "1", 1, -1), 0);
-    t0 = now_s();
+    t0 = tt_now();
     ASSERT_RC(ct_store_wait(f.store, (const char *[]){"a", "b"}, 2, 0.3), CT_ETIMEDOUT,
               "store wait 'a', 'b'", "waiting for 'b'");
-    took = now_s() - t0;
+    took = tt_now() - t0;
     ASSERT_TRUE(took > 0.25 && took < 1.5);
     /* The client is still usable after a timeout; the late answer to the
      * timed-out request is not taken for the next one's. */
@@ -303,12 +297,12 @@ TEST(a_vanished_server_is_an_error_not_a_hang) {
     ASSERT_EQ(ct_store_set(f.store, "k", "v", 1, -1), 0);
     ct_store_server_free(f.server);
     f.server = NULL;
-    double t0 = now_s();
+    double t0 = tt_now();
     void *v;
     size_t len;
     ct_errclear();
     int rc = ct_store_get(f.store, "k", &v, &len, 0.5);
-    double took = now_s() - t0;
+    double took = tt_now() - t0;
     ASSERT_TRUE(rc == CT_EPEER || rc == CT_ETIMEDOUT);
     ASSERT_STR_CONTAINS(ct_errmsg(), "store get 'k'");
     ASSERT_TRUE(took < 1.5);
@@ -319,9 +313,9 @@ TEST(a_vanished_server_is_an_error_not_a_hang) {
     ASSERT_TRUE(gone != NULL);
     int port = ct_store_server_port(gone);
     ct_store_server_free(gone);
-    t0 = now_s();
+    t0 = tt_now();
     ASSERT_FAILS(ct_store_connect("127.0.0.1", port, 0.3), CT_EPEER, "unreachable", "127.0.0.1");
-    ASSERT_TRUE(now_s() - t0 < 1.5);
+    ASSERT_TRUE(tt_now() - t0 < 1.5);
 }
 
 /* Runs in a forked child: joins the parent's store by port. */
@@ -343,9 +337,9 @@ static int child_main(int port, int i) {
 /* Reaps pid within timeout_s, killing it if it is still running; its exit
  * status, or -1. */
 static int reap(pid_t pid, double timeout_s) {
-    double deadline = now_s() + timeout_s;
+    double deadline = tt_now() + timeout_s;
     int status;
-    while (now_s() < deadline) {
+    while (tt_now() < deadline) {
         if (waitpid(pid, &status, WNOHANG) == pid)
             return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
         sleep_s(0.01);
