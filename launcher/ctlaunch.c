@@ -3,13 +3,15 @@
  *
  *   ctlaunch -np N [--nnodes M --node-rank K --master HOST:PORT]
  *            [--log-dir DIR] [--ranks LIST] [--max-restarts R] [--grace S]
- *            PROGRAM [ARGS...]
+ *            [--hang-timeout S] PROGRAM [ARGS...]
  *
  * Each rank runs PROGRAM in its own process group with the CT_* variables
  * that ct_dist_init() reads. Output lines are prefixed with "[rank N]".
  * When a rank fails, the others are stopped (SIGTERM, then SIGKILL after the
  * grace period) and the first failure is reported with the last lines of its
- * stderr; ctlaunch exits with that rank's code. --help says more.
+ * stderr; ctlaunch exits with that rank's code. With --hang-timeout, a
+ * watcher thread reads the ranks' heartbeats from the store and stops a job
+ * whose ranks stopped making progress. --help says more.
  */
 #define _GNU_SOURCE
 
@@ -17,7 +19,9 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -33,6 +37,10 @@
 #define MAX_RANKS  1024
 #define TAIL_LINES 20
 #define LINE_MAX_  4096
+/* ctlaunch's exit code after a hang, as timeout(1)'s. */
+#define HANG_EXIT_CODE 124
+/* A byte on the signal pipe that is no signal: the watcher found a hang. */
+#define HANG_WAKEUP 0
 
 static const char usage_text[] =
     "usage: ctlaunch -np N [options] PROGRAM [ARGS...]\n"
@@ -56,6 +64,10 @@ static const char usage_text[] =
     "                      ranks see the count in CT_RESTART_COUNT (default 0)\n"
     "  --grace S           seconds between SIGTERM and SIGKILL when stopping ranks\n"
     "                      (default 5)\n"
+    "  --hang-timeout S    stop the job when a rank that sends heartbeats (every rank\n"
+    "                      that called ct_dist_init) has made no progress for S\n"
+    "                      seconds: no collective completed, no ct_dist_heartbeat()\n"
+    "                      (default: off)\n"
     "  -h, --help          this text\n"
     "\n"
     "Each rank gets CT_RANK, CT_WORLD_SIZE, CT_LOCAL_RANK, CT_LOCAL_WORLD_SIZE,\n"
@@ -65,12 +77,17 @@ static const char usage_text[] =
     "When a rank exits with a non-zero code or dies on a signal, ctlaunch stops the\n"
     "others, reports that first failure with the last lines of its stderr, and\n"
     "exits with its code (128 + the signal for a signal). SIGINT, SIGTERM, SIGHUP,\n"
-    "SIGQUIT, SIGUSR1 and SIGUSR2 are forwarded to every rank.\n";
+    "SIGQUIT, SIGUSR1 and SIGUSR2 are forwarded to every rank.\n"
+    "\n"
+    "With --hang-timeout, a hang is reported with each rank's progress, how long ago\n"
+    "it changed and the collective it waits in; the ranks are stopped as after a\n"
+    "failure (and restarted under --max-restarts), and ctlaunch exits with 124.\n";
 
 typedef struct options {
     int np, nnodes, node_rank, max_restarts;
     double grace;
-    char *master_host; /* owned */
+    double hang_timeout; /* seconds; 0: no hang detection */
+    char *master_host;   /* owned */
     const char *log_dir;
     int master_port;
     bool *show; /* [np]: ranks shown on the console */
@@ -191,8 +208,13 @@ static void parse(int argc, char **argv, options *o) {
         else if (!strcmp(a, "--grace")) {
             char *end;
             o->grace = strtod(v, &end);
-            if (*end || !(o->grace >= 0))
+            if (!*v || *end || !(o->grace >= 0) || !isfinite(o->grace))
                 die_usage("--grace needs seconds >= 0, got '%s'", v);
+        } else if (!strcmp(a, "--hang-timeout")) {
+            char *end;
+            o->hang_timeout = strtod(v, &end);
+            if (!*v || *end || !(o->hang_timeout > 0) || !isfinite(o->hang_timeout))
+                die_usage("--hang-timeout needs seconds > 0, got '%s'", v);
         } else if (!strcmp(a, "--master")) {
             const char *colon = strrchr(v, ':');
             if (!colon || colon == v)
@@ -372,6 +394,258 @@ static bool drain(const options *o, rank *ranks, int r, bool is_err) {
     }
 }
 
+/* ------------------------------------------------------- hang detection */
+
+/* What the watcher knows of one local rank's heartbeats (ct_dist_init's
+ * heartbeat thread sets "ct/hb/<restart>/<rank>" to "<progress> <what it
+ * waits in>", or "<progress> done" at finalize, about once a second). */
+typedef struct beat_state {
+    bool seen, done;
+    unsigned long long progress;
+    double changed; /* when ctlaunch saw progress change */
+    char waiting[96];
+} beat_state;
+
+/* --hang-timeout's watcher: a thread with its own store client, so that a
+ * slow store never holds up the ranks' output. It reads each local rank's
+ * heartbeat every second; when one has sent heartbeats, is not done and
+ * has not progressed for the timeout, it writes a report and wakes the
+ * supervisor through the signal pipe. */
+typedef struct watcher {
+    const options *o;
+    bool enabled;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv; /* on CLOCK_MONOTONIC: stop was set */
+    /* Guarded by mu. */
+    bool stop;
+    int generation; /* the restart count of the running ranks; -1: none */
+    bool *exited;   /* [np]: reaped ranks, which send no more heartbeats */
+    char *report;   /* the hang found in this generation, until taken */
+    bool hung;
+    /* The thread's own. */
+    ct_store *store;
+    beat_state *state; /* [np] */
+    bool *gone;        /* [np]: a copy of exited */
+    int state_generation;
+} watcher;
+
+static void watcher_poll_rank(watcher *w, int generation, int r, double t) {
+    const options *o = w->o;
+    beat_state *st = &w->state[r];
+    char key[64];
+    const char *keys[] = {key};
+    snprintf(key, sizeof key, "ct/hb/%d/%ld", generation, (long)o->node_rank * o->np + r);
+    bool exists = true;
+    if (!st->seen && ct_store_check(w->store, keys, 1, &exists, 1.0))
+        exists = false;
+    void *value = NULL;
+    size_t len = 0;
+    if (!exists || ct_store_get(w->store, key, &value, &len, 1.0))
+        return;
+    unsigned long long progress;
+    int rest = 0;
+    if (sscanf(value, "%llu %n", &progress, &rest) == 1) {
+        const char *waiting = (const char *)value + rest;
+        bool done = !strcmp(waiting, "done");
+        /* A rank that initializes again after finalize counts from scratch. */
+        if (!st->seen || progress != st->progress || (st->done && !done))
+            st->changed = t;
+        st->seen = true;
+        st->done = done;
+        st->progress = progress;
+        snprintf(st->waiting, sizeof st->waiting, "%s", waiting);
+    }
+    free(value);
+}
+
+/* Appends to buf (cap bytes, *len used), cutting off what does not fit. */
+static void CT_PRINTF(4, 5) appendf(char *buf, size_t cap, size_t *len, const char *fmt, ...) {
+    if (*len + 1 >= cap)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf + *len, cap - *len, fmt, ap);
+    va_end(ap);
+    *len = n < 0 || *len + (size_t)n >= cap ? cap - 1 : *len + (size_t)n;
+}
+
+/* Whether local rank r sends heartbeats, is running and is not done. */
+static bool rank_watched(const watcher *w, int r) {
+    const beat_state *st = &w->state[r];
+    return st->seen && !st->done && !w->gone[r];
+}
+
+/* ... and has not progressed for the timeout. */
+static bool rank_hung(const watcher *w, int r, double t) {
+    return rank_watched(w, r) && t - w->state[r].changed >= w->o->hang_timeout;
+}
+
+/* The report of a hang (the caller frees it), or NULL if no rank is hung. */
+static char *watcher_judge(const watcher *w, double t) {
+    const options *o = w->o;
+    int nhung = 0;
+    double least = INFINITY;
+    for (int r = 0; r < o->np; r++)
+        if (rank_hung(w, r, t)) {
+            nhung++;
+            least = fmin(least, t - w->state[r].changed);
+        }
+    size_t cap = 256 + (size_t)o->np * 256, len = 0;
+    char *report = nhung ? malloc(cap) : NULL;
+    if (!report)
+        return NULL;
+    appendf(report, cap, &len, "ctlaunch: hang: no progress for %.1f s on rank%s", least,
+            nhung > 1 ? "s" : "");
+    for (int r = 0, listed = 0; r < o->np; r++)
+        if (rank_hung(w, r, t))
+            appendf(report, cap, &len, "%s %ld", listed++ ? "," : "",
+                    (long)o->node_rank * o->np + r);
+    appendf(report, cap, &len, " (--hang-timeout %g); stopping the ranks\n", o->hang_timeout);
+    /* Every rank with heartbeats: who waits in a collective, who never came. */
+    for (int r = 0; r < o->np; r++) {
+        const beat_state *st = &w->state[r];
+        bool waiting = strcmp(st->waiting, "-") != 0;
+        if (rank_watched(w, r))
+            appendf(report, cap, &len,
+                    "ctlaunch:   rank %ld%s: progress %llu, unchanged for %.1f s, %s%s\n",
+                    (long)o->node_rank * o->np + r, rank_hung(w, r, t) ? " (hung)" : "",
+                    st->progress, t - st->changed, waiting ? "waiting in " : "in no collective",
+                    waiting ? st->waiting : "");
+    }
+    return report;
+}
+
+static void *watcher_main(void *arg) {
+    watcher *w = arg;
+    const options *o = w->o;
+    /* Node 0 hosts the store in this process; other nodes reach node 0's. */
+    const char *host = o->node_rank == 0 ? "127.0.0.1" : o->master_host;
+    pthread_mutex_lock(&w->mu);
+    for (;;) {
+        struct timespec until;
+        clock_gettime(CLOCK_MONOTONIC, &until);
+        until.tv_sec += 1;
+        while (!w->stop && pthread_cond_timedwait(&w->cv, &w->mu, &until) != ETIMEDOUT)
+            ;
+        if (w->stop)
+            break;
+        int generation = w->generation;
+        if (generation < 0 || w->hung)
+            continue;
+        memcpy(w->gone, w->exited, sizeof *w->gone * (size_t)o->np);
+        pthread_mutex_unlock(&w->mu);
+        if (w->state_generation != generation) {
+            memset(w->state, 0, sizeof *w->state * (size_t)o->np);
+            w->state_generation = generation;
+        }
+        if (!w->store)
+            w->store = ct_store_connect(host, o->master_port, 1.0);
+        char *report = NULL;
+        if (w->store) {
+            for (int r = 0; r < o->np; r++)
+                if (!w->gone[r])
+                    watcher_poll_rank(w, generation, r, now());
+            report = watcher_judge(w, now());
+        }
+        pthread_mutex_lock(&w->mu);
+        if (report && w->generation == generation) {
+            w->hung = true;
+            w->report = report;
+            unsigned char b = HANG_WAKEUP;
+            if (write(signal_pipe[1], &b, 1) < 0) {
+                /* The pipe is full: the supervisor wakes up anyway. */
+            }
+        } else {
+            free(report);
+        }
+    }
+    pthread_mutex_unlock(&w->mu);
+    ct_store_free(w->store);
+    return NULL;
+}
+
+/* Starts the watcher when --hang-timeout asks for one. */
+static int watcher_start(watcher *w, const options *o) {
+    *w = (watcher){.o = o, .generation = -1, .state_generation = -1};
+    if (o->hang_timeout == 0)
+        return 0;
+    w->exited = calloc((size_t)o->np, sizeof *w->exited);
+    w->gone = calloc((size_t)o->np, sizeof *w->gone);
+    w->state = calloc((size_t)o->np, sizeof *w->state);
+    if (!w->exited || !w->gone || !w->state) {
+        perror("ctlaunch");
+        return -1;
+    }
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&w->cv, &attr);
+    pthread_condattr_destroy(&attr);
+    pthread_mutex_init(&w->mu, NULL);
+    /* Signals go to the main thread, which forwards them. */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
+    int err = pthread_create(&w->thread, NULL, watcher_main, w);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (err) {
+        fprintf(stderr, "ctlaunch: cannot start the hang watcher: %s\n", strerror(err));
+        return -1;
+    }
+    w->enabled = true;
+    return 0;
+}
+
+/* Watches the ranks of restart `generation`, or none when it is -1. */
+static void watcher_watch(watcher *w, int generation) {
+    if (!w->enabled)
+        return;
+    pthread_mutex_lock(&w->mu);
+    w->generation = generation;
+    w->hung = false;
+    free(w->report);
+    w->report = NULL;
+    memset(w->exited, 0, sizeof *w->exited * (size_t)w->o->np);
+    pthread_mutex_unlock(&w->mu);
+}
+
+static void watcher_rank_exited(watcher *w, int r) {
+    if (!w->enabled)
+        return;
+    pthread_mutex_lock(&w->mu);
+    w->exited[r] = true;
+    pthread_mutex_unlock(&w->mu);
+}
+
+/* The report of a hang found among the running ranks (the caller frees
+ * it), or NULL. */
+static char *watcher_take_report(watcher *w) {
+    if (!w->enabled)
+        return NULL;
+    pthread_mutex_lock(&w->mu);
+    char *report = w->report;
+    w->report = NULL;
+    pthread_mutex_unlock(&w->mu);
+    return report;
+}
+
+static void watcher_free(watcher *w) {
+    if (w->enabled) {
+        pthread_mutex_lock(&w->mu);
+        w->stop = true;
+        pthread_cond_signal(&w->cv);
+        pthread_mutex_unlock(&w->mu);
+        pthread_join(w->thread, NULL);
+        pthread_cond_destroy(&w->cv);
+        pthread_mutex_destroy(&w->mu);
+    }
+    free(w->report);
+    free(w->exited);
+    free(w->gone);
+    free(w->state);
+}
+
 /* ---------------------------------------------------------- supervision */
 
 static bool failed(int status) { return !WIFEXITED(status) || WEXITSTATUS(status) != 0; }
@@ -403,17 +677,24 @@ static void report(const options *o, rank *ranks, int r) {
         fprintf(stderr, "    %s\n", k->tail[i % TAIL_LINES]);
 }
 
-/* Runs one generation of the group to the end. Returns the rank that failed
- * first (-1 if none), or -2 - signal when a forwarded signal stopped it. */
-static int supervise(const options *o, rank *ranks) {
+/* How a generation of the group ended. */
+typedef struct outcome {
+    enum { ENDED_OK, ENDED_FAILED, ENDED_HUNG, ENDED_SIGNAL } how;
+    int rank;   /* ENDED_FAILED: the local rank that failed first */
+    int signal; /* ENDED_SIGNAL: the signal that stopped it */
+} outcome;
+
+/* Runs one generation of the group to the end. */
+static outcome supervise(const options *o, rank *ranks, watcher *watch) {
     int np = o->np, first = -1, stop_signal = 0, alive = np;
+    bool hung = false;
     double kill_at = 0;  /* when SIGKILL follows SIGTERM; 0: not stopping */
     double drain_by = 0; /* after the last exit, how long output may still come */
     struct pollfd *fds = calloc((size_t)(2 * np + 1), sizeof *fds);
     if (!fds) {
         perror("ctlaunch");
         signal_all(ranks, np, SIGKILL);
-        return -1;
+        return (outcome){.how = ENDED_SIGNAL, .signal = SIGKILL};
     }
     for (;;) {
         int open_streams = 0, n = 0;
@@ -439,6 +720,17 @@ static int supervise(const options *o, rank *ranks) {
         unsigned char sigs[64];
         ssize_t got = read(signal_pipe[0], sigs, sizeof sigs);
         for (ssize_t i = 0; i < got; i++) {
+            if (sigs[i] == HANG_WAKEUP) {
+                char *hang = watcher_take_report(watch);
+                if (hang && first < 0 && !stop_signal && !hung) {
+                    fputs(hang, stderr);
+                    hung = true;
+                    signal_all(ranks, np, SIGTERM);
+                    kill_at = now() + o->grace;
+                }
+                free(hang);
+                continue;
+            }
             if (sigs[i] == SIGCHLD)
                 continue;
             signal_all(ranks, np, sigs[i]);
@@ -459,7 +751,8 @@ static int supervise(const options *o, rank *ranks) {
                 ranks[r].status = status;
                 ranks[r].exited = true;
                 alive--;
-                if (failed(status) && first < 0 && !stop_signal) {
+                watcher_rank_exited(watch, r);
+                if (failed(status) && first < 0 && !stop_signal && !hung) {
                     first = r;
                     signal_all(ranks, np, SIGTERM);
                     kill_at = now() + o->grace;
@@ -472,7 +765,11 @@ static int supervise(const options *o, rank *ranks) {
         }
     }
     free(fds);
-    return stop_signal ? -2 - stop_signal : first;
+    if (stop_signal)
+        return (outcome){.how = ENDED_SIGNAL, .signal = stop_signal};
+    if (hung)
+        return (outcome){.how = ENDED_HUNG};
+    return first >= 0 ? (outcome){.how = ENDED_FAILED, .rank = first} : (outcome){.how = ENDED_OK};
 }
 
 int main(int argc, char **argv) {
@@ -509,26 +806,37 @@ int main(int argc, char **argv) {
         ct_store_server_free(store);
         return 1;
     }
+    watcher watch;
+    if (watcher_start(&watch, &o)) {
+        watcher_free(&watch);
+        free(ranks);
+        ct_store_server_free(store);
+        return 1;
+    }
     int code = 0;
     for (int restart = 0;; restart++) {
+        watcher_watch(&watch, restart);
         if (spawn(&o, ranks, restart)) {
             signal_all(ranks, o.np, SIGKILL);
             code = 1;
             break;
         }
-        int first = supervise(&o, ranks);
-        if (first < 0) {
-            code = first <= -2 ? 128 + (-2 - first) : 0;
+        outcome end = supervise(&o, ranks, &watch);
+        watcher_watch(&watch, -1);
+        if (end.how == ENDED_OK || end.how == ENDED_SIGNAL) {
+            code = end.how == ENDED_SIGNAL ? 128 + end.signal : 0;
             break;
         }
-        report(&o, ranks, first);
+        if (end.how == ENDED_FAILED)
+            report(&o, ranks, end.rank);
         if (restart >= o.max_restarts) {
-            code = exit_code(ranks[first].status);
+            code = end.how == ENDED_HUNG ? HANG_EXIT_CODE : exit_code(ranks[end.rank].status);
             break;
         }
         fprintf(stderr, "ctlaunch: restarting the group (%d of %d restarts)\n", restart + 1,
                 o.max_restarts);
     }
+    watcher_free(&watch);
     free(ranks);
     free(o.show);
     free(o.master_host);

@@ -7,9 +7,18 @@
  *   stubborn       ignores SIGTERM, prints "ready" and waits
  *   restart        rank 1 fails on the first run only
  *   store          meets the other ranks through ctlaunch's store
+ *   dist [restart] ct_dist_init, an allreduce on the world and on a group
+ *                  of the even ranks, ct_dist_finalize (twice); with
+ *                  "restart", rank 1 then fails on the first run only
+ *   hang           ct_dist_init, prints "ready"; then rank 0 waits in a
+ *                  barrier the others never reach, and they sleep
+ *   beat S         ct_dist_init, then ct_dist_heartbeat() for S seconds
+ *                  without a collective, then ct_dist_finalize
+ *   sleep S        sleeps S seconds without ct_dist_init
  *
  * Every mode first prints "pid=<pid>", so the test can check that no rank
- * is left behind. Waiting ranks give up after 30 s. */
+ * is left behind. Waiting ranks give up after 30 s. The dist modes work
+ * under mpirun too. */
 #define _DEFAULT_SOURCE
 
 #include <ct/dist.h>
@@ -30,6 +39,63 @@ static int wait_a_while(void) {
     for (int i = 0; i < 300; i++)
         nanosleep(&tick, NULL);
     return 0;
+}
+
+static void sleep_s(double seconds) {
+    struct timespec ts = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
+    nanosleep(&ts, NULL);
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int dist_failed(const char *what) {
+    fprintf(stderr, "%s: %s\n", what, ct_errmsg());
+    ct_dist_finalize();
+    return 1;
+}
+
+/* The sum over comm of value, through an allreduce. */
+static int sum_over(ct_comm *comm, double value, double *sum) {
+    ct_tensor *t = ct_from_data(&value, CT_SHAPE(1), CT_FLOAT64);
+    int rc = t ? ct_comm_allreduce(comm, t, CT_REDUCE_SUM, NULL) : ct_errcode();
+    if (rc == 0)
+        *sum = ct_item(t);
+    ct_tensor_free(t);
+    return rc;
+}
+
+static int dist_mode(bool fail_first_run) {
+    if (ct_dist_init(NULL))
+        return dist_failed("ct_dist_init");
+    const ct_world *w = ct_dist_world();
+    int rank = w->rank; /* w is the library's, and finalize clears it */
+    double sum = 0, group_sum = -1;
+    if (sum_over(ct_dist_comm(), w->rank + 1, &sum))
+        return dist_failed("allreduce");
+    int evens[64], n = 0;
+    for (int r = 0; r < w->size && n < 64; r += 2)
+        evens[n++] = r;
+    ct_comm *group = NULL;
+    if (ct_dist_new_group(evens, n, &group))
+        return dist_failed("ct_dist_new_group");
+    if (group && sum_over(group, w->rank, &group_sum))
+        return dist_failed("allreduce on the group");
+    printf("dist rank=%d size=%d local=%d/%d backend=%s sum=%g group=%d group_sum=%g\n", w->rank,
+           w->size, w->local_rank, w->local_size, ct_backend_name(ct_comm_backend(ct_dist_comm())),
+           sum, group ? ct_comm_rank(group) : -1, group_sum);
+    fflush(stdout);
+    ct_comm_free(group);
+    ct_dist_finalize();
+    ct_dist_finalize();
+    if (fail_first_run && rank == 1 && !strcmp(env("CT_RESTART_COUNT"), "0")) {
+        fprintf(stderr, "failing on purpose after ct_dist_init on the first run\n");
+        return 1;
+    }
+    return ct_dist_is_initialized();
 }
 
 int main(int argc, char **argv) {
@@ -94,6 +160,32 @@ int main(int argc, char **argv) {
             return 1;
         }
         printf("met %d ranks at %s:%d\n", w.size, w.master_addr, w.master_port);
+        return 0;
+    }
+    if (!strcmp(mode, "dist"))
+        return dist_mode(argc > 2 && !strcmp(argv[2], "restart"));
+    if (!strcmp(mode, "hang")) {
+        if (ct_dist_init(NULL))
+            return dist_failed("ct_dist_init");
+        printf("ready\n");
+        fflush(stdout);
+        if (rank == 0 && ct_comm_barrier(ct_dist_comm(), NULL))
+            return dist_failed("barrier");
+        return wait_a_while();
+    }
+    if (!strcmp(mode, "beat") && argc > 2) {
+        if (ct_dist_init(NULL))
+            return dist_failed("ct_dist_init");
+        for (double end = now_s() + atof(argv[2]); now_s() < end;) {
+            ct_dist_heartbeat();
+            sleep_s(0.2);
+        }
+        ct_dist_finalize();
+        printf("beat done\n");
+        return 0;
+    }
+    if (!strcmp(mode, "sleep") && argc > 2) {
+        sleep_s(atof(argv[2]));
         return 0;
     }
     fprintf(stderr, "ctlaunch_rank: unknown mode '%s'\n", mode);

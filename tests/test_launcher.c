@@ -1,6 +1,7 @@
 /* ctlaunch, run for real: variables, output, the first failure, stopping
- * the other ranks, signals, restarts, logs, and bad flags. Each run has a
- * deadline, and every rank is checked to be gone afterwards. */
+ * the other ranks, signals, restarts, logs, ct_dist_init under ctlaunch,
+ * hang detection, and bad flags. Each run has a deadline, and every rank is
+ * checked to be gone afterwards. */
 #include "ct_test.h"
 
 #include <errno.h>
@@ -198,6 +199,60 @@ TEST(ranks_filter_the_console_and_log_dir_keeps_everything) {
     rmdir(dir);
 }
 
+TEST(ranks_join_with_ct_dist_init) {
+    static result r;
+    run(&r, (const char *[]){"-np", "3", RANK_PATH, "dist", NULL}, 30);
+    ASSERT_EQ(code_of(&r), 0);
+    ASSERT_STR_CONTAINS(r.out, "[rank 0] dist rank=0 size=3 local=0/3 backend=shm sum=6 group=0 "
+                               "group_sum=2");
+    ASSERT_STR_CONTAINS(r.out, "[rank 1] dist rank=1 size=3 local=1/3 backend=shm sum=6 group=-1");
+    ASSERT_STR_CONTAINS(r.out, "[rank 2] dist rank=2 size=3 local=2/3 backend=shm sum=6 group=1 "
+                               "group_sum=2");
+    /* A restarted group meets again, under keys of its own restart. */
+    run(&r, (const char *[]){"-np", "2", "--max-restarts", "1", RANK_PATH, "dist", "restart", NULL},
+        30);
+    ASSERT_EQ(code_of(&r), 0);
+    ASSERT_STR_CONTAINS(r.err, "restarting the group (1 of 1 restarts)");
+    ASSERT_STR_CONTAINS(r.out, "[rank 1] dist rank=1 size=2");
+}
+
+TEST(hang_timeout_stops_ranks_that_make_no_progress) {
+    static result r;
+    /* Rank 0 waits in a barrier that rank 1 never reaches; the barrier's
+     * own timeout is far away, so only the hang detection can end it. */
+    setenv("CT_TIMEOUT", "60", 1);
+    run(&r,
+        (const char *[]){"-np", "2", "--hang-timeout", "2", "--grace", "1", RANK_PATH, "hang",
+                         NULL},
+        30);
+    unsetenv("CT_TIMEOUT");
+    ASSERT_EQ(code_of(&r), 124);
+    ASSERT_STR_CONTAINS(r.err, "ctlaunch: hang: no progress for 2.");
+    ASSERT_STR_CONTAINS(r.err, " s on ranks 0, 1 (--hang-timeout 2)");
+    ASSERT_STR_CONTAINS(r.err, "rank 0 (hung): progress 0, unchanged for ");
+    ASSERT_STR_CONTAINS(r.err, "waiting in barrier #1");
+    ASSERT_STR_CONTAINS(r.err, "rank 1 (hung): progress 0, unchanged for ");
+    ASSERT_STR_CONTAINS(r.err, "in no collective");
+    /* Found within a second or two of the timeout, then stopped. */
+    ASSERT_TRUE(r.seconds >= 2 && r.seconds < 7);
+    ASSERT_TRUE(no_rank_left(r.out));
+}
+
+TEST(hang_timeout_spares_ranks_that_make_progress_or_send_no_heartbeats) {
+    static result r;
+    /* ct_dist_heartbeat() for 3 s without a collective is progress. */
+    run(&r, (const char *[]){"-np", "2", "--hang-timeout", "1.5", RANK_PATH, "beat", "3", NULL},
+        30);
+    ASSERT_EQ(code_of(&r), 0);
+    ASSERT_STR_CONTAINS(r.out, "[rank 1] beat done");
+    ASSERT_TRUE(!strstr(r.err, "hang"));
+    /* A program that never calls ct_dist_init is never reported. */
+    run(&r, (const char *[]){"-np", "2", "--hang-timeout", "1", RANK_PATH, "sleep", "2.5", NULL},
+        30);
+    ASSERT_EQ(code_of(&r), 0);
+    ASSERT_TRUE(!strstr(r.err, "hang"));
+}
+
 TEST(bad_usage_names_the_flag) {
     static result r;
     run(&r, (const char *[]){"--bogus", "1", RANK_PATH, NULL}, 10);
@@ -211,9 +266,15 @@ TEST(bad_usage_names_the_flag) {
     ASSERT_STR_CONTAINS(r.err, "--nnodes 2 needs --master HOST:PORT");
     run(&r, (const char *[]){"-np", "0", RANK_PATH, NULL}, 10);
     ASSERT_STR_CONTAINS(r.err, "-np needs a whole number in [1, 1024], got '0'");
+    run(&r, (const char *[]){"-np", "2", "--hang-timeout", "0", RANK_PATH, "env", NULL}, 10);
+    ASSERT_EQ(code_of(&r), 2);
+    ASSERT_STR_CONTAINS(r.err, "--hang-timeout needs seconds > 0, got '0'");
+    run(&r, (const char *[]){"-np", "2", "--hang-timeout", "soon", RANK_PATH, "env", NULL}, 10);
+    ASSERT_STR_CONTAINS(r.err, "--hang-timeout needs seconds > 0, got 'soon'");
     run(&r, (const char *[]){"--help", NULL}, 10);
     ASSERT_EQ(code_of(&r), 0);
     ASSERT_STR_CONTAINS(r.out, "--max-restarts R");
+    ASSERT_STR_CONTAINS(r.out, "--hang-timeout S");
     run(&r, (const char *[]){"-np", "2", "/nonexistent/program", NULL}, 10);
     ASSERT_EQ(code_of(&r), 127);
     ASSERT_STR_CONTAINS(r.err, "cannot run '/nonexistent/program'");

@@ -9,7 +9,10 @@
  *     rendezvous, the NCCL unique id, shared-memory segment names, RPC
  *     addresses and heartbeats. ctlaunch hosts it; without ctlaunch, rank 0
  *     does. Every operation has a timeout, so no rank waits forever.
- *   - init and data-parallel sections come next, on top of them.
+ *   - init: ct_dist_init() finds the world, connects to (or hosts) the
+ *     store, picks a collectives backend and builds the world communicator
+ *     and process groups (ct/collectives.h has the operations);
+ *   - the data-parallel section comes next, on top of them.
  *
  * Example:
  *
@@ -60,6 +63,7 @@
 #ifndef CT_DIST_H
 #define CT_DIST_H
 
+#include <ct/collectives.h>
 #include <ct/tensor.h>
 
 #ifdef __cplusplus
@@ -171,6 +175,57 @@ CT_API int ct_store_check(ct_store *store, const char *const *keys, int nkeys, b
                           double timeout_s);
 /* Removes key; *existed (may be NULL) tells whether it was there. */
 CT_API int ct_store_delete(ct_store *store, const char *key, bool *existed, double timeout_s);
+
+/* ------------------------------------------------------------------ init */
+
+typedef struct ct_dist_options {
+    /* "auto" (or NULL), "shm", "mpi" or "nccl". auto: shm when every rank is
+     * on one machine (ctlaunch with one node), mpi under mpirun or across
+     * machines. The environment variable CT_BACKEND, when set, overrides
+     * auto. nccl gives CT_ENOTSUP until ct has CUDA tensors. */
+    const char *backend;
+    /* Seconds for rendezvous and for every collective; 0 takes CT_TIMEOUT
+     * from the environment, else CT_COMM_DEFAULT_TIMEOUT. */
+    double timeout_s;
+} ct_dist_options;
+
+/* Joins the job this process was launched into: reads the world
+ * (ct_world_from_env), initializes MPI under an MPI launcher (local rank
+ * and size then come from MPI_COMM_TYPE_SHARED), connects to ctlaunch's
+ * store or hosts one on rank 0, exchanges what the backend needs (the
+ * shared-memory segment name, the NCCL unique id) and builds the world
+ * communicator. Under ctlaunch it also starts a heartbeat thread for
+ * ctlaunch's --hang-timeout. Every rank calls it; opts may be NULL. A
+ * world of one needs no launcher. Errors: CT_ESTATE if already
+ * initialized; CT_EINVAL for a bad option or environment; CT_ENOTSUP for a
+ * backend this build lacks; CT_ETIMEDOUT / CT_EPEER when peers or the store
+ * do not answer, naming them. Not thread-safe: call it from one thread. */
+CT_API int ct_dist_init(const ct_dist_options *opts);
+/* Frees the groups, the world communicator and the store client (waiting
+ * for issued collectives), stops the heartbeat and finalizes MPI if
+ * ct_dist_init initialized it. Accepts being called when not initialized. */
+CT_API void ct_dist_finalize(void);
+CT_API bool ct_dist_is_initialized(void);
+/* The world ct_dist_init found (local rank and size corrected under MPI);
+ * NULL before init. Borrowed; invalid after ct_dist_finalize. */
+CT_API const ct_world *ct_dist_world(void);
+/* The world communicator; NULL before init. Borrowed; invalid after
+ * ct_dist_finalize, which frees it. */
+CT_API ct_comm *ct_dist_comm(void);
+/* ct_dist_init's store client, for the thread that called init; NULL for a
+ * world of one or before init. Borrowed; invalid after ct_dist_finalize. */
+CT_API ct_store *ct_dist_store(void);
+/* A process group of the world ranks listed (distinct, in [0, size)), in
+ * that order: a collective over the world communicator, which every rank
+ * calls with the same list. *out is the new communicator (owned by the
+ * caller; free it before ct_dist_finalize) on listed ranks, NULL on the
+ * others. */
+CT_API int ct_dist_new_group(const int *ranks, int n, ct_comm **out);
+/* Marks progress for ctlaunch's hang detection, for long stretches without
+ * collectives (completed collectives on the world communicator count as
+ * progress already; progress counts from ct_dist_init). Cheap; thread-safe;
+ * a no-op before init. */
+CT_API void ct_dist_heartbeat(void);
 
 #ifdef __cplusplus
 }

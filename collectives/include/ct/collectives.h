@@ -1,0 +1,226 @@
+/* ct/collectives.h: communicators and collective operations on tensors.
+ *
+ * A ct_comm is a group of ranks (processes) that exchange tensors. Every
+ * operation is asynchronous: pass a ct_work ** and the call returns as soon
+ * as the operation is queued, with a handle to wait on or test; pass NULL
+ * and the call waits for it (the blocking form). Communication made async
+ * overlaps compute: a per-communicator progress thread carries it forward.
+ *
+ * Backends, behind one interface:
+ *   - shm: ranks on one machine, through a shared-memory segment (chunked,
+ *     pipelined ring for large messages; a one-round exchange for small
+ *     ones).
+ *   - mpi: Open MPI's non-blocking collectives, for mpirun and several
+ *     machines.
+ *   - nccl: CUDA tensors, on a communication stream.
+ * collectives/ is handed its bootstrap (a segment name, an MPI_Comm, an
+ * NCCL unique id); it never reads the environment. ct_dist_init() (ct/dist.h)
+ * does the bootstrapping for a launched job.
+ *
+ * The example runs a communicator of one rank, which needs no launcher.
+ *
+ * Example:
+ *
+ *     #include <ct/collectives.h>
+ *     #include <stdio.h>
+ *     #include <unistd.h>
+ *
+ *     int main(void) {
+ *         char name[64];
+ *         snprintf(name, sizeof name, "/ct-example-%d", (int)getpid());
+ *         ct_comm_config cfg = {.backend = CT_BACKEND_SHM, .rank = 0, .size = 1, .shm_name = name};
+ *         ct_comm *comm = ct_comm_new(&cfg);
+ *         ct_tensor *t = ct_arange(0, 4, 1, CT_FLOAT32);
+ *         ct_work *work = NULL;
+ *         int rc = comm && t ? 0 : ct_errcode();
+ *         if (rc == 0)
+ *             rc = ct_comm_allreduce(comm, t, CT_REDUCE_SUM, &work);
+ *         if (rc == 0)
+ *             rc = ct_work_wait(work);
+ *         if (rc == 0)
+ *             rc = ct_comm_broadcast(comm, t, 0, NULL);
+ *         ct_tensor *sum = rc == 0 ? ct_sum(t, NULL, 0, false) : NULL;
+ *         if (sum)
+ *             printf("rank %d of %d: sum = %g\n", ct_comm_rank(comm), ct_comm_size(comm),
+ *                    ct_item(sum));
+ *         else
+ *             fprintf(stderr, "%s\n", ct_errmsg());
+ *         ct_tensor_free(sum);
+ *         ct_work_free(work);
+ *         ct_tensor_free(t);
+ *         ct_comm_free(comm);
+ *         return rc != 0;
+ *     }
+ *
+ * Ordering. Every rank must issue the same collectives in the same order
+ * (their sequence numbers must match). Each call is checked against its
+ * peers' cheaply and by default: a rank that calls a different operation,
+ * dtype, element count, root or reduction at the same sequence number makes
+ * the operation fail on every rank with CT_EMISMATCH, naming both sides.
+ * Point-to-point messages between two ranks arrive in the order sent; a
+ * recv's tag, dtype and count must match the next send from that peer.
+ *
+ * Errors. Functions that return int return 0 or a negative CT_E* code and
+ * record a message (ct_errmsg()). Issuing fails with CT_EINVAL (bad root,
+ * peer, reduction or sizes), CT_EDTYPE (dtypes differ, avg of bool),
+ * CT_EDEVICE (a tensor on the wrong device for the backend) or CT_ESTATE
+ * (the communicator failed earlier). Completion fails with:
+ *   - CT_ETIMEDOUT: the operation did not finish within the communicator's
+ *     timeout. The message names the operation, its sequence number and the
+ *     ranks that had not arrived at it.
+ *   - CT_EPEER: a peer died or failed; the message names it.
+ *   - CT_EMISMATCH: ranks disagree about the operation (see Ordering).
+ * Any of these fails the communicator: every pending and later operation on
+ * it fails promptly with the first error's message, on every rank that is
+ * still alive. Create a new communicator to continue.
+ *
+ * Tensors. CPU tensors of any dtype; non-contiguous ones are staged through
+ * a contiguous copy (contiguous tensors take a path with no allocation per
+ * call). float16 and bfloat16 reduce in float32. Reductions are bitwise
+ * identical on every rank. A queued operation holds references to its
+ * tensors; do not read or write them until it completes.
+ *
+ * Threads. Operations on one communicator may be issued from any thread, but
+ * one at a time, and in the same order on every rank. A ct_work may be
+ * waited on or tested from any thread; free it once. Communicators are
+ * independent of each other.
+ */
+#ifndef CT_COLLECTIVES_H
+#define CT_COLLECTIVES_H
+
+#include <ct/tensor.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum ct_reduce_op {
+    CT_REDUCE_SUM,
+    CT_REDUCE_AVG, /* sum divided by the group size; integers truncate */
+    CT_REDUCE_MIN,
+    CT_REDUCE_MAX,
+    CT_REDUCE_PROD,
+} ct_reduce_op;
+/* For bool, sum and max are logical or; prod and min are logical and. */
+
+typedef enum ct_backend {
+    CT_BACKEND_SHM,
+    CT_BACKEND_MPI,
+    CT_BACKEND_NCCL,
+} ct_backend;
+
+/* "shm", "mpi", "nccl"; "?" for others. */
+CT_API const char *ct_backend_name(ct_backend backend);
+/* Whether this build has the backend (mpi and nccl are optional). */
+CT_API bool ct_backend_available(ct_backend backend);
+
+/* The default timeout of every operation, in seconds. */
+#define CT_COMM_DEFAULT_TIMEOUT 300.0
+
+typedef struct ct_comm_config {
+    ct_backend backend;
+    int rank, size;   /* this process's rank in [0, size) */
+    double timeout_s; /* per operation; 0 means CT_COMM_DEFAULT_TIMEOUT */
+    /* shm: the segment's name ("/name", at most 200 bytes), the same on
+     * every rank and unique to this communicator. Rank 0 creates it; the
+     * others attach within timeout_s, and the name is unlinked once all
+     * have, so nothing is left in /dev/shm. */
+    const char *shm_name;
+    /* mpi: a pointer to an MPI_Comm of size ranks; the communicator keeps
+     * a duplicate of it. MPI must be initialized with MPI_THREAD_SERIALIZED
+     * or better. */
+    const void *mpi_comm;
+    /* nccl: the ncclUniqueId (rank 0 made it and handed it to the others)
+     * and this rank's CUDA device. */
+    const void *nccl_id;
+    int device;
+} ct_comm_config;
+
+typedef struct ct_comm ct_comm;
+typedef struct ct_work ct_work;
+
+/* Creates a communicator; every rank of the group calls it with the same
+ * backend and size. It returns once all ranks have joined (or fails with
+ * CT_ETIMEDOUT naming the ranks that did not join). The caller owns the
+ * result. Errors: CT_EINVAL for a bad config, CT_ENOTSUP for a backend this
+ * build lacks, CT_EIO / CT_EFOREIGN when the segment or library fails (with
+ * its own text). */
+CT_API ct_comm *ct_comm_new(const ct_comm_config *config);
+/* Waits for every operation already issued (each up to its timeout), then
+ * frees the communicator. ct_work handles stay valid until freed. Accepts
+ * NULL. */
+CT_API void ct_comm_free(ct_comm *comm);
+
+CT_API int ct_comm_rank(const ct_comm *comm);
+CT_API int ct_comm_size(const ct_comm *comm);
+CT_API ct_backend ct_comm_backend(const ct_comm *comm);
+/* Changes the timeout of operations issued from now on; seconds > 0. */
+CT_API int ct_comm_set_timeout(ct_comm *comm, double seconds);
+CT_API double ct_comm_timeout(const ct_comm *comm);
+
+/* Passing CT_COMM_SPLIT_NONE as color leaves the rank out of every new
+ * communicator. */
+#define CT_COMM_SPLIT_NONE (-1)
+
+/* MPI_Comm_split: a collective over comm. Ranks passing the same color form
+ * a new communicator, ordered by key (then by rank in comm), on comm's
+ * backend with comm's timeout. *out is NULL for CT_COMM_SPLIT_NONE. Errors
+ * as for a collective, and as for ct_comm_new. */
+CT_API int ct_comm_split(ct_comm *comm, int color, int key, ct_comm **out);
+
+/* What the communicator is doing, for hang reports. Thread-safe. */
+typedef struct ct_comm_stats {
+    uint64_t issued;    /* collectives issued on this rank */
+    uint64_t completed; /* collectives completed (successfully or not) */
+    /* The oldest collective not completed yet: its name and sequence
+     * number, or NULL and 0. */
+    const char *pending_op;
+    uint64_t pending_seq;
+} ct_comm_stats;
+CT_API void ct_comm_stats_get(ct_comm *comm, ct_comm_stats *stats);
+
+/* ------------------------------------------------------------ operations */
+
+/* Each operation returns 0 once issued (work != NULL: *work receives a new
+ * handle the caller owns) or completed (work == NULL), or a CT_E* code, in
+ * which case *work is NULL. Tensors are CPU tensors for shm and mpi, CUDA
+ * tensors for nccl. */
+
+/* t := reduction of t over all ranks, on every rank. */
+CT_API int ct_comm_allreduce(ct_comm *comm, ct_tensor *t, ct_reduce_op op, ct_work **work);
+/* t := root's t, on every rank. */
+CT_API int ct_comm_broadcast(ct_comm *comm, ct_tensor *t, int root, ct_work **work);
+/* root's t := reduction of t over all ranks; other ranks' t is unchanged. */
+CT_API int ct_comm_reduce(ct_comm *comm, ct_tensor *t, ct_reduce_op op, int root, ct_work **work);
+/* out (size x numel(in) elements, any shape) := every rank's in, in rank
+ * order. in may be rank's own block of out. */
+CT_API int ct_comm_allgather(ct_comm *comm, ct_tensor *out, ct_tensor *in, ct_work **work);
+/* out (numel(in) / size elements) := the reduction over all ranks of block
+ * rank of in. */
+CT_API int ct_comm_reduce_scatter(ct_comm *comm, ct_tensor *out, ct_tensor *in, ct_reduce_op op,
+                                  ct_work **work);
+/* in and out have the same numel, divisible by size: block j of in goes to
+ * rank j, and block i of out comes from rank i. */
+CT_API int ct_comm_alltoall(ct_comm *comm, ct_tensor *out, ct_tensor *in, ct_work **work);
+/* Completes once every rank has issued it. */
+CT_API int ct_comm_barrier(ct_comm *comm, ct_work **work);
+/* Point to point. tag >= 0 must match at both ends. */
+CT_API int ct_comm_send(ct_comm *comm, ct_tensor *t, int dst, int tag, ct_work **work);
+CT_API int ct_comm_recv(ct_comm *comm, ct_tensor *t, int src, int tag, ct_work **work);
+
+/* ------------------------------------------------------------------ work */
+
+/* Waits until the operation completes; returns 0 or its CT_E* code, with
+ * the message recorded on this thread. May be called again. */
+CT_API int ct_work_wait(ct_work *work);
+/* 1 if it completed successfully, 0 if still pending, or its CT_E* code. */
+CT_API int ct_work_test(ct_work *work);
+/* Waits for the operation if still pending, then frees the handle. Accepts
+ * NULL. */
+CT_API void ct_work_free(ct_work *work);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

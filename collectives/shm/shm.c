@@ -1,0 +1,987 @@
+/* The shared-memory backend: ranks on one machine, one segment.
+ *
+ * Transports and algorithms stay apart. The segment holds three kinds of
+ * transport, each lock-free with monotonic counters (they never reset, so
+ * there is no ABA and no per-call setup):
+ *   - bulletins: per rank, two buffers (by sequence parity) where a rank
+ *     posts a small operation's whole input; everyone reads everyone's.
+ *     One round of synchronization, which is what small messages need.
+ *   - ring channels: single-producer, single-consumer queues of fixed-size
+ *     slots from each rank to the next. Large allreduce, reduce_scatter,
+ *     allgather, broadcast and reduce run on them as a chunked, pipelined
+ *     ring (reduce-scatter then allgather for allreduce; a chain for
+ *     broadcast and reduce).
+ *   - pair channels: the same queues between every ordered pair of ranks,
+ *     one set for alltoall and one for send/recv, so that point-to-point
+ *     traffic never interleaves with a collective's.
+ * Each slot is stamped with the sender's operation descriptor, so a
+ * disagreement between ranks is caught on the first chunk, before any data
+ * is used. A rank that cannot move polls its peers' published state: a
+ * descriptor that differs at the same sequence number (ranks that chose
+ * different paths), a rank that failed the group (the abort word), or a
+ * process that died (pidfd). */
+#include "coll_impl.h"
+#include "tensor_impl.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define SHM_MAGIC   0x31304d4853544354ull /* "CTSHM01" */
+#define SHM_VERSION 1
+#define LINE        64
+
+/* Sizes: a ring slot holds one pipeline chunk; eight in flight keep the
+ * ring busy while one end is a chunk behind. Bulletins take operations of
+ * up to BULLETIN_BYTES per rank. Pair channels are smaller, and shrink as
+ * the number of pairs grows. */
+#define RING_SLOT      (64 * 1024)
+#define RING_SLOTS     8
+#define BULLETIN_BYTES (64 * 1024)
+#define PAIR_SLOTS     4
+#define PAIR_SLOT_MAX  (32 * 1024)
+#define PAIR_SLOT_MIN  4096
+#define PAIR_BUDGET    (64u << 20) /* bytes for both sets of pair channels */
+#define NAME_MAX_LEN   200
+
+/* -------------------------------------------------------------- layout */
+
+typedef struct slot_meta {
+    ct__coll_desc desc; /* the sender's operation */
+    int64_t bytes;      /* payload in this slot */
+    _Alignas(LINE) char pad[0];
+} slot_meta;
+
+typedef struct chan_ctl {
+    _Alignas(LINE) atomic_uint_fast64_t head; /* slots produced, written by the sender */
+    _Alignas(LINE) atomic_uint_fast64_t tail; /* slots consumed, written by the receiver */
+} chan_ctl;
+
+typedef struct rank_ctl {
+    _Alignas(LINE) atomic_int pid;
+    /* The collective this rank runs, as a seqlock: odd while it changes. */
+    atomic_uint_fast64_t active_version;
+    ct__coll_desc active;
+    _Alignas(LINE) atomic_uint_fast64_t done_seq; /* last bulletin round it finished reading */
+} rank_ctl;
+
+typedef struct bulletin {
+    _Alignas(LINE) atomic_uint_fast64_t seq; /* the posted operation's seq */
+    ct__coll_desc desc;
+    _Alignas(LINE) char data[BULLETIN_BYTES];
+} bulletin;
+
+typedef struct header {
+    uint64_t magic; /* written last by rank 0: the segment is ready */
+    uint32_t version;
+    int32_t size;
+    uint64_t bytes;
+    int64_t pair_slot;
+    _Alignas(LINE) atomic_int attached;
+    _Alignas(LINE) atomic_int abort_claim; /* the first rank to fail the group sets it */
+    atomic_int abort_code;                 /* then this: 0, or that failure's CT_E* code */
+    int32_t abort_rank;
+    char abort_msg[CT__MSG_LEN];
+} header;
+
+typedef struct layout {
+    size_t ctl, bulletins, ring_ctl, ring_meta, ring_data, pair_ctl, pair_meta, pair_data, bytes;
+    int64_t pair_slot;
+} layout;
+
+static size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+static layout make_layout(int n) {
+    layout l;
+    size_t npairs = (size_t)n * (size_t)n * 2;
+    int64_t pair = PAIR_BUDGET / (npairs * PAIR_SLOTS);
+    pair = pair > PAIR_SLOT_MAX ? PAIR_SLOT_MAX : pair < PAIR_SLOT_MIN ? PAIR_SLOT_MIN : pair;
+    l.pair_slot = pair / LINE * LINE;
+    size_t page = 4096, off = round_up(sizeof(header), page);
+    l.ctl = off;
+    off = round_up(off + (size_t)n * sizeof(rank_ctl), page);
+    l.bulletins = off;
+    off = round_up(off + (size_t)n * 2 * sizeof(bulletin), page);
+    l.ring_ctl = off;
+    off += (size_t)n * sizeof(chan_ctl);
+    l.ring_meta = off;
+    off = round_up(off + (size_t)n * RING_SLOTS * sizeof(slot_meta), page);
+    l.ring_data = off;
+    off += (size_t)n * RING_SLOTS * RING_SLOT;
+    l.pair_ctl = off;
+    off += npairs * sizeof(chan_ctl);
+    l.pair_meta = off;
+    off = round_up(off + npairs * PAIR_SLOTS * sizeof(slot_meta), page);
+    l.pair_data = off;
+    off += npairs * PAIR_SLOTS * (size_t)l.pair_slot;
+    l.bytes = round_up(off, page);
+    return l;
+}
+
+/* One direction of traffic between two ranks, seen from one end. */
+typedef struct chan {
+    chan_ctl *ctl;
+    slot_meta *meta;
+    char *data;
+    int64_t slot_bytes, nslots;
+    uint64_t count; /* this end's own counter: head for a sender, tail for a receiver */
+} chan;
+
+enum { PAIR_COLL, PAIR_P2P };
+
+typedef struct shm {
+    char name[NAME_MAX_LEN + 1];
+    char *base;
+    layout l;
+    header *hdr;
+    rank_ctl *ctl;
+    int n, rank;
+    chan ring_out, ring_in;
+    chan *pair_out[2], *pair_in[2]; /* [kind][peer] */
+    bool *p2p_busy_out, *p2p_busy_in;
+    int64_t *a2a_sent, *a2a_got; /* bytes per peer of the active alltoall */
+    uint64_t parity_seq[2];      /* the last bulletin round that used each buffer */
+    void *acc;                   /* the accumulator of bulletin reductions */
+    int *pidfds;
+    ct__coll_desc active; /* this rank's active collective; seq 0 when none */
+    int active_op_kind;
+} shm;
+
+static rank_ctl *ctl_of(shm *s, int r) { return &s->ctl[r]; }
+
+static bulletin *bulletin_of(shm *s, int r, uint64_t seq) {
+    return (bulletin *)(s->base + s->l.bulletins) + 2 * r + (int)(seq & 1);
+}
+
+static chan make_chan(shm *s, size_t ctl_off, size_t meta_off, size_t data_off, size_t index,
+                      int64_t slot_bytes, int64_t nslots) {
+    return (chan){
+        .ctl = (chan_ctl *)(s->base + ctl_off) + index,
+        .meta = (slot_meta *)(s->base + meta_off) + index * (size_t)nslots,
+        .data = s->base + data_off + index * (size_t)nslots * (size_t)slot_bytes,
+        .slot_bytes = slot_bytes,
+        .nslots = nslots,
+    };
+}
+
+static size_t pair_index(shm *s, int kind, int from, int to) {
+    return ((size_t)kind * (size_t)s->n + (size_t)from) * (size_t)s->n + (size_t)to;
+}
+
+/* ------------------------------------------------------------- channels */
+
+/* The next slot to write, or NULL when the receiver has not freed one. */
+static void *chan_slot_to_write(chan *ch) {
+    uint64_t tail = atomic_load_explicit(&ch->ctl->tail, memory_order_acquire);
+    if (ch->count - tail >= (uint64_t)ch->nslots)
+        return NULL;
+    return ch->data + (int64_t)(ch->count % (uint64_t)ch->nslots) * ch->slot_bytes;
+}
+
+static void chan_publish(chan *ch, const ct__coll_desc *d, int64_t bytes) {
+    slot_meta *m = &ch->meta[ch->count % (uint64_t)ch->nslots];
+    m->desc = *d;
+    m->bytes = bytes;
+    atomic_store_explicit(&ch->ctl->head, ++ch->count, memory_order_release);
+}
+
+/* The next slot to read and its stamp, or NULL when none has arrived. */
+static const void *chan_slot_to_read(chan *ch, const slot_meta **meta) {
+    uint64_t head = atomic_load_explicit(&ch->ctl->head, memory_order_acquire);
+    if (head == ch->count)
+        return NULL;
+    uint64_t i = ch->count % (uint64_t)ch->nslots;
+    *meta = &ch->meta[i];
+    return ch->data + (int64_t)i * ch->slot_bytes;
+}
+
+static void chan_release(chan *ch) {
+    atomic_store_explicit(&ch->ctl->tail, ++ch->count, memory_order_release);
+}
+
+/* "ranks disagree at collective #7: rank 0 has ..., rank 1 has ..." */
+static void disagree(char *msg, int me, const ct__coll_desc *mine, int peer,
+                     const ct__coll_desc *theirs) {
+    char a[256], b[256];
+    snprintf(msg, CT__MSG_LEN, "ranks disagree at %s #%llu: rank %d has %s, rank %d has %s",
+             ct__op_is_p2p(mine->op) ? "message" : "collective", (unsigned long long)mine->seq, me,
+             ct__desc_str(a, sizeof a, mine), peer, ct__desc_str(b, sizeof b, theirs));
+}
+
+static int mismatch(ct_work *w, int peer, const ct__coll_desc *theirs) {
+    disagree(w->msg, w->comm->rank, &w->desc, peer, theirs);
+    return CT_EMISMATCH;
+}
+
+/* Whether a send and the recv that takes it agree. */
+static bool message_match(const ct__coll_desc *sent, const ct__coll_desc *recv) {
+    return sent->seq == recv->seq && sent->dtype == recv->dtype && sent->count == recv->count &&
+           sent->tag == recv->tag;
+}
+
+/* --------------------------------------------------------------- state */
+
+typedef enum path { PATH_LOCAL, PATH_BULLETIN, PATH_RING, PATH_CHAIN, PATH_PAIRS } path;
+
+/* Per-work state, in w->be. */
+typedef struct shm_work {
+    path path;
+    bool posted;      /* bulletin: this rank's post is out */
+    int64_t task;     /* ring/chain: the next task */
+    int64_t ntasks;   /* ring/chain */
+    int64_t chunk;    /* ring/chain: elements per chunk */
+    int64_t per_task; /* ring/chain: tasks per chunk */
+    int64_t k0;       /* ring: the first step of the unified schedule */
+    int64_t done;     /* send/recv: bytes moved */
+} shm_work;
+
+_Static_assert(sizeof(shm_work) <= CT__WORK_BACKEND_BYTES, "shm_work must fit in ct_work.be");
+
+static shm_work *state(ct_work *w) { return (shm_work *)w->be; }
+
+static size_t esize(const ct_work *w) { return ct__esize((ct_dtype)w->desc.dtype); }
+
+/* Bytes each rank posts for a collective on the bulletin path. */
+static int64_t post_bytes(const ct_work *w, int n) {
+    int64_t e = (int64_t)esize(w);
+    switch (w->desc.op) {
+    case CT__REDUCE_SCATTER: return w->desc.count * n * e;
+    case CT__BARRIER: return 0;
+    default: return w->desc.count * e;
+    }
+}
+
+static void publish_active(shm *s, const ct__coll_desc *d) {
+    rank_ctl *me = ctl_of(s, s->rank);
+    uint64_t v = atomic_load_explicit(&me->active_version, memory_order_relaxed);
+    atomic_store_explicit(&me->active_version, v + 1, memory_order_relaxed);
+    atomic_thread_fence(memory_order_release);
+    me->active = *d;
+    atomic_store_explicit(&me->active_version, v + 2, memory_order_release);
+    s->active = *d;
+}
+
+/* Reads rank r's active descriptor; false while it changes. */
+static bool read_active(shm *s, int r, ct__coll_desc *out) {
+    rank_ctl *c = ctl_of(s, r);
+    uint64_t v1 = atomic_load_explicit(&c->active_version, memory_order_acquire);
+    if (v1 & 1)
+        return false;
+    *out = c->active;
+    atomic_thread_fence(memory_order_acquire);
+    return atomic_load_explicit(&c->active_version, memory_order_relaxed) == v1;
+}
+
+/* ------------------------------------------------------------ bulletins */
+
+/* Whether every peer finished reading this rank's previous post in the
+ * buffer seq will use. */
+static bool bulletin_free(shm *s, uint64_t seq) {
+    uint64_t last = s->parity_seq[seq & 1];
+    for (int r = 0; r < s->n; r++)
+        if (atomic_load_explicit(&ctl_of(s, r)->done_seq, memory_order_acquire) < last)
+            return false;
+    return true;
+}
+
+static void bulletin_post(shm *s, ct_work *w) {
+    bulletin *b = bulletin_of(s, s->rank, w->desc.seq);
+    bool has_data = w->desc.op != CT__BROADCAST || w->desc.root == s->rank;
+    if (has_data && w->in)
+        memcpy(b->data, w->in, (size_t)post_bytes(w, s->n));
+    b->desc = w->desc;
+    atomic_store_explicit(&b->seq, w->desc.seq, memory_order_release);
+    s->parity_seq[w->desc.seq & 1] = w->desc.seq;
+}
+
+/* Reduces element range [lo, lo + n) of every rank's post into out, in
+ * rank order, so that every rank computes bitwise the same result. */
+static void bulletin_reduce(shm *s, ct_work *w, void *out, int64_t lo, int64_t n) {
+    ct_dtype dt = (ct_dtype)w->desc.dtype;
+    ct_reduce_op op = (ct_reduce_op)w->desc.rop;
+    size_t e = ct__esize(dt);
+    const char *first = bulletin_of(s, 0, w->desc.seq)->data + lo * (int64_t)e;
+    ct__acc_load(s->acc, first, n, dt);
+    for (int r = 1; r < s->n - 1; r++)
+        ct__acc_combine(s->acc, s->acc, bulletin_of(s, r, w->desc.seq)->data + lo * (int64_t)e, n,
+                        dt, op);
+    ct__acc_finish(out, s->acc, bulletin_of(s, s->n - 1, w->desc.seq)->data + lo * (int64_t)e, n,
+                   dt, op, s->n);
+}
+
+static int bulletin_progress(shm *s, ct_work *w) {
+    shm_work *st = state(w);
+    uint64_t seq = w->desc.seq;
+    if (!st->posted) {
+        if (!bulletin_free(s, seq))
+            return CT__PENDING;
+        bulletin_post(s, w);
+        st->posted = true;
+    }
+    for (int r = 0; r < s->n; r++) {
+        bulletin *b = bulletin_of(s, r, seq);
+        if (atomic_load_explicit(&b->seq, memory_order_acquire) != seq)
+            return CT__PENDING;
+        if (!ct__desc_match(&b->desc, &w->desc))
+            return mismatch(w, r, &b->desc);
+    }
+    int64_t count = w->desc.count, e = (int64_t)esize(w);
+    switch (w->desc.op) {
+    case CT__ALLREDUCE: bulletin_reduce(s, w, w->out, 0, count); break;
+    case CT__REDUCE:
+        if (s->rank == w->desc.root)
+            bulletin_reduce(s, w, w->out, 0, count);
+        break;
+    case CT__REDUCE_SCATTER: bulletin_reduce(s, w, w->out, s->rank * count, count); break;
+    case CT__BROADCAST:
+        if (s->rank != w->desc.root)
+            memcpy(w->out, bulletin_of(s, w->desc.root, seq)->data, (size_t)(count * e));
+        break;
+    case CT__ALLGATHER:
+        for (int r = 0; r < s->n; r++) {
+            char *dst = (char *)w->out + r * count * e;
+            if (dst != w->in || r != s->rank)
+                memcpy(dst, bulletin_of(s, r, seq)->data, (size_t)(count * e));
+        }
+        break;
+    case CT__ALLTOALL: {
+        int64_t block = count / s->n * e;
+        for (int r = 0; r < s->n; r++)
+            memcpy((char *)w->out + r * block, bulletin_of(s, r, seq)->data + s->rank * block,
+                   (size_t)block);
+        break;
+    }
+    default: break;
+    }
+    atomic_store_explicit(&ctl_of(s, s->rank)->done_seq, seq, memory_order_release);
+    return CT__DONE;
+}
+
+/* ------------------------------------------------------------ the ring */
+
+/* The ring runs one unified schedule of 2n - 1 steps per chunk for rank r
+ * and segment (r - 1 - k) mod n at step k:
+ *   k = 0          send own input                 (reduce-scatter begins)
+ *   0 < k < n - 1  receive, reduce with own, send
+ *   k = n - 1      receive, reduce, finish: the segment is complete; send it
+ *   n - 1 < k < 2n - 2  receive a finished segment, keep it, send it on
+ *   k = 2n - 2     receive a finished segment, keep it
+ * allreduce runs all of it; reduce_scatter steps 0 to n - 1 (its step n - 1
+ * sends nothing); allgather steps n - 1 to 2n - 2, where step n - 1 sends
+ * its own block. Segments are split into chunks of one slot, and the
+ * schedule runs chunk by chunk, so chunks pipeline around the ring.
+ * Reduce-scatter traffic carries the accumulator type (float32 for 16-bit
+ * floats), allgather traffic the dtype. */
+
+static int64_t seg_lo(const ct_work *w, int n, int seg) {
+    switch (w->desc.op) {
+    case CT__ALLREDUCE: return w->desc.count * seg / n;
+    default: return w->desc.count * seg; /* blocks of count elements */
+    }
+}
+
+/* Chunk j of segment seg as [lo, lo + len) in elements, clipped. */
+static int64_t chunk_range(const ct_work *w, int n, int seg, int64_t j, int64_t chunk,
+                           int64_t *lo) {
+    int64_t a = seg_lo(w, n, seg), b = seg_lo(w, n, seg + 1);
+    int64_t start = a + j * chunk, end = start + chunk < b ? start + chunk : b;
+    *lo = start;
+    return end > start ? end - start : 0;
+}
+
+static int ring_start(shm *s, ct_work *w, shm_work *st) {
+    ct_dtype dt = (ct_dtype)w->desc.dtype;
+    int n = s->n;
+    st->chunk = RING_SLOT / (int64_t)ct__acc_size(dt);
+    int64_t seg_max = w->desc.op == CT__ALLREDUCE ? (w->desc.count + n - 1) / n : w->desc.count;
+    int64_t nchunks = (seg_max + st->chunk - 1) / st->chunk;
+    if (nchunks < 1)
+        nchunks = 1;
+    switch (w->desc.op) {
+    case CT__ALLREDUCE:
+        st->k0 = 0;
+        st->per_task = 2 * n - 1;
+        break;
+    case CT__REDUCE_SCATTER:
+        st->k0 = 0;
+        st->per_task = n;
+        break;
+    default: /* allgather */
+        st->k0 = n - 1;
+        st->per_task = n;
+        break;
+    }
+    st->ntasks = nchunks * st->per_task;
+    return CT__PENDING;
+}
+
+/* Runs ring tasks until one must wait. */
+static int ring_progress(shm *s, ct_work *w) {
+    shm_work *st = state(w);
+    ct_dtype dt = (ct_dtype)w->desc.dtype;
+    ct_reduce_op op = (ct_reduce_op)w->desc.rop;
+    int n = s->n, r = s->rank, left = (r + n - 1) % n;
+    int64_t e = (int64_t)ct__esize(dt), ae = (int64_t)ct__acc_size(dt);
+    bool reducing = w->desc.op != CT__ALLGATHER;
+    for (; st->task < st->ntasks; st->task++) {
+        int64_t j = st->task / st->per_task, k = st->k0 + st->task % st->per_task;
+        int seg = (int)(((r - 1 - k) % n + 2 * n) % n);
+        int64_t lo, len = chunk_range(w, n, seg, j, st->chunk, &lo);
+        bool recv = k != 0 && !(w->desc.op == CT__ALLGATHER && k == n - 1);
+        bool send = k < 2 * n - 2 && !(w->desc.op == CT__REDUCE_SCATTER && k == n - 1);
+        const slot_meta *meta = NULL;
+        const void *in_slot = NULL;
+        void *out_slot = NULL;
+        if (recv && !(in_slot = chan_slot_to_read(&s->ring_in, &meta)))
+            return CT__PENDING;
+        if (send && !(out_slot = chan_slot_to_write(&s->ring_out)))
+            return CT__PENDING;
+        if (recv && !ct__desc_match(&meta->desc, &w->desc))
+            return mismatch(w, left, &meta->desc);
+        /* Where this rank's input and output for the segment live. */
+        const char *in = (const char *)w->in + lo * e;
+        char *out = w->desc.op == CT__REDUCE_SCATTER ? (char *)w->out + (lo - seg_lo(w, n, r)) * e
+                                                     : (char *)w->out + lo * e;
+        if (w->desc.op == CT__ALLGATHER)
+            in = (const char *)w->in + (lo - seg_lo(w, n, r)) * e;
+        int64_t sent = len * (k < n - 1 && reducing ? ae : e);
+        if (k == 0) {
+            ct__acc_load(out_slot, in, len, dt);
+        } else if (k < n - 1) {
+            ct__acc_combine(out_slot, in_slot, in, len, dt, op);
+        } else if (k == n - 1 && reducing) {
+            ct__acc_finish(out, in_slot, in, len, dt, op, n);
+            if (send)
+                memcpy(out_slot, out, (size_t)(len * e));
+        } else if (k == n - 1) {
+            if (out != in)
+                memcpy(out, in, (size_t)(len * e));
+            memcpy(out_slot, in, (size_t)(len * e));
+        } else {
+            memcpy(out, in_slot, (size_t)(len * e));
+            if (send)
+                memcpy(out_slot, in_slot, (size_t)(len * e));
+        }
+        if (recv)
+            chan_release(&s->ring_in);
+        if (send)
+            chan_publish(&s->ring_out, &w->desc, sent);
+    }
+    return CT__DONE;
+}
+
+/* Broadcast and reduce run along a chain on the ring channels: broadcast
+ * from the root to root - 1, reduce from root + 1 to the root. One task per
+ * chunk on every rank. */
+static int chain_progress(shm *s, ct_work *w) {
+    shm_work *st = state(w);
+    ct_dtype dt = (ct_dtype)w->desc.dtype;
+    int n = s->n, r = s->rank, root = w->desc.root, left = (r + n - 1) % n;
+    bool bcast = w->desc.op == CT__BROADCAST;
+    int pos = bcast ? (r - root + n) % n : (r - root - 1 + 2 * n) % n;
+    int64_t e = (int64_t)ct__esize(dt), ae = bcast ? e : (int64_t)ct__acc_size(dt);
+    for (; st->task < st->ntasks; st->task++) {
+        int64_t lo = st->task * st->chunk;
+        int64_t len = w->desc.count - lo < st->chunk ? w->desc.count - lo : st->chunk;
+        if (len < 0)
+            len = 0;
+        bool recv = pos > 0, send = pos < n - 1;
+        const slot_meta *meta = NULL;
+        const void *in_slot = NULL;
+        void *out_slot = NULL;
+        if (recv && !(in_slot = chan_slot_to_read(&s->ring_in, &meta)))
+            return CT__PENDING;
+        if (send && !(out_slot = chan_slot_to_write(&s->ring_out)))
+            return CT__PENDING;
+        if (recv && !ct__desc_match(&meta->desc, &w->desc))
+            return mismatch(w, left, &meta->desc);
+        const char *in = (const char *)w->in + lo * e;
+        char *out = (char *)w->out + lo * e;
+        if (bcast) {
+            const void *src = recv ? in_slot : in;
+            if (recv)
+                memcpy(out, src, (size_t)(len * e));
+            if (send)
+                memcpy(out_slot, src, (size_t)(len * e));
+        } else if (!recv) {
+            ct__acc_load(out_slot, in, len, dt);
+        } else if (send) {
+            ct__acc_combine(out_slot, in_slot, in, len, dt, (ct_reduce_op)w->desc.rop);
+        } else {
+            ct__acc_finish(out, in_slot, in, len, dt, (ct_reduce_op)w->desc.rop, n);
+        }
+        if (recv)
+            chan_release(&s->ring_in);
+        if (send)
+            chan_publish(&s->ring_out, &w->desc, len * ae);
+    }
+    return CT__DONE;
+}
+
+/* ------------------------------------------------------------ pairs */
+
+/* Moves as much of a message as the channel allows: from buf into ch
+ * (sending) or from ch into buf (receiving), bytes in all, *done so far. A
+ * message takes at least one slot, so that an empty one still pairs its
+ * two ends. */
+static int pair_move(ct_work *w, chan *ch, bool sending, char *buf, int64_t bytes, int64_t *done,
+                     int peer) {
+    while (*done < bytes || (bytes == 0 && *done == 0)) {
+        int64_t len = bytes - *done < ch->slot_bytes ? bytes - *done : ch->slot_bytes;
+        if (sending) {
+            void *slot = chan_slot_to_write(ch);
+            if (!slot)
+                return CT__PENDING;
+            memcpy(slot, buf + *done, (size_t)len);
+            chan_publish(ch, &w->desc, len);
+        } else {
+            const slot_meta *meta;
+            const void *slot = chan_slot_to_read(ch, &meta);
+            if (!slot)
+                return CT__PENDING;
+            bool ok = ct__op_is_p2p(w->desc.op) ? message_match(&meta->desc, &w->desc)
+                                                : ct__desc_match(&meta->desc, &w->desc);
+            if (!ok)
+                return mismatch(w, peer, &meta->desc);
+            memcpy(buf + *done, slot, (size_t)len);
+            chan_release(ch);
+        }
+        *done += len;
+        if (bytes == 0)
+            *done = 1; /* the empty message moved */
+    }
+    return CT__DONE;
+}
+
+static int alltoall_progress(shm *s, ct_work *w) {
+    int64_t block = w->desc.count / s->n * (int64_t)esize(w);
+    bool done = true;
+    for (int q = 0; q < s->n; q++) {
+        if (q == s->rank)
+            continue;
+        int rc = pair_move(w, &s->pair_out[PAIR_COLL][q], true, (char *)w->in + q * block, block,
+                           &s->a2a_sent[q], q);
+        if (rc < 0)
+            return rc;
+        done &= rc == CT__DONE;
+        rc = pair_move(w, &s->pair_in[PAIR_COLL][q], false, (char *)w->out + q * block, block,
+                       &s->a2a_got[q], q);
+        if (rc < 0)
+            return rc;
+        done &= rc == CT__DONE;
+    }
+    return done ? CT__DONE : CT__PENDING;
+}
+
+/* ------------------------------------------------------------ vtable */
+
+static int shm_start(ct_comm *c, ct_work *w) {
+    shm *s = c->impl;
+    shm_work *st = state(w);
+    memset(st, 0, sizeof *st);
+    if (ct__op_is_p2p(w->desc.op)) {
+        bool *busy =
+            w->desc.op == CT__SEND ? &s->p2p_busy_out[w->desc.root] : &s->p2p_busy_in[w->desc.root];
+        if (*busy)
+            return CT__AGAIN; /* an earlier message to/from this peer is still moving */
+        *busy = true;
+        return CT__PENDING;
+    }
+    if (s->active.seq != 0)
+        return CT__AGAIN; /* collectives run one at a time, in issue order */
+    publish_active(s, &w->desc);
+    int64_t e = (int64_t)esize(w);
+    if (s->n == 1) {
+        st->path = PATH_LOCAL;
+    } else if (post_bytes(w, s->n) <= BULLETIN_BYTES) {
+        st->path = PATH_BULLETIN;
+    } else if (w->desc.op == CT__BROADCAST || w->desc.op == CT__REDUCE) {
+        st->path = PATH_CHAIN;
+        st->chunk = RING_SLOT /
+                    (w->desc.op == CT__REDUCE ? (int64_t)ct__acc_size((ct_dtype)w->desc.dtype) : e);
+        st->ntasks = (w->desc.count + st->chunk - 1) / st->chunk;
+    } else if (w->desc.op == CT__ALLTOALL) {
+        st->path = PATH_PAIRS;
+        memset(s->a2a_sent, 0, (size_t)s->n * sizeof *s->a2a_sent);
+        memset(s->a2a_got, 0, (size_t)s->n * sizeof *s->a2a_got);
+        int64_t block = w->desc.count / s->n * e;
+        memcpy((char *)w->out + s->rank * block, (char *)w->in + s->rank * block, (size_t)block);
+    } else {
+        st->path = PATH_RING;
+        ring_start(s, w, st);
+    }
+    return CT__PENDING;
+}
+
+/* A single rank: every collective is a copy, or nothing. */
+static void local_run(ct_work *w) {
+    int64_t bytes = w->desc.count * (int64_t)esize(w);
+    if (w->desc.op == CT__ALLREDUCE || w->desc.op == CT__REDUCE) {
+        /* avg over one rank is the value itself; only integer rounding
+         * could differ, and division by one has none. */
+        return;
+    }
+    if (w->in && w->out != w->in && w->desc.op != CT__BROADCAST)
+        memcpy(w->out, w->in, (size_t)bytes);
+}
+
+static int shm_progress(ct_comm *c, ct_work *w) {
+    shm *s = c->impl;
+    shm_work *st = state(w);
+    int rc;
+    if (ct__op_is_p2p(w->desc.op)) {
+        bool sending = w->desc.op == CT__SEND;
+        int peer = w->desc.root;
+        chan *ch = sending ? &s->pair_out[PAIR_P2P][peer] : &s->pair_in[PAIR_P2P][peer];
+        rc = pair_move(w, ch, sending, sending ? w->in : w->out, w->desc.count * (int64_t)esize(w),
+                       &st->done, peer);
+        if (rc != CT__PENDING)
+            (sending ? s->p2p_busy_out : s->p2p_busy_in)[peer] = false;
+        return rc;
+    }
+    switch (st->path) {
+    case PATH_LOCAL:
+        local_run(w);
+        rc = CT__DONE;
+        break;
+    case PATH_BULLETIN: rc = bulletin_progress(s, w); break;
+    case PATH_RING: rc = ring_progress(s, w); break;
+    case PATH_CHAIN: rc = chain_progress(s, w); break;
+    default: rc = alltoall_progress(s, w); break;
+    }
+    if (rc != CT__PENDING)
+        s->active.seq = 0;
+    return rc;
+}
+
+static int shm_check_tensor(ct_comm *c, const char *op, const ct_tensor *t) {
+    ct_device d = ct_tensor_device(t);
+    if (d.type != CT_CPU)
+        return ct__seterr(CT_EDEVICE, "%s: the shm backend takes CPU tensors; this one is on %s:%d",
+                          op, d.type == CT_CUDA ? "cuda" : "?", d.index);
+    return 0;
+}
+
+static bool pid_alive(int pidfd, int pid) {
+    if (pidfd >= 0) {
+        struct pollfd p = {.fd = pidfd, .events = POLLIN};
+        return poll(&p, 1, 0) == 0;
+    }
+    return kill(pid, 0) == 0 || errno == EPERM;
+}
+
+static int shm_poll(ct_comm *c, char *msg) {
+    shm *s = c->impl;
+    int code = atomic_load_explicit(&s->hdr->abort_code, memory_order_acquire);
+    if (code) {
+        snprintf(msg, CT__MSG_LEN, "rank %d failed the group: %.900s", s->hdr->abort_rank,
+                 s->hdr->abort_msg);
+        return code;
+    }
+    for (int r = 0; r < s->n; r++) {
+        if (r == s->rank)
+            continue;
+        int pid = atomic_load(&ctl_of(s, r)->pid);
+        if (!pid_alive(s->pidfds[r], pid)) {
+            char desc[256] = "no operation";
+            if (s->active.seq)
+                ct__desc_str(desc, sizeof desc, &s->active);
+            snprintf(msg, CT__MSG_LEN, "%s: rank %d (pid %d) died", desc, r, pid);
+            return CT_EPEER;
+        }
+        /* Ranks on different paths for the same operation wait on different
+         * transports; only their published descriptors show it. */
+        ct__coll_desc theirs;
+        if (s->active.seq && read_active(s, r, &theirs) && theirs.seq == s->active.seq &&
+            !ct__desc_match(&theirs, &s->active)) {
+            disagree(msg, s->rank, &s->active, r, &theirs);
+            return CT_EMISMATCH;
+        }
+    }
+    return 0;
+}
+
+static void shm_describe_timeout(ct_comm *c, const ct_work *w, char *msg) {
+    shm *s = c->impl;
+    size_t len = strlen(msg);
+    if (ct__op_is_p2p(w->desc.op)) {
+        snprintf(msg + len, CT__MSG_LEN - len, "; rank %d did not %s it", w->desc.root,
+                 w->desc.op == CT__SEND ? "receive" : "send");
+        return;
+    }
+    len += (size_t)snprintf(msg + len, CT__MSG_LEN - len, "; ranks that did not arrive:");
+    int missing = 0;
+    for (int r = 0; r < s->n && len < CT__MSG_LEN; r++) {
+        ct__coll_desc theirs;
+        bool known = read_active(s, r, &theirs);
+        /* A rank arrived if it runs this operation or a later one. */
+        if (r == s->rank || (known && theirs.seq >= w->desc.seq))
+            continue;
+        len += (size_t)snprintf(msg + len, CT__MSG_LEN - len, "%s %d", missing ? "," : "", r);
+        missing++;
+    }
+    if (!missing && len < CT__MSG_LEN)
+        snprintf(msg + len, CT__MSG_LEN - len, " none (every rank is in it; it did not finish)");
+}
+
+static void shm_abort(ct_comm *c, int code, const char *msg) {
+    shm *s = c->impl;
+    int expected = 0;
+    /* Only the first failure is published: the ranks that see it fail with
+     * it, and their own abort finds the claim taken. */
+    if (atomic_compare_exchange_strong(&s->hdr->abort_claim, &expected, 1)) {
+        s->hdr->abort_rank = s->rank;
+        snprintf(s->hdr->abort_msg, sizeof s->hdr->abort_msg, "%s", msg);
+        atomic_store_explicit(&s->hdr->abort_code, code, memory_order_release);
+    }
+}
+
+/* ------------------------------------------------------------ setup */
+
+static void shm_free(shm *s) {
+    if (!s)
+        return;
+    if (s->pidfds)
+        for (int r = 0; r < s->n; r++)
+            if (s->pidfds[r] >= 0)
+                close(s->pidfds[r]);
+    if (s->base)
+        munmap(s->base, s->l.bytes);
+    for (int k = 0; k < 2; k++) {
+        free(s->pair_out[k]);
+        free(s->pair_in[k]);
+    }
+    free(s->p2p_busy_out);
+    free(s->p2p_busy_in);
+    free(s->a2a_sent);
+    free(s->a2a_got);
+    free(s->acc);
+    free(s->pidfds);
+    free(s);
+}
+
+static void shm_destroy(ct_comm *c) {
+    shm_free(c->impl);
+    c->impl = NULL;
+}
+
+static int fail_errno(const char *what, const char *name) {
+    return ct__seterr(errno == ENOMEM ? CT_ENOMEM : CT_EIO, "comm_new: %s of shared memory %s: %s",
+                      what, name, strerror(errno));
+}
+
+/* Rank 0 creates and sizes the segment, then marks it ready. */
+static int create_segment(shm *s) {
+    int fd = shm_open(s->name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0) {
+        if (errno == EEXIST)
+            return ct__seterr(CT_EINVAL,
+                              "comm_new: shared memory %s already exists (another communicator "
+                              "uses the name, or a crashed job left it in /dev/shm)",
+                              s->name);
+        return fail_errno("creation", s->name);
+    }
+    int rc = 0;
+    if (ftruncate(fd, (off_t)s->l.bytes) != 0) {
+        rc = fail_errno("sizing", s->name);
+    } else {
+        s->base = mmap(NULL, s->l.bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+        if (s->base == MAP_FAILED) {
+            s->base = NULL;
+            rc = fail_errno("mapping", s->name);
+        }
+    }
+    close(fd);
+    if (rc) {
+        shm_unlink(s->name);
+        return rc;
+    }
+    s->hdr = (header *)s->base;
+    s->hdr->version = SHM_VERSION;
+    s->hdr->size = s->n;
+    s->hdr->bytes = s->l.bytes;
+    s->hdr->pair_slot = s->l.pair_slot;
+    atomic_thread_fence(memory_order_release);
+    __atomic_store_n(&s->hdr->magic, SHM_MAGIC, __ATOMIC_RELEASE);
+    return 0;
+}
+
+/* The other ranks wait for rank 0's segment, then map it. */
+static int attach_segment(shm *s, double deadline, double timeout) {
+    for (;;) {
+        int fd = shm_open(s->name, O_RDWR, 0);
+        struct stat sb;
+        if (fd >= 0 && fstat(fd, &sb) == 0 && (size_t)sb.st_size >= sizeof(header)) {
+            void *p = mmap(NULL, (size_t)sb.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+            close(fd);
+            if (p == MAP_FAILED)
+                return fail_errno("mapping", s->name);
+            header *h = p;
+            if (__atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) == SHM_MAGIC) {
+                if (h->version != SHM_VERSION || h->size != s->n || h->bytes != s->l.bytes) {
+                    int size = h->size, version = (int)h->version;
+                    munmap(p, (size_t)sb.st_size);
+                    return ct__seterr(CT_EINVAL,
+                                      "comm_new: shared memory %s was made for %d ranks (format "
+                                      "%d); this rank (%d) expects %d ranks (format %d)",
+                                      s->name, size, version, s->rank, s->n, SHM_VERSION);
+                }
+                s->base = p;
+                s->hdr = h;
+                return 0;
+            }
+            munmap(p, (size_t)sb.st_size);
+        } else if (fd >= 0) {
+            close(fd);
+        } else if (errno != ENOENT) {
+            return fail_errno("opening", s->name);
+        }
+        if (ct__now() > deadline)
+            return ct__seterr(CT_ETIMEDOUT,
+                              "comm_new: rank 0 did not create shared memory %s within %g s "
+                              "(rank %d of %d waited)",
+                              s->name, timeout, s->rank, s->n);
+        usleep(1000);
+    }
+}
+
+/* Waits for every rank to attach; rank 0 then unlinks the name. */
+static int await_ranks(shm *s, double deadline, double timeout) {
+    while (atomic_load_explicit(&s->hdr->attached, memory_order_acquire) < s->n) {
+        if (ct__now() > deadline) {
+            char missing[512] = "";
+            size_t len = 0;
+            for (int r = 0; r < s->n && len < sizeof missing - 16; r++)
+                if (!atomic_load(&ctl_of(s, r)->pid))
+                    len += (size_t)snprintf(missing + len, sizeof missing - len, "%s%d",
+                                            len ? ", " : "", r);
+            return ct__seterr(CT_ETIMEDOUT,
+                              "comm_new: ranks %s did not join shared memory %s within %g s",
+                              missing, s->name, timeout);
+        }
+        usleep(200);
+    }
+    return 0;
+}
+
+/* A pidfd turns readable when its process exits, zombie or not; kill(pid,
+ * 0) is the fallback where pidfds are missing. */
+static void open_pidfds(shm *s) {
+    for (int r = 0; r < s->n; r++)
+        if (r != s->rank)
+            s->pidfds[r] = (int)syscall(SYS_pidfd_open, atomic_load(&ctl_of(s, r)->pid), 0);
+}
+
+static int build_channels(shm *s) {
+    int n = s->n;
+    s->ring_out = make_chan(s, s->l.ring_ctl, s->l.ring_meta, s->l.ring_data, (size_t)s->rank,
+                            RING_SLOT, RING_SLOTS);
+    s->ring_in = make_chan(s, s->l.ring_ctl, s->l.ring_meta, s->l.ring_data,
+                           (size_t)((s->rank + n - 1) % n), RING_SLOT, RING_SLOTS);
+    for (int k = 0; k < 2; k++) {
+        s->pair_out[k] = calloc((size_t)n, sizeof(chan));
+        s->pair_in[k] = calloc((size_t)n, sizeof(chan));
+        if (!s->pair_out[k] || !s->pair_in[k])
+            return ct__seterr(CT_ENOMEM, "comm_new: out of memory");
+        for (int q = 0; q < n; q++) {
+            s->pair_out[k][q] = make_chan(s, s->l.pair_ctl, s->l.pair_meta, s->l.pair_data,
+                                          pair_index(s, k, s->rank, q), s->l.pair_slot, PAIR_SLOTS);
+            s->pair_in[k][q] = make_chan(s, s->l.pair_ctl, s->l.pair_meta, s->l.pair_data,
+                                         pair_index(s, k, q, s->rank), s->l.pair_slot, PAIR_SLOTS);
+        }
+    }
+    return 0;
+}
+
+static int shm_init_named(ct_comm *c, const char *name) {
+    int n = c->size;
+    if (!name || name[0] != '/' || strlen(name) > NAME_MAX_LEN || strchr(name + 1, '/'))
+        return ct__seterr(CT_EINVAL,
+                          "comm_new: shm_name '%s' must be '/' and up to %d more bytes without "
+                          "another '/'",
+                          name ? name : "(null)", NAME_MAX_LEN);
+    shm *s = calloc(1, sizeof *s);
+    if (!s)
+        return ct__seterr(CT_ENOMEM, "comm_new: out of memory");
+    snprintf(s->name, sizeof s->name, "%s", name);
+    s->n = n;
+    s->rank = c->rank;
+    s->l = make_layout(n);
+    s->p2p_busy_out = calloc((size_t)n, sizeof(bool));
+    s->p2p_busy_in = calloc((size_t)n, sizeof(bool));
+    s->a2a_sent = calloc((size_t)n, sizeof(int64_t));
+    s->a2a_got = calloc((size_t)n, sizeof(int64_t));
+    s->pidfds = malloc((size_t)n * sizeof(int));
+    s->acc = malloc(BULLETIN_BYTES * 2); /* 16-bit floats take twice their size */
+    if (!s->p2p_busy_out || !s->p2p_busy_in || !s->a2a_sent || !s->a2a_got || !s->pidfds ||
+        !s->acc) {
+        shm_free(s);
+        return ct__seterr(CT_ENOMEM, "comm_new: out of memory");
+    }
+    for (int r = 0; r < n; r++)
+        s->pidfds[r] = -1;
+    double timeout = c->timeout, deadline = ct__now() + timeout;
+    int rc = s->rank == 0 ? create_segment(s) : attach_segment(s, deadline, timeout);
+    if (rc == 0) {
+        s->ctl = (rank_ctl *)(s->base + s->l.ctl);
+        atomic_store(&ctl_of(s, s->rank)->pid, (int)getpid());
+        atomic_fetch_add_explicit(&s->hdr->attached, 1, memory_order_acq_rel);
+        rc = await_ranks(s, deadline, timeout);
+        if (s->rank == 0)
+            shm_unlink(s->name);
+    }
+    if (rc == 0) {
+        open_pidfds(s);
+        rc = build_channels(s);
+    }
+    if (rc) {
+        shm_free(s);
+        return rc;
+    }
+    c->impl = s;
+    return 0;
+}
+
+static int shm_init(ct_comm *c, const ct_comm_config *cfg) {
+    return shm_init_named(c, cfg->shm_name);
+}
+
+static ct_comm *shm_split(ct_comm *c, int color, uint64_t index, int new_rank, int new_size,
+                          const int *new_to_old) {
+    shm *s = c->impl;
+    char name[NAME_MAX_LEN + 64];
+    snprintf(name, sizeof name, "%.*s.%llu.%d", NAME_MAX_LEN - 40, s->name,
+             (unsigned long long)index, color);
+    ct_comm *child = ct__comm_alloc(&ct__shm_backend, new_rank, new_size, c->timeout);
+    if (!child)
+        return NULL;
+    if (shm_init_named(child, name)) {
+        ct__comm_discard(child);
+        return NULL;
+    }
+    if (ct__comm_activate(child)) {
+        ct_comm_free(child);
+        return NULL;
+    }
+    return child;
+}
+
+const ct__backend ct__shm_backend = {
+    .kind = CT_BACKEND_SHM,
+    .init = shm_init,
+    .destroy = shm_destroy,
+    .check_tensor = shm_check_tensor,
+    .start = shm_start,
+    .progress = shm_progress,
+    .poll = shm_poll,
+    .describe_timeout = shm_describe_timeout,
+    .abort = shm_abort,
+    .split = shm_split,
+};

@@ -1,0 +1,529 @@
+/* ct_dist_init: joining the job a launcher started.
+ *
+ * The steps, each undone in reverse by teardown():
+ *   1. the world from the environment, the backend and the timeout;
+ *   2. MPI, under an MPI launcher or when the mpi backend is asked for
+ *      (init_mpi.c; rank, size and the local ranks then come from MPI);
+ *   3. the store: ctlaunch's, or one rank 0 hosts under an MPI launcher;
+ *   4. the world communicator, with what its backend needs from rank 0
+ *      (the shared-memory segment's name) shared through the store or MPI;
+ *   5. under ctlaunch, a heartbeat thread for ctlaunch's --hang-timeout.
+ * docs/dist.md describes the choices; this file keeps one process-wide
+ * state, touched only by the thread that calls init and finalize, except
+ * for the atomics ct_dist_heartbeat() and the heartbeat thread use. */
+#include "init_mpi.h"
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+/* Bytes rank 0 shares at init: a segment name or the store's host:port. */
+#define SHARED_LEN 320
+/* How often a rank tells ctlaunch how far it got, and how long one such
+ * message may take: a lost heartbeat is harmless, the next one follows, and
+ * finalize must not wait long for the thread. */
+#define HEARTBEAT_PERIOD_S      1.0
+#define HEARTBEAT_SET_TIMEOUT_S 0.25
+#define BACKEND_AUTO            (-1)
+
+typedef struct heartbeat {
+    ct_comm *comm;   /* the world communicator, whose progress it reports */
+    ct_store *store; /* the thread's own client */
+    char key[64];
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv; /* on CLOCK_MONOTONIC: stop was set */
+    bool stop;         /* guarded by mu */
+    bool running;
+} heartbeat;
+
+static struct dist {
+    bool initialized;
+    ct_world world;
+    ct_backend backend;
+    double timeout;
+    bool mpi;                /* init_mpi.c is in use */
+    ct_store_server *server; /* rank 0's, under an MPI launcher */
+    ct_store *store;
+    ct_comm *comm;
+    heartbeat hb;
+} g;
+
+/* ct_dist_init calls in this process: keys and segment names of a second
+ * init never meet the first one's. */
+static unsigned generation;
+/* Read by ct_dist_heartbeat() from any thread. */
+static atomic_bool live;
+static atomic_uint_fast64_t beats;
+
+/* Puts context in front of the error the failed call recorded. */
+static int CT_PRINTF(1, 2) with_context(const char *fmt, ...) {
+    int code = ct_errcode();
+    CT_ASSERT(code < 0);
+    char saved[768], prefix[256];
+    snprintf(saved, sizeof saved, "%s", ct_errmsg());
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(prefix, sizeof prefix, fmt, ap);
+    va_end(ap);
+    return ct__seterr(code, "%s: %s", prefix, saved);
+}
+
+/* -------------------------------------------------------------- choices */
+
+static bool is_mpi_launcher(ct_world_source s) {
+    return s == CT_WORLD_OPENMPI || s == CT_WORLD_PMI || s == CT_WORLD_SLURM;
+}
+
+/* "auto" or a backend's name into *out (BACKEND_AUTO for auto). */
+static bool parse_backend(const char *name, int *out) {
+    if (!strcmp(name, "auto")) {
+        *out = BACKEND_AUTO;
+        return true;
+    }
+    static const ct_backend all[] = {CT_BACKEND_SHM, CT_BACKEND_MPI, CT_BACKEND_NCCL};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        if (!strcmp(name, ct_backend_name(all[i]))) {
+            *out = (int)all[i];
+            return true;
+        }
+    return false;
+}
+
+/* Whether backend b can carry this world's collectives, as far as can be
+ * told before MPI tells where the ranks are. */
+static int check_backend(ct_backend b, const ct_world *w) {
+    bool ctlaunch = w->source == CT_WORLD_CTLAUNCH;
+    switch (b) {
+    case CT_BACKEND_SHM:
+        if (ctlaunch && w->local_size != w->size)
+            return ct__seterr(CT_EINVAL,
+                              "dist_init: backend shm needs every rank on one machine, but this "
+                              "job has %d ranks with %d on this machine (CT_WORLD_SIZE, "
+                              "CT_LOCAL_WORLD_SIZE); use the mpi backend under mpirun",
+                              w->size, w->local_size);
+        return 0;
+    case CT_BACKEND_MPI:
+        if (!ct_backend_available(CT_BACKEND_MPI))
+            return ct__seterr(CT_ENOTSUP,
+                              "dist_init: backend mpi: this build of ct has no MPI (configure did "
+                              "not find it; install libopenmpi-dev and rebuild)%s",
+                              w->local_size == w->size ? "; on one machine, use the shm backend"
+                                                       : "");
+        if (ctlaunch && w->size > 1)
+            return ct__seterr(CT_ENOTSUP,
+                              "dist_init: backend mpi under ctlaunch (%d ranks, %d on this "
+                              "machine): ctlaunch does not start MPI, so the mpi backend needs an "
+                              "MPI launcher: mpirun -np %d ./prog%s",
+                              w->size, w->local_size, w->size,
+                              w->local_size == w->size ? "; on one machine, ctlaunch runs the shm "
+                                                         "backend"
+                                                       : "; ctlaunch across machines needs an MPI "
+                                                         "launcher (mpirun) for the mpi backend");
+        return 0;
+    case CT_BACKEND_NCCL:
+        if (!ct_backend_available(CT_BACKEND_NCCL))
+            return ct__seterr(CT_ENOTSUP, "dist_init: backend nccl: this build of ct has no "
+                                          "NCCL (it needs CUDA and NCCL at configure time)");
+        return ct__seterr(CT_ENOTSUP,
+                          "dist_init: backend nccl: ct has no CUDA tensors yet, so ct_dist_init "
+                          "does not set NCCL up; use shm or mpi for CPU tensors");
+    }
+    return ct__seterr(CT_EINVAL, "dist_init: unknown backend %d", (int)b);
+}
+
+/* The backend: the option, else CT_BACKEND, else the launcher decides: shm
+ * for a world of one and for ctlaunch on one machine, mpi under an MPI
+ * launcher and across machines. */
+static int choose_backend(const ct_dist_options *opts, const ct_world *w, ct_backend *out) {
+    int b = BACKEND_AUTO;
+    if (opts && opts->backend && !parse_backend(opts->backend, &b))
+        return ct__seterr(CT_EINVAL,
+                          "dist_init: backend \"%s\" is not one of auto, shm, mpi and nccl",
+                          opts->backend);
+    const char *env = getenv("CT_BACKEND");
+    if (b == BACKEND_AUTO && env && !parse_backend(env, &b))
+        return ct__seterr(
+            CT_EINVAL, "dist_init: CT_BACKEND=\"%s\" is not one of auto, shm, mpi and nccl", env);
+    if (b == BACKEND_AUTO) {
+        bool one_machine = w->source == CT_WORLD_SINGLE ||
+                           (w->source == CT_WORLD_CTLAUNCH && w->local_size == w->size);
+        b = one_machine ? CT_BACKEND_SHM : CT_BACKEND_MPI;
+    }
+    *out = (ct_backend)b;
+    return check_backend(*out, w);
+}
+
+/* The option when set, else CT_TIMEOUT, else the collectives' default. */
+static int choose_timeout(const ct_dist_options *opts, double *out) {
+    if (opts && opts->timeout_s != 0) {
+        if (!(opts->timeout_s > 0) || !isfinite(opts->timeout_s))
+            return ct__seterr(CT_EINVAL,
+                              "dist_init: timeout_s is %g; expected a finite number of seconds "
+                              "> 0, or 0 for CT_TIMEOUT or the default (%g s)",
+                              opts->timeout_s, CT_COMM_DEFAULT_TIMEOUT);
+        *out = opts->timeout_s;
+        return 0;
+    }
+    const char *env = getenv("CT_TIMEOUT");
+    if (!env) {
+        *out = CT_COMM_DEFAULT_TIMEOUT;
+        return 0;
+    }
+    char *end;
+    errno = 0;
+    double t = strtod(env, &end);
+    if (!*env || *end || errno || !(t > 0) || !isfinite(t))
+        return ct__seterr(
+            CT_EINVAL, "dist_init: CT_TIMEOUT=\"%s\" is not a finite number of seconds > 0", env);
+    *out = t;
+    return 0;
+}
+
+/* ------------------------------------------------------ store and sharing */
+
+/* Rank 0's buf (a string shorter than SHARED_LEN) reaches every rank:
+ * under MPI by a broadcast, under ctlaunch through the store under a key of
+ * this restart and this init. A world of one has nothing to share. */
+static int share(char *buf, const char *what, const char *name) {
+    if (g.mpi)
+        return ct__dist_mpi_share(buf, SHARED_LEN, what, g.timeout);
+    if (!g.store)
+        return 0;
+    char key[128];
+    snprintf(key, sizeof key, "ct/init/%d/%u/%s", g.world.restart_count, generation, name);
+    if (g.world.rank == 0) {
+        int rc = ct_store_set(g.store, key, buf, strlen(buf), -1);
+        return rc ? with_context("dist_init: publishing %s", what) : 0;
+    }
+    void *value;
+    size_t len;
+    if (ct_store_get(g.store, key, &value, &len, -1))
+        return with_context("dist_init: rank %d waiting for rank 0's %s", g.world.rank, what);
+    if (len >= SHARED_LEN) {
+        free(value);
+        return ct__seterr(CT_ECORRUPT,
+                          "dist_init: rank 0's %s ('%s') is %zu bytes; expected at most %d", what,
+                          key, len, SHARED_LEN - 1);
+    }
+    memcpy(buf, value, len + 1);
+    free(value);
+    return 0;
+}
+
+static int connect_store(const char *host, int port) {
+    g.store = ct_store_connect(host, port, g.timeout);
+    return g.store ? 0 : with_context("dist_init: rank %d cannot reach the store", g.world.rank);
+}
+
+/* Under an MPI launcher there is no ctlaunch: rank 0 hosts the store on a
+ * free port of every interface and tells the others where (CT_MASTER_ADDR,
+ * when set, names the host the others should use; else its host name). */
+static int host_store(void) {
+    char addr[SHARED_LEN] = "";
+    int rc = 0;
+    if (g.world.rank == 0) {
+        g.server = ct_store_server_new("*", 0);
+        char host[256] = "";
+        const char *master = getenv("CT_MASTER_ADDR");
+        if (master)
+            snprintf(host, sizeof host, "%s", master);
+        else if (gethostname(host, sizeof host - 1))
+            snprintf(host, sizeof host, "127.0.0.1");
+        if (g.server)
+            snprintf(addr, sizeof addr, "%s:%d", host, ct_store_server_port(g.server));
+        else
+            rc = with_context("dist_init: rank 0 cannot host the store");
+    }
+    /* Rank 0 shares even after a failure, so that the others fail now
+     * rather than at their timeout. */
+    int shared = share(addr, "the store's address", "store");
+    if (rc || shared)
+        return rc ? rc : shared;
+    char *colon = strrchr(addr, ':');
+    if (!colon)
+        return ct__seterr(CT_EPEER, "dist_init: rank 0 could not host the store (its own error "
+                                    "says why)");
+    *colon = 0;
+    return connect_store(addr, atoi(colon + 1));
+}
+
+/* ------------------------------------------------------ world communicator */
+
+static int make_world_comm(void) {
+    ct_comm_config cfg = {
+        .backend = g.backend, .rank = g.world.rank, .size = g.world.size, .timeout_s = g.timeout};
+    char name[SHARED_LEN] = "";
+    if (g.backend == CT_BACKEND_SHM) {
+        /* Unique among the jobs on this machine (rank 0's pid) and across
+         * restarts and inits; the port and restart count help a reader of
+         * /dev/shm tell jobs apart. */
+        if (g.world.rank == 0)
+            snprintf(name, sizeof name, "/ct-%d-%d-%ld-%u",
+                     g.world.master_port > 0 ? g.world.master_port : 0, g.world.restart_count,
+                     (long)getpid(), generation);
+        int rc = share(name, "shared-memory segment name", "shm_name");
+        if (rc)
+            return rc;
+        cfg.shm_name = name;
+    } else {
+        cfg.mpi_comm = ct__dist_mpi_world_comm();
+    }
+    g.comm = ct_comm_new(&cfg);
+    return g.comm ? 0
+                  : with_context("dist_init: rank %d of %d: the world communicator (%s)",
+                                 g.world.rank, g.world.size, ct_backend_name(g.backend));
+}
+
+/* ---------------------------------------------------------------- heartbeat */
+
+/* One heartbeat: "<progress> <what it waits in>", e.g. "42 allreduce #17"
+ * or "42 -", or "<progress> done" at finalize. Progress counts completed
+ * collectives of the world communicator and ct_dist_heartbeat() calls; a
+ * failed set is dropped (the next one follows in a second). */
+static void beat(heartbeat *hb, bool done) {
+    ct_comm_stats st;
+    ct_comm_stats_get(hb->comm, &st);
+    unsigned long long progress = st.completed + atomic_load(&beats);
+    char value[192];
+    if (done)
+        snprintf(value, sizeof value, "%llu done", progress);
+    else if (st.pending_op)
+        snprintf(value, sizeof value, "%llu %s #%llu", progress, st.pending_op,
+                 (unsigned long long)st.pending_seq);
+    else
+        snprintf(value, sizeof value, "%llu -", progress);
+    ct_store_set(hb->store, hb->key, value, strlen(value), HEARTBEAT_SET_TIMEOUT_S);
+}
+
+static void *heartbeat_main(void *arg) {
+    heartbeat *hb = arg;
+    pthread_mutex_lock(&hb->mu);
+    while (!hb->stop) {
+        pthread_mutex_unlock(&hb->mu);
+        beat(hb, false);
+        pthread_mutex_lock(&hb->mu);
+        struct timespec until;
+        clock_gettime(CLOCK_MONOTONIC, &until);
+        until.tv_sec += (time_t)HEARTBEAT_PERIOD_S;
+        while (!hb->stop && pthread_cond_timedwait(&hb->cv, &hb->mu, &until) != ETIMEDOUT)
+            ;
+    }
+    pthread_mutex_unlock(&hb->mu);
+    beat(hb, true);
+    return NULL;
+}
+
+static int start_heartbeat(void) {
+    heartbeat *hb = &g.hb;
+    hb->comm = g.comm;
+    snprintf(hb->key, sizeof hb->key, "ct/hb/%d/%d", g.world.restart_count, g.world.rank);
+    hb->store = ct_store_connect(g.world.master_addr, g.world.master_port, g.timeout);
+    if (!hb->store)
+        return with_context("dist_init: the heartbeat's store client");
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&hb->cv, &attr);
+    pthread_condattr_destroy(&attr);
+    pthread_mutex_init(&hb->mu, NULL);
+    hb->stop = false;
+    int err = pthread_create(&hb->thread, NULL, heartbeat_main, hb);
+    if (err) {
+        pthread_cond_destroy(&hb->cv);
+        pthread_mutex_destroy(&hb->mu);
+        return ct__seterr(CT_EFOREIGN, "dist_init: cannot start the heartbeat thread: %s",
+                          strerror(err));
+    }
+    hb->running = true;
+    return 0;
+}
+
+/* Wakes the thread, which sends its "done" heartbeat and ends. */
+static void stop_heartbeat(void) {
+    heartbeat *hb = &g.hb;
+    if (hb->running) {
+        pthread_mutex_lock(&hb->mu);
+        hb->stop = true;
+        pthread_cond_signal(&hb->cv);
+        pthread_mutex_unlock(&hb->mu);
+        pthread_join(hb->thread, NULL);
+        pthread_cond_destroy(&hb->cv);
+        pthread_mutex_destroy(&hb->mu);
+        hb->running = false;
+    }
+    ct_store_free(hb->store);
+    hb->store = NULL;
+}
+
+/* ------------------------------------------------------------- init, finalize */
+
+/* Undoes whatever init did, in reverse. orderly: every rank is finalizing,
+ * so under an MPI launcher the ranks first meet, because rank 0's store
+ * must outlive the others' use of it. */
+static void teardown(bool orderly) {
+    atomic_store(&live, false);
+    stop_heartbeat();
+    if (orderly && is_mpi_launcher(g.world.source))
+        ct_comm_barrier(g.comm, NULL);
+    ct_comm_free(g.comm);
+    ct_store_free(g.store);
+    ct_store_server_free(g.server);
+    if (g.mpi)
+        ct__dist_mpi_finalize();
+    g = (struct dist){0};
+}
+
+static int join(void) {
+    int rc;
+    if (g.mpi && (rc = ct__dist_mpi_init(&g.world)))
+        return rc;
+    if (g.backend == CT_BACKEND_SHM && g.world.local_size != g.world.size)
+        return ct__seterr(CT_EINVAL,
+                          "dist_init: backend shm needs every rank on one machine, but MPI puts "
+                          "%d of the %d ranks on this one; use the mpi backend",
+                          g.world.local_size, g.world.size);
+    if (g.world.source == CT_WORLD_CTLAUNCH && g.world.master_port > 0)
+        rc = connect_store(g.world.master_addr, g.world.master_port);
+    else if (is_mpi_launcher(g.world.source))
+        rc = host_store();
+    else if (g.world.size > 1)
+        rc = ct__seterr(CT_EINVAL,
+                        "dist_init: CT_WORLD_SIZE is %d but CT_MASTER_ADDR and CT_MASTER_PORT "
+                        "are unset, so the ranks have nowhere to meet; start the job with "
+                        "ctlaunch -np %d ./prog",
+                        g.world.size, g.world.size);
+    if (!rc)
+        rc = make_world_comm();
+    if (!rc && g.world.source == CT_WORLD_CTLAUNCH && g.store)
+        rc = start_heartbeat();
+    return rc;
+}
+
+int ct_dist_init(const ct_dist_options *opts) {
+    if (g.initialized)
+        return ct__seterr(CT_ESTATE,
+                          "dist_init: already initialized (rank %d of %d, backend %s); call "
+                          "ct_dist_finalize first",
+                          g.world.rank, g.world.size, ct_backend_name(g.backend));
+    ct_world w;
+    if (ct_world_from_env(&w))
+        return with_context("dist_init");
+    ct_backend backend = CT_BACKEND_SHM;
+    double timeout = 0;
+    int rc = choose_backend(opts, &w, &backend);
+    if (!rc)
+        rc = choose_timeout(opts, &timeout);
+    if (rc)
+        return rc;
+    g = (struct dist){.world = w,
+                      .backend = backend,
+                      .timeout = timeout,
+                      .mpi = is_mpi_launcher(w.source) || backend == CT_BACKEND_MPI};
+    generation++;
+    atomic_store(&beats, 0);
+    if ((rc = join())) {
+        teardown(false);
+        return rc;
+    }
+    g.initialized = true;
+    atomic_store(&live, true);
+    return 0;
+}
+
+void ct_dist_finalize(void) {
+    if (g.initialized)
+        teardown(true);
+}
+
+bool ct_dist_is_initialized(void) { return g.initialized; }
+const ct_world *ct_dist_world(void) { return g.initialized ? &g.world : NULL; }
+ct_comm *ct_dist_comm(void) { return g.comm; }
+ct_store *ct_dist_store(void) { return g.store; }
+
+void ct_dist_heartbeat(void) {
+    if (atomic_load_explicit(&live, memory_order_relaxed))
+        atomic_fetch_add_explicit(&beats, 1, memory_order_relaxed);
+}
+
+/* ----------------------------------------------------------- process groups */
+
+/* "[0, 2, 4]", shortened past a few dozen ranks. */
+static const char *list_str(char *buf, size_t cap, const int *ranks, int n) {
+    size_t len = (size_t)snprintf(buf, cap, "[");
+    for (int i = 0; i < n && len + 16 < cap; i++)
+        len += (size_t)snprintf(buf + len, cap - len, "%s%d", i ? ", " : "", ranks[i]);
+    snprintf(buf + len, cap - len, "%s]", len + 16 < cap ? "" : ", ...");
+    return buf;
+}
+
+/* Every rank must pass the same list: an allreduce of (fp, -fp) with max
+ * gives (max fp, -min fp), equal up to sign only when every fp is. */
+static int check_same_list(const int *ranks, int n) {
+    uint64_t fp = 1469598103934665603ull; /* FNV-1a over the list */
+    for (int i = 0; i < n; i++)
+        fp = (fp ^ (uint64_t)(uint32_t)ranks[i]) * 1099511628211ull;
+    int64_t v[2] = {(int64_t)(fp >> 2), -(int64_t)(fp >> 2)};
+    ct_scope_begin();
+    ct_tensor *t = ct_from_data(v, CT_SHAPE(2), CT_INT64);
+    int rc = t ? ct_comm_allreduce(g.comm, t, CT_REDUCE_MAX, NULL) : ct_errcode();
+    if (rc) {
+        rc = with_context("dist_new_group: comparing the lists of ranks");
+    } else {
+        const int64_t *r = ct_data_ptr(t);
+        char buf[256];
+        if (r[0] != -r[1])
+            rc = ct__seterr(CT_EMISMATCH,
+                            "dist_new_group: the ranks were given different lists (rank %d has "
+                            "%s); every rank must pass the same list",
+                            g.world.rank, list_str(buf, sizeof buf, ranks, n));
+    }
+    ct_scope_end();
+    return rc;
+}
+
+int ct_dist_new_group(const int *ranks, int n, ct_comm **out) {
+    if (!out)
+        return ct__seterr(CT_EINVAL, "dist_new_group: out is NULL");
+    *out = NULL;
+    if (!g.initialized)
+        return ct__seterr(CT_ESTATE, "dist_new_group: call ct_dist_init first");
+    int size = g.world.size;
+    /* More ranks than the world holds repeat one, which the loop reports. */
+    if (!ranks || n < 1)
+        return ct__seterr(CT_EINVAL, "dist_new_group: %d ranks%s; expected at least 1", n,
+                          ranks ? "" : " in a NULL list");
+    int *where = calloc((size_t)size, sizeof *where); /* 1 + a rank's index in the list */
+    if (!where)
+        return ct__seterr(CT_ENOMEM, "dist_new_group: %d ranks", size);
+    int rc = 0, me = -1;
+    for (int i = 0; i < n && !rc; i++) {
+        int r = ranks[i];
+        if (r < 0 || r >= size)
+            rc =
+                ct__seterr(CT_EINVAL, "dist_new_group: ranks[%d] = %d is outside the world [0, %d)",
+                           i, r, size);
+        else if (where[r])
+            rc = ct__seterr(CT_EINVAL,
+                            "dist_new_group: rank %d is listed twice (ranks[%d] and "
+                            "ranks[%d])",
+                            r, where[r] - 1, i);
+        else
+            where[r] = i + 1;
+    }
+    if (!rc)
+        me = where[g.world.rank] - 1;
+    free(where);
+    if (!rc)
+        rc = check_same_list(ranks, n);
+    if (rc)
+        return rc;
+    return ct_comm_split(g.comm, me >= 0 ? 0 : CT_COMM_SPLIT_NONE, me >= 0 ? me : 0, out);
+}
