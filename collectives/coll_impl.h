@@ -113,9 +113,15 @@ typedef struct ct__backend {
     /* Makes the communicator of split's group: this rank's new rank and
      * size are given; color and index (the how-many-th split of c) tell
      * groups apart. Runs on the caller after the split's exchange. Returns
-     * the new communicator or NULL with the error recorded. */
+     * the new communicator or NULL with the error recorded. NULL when
+     * split_direct is set. */
     ct_comm *(*split)(ct_comm *c, int color, uint64_t index, int new_rank, int new_size,
                       const int *new_to_old);
+    /* Optional, for transports whose split exchanges color and key itself
+     * (ncclCommSplit): replaces comm.c's exchange and split. Every rank of
+     * c calls it, CT_COMM_SPLIT_NONE ones too (they get *out = NULL and 0).
+     * Returns 0 or a CT_E* code with the message recorded. */
+    int (*split_direct)(ct_comm *c, int color, int key, ct_comm **out);
 } ct__backend;
 
 extern const ct__backend ct__shm_backend;

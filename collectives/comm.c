@@ -879,6 +879,10 @@ int ct_comm_split(ct_comm *c, int color, int key, ct_comm **out) {
     if (color < 0 && color != CT_COMM_SPLIT_NONE)
         return ct__seterr(CT_EINVAL, "comm_split: color %d is negative (CT_COMM_SPLIT_NONE is %d)",
                           color, CT_COMM_SPLIT_NONE);
+    if (c->be->split_direct) {
+        c->splits++;
+        return c->be->split_direct(c, color, key, out);
+    }
     int64_t mine[2] = {color, key};
     ct_tensor *in = ct_from_data(mine, 1, (int64_t[]){2}, CT_INT64);
     ct_tensor *all = ct_empty(1, (int64_t[]){2 * (int64_t)c->size}, CT_INT64);

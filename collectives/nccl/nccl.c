@@ -718,11 +718,11 @@ static int diagnosed(nccl_impl *n, ct_work *w) {
         else
             more = true;
     }
-    /* The fingerprints differed in a field the descriptors' comparison
-     * ignores: nothing to disagree about. */
+    /* Only if ct__desc_match came to ignore a field the fingerprint covers:
+     * nothing to disagree about. */
     if (nvariants == 1)
         return agreed(n, w);
-    char msg[CT__MSG_LEN] = "", desc[160];
+    char msg[CT__MSG_LEN] = "", desc[256];
     msg_append(msg, sizeof msg, "%s #%llu: ranks disagree: ", ct__op_name(w->desc.op),
                (unsigned long long)w->desc.seq);
     for (int v = 0; v < nvariants; v++) {
@@ -1017,19 +1017,6 @@ static int nccl_split_direct(ct_comm *c, int color, int key, ct_comm **out) {
 #endif
 }
 
-/* comm.c's split, after its own exchange: the new rank is the key that
- * reproduces comm.c's order. */
-static ct_comm *nccl_split(ct_comm *c, int color, uint64_t index, int new_rank, int new_size,
-                           const int *new_to_old) {
-    (void)index;
-    (void)new_to_old;
-    ct_comm *out = NULL;
-    if (nccl_split_direct(c, color, new_rank, &out) != 0)
-        return NULL;
-    CT_ASSERT(!out || (out->rank == new_rank && out->size == new_size));
-    return out;
-}
-
 const ct__backend ct__nccl_backend = {
     .kind = CT_BACKEND_NCCL,
     .init = nccl_init,
@@ -1040,5 +1027,5 @@ const ct__backend ct__nccl_backend = {
     .poll = nccl_poll,
     .describe_timeout = nccl_describe_timeout,
     .abort = nccl_abort,
-    .split = nccl_split,
+    .split_direct = nccl_split_direct,
 };
