@@ -2,14 +2,17 @@
 # Builds ct's benchmarks (Release, in build-bench/) and runs them with their
 # peers in the same run.
 #
-#   ci/bench.sh [NAME...]     NAME: ops, train; with none, every benchmark
+#   ci/bench.sh [NAME...]     NAME: ops, train, collectives; with none, every
+#                             benchmark
 #
 # stdout: one JSON object per result. stderr: build output, notes, and a
 # ratio line per comparison. CT_BENCH_THREADS (default "1,2") lists the thread
 # counts for ops (train runs at 1 thread); CT_BENCH_EPOCHS (default 1) sets
 # train's epochs: 1 measures throughput, 10 compares test accuracy (see
-# docs/bench-train.md); PYTHON (default /usr/bin/python3, Debian's, with
-# python3-torch) runs the PyTorch peers; CT_BENCH_BUILD_DIR moves the build.
+# docs/bench-train.md); collectives runs 2 ranks under ctlaunch, and under
+# mpirun when Open MPI is built (docs/bench-collectives.md); PYTHON (default
+# /usr/bin/python3, Debian's, with python3-torch) runs the PyTorch peers;
+# CT_BENCH_BUILD_DIR moves the build.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -20,10 +23,10 @@ export OPENBLAS_THREAD_TIMEOUT=${OPENBLAS_THREAD_TIMEOUT:-4}
 build=${CT_BENCH_BUILD_DIR:-$root/build-bench}
 python=${PYTHON:-/usr/bin/python3}
 epochs=${CT_BENCH_EPOCHS:-1}
-all=(ops train)
+all=(ops train collectives)
 
 usage() {
-    sed -n '2,13s/^# \{0,1\}//p' "$0"
+    sed -n '2,16s/^# \{0,1\}//p' "$0"
 }
 
 names=()
@@ -53,9 +56,20 @@ fi
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCT_BUILD_BENCH=ON \
     -DCT_BUILD_TESTS=OFF -DCT_BUILD_EXAMPLES=ON >&2
 targets=()
+have_mpi=false
 for name in "${names[@]}"; do
     case $name in
     train) targets+=(bench_train_floor fmnist_mlp bench_autograd) ;;
+    collectives)
+        targets+=(bench_collectives ctlaunch)
+        # The Open MPI peer exists only when the build found MPI, and ct's
+        # mpi backend with it.
+        if [[ $(cmake --build "$build" --target help) == *bench_mpi_allreduce* ]] &&
+            command -v mpirun >/dev/null; then
+            have_mpi=true
+            targets+=(bench_mpi_allreduce)
+        fi
+        ;;
     *) targets+=("bench_$name") ;;
     esac
 done
@@ -88,6 +102,37 @@ run_train() {
     "$build/bench/bench_autograd" | tee -a "$tmp"
     run_peer train_torch.py --epochs "$epochs" --compare "$tmp"
     run_peer autograd_torch.py --compare "$tmp"
+}
+
+# Two ranks, nccl-tests' sizes (8 B to 64 MiB): allreduce at every power of
+# two, the other operations at every fourth. The arguments are the launcher's
+# command line; ctlaunch's "[rank 0] " prefix is taken off the JSON lines.
+run_coll_sweeps() {
+    local bench=$build/bench/bench_collectives
+    "$@" "$bench" --ops allreduce -b 8 -e 64M -f 2 | sed -u 's/^\[rank 0\] //'
+    "$@" "$bench" --ops broadcast,allgather,reduce_scatter -b 8 -e 64M -f 4 |
+        sed -u 's/^\[rank 0\] //'
+}
+
+# ct's shm backend under ctlaunch, then, with Open MPI, ct's mpi backend and
+# MPI_Allreduce itself under mpirun, then gloo, which prints the summary.
+# Neither launcher binds ranks to cores: ctlaunch does not, and mpirun is
+# told not to, so that both get the same scheduling.
+run_collectives() {
+    "$build/bench/bench_collectives" --memcpy -e 64M | tee "$tmp"
+    run_coll_sweeps "$build/launcher/ctlaunch" -np 2 | tee -a "$tmp"
+    if $have_mpi; then
+        local mpirun=(mpirun -np 2 --oversubscribe --bind-to none -x CT_NUM_THREADS=1)
+        if (($(id -u) == 0)); then
+            mpirun+=(--allow-run-as-root)
+        fi
+        run_coll_sweeps "${mpirun[@]}" -x CT_BACKEND=mpi | tee -a "$tmp"
+        "${mpirun[@]}" "$build/bench/bench_mpi_allreduce" -b 8 -e 64M -f 2 | tee -a "$tmp"
+    else
+        echo "ci/bench.sh: no MPI in this build (or no mpirun); skipping ct's mpi backend" \
+            "and the Open MPI peer" >&2
+    fi
+    run_peer collectives_gloo.py -b 8 -e 64M -f 2 --compare "$tmp"
 }
 
 tmp=$(mktemp)

@@ -172,7 +172,11 @@ ct_comm *ct_comm_new(const ct_comm_config *cfg) {
         ct__seterr(CT_EINVAL, "comm_new: config is NULL");
         return NULL;
     }
-    if (cfg->size < 1 || cfg->rank < 0 || cfg->rank >= cfg->size) {
+    if (cfg->size < 1) {
+        ct__seterr(CT_EINVAL, "comm_new: size %d is not a group (at least 1 rank)", cfg->size);
+        return NULL;
+    }
+    if (cfg->rank < 0 || cfg->rank >= cfg->size) {
         ct__seterr(CT_EINVAL, "comm_new: rank %d is outside [0, %d)", cfg->rank, cfg->size);
         return NULL;
     }
@@ -303,60 +307,71 @@ static void fail_group(ct_comm *c, int code, const char *msg) {
     }
 }
 
-/* Starts queued works in issue order until one must wait. Returns whether
- * any started; fails the group on an error. Only the executor takes works
- * off the queue, so one it cannot start yet goes back to the head. */
+static bool grow_active(ct_comm *c) {
+    int cap = c->cap_active ? 2 * c->cap_active : 16;
+    ct_work **a = realloc(c->active, (size_t)cap * sizeof *a);
+    if (!a)
+        return false;
+    c->active = a;
+    c->cap_active = cap;
+    return true;
+}
+
+/* Starts what it can of the queue, in issue order. A work the backend
+ * cannot start yet (CT__AGAIN) stays queued without holding up the ones
+ * behind it: the backend keeps the order that matters (collectives among
+ * themselves, messages per peer and direction), and a recv queued behind
+ * another recv must not keep this rank's sends from starting. Returns
+ * whether any started; fails the group on an error. */
 static bool start_queued(ct_comm *c) {
+    ct_work *finished = NULL, **finished_tail = &finished, *failing = NULL;
+    int fail_rc = 0;
     bool started = false;
-    for (;;) {
-        if (c->nactive == c->cap_active) {
-            int cap = c->cap_active ? 2 * c->cap_active : 16;
-            ct_work **a = realloc(c->active, (size_t)cap * sizeof *a);
-            if (!a)
-                return started; /* retried on the next pass */
-            c->active = a;
-            c->cap_active = cap;
-        }
-        pthread_mutex_lock(&c->mu);
-        ct_work *w = c->queue_head;
-        if (w) {
-            c->queue_head = w->next;
-            if (!c->queue_head)
-                c->queue_tail = NULL;
-        }
-        pthread_mutex_unlock(&c->mu);
-        if (!w)
-            return started;
+    pthread_mutex_lock(&c->mu);
+    ct_work *prev = NULL;
+    for (ct_work *w = c->queue_head, *next; w; w = next) {
+        next = w->next;
+        if (c->nactive == c->cap_active && !grow_active(c))
+            break; /* retried on the next pass */
         int failed = atomic_load(&c->failed);
-        if (failed) {
-            snprintf(w->msg, sizeof w->msg, "%s", c->fail_msg);
-            complete(c, w, failed);
+        int rc = failed ? failed : c->be->start(c, w);
+        if (rc == CT__AGAIN) {
+            prev = w;
             continue;
         }
-        int rc = c->be->start(c, w);
-        if (rc == CT__AGAIN) {
-            pthread_mutex_lock(&c->mu);
-            w->next = c->queue_head;
-            c->queue_head = w;
-            if (!c->queue_tail)
-                c->queue_tail = w;
-            pthread_mutex_unlock(&c->mu);
-            return started;
-        }
-        started = true;
+        if (prev)
+            prev->next = next;
+        else
+            c->queue_head = next;
+        if (c->queue_tail == w)
+            c->queue_tail = prev;
         w->next = NULL;
+        started = true;
         w->deadline = ct__now() + c->timeout;
         atomic_store_explicit(&w->state, CT__WORK_STARTED, memory_order_relaxed);
-        if (rc == CT__DONE) {
-            complete(c, w, 0);
-            continue;
-        }
-        c->active[c->nactive++] = w;
-        if (rc < 0) {
-            fail_group(c, rc, w->msg);
-            return true;
+        if (rc == CT__PENDING) {
+            c->active[c->nactive++] = w;
+        } else if (rc == CT__DONE || failed) {
+            if (failed)
+                snprintf(w->msg, sizeof w->msg, "%s", c->fail_msg);
+            w->err = failed;
+            *finished_tail = w;
+            finished_tail = &w->next;
+        } else {
+            c->active[c->nactive++] = w;
+            failing = w;
+            fail_rc = rc;
+            break;
         }
     }
+    pthread_mutex_unlock(&c->mu);
+    for (ct_work *w = finished, *next; w; w = next) {
+        next = w->next;
+        complete(c, w, w->err);
+    }
+    if (failing)
+        fail_group(c, fail_rc, failing->msg);
+    return started;
 }
 
 /* One pass over the active works. Returns whether any moved. */
@@ -412,10 +427,16 @@ static bool queue_empty(ct_comm *c) {
 
 /* How an idle executor waits: spin briefly (a peer on another core answers
  * within microseconds), then yield, then sleep in growing steps, so that an
- * executor waiting for a slow peer costs little CPU. */
-#define SPIN_SECONDS  50e-6
-#define YIELD_SECONDS 1e-3
-#define POLL_SECONDS  2e-3
+ * executor waiting for a slow peer costs little CPU. A sleep is the last
+ * resort: on a virtual machine a sleeping core may take a millisecond or
+ * more to wake, and a peer kept waiting that long starts sleeping too, so
+ * that two ranks can hand each chunk over at sleep speed. A thread blocked
+ * in a wait has nothing else to do and yields for longer than the progress
+ * thread, which shares its core with the application. */
+#define SPIN_SECONDS         50e-6
+#define YIELD_SECONDS_WAITER 20e-3
+#define YIELD_SECONDS_THREAD 2e-3
+#define POLL_SECONDS         2e-3
 
 /* Runs the executor until `until` completes, or (until == NULL) until
  * nothing is queued or active. The caller set c->executing. */
@@ -447,7 +468,7 @@ static void execute(ct_comm *c, ct_work *until) {
         double waited = now - idle_since;
         if (waited < SPIN_SECONDS) {
             cpu_relax();
-        } else if (waited < YIELD_SECONDS) {
+        } else if (waited < (until ? YIELD_SECONDS_WAITER : YIELD_SECONDS_THREAD)) {
             sched_yield();
         } else {
             long ns = waited < 0.1 ? 50000 : 1000000;

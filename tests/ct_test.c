@@ -2,6 +2,7 @@
 #include "ct_test.h"
 
 #include <pthread.h>
+#include <regex.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -211,4 +212,15 @@ bool tt_close(const char *file, int line, ct_tensor *got, ct_tensor *want, doubl
         }
     }
     return true;
+}
+
+bool tt_names_rank(const char *msg, int r) {
+    char pattern[96];
+    snprintf(pattern, sizeof pattern, "ranks?[^0-9;.()]*([0-9]+, )*%d([^0-9]|$)", r);
+    regex_t re;
+    if (regcomp(&re, pattern, REG_EXTENDED | REG_ICASE | REG_NOSUB) != 0)
+        return false;
+    bool found = regexec(&re, msg, 0, NULL, 0) == 0;
+    regfree(&re);
+    return found;
 }

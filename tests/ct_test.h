@@ -17,6 +17,10 @@ int tt_failed(void); /* failures in the current test so far */
  * take. */
 double tt_now(void);
 
+/* Whether an error message names rank r in a rank list ("rank 2", "ranks
+ * that did not arrive: 0, 2"). */
+bool tt_names_rank(const char *msg, int r);
+
 /* Runs fn on a new thread, which has no scope: for tests of what happens at
  * the outermost scope (every TEST body runs inside one). */
 void tt_run_unscoped(void (*fn)(void));

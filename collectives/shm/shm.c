@@ -42,8 +42,8 @@
  * ring busy while one end is a chunk behind. Bulletins take operations of
  * up to BULLETIN_BYTES per rank. Pair channels are smaller, and shrink as
  * the number of pairs grows. */
-#define RING_SLOT      (64 * 1024)
-#define RING_SLOTS     8
+#define RING_SLOT      (262144)
+#define RING_SLOTS     4
 #define BULLETIN_BYTES (64 * 1024)
 #define PAIR_SLOTS     4
 #define PAIR_SLOT_MAX  (32 * 1024)
@@ -582,9 +582,23 @@ static int alltoall_progress(shm *s, ct_work *w) {
 
 /* ------------------------------------------------------------ vtable */
 
+/* The failure another rank published, if any: its code, with msg set. */
+static int group_failed(shm *s, char *msg) {
+    int code = atomic_load_explicit(&s->hdr->abort_code, memory_order_acquire);
+    if (code)
+        snprintf(msg, CT__MSG_LEN, "rank %d failed the group: %.900s", s->hdr->abort_rank,
+                 s->hdr->abort_msg);
+    return code;
+}
+
 static int shm_start(ct_comm *c, ct_work *w) {
     shm *s = c->impl;
     shm_work *st = state(w);
+    /* A rank that arrives after the group failed must not read what the
+     * others left behind. */
+    int code = group_failed(s, w->msg);
+    if (code)
+        return code;
     memset(st, 0, sizeof *st);
     if (ct__op_is_p2p(w->desc.op)) {
         bool *busy =
@@ -679,12 +693,9 @@ static bool pid_alive(int pidfd, int pid) {
 
 static int shm_poll(ct_comm *c, char *msg) {
     shm *s = c->impl;
-    int code = atomic_load_explicit(&s->hdr->abort_code, memory_order_acquire);
-    if (code) {
-        snprintf(msg, CT__MSG_LEN, "rank %d failed the group: %.900s", s->hdr->abort_rank,
-                 s->hdr->abort_msg);
+    int code = group_failed(s, msg);
+    if (code)
         return code;
-    }
     for (int r = 0; r < s->n; r++) {
         if (r == s->rank)
             continue;

@@ -62,7 +62,8 @@
  *
  * Errors. Functions that return int return 0 or a negative CT_E* code and
  * record a message (ct_errmsg()). Issuing fails with CT_EINVAL (bad root,
- * peer, reduction or sizes), CT_EDTYPE (dtypes differ, avg of bool),
+ * peer, tag or reduction, overlapping tensors), CT_ESHAPE (tensor sizes
+ * that do not fit the group), CT_EDTYPE (dtypes differ, avg of bool),
  * CT_EDEVICE (a tensor on the wrong device for the backend) or CT_ESTATE
  * (the communicator failed earlier). Completion fails with:
  *   - CT_ETIMEDOUT: the operation did not finish within the communicator's

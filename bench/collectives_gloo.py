@@ -1,0 +1,294 @@
+#!/usr/bin/python3
+"""gloo peer of bench_collectives, and the summary of the collectives benchmark.
+
+    collectives_gloo.py [-b BYTES] [-e BYTES] [-f FACTOR] [--seconds S] [--ranks N]
+                        [--compare JSONL]
+
+Times torch.distributed's all_reduce on the gloo backend (float32 sum, in
+place, blocking) over the same sizes and with the same method as
+bench/coll_bench.c: 5 passes over the sizes, each timing one repetition per
+size (a barrier, then a batch of calls that fills it; the first pass
+calibrates the batch by doubling untimed ones); a repetition's time is the
+slowest rank's average per call, the result the median of the passes. The ranks
+are processes started by torch.multiprocessing, meeting through a FileStore in
+a fresh temporary folder, talking over the loopback interface, one intra-op
+thread each. Rank 0 prints one JSON line per size, "impl": "gloo".
+
+With --compare, the summary follows on stderr and as JSON lines with "ratio"
+fields on stdout: ct's shm allreduce bus bandwidth beside Open MPI's and
+gloo's from 64 KiB to 64 MiB, the 8-byte latency of every implementation, and
+whether the targets hold (a miss is reported, not an error). Without torch the
+gloo sweep is skipped with a note; the summary still runs.
+"""
+import argparse
+import datetime
+import json
+import os
+import sys
+import tempfile
+import time
+
+REPS = 5
+MAX_CALIBRATION_ITERS = 1 << 24
+
+# The issue's targets for ct's shm allreduce.
+BUSBW_RANGE = (64 << 10, 64 << 20)
+BUSBW_TARGETS = (("openmpi", 1.0), ("gloo", 2.0))
+LATENCY_BYTES = 8
+LATENCY_TARGET_US = 5.0
+
+
+def parse_bytes(text):
+    """'64M' -> 67108864, as nccl-tests' -b and -e read sizes."""
+    shift = {"K": 10, "M": 20, "G": 30}.get(text[-1:], 0)
+    digits = text[:-1] if shift else text
+    if not digits.isdigit() or int(digits) <= 0:
+        raise argparse.ArgumentTypeError("%r: expected a positive size such as 8, 64K or 64M"
+                                         % text)
+    return int(digits) << shift
+
+
+def sizes(args, nranks):
+    """(bytes, count) of the sweep, as coll_sweep makes them."""
+    nbytes = args.b
+    while nbytes <= args.e:
+        count = nbytes // 4
+        count -= count % nranks
+        if count > 0:
+            yield count * 4, count
+        nbytes *= args.f
+
+
+# ------------------------------------------------------------------ gloo
+
+class Timer:
+    """coll_bench.c's timing, over torch.distributed: passes over all the
+    sizes, each timing one repetition per size after a barrier; the first
+    pass calibrates by doubling untimed batches."""
+
+    def __init__(self, torch, dist, seconds):
+        self.dist = dist
+        self.rep_s = seconds / (REPS + 1)
+        self.slowest = torch.zeros(1, dtype=torch.float64)
+
+    def batch(self, run, iters):
+        """The slowest rank's seconds for iters calls after a barrier."""
+        self.dist.barrier()
+        t0 = time.perf_counter()
+        run(iters)
+        self.slowest[0] = time.perf_counter() - t0
+        self.dist.all_reduce(self.slowest, op=self.dist.ReduceOp.MAX)
+        return self.slowest.item()
+
+    def one_pass(self, run, iters):
+        """Seconds per call of one repetition and the calls it made: iters,
+        or, when None, calibrated at the fastest rate that doubling batches
+        showed (a neighbour's stall only ever slows a batch down)."""
+        run(1)
+        if iters is None:
+            n, fastest = 1, float("inf")
+            while True:
+                t = self.batch(run, n)
+                fastest = min(fastest, t / n)
+                if t >= self.rep_s / 2 or n >= MAX_CALIBRATION_ITERS:
+                    break
+                n *= 2
+            iters = max(1, round(self.rep_s / max(fastest, 1e-9)))
+        elif iters >= 4:
+            run(iters // 4)
+        return self.batch(run, iters) / iters, iters
+
+
+def gloo_rank(rank, nranks, args, store_path, out_path):
+    """One rank of the gloo sweep; rank 0 reports."""
+    import torch
+    import torch.distributed as dist
+    torch.set_num_threads(1)
+    # A rank that dies makes spawn stop the others; the timeout covers a
+    # rank that hangs.
+    dist.init_process_group("gloo", init_method="file://" + store_path, rank=rank,
+                            world_size=nranks, timeout=datetime.timedelta(seconds=120))
+    timer = Timer(torch, dist, args.seconds)
+    todo = list(sizes(args, nranks))
+    iters = [None] * len(todo)
+    samples = [[] for _ in todo]
+    for _ in range(REPS):
+        for i, (_, count) in enumerate(todo):
+            t = torch.ones(count, dtype=torch.float32)
+
+            def run(n, t=t):
+                for _ in range(n):
+                    dist.all_reduce(t)
+
+            sec, iters[i] = timer.one_pass(run, iters[i])
+            samples[i].append(sec)
+    dist.destroy_process_group()
+    if rank != 0:
+        return
+    print("%-8s %-14s %12s %10s %12s %12s %12s" % (
+        "gloo", "op", "bytes", "iters", "time (us)", "algbw (GB/s)", "busbw (GB/s)"),
+        file=sys.stderr)
+    results = []
+    for (nbytes, count), n, secs in zip(todo, iters, samples):
+        sec = sorted(secs)[REPS // 2]
+        algbw = nbytes / sec * 1e-9
+        busbw = algbw * 2 * (nranks - 1) / nranks
+        r = {"bench": "collectives", "impl": "gloo", "op": "allreduce", "dtype": "float32",
+             "ranks": nranks, "bytes": nbytes, "count": count, "iters": n,
+             "us": round(sec * 1e6, 2), "algbw_gbps": round(algbw, 4),
+             "busbw_gbps": round(busbw, 4)}
+        print(json.dumps(r), flush=True)
+        print("%-8s %-14s %12d %10d %12.2f %12.4f %12.4f" % (
+            "gloo", "allreduce", nbytes, n, sec * 1e6, algbw, busbw), file=sys.stderr)
+        results.append(r)
+    with open(out_path, "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in results)
+
+
+def run_gloo(args):
+    """Runs the gloo sweep and returns its results: [] when torch is missing,
+    None when the sweep failed (each with a note on stderr)."""
+    try:
+        import torch
+        import torch.multiprocessing
+    except ImportError:
+        print("collectives_gloo.py: torch is not installed for %s; skipping the gloo peer "
+              "(bash ci/setup.sh --bench installs python3-torch)" % sys.executable,
+              file=sys.stderr)
+        return []
+    print("collectives_gloo.py: torch %s, gloo over loopback, %d ranks"
+          % (torch.__version__, args.ranks), file=sys.stderr)
+    # gloo binds to the address the host name resolves to unless told an
+    # interface; on a machine without a resolvable name that fails.
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    with tempfile.TemporaryDirectory(prefix="ct-bench-gloo-") as tmp:
+        out_path = os.path.join(tmp, "results.jsonl")
+        try:
+            torch.multiprocessing.spawn(
+                gloo_rank, args=(args.ranks, args, os.path.join(tmp, "store"), out_path),
+                nprocs=args.ranks, join=True)
+        except Exception as e:  # a rank's failure, re-raised by spawn with its traceback
+            print("collectives_gloo.py: the gloo sweep failed: %s" % e, file=sys.stderr)
+            return None
+        with open(out_path) as f:
+            return [json.loads(line) for line in f]
+
+
+# --------------------------------------------------------------- summary
+
+def load(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.startswith("{")]
+
+
+def allreduce_by_size(results, impl, backend=None):
+    return {r["bytes"]: r for r in results
+            if r.get("impl") == impl and r.get("backend") == backend and r.get("op") == "allreduce"
+            and "busbw_gbps" in r}
+
+
+def log(text):
+    print(text, file=sys.stderr)
+
+
+def emit(record):
+    print(json.dumps(dict({"bench": "collectives", "op": "allreduce"}, **record)), flush=True)
+
+
+def summarize(results):
+    """Prints the comparison; returns nothing: a missed target is a finding."""
+    shm = allreduce_by_size(results, "ct", "shm")
+    impls = [("ct shm", shm), ("ct mpi", allreduce_by_size(results, "ct", "mpi"))]
+    peers = {name: allreduce_by_size(results, name) for name, _ in BUSBW_TARGETS}
+    impls += [(name, peers[name]) for name, _ in BUSBW_TARGETS]
+
+    log("\nsummary: allreduce, float32 sum, busbw in GB/s (nccl-tests' definition), ratio = ct "
+        "shm / peer")
+    log("%12s %10s" % ("bytes", "ct shm") + "".join(
+        " %10s %10s" % (name, "ratio") for name, _ in BUSBW_TARGETS))
+    ratios = {name: [] for name, _ in BUSBW_TARGETS}
+    for nbytes in sorted(b for b in shm if BUSBW_RANGE[0] <= b <= BUSBW_RANGE[1]):
+        mine = shm[nbytes]["busbw_gbps"]
+        row = "%12d %10.3f" % (nbytes, mine)
+        for name, target in BUSBW_TARGETS:
+            peer = peers[name].get(nbytes)
+            if not peer or peer["busbw_gbps"] <= 0:
+                row += " %10s %10s" % ("-", "-")
+                continue
+            ratio = mine / peer["busbw_gbps"]
+            ratios[name].append((ratio, nbytes))
+            row += " %10.3f %10.2f" % (peer["busbw_gbps"], ratio)
+            emit({"summary": "busbw", "bytes": nbytes, "metric": "busbw_gbps", "ct_backend": "shm",
+                  "ct": round(mine, 4), "peer": name, "peer_value": peer["busbw_gbps"],
+                  "ratio": round(ratio, 3), "target_ratio": target, "met": ratio >= target})
+        log(row)
+
+    lo, hi = BUSBW_RANGE
+    in_range = len([b for b in shm if lo <= b <= hi])
+    for name, target in BUSBW_TARGETS:
+        rs = ratios[name]
+        what = "ct shm busbw >= %gx %s's at every size from %d to %d bytes" % (target, name, lo, hi)
+        if not rs or len(rs) < in_range:
+            log("target: %s: not measured (%s's or ct shm's figures are missing)" % (what, name))
+            continue
+        worst, at = min(rs)
+        met = worst >= target
+        missed = [b for r, b in rs if r < target]
+        log("target: %s: %s (%d sizes measured, %d to %d; lowest ratio %.2f, at %d bytes%s)"
+            % (what, "met" if met else "MISSED", len(rs), min(b for _, b in rs),
+               max(b for _, b in rs), worst, at,
+               "; below target at " + ", ".join(map(str, sorted(missed))) if missed else ""))
+        emit({"summary": "target", "target": "busbw_vs_" + name, "metric": "busbw_gbps",
+              "ratio": round(worst, 3), "bytes": at, "target_ratio": target, "met": met})
+
+    latency = {name: by[LATENCY_BYTES]["us"] for name, by in impls if LATENCY_BYTES in by}
+    log("%d-byte allreduce latency: %s" % (LATENCY_BYTES, ", ".join(
+        "%s %.2f us" % (name, latency[name]) for name, _ in impls if name in latency) or "none"))
+    # ct shm against every peer, and ct's mpi backend against the MPI it calls.
+    for mine, peer in [("ct shm", name) for name, _ in impls[1:]] + [("ct mpi", "openmpi")]:
+        if mine in latency and peer in latency and latency[peer] > 0:
+            emit({"summary": "latency", "bytes": LATENCY_BYTES, "metric": "us",
+                  "ct_backend": mine.split()[1], "ct": round(latency[mine], 2),
+                  "peer": peer.replace(" ", "_"), "peer_value": round(latency[peer], 2),
+                  "ratio": round(latency[mine] / latency[peer], 3)})
+    if "ct shm" in latency:
+        met = latency["ct shm"] <= LATENCY_TARGET_US
+        log("target: ct shm %d-byte allreduce <= %g us: %s (%.2f us)"
+            % (LATENCY_BYTES, LATENCY_TARGET_US, "met" if met else "MISSED", latency["ct shm"]))
+        emit({"summary": "target", "target": "latency_8b", "metric": "us", "bytes": LATENCY_BYTES,
+              "ct": round(latency["ct shm"], 2), "target_us": LATENCY_TARGET_US, "met": met})
+    else:
+        log("target: ct shm %d-byte allreduce <= %g us: not measured"
+            % (LATENCY_BYTES, LATENCY_TARGET_US))
+
+    ref = [r for r in results if r.get("impl") == "memcpy"]
+    if ref and ref[-1]["bytes"] in shm:
+        nbytes = ref[-1]["bytes"]
+        log("hardware: memcpy of %d bytes, 1 thread: %.2f GB/s copied; ct shm allreduce busbw "
+            "there: %.2f GB/s (%.2f of memcpy)" % (
+                nbytes, ref[-1]["algbw_gbps"], shm[nbytes]["busbw_gbps"],
+                shm[nbytes]["busbw_gbps"] / ref[-1]["algbw_gbps"]))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-b", type=parse_bytes, default=8, help="smallest message (default 8)")
+    parser.add_argument("-e", type=parse_bytes, default=64 << 20,
+                        help="largest message (default 64M)")
+    parser.add_argument("-f", type=int, default=2, help="size factor between steps (default 2)")
+    parser.add_argument("--seconds", type=float, default=0.2,
+                        help="time aimed at per size (default 0.2)")
+    parser.add_argument("--ranks", type=int, default=2, help="gloo ranks (default 2)")
+    parser.add_argument("--compare", metavar="JSONL",
+                        help="the other implementations' output, for the summary")
+    args = parser.parse_args()
+    if args.f < 2 or args.ranks < 1 or not 0 < args.seconds < 3600 or args.b > args.e:
+        parser.error("need -f >= 2, --ranks >= 1, 0 < --seconds < 3600 and -b <= -e")
+    gloo = run_gloo(args)
+    if args.compare:
+        summarize(load(args.compare) + (gloo or []))
+    return 0 if gloo is not None else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
