@@ -24,11 +24,13 @@
  * check_tensor refuses tensors of more than INT_MAX elements.
  *
  * Threads. The progress threads of every communicator, and the callers of
- * ct_comm_new and ct_comm_split, call MPI. Below MPI_THREAD_MULTIPLE one
- * process-wide mutex serializes every MPI call ct makes; the application
- * must then not call MPI itself while a ct mpi communicator exists, since a
- * progress thread may call MPI at any moment. With MPI_THREAD_MULTIPLE no
- * lock is taken. Within one communicator the executor (one thread at a
+ * ct_comm_new and ct_comm_split, call MPI. One process-wide mutex
+ * serializes every MPI call ct makes, at every thread level: the calls are
+ * short and never block, and a lock ThreadSanitizer can see orders them
+ * where Open MPI's internal locking (not instrumented) cannot be checked.
+ * Below MPI_THREAD_MULTIPLE the application must not call MPI itself while
+ * a ct mpi communicator exists, since a progress thread may call MPI at any
+ * moment. Within one communicator the executor (one thread at a
  * time) runs start, progress, poll, describe_timeout and abort; split runs
  * on the caller at the same time and uses only ctl, on which no other
  * collective is in flight then. Free every communicator before
@@ -75,20 +77,10 @@ enum { TAG_QUERY = 1, TAG_ANSWER = 2, TAG_FAIL = 3 };
 /* ------------------------------------------------------------ the lock */
 
 static pthread_mutex_t mpi_mu = PTHREAD_MUTEX_INITIALIZER;
-/* MPI gave less than MPI_THREAD_MULTIPLE: serialize ct's MPI calls. Set by
- * the first init, before any progress thread exists; the level cannot
- * change afterwards. */
-static atomic_bool mpi_serialized;
 
-static void mpi_lock(void) {
-    if (atomic_load_explicit(&mpi_serialized, memory_order_relaxed))
-        pthread_mutex_lock(&mpi_mu);
-}
+static void mpi_lock(void) { pthread_mutex_lock(&mpi_mu); }
 
-static void mpi_unlock(void) {
-    if (atomic_load_explicit(&mpi_serialized, memory_order_relaxed))
-        pthread_mutex_unlock(&mpi_mu);
-}
+static void mpi_unlock(void) { pthread_mutex_unlock(&mpi_mu); }
 
 /* ------------------------------------------------------------- state */
 
@@ -913,7 +905,7 @@ static void mpi_destroy(ct_comm *c) {
     c->impl = NULL;
 }
 
-/* MPI must be up, with threads allowed; notes whether to serialize. */
+/* MPI must be up, with threads allowed. */
 static int check_mpi_ready(void) {
     int init = 0, fin = 0, level = MPI_THREAD_SINGLE;
     pthread_mutex_lock(&mpi_mu);
@@ -921,8 +913,6 @@ static int check_mpi_ready(void) {
     MPI_Finalized(&fin);
     if (init && !fin)
         MPI_Query_thread(&level);
-    if (level == MPI_THREAD_SERIALIZED)
-        atomic_store(&mpi_serialized, true);
     pthread_mutex_unlock(&mpi_mu);
     if (!init || fin)
         return ct__seterr(CT_ESTATE,

@@ -42,8 +42,8 @@
  * ring busy while one end is a chunk behind. Bulletins take operations of
  * up to BULLETIN_BYTES per rank. Pair channels are smaller, and shrink as
  * the number of pairs grows. */
-#define RING_SLOT      (262144)
-#define RING_SLOTS     4
+#define RING_SLOT      (64 * 1024)
+#define RING_SLOTS     8
 #define BULLETIN_BYTES (64 * 1024)
 #define PAIR_SLOTS     4
 #define PAIR_SLOT_MAX  (32 * 1024)
