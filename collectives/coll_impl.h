@@ -170,6 +170,9 @@ struct ct_comm {
 /* Monotonic seconds. */
 double ct__now(void);
 
+/* Appends printf-style text to the string in buf (n bytes), truncating. */
+void ct__msg_append(char *buf, size_t n, const char *fmt, ...) CT_PRINTF(3, 4);
+
 /* Records the error for w (code and formatted message); returns code. */
 int ct__work_fail(ct_work *w, int code, const char *fmt, ...) CT_PRINTF(3, 4);
 

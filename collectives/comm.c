@@ -98,6 +98,16 @@ double ct__now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+void ct__msg_append(char *buf, size_t n, const char *fmt, ...) {
+    size_t len = strnlen(buf, n);
+    if (len + 1 >= n)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf + len, n - len, fmt, ap);
+    va_end(ap);
+}
+
 int ct__work_fail(ct_work *w, int code, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
@@ -608,7 +618,7 @@ static int check_comm(ct_comm *c, const char *op) {
         return ct__seterr(CT_EINVAL, "%s: comm is NULL", op);
     int failed = atomic_load(&c->failed);
     if (failed)
-        return ct__seterr(CT_ESTATE, "%s: the communicator failed earlier: %s", op, c->fail_msg);
+        return ct__seterr(failed, "%s: the communicator failed earlier: %s", op, c->fail_msg);
     return 0;
 }
 

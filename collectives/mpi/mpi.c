@@ -182,17 +182,6 @@ static const char *thread_level_name(int level) {
     }
 }
 
-/* Appends printf-style text to the string in buf (n bytes), truncating. */
-static void CT_PRINTF(3, 4) str_append(char *buf, size_t n, const char *fmt, ...) {
-    size_t len = strnlen(buf, n);
-    if (len + 1 >= n)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf + len, n - len, fmt, ap);
-    va_end(ap);
-}
-
 static int count_key(const int *key, int size, int want) {
     int count = 0;
     for (int r = 0; r < size; r++)
@@ -209,9 +198,9 @@ static void str_append_ranks(char *buf, size_t n, const int *key, int size, int 
         int end = r;
         while (end + 1 < size && key[end + 1] == want)
             end++;
-        str_append(buf, n, first ? "%d" : ", %d", r);
+        ct__msg_append(buf, n, first ? "%d" : ", %d", r);
         if (end > r)
-            str_append(buf, n, "-%d", end);
+            ct__msg_append(buf, n, "-%d", end);
         first = false;
         r = end;
     }
@@ -514,16 +503,16 @@ static int judge(ct_comm *c, ct_work *w) {
     if (agree)
         return post_data(c, w);
     char msg[CT__MSG_LEN] = "", desc[256];
-    str_append(msg, sizeof msg, "%s #%llu: ranks disagree:", ct__op_name(w->desc.op),
-               (unsigned long long)w->desc.seq);
+    ct__msg_append(msg, sizeof msg, "%s #%llu: ranks disagree:", ct__op_name(w->desc.op),
+                   (unsigned long long)w->desc.seq);
     for (int g = 0; g < c->size; g++) {
         if (group[g] != g)
             continue;
         bool many = count_key(group, c->size, g) > 1;
-        str_append(msg, sizeof msg, "%s %s ", g ? ";" : "", many ? "ranks" : "rank");
+        ct__msg_append(msg, sizeof msg, "%s %s ", g ? ";" : "", many ? "ranks" : "rank");
         str_append_ranks(msg, sizeof msg, group, c->size, g);
-        str_append(msg, sizeof msg, " %s %s", many ? "have" : "has",
-                   ct__desc_str(desc, sizeof desc, &all[g]));
+        ct__msg_append(msg, sizeof msg, " %s %s", many ? "have" : "has",
+                       ct__desc_str(desc, sizeof desc, &all[g]));
     }
     m->group_knows = true;
     return ct__work_fail(w, CT_EMISMATCH, "%s", msg);
@@ -800,24 +789,24 @@ static void mpi_describe_timeout(ct_comm *c, const ct_work *w, char *msg) {
 
     if (p2p) {
         if (m->verdict[d->root] == PEER_SILENT)
-            str_append(msg, CT__MSG_LEN, "; no answer from rank %d", d->root);
+            ct__msg_append(msg, CT__MSG_LEN, "; no answer from rank %d", d->root);
         else
-            str_append(msg, CT__MSG_LEN, "; rank %d answers but has not %s", d->root,
-                       d->op == CT__SEND ? "received it" : "sent the matching message");
+            ct__msg_append(msg, CT__MSG_LEN, "; rank %d answers but has not %s", d->root,
+                           d->op == CT__SEND ? "received it" : "sent the matching message");
         return;
     }
     int late = count_key(m->verdict, c->size, PEER_LATE);
     int silent = count_key(m->verdict, c->size, PEER_SILENT);
     if (late) {
-        str_append(msg, CT__MSG_LEN, "; ranks that did not arrive: ");
+        ct__msg_append(msg, CT__MSG_LEN, "; ranks that did not arrive: ");
         str_append_ranks(msg, CT__MSG_LEN, m->verdict, c->size, PEER_LATE);
     }
     if (silent) {
-        str_append(msg, CT__MSG_LEN, "; no answer from ranks ");
+        ct__msg_append(msg, CT__MSG_LEN, "; no answer from ranks ");
         str_append_ranks(msg, CT__MSG_LEN, m->verdict, c->size, PEER_SILENT);
     }
     if (!late && !silent)
-        str_append(msg, CT__MSG_LEN, "; every rank arrived (the operation itself is stuck)");
+        ct__msg_append(msg, CT__MSG_LEN, "; every rank arrived (the operation itself is stuck)");
 }
 
 /* Keeps the memory of an abandoned work alive: MPI may still write it. */

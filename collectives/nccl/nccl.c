@@ -115,17 +115,6 @@ static size_t scratch_bytes(int size) {
 
 /* ---------------------------------------------------------------- messages */
 
-/* Appends to msg (cap bytes), truncating. */
-CT_PRINTF(3, 4) static void msg_append(char *msg, size_t cap, const char *fmt, ...) {
-    size_t len = strnlen(msg, cap);
-    if (len + 1 >= cap)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg + len, cap - len, fmt, ap);
-    va_end(ap);
-}
-
 /* "cudaErrorMemoryAllocation: out of memory" */
 static const char *cuda_text(char *buf, size_t n, cudaError_t e) {
     snprintf(buf, n, "%s: %s", cudaGetErrorName(e), cudaGetErrorString(e));
@@ -682,7 +671,7 @@ static void append_ranks(char *msg, size_t cap, const ct__coll_desc *descs, int 
     int count = 0;
     for (int r = leader; r < size; r++)
         count += ct__desc_match(&descs[r], &descs[leader]);
-    msg_append(msg, cap, count == 1 ? "rank " : "ranks ");
+    ct__msg_append(msg, cap, count == 1 ? "rank " : "ranks ");
     const char *sep = "";
     for (int r = leader; r < size; r++) {
         if (!ct__desc_match(&descs[r], &descs[leader]))
@@ -691,13 +680,13 @@ static void append_ranks(char *msg, size_t cap, const ct__coll_desc *descs, int 
         while (last + 1 < size && ct__desc_match(&descs[last + 1], &descs[leader]))
             last++;
         if (last > r)
-            msg_append(msg, cap, "%s%d-%d", sep, r, last);
+            ct__msg_append(msg, cap, "%s%d-%d", sep, r, last);
         else
-            msg_append(msg, cap, "%s%d", sep, r);
+            ct__msg_append(msg, cap, "%s%d", sep, r);
         sep = ", ";
         r = last;
     }
-    msg_append(msg, cap, count == 1 ? " has" : " have");
+    ct__msg_append(msg, cap, count == 1 ? " has" : " have");
 }
 
 /* Every rank's descriptor is on the host: every rank sees the same data and
@@ -723,15 +712,15 @@ static int diagnosed(nccl_impl *n, ct_work *w) {
     if (nvariants == 1)
         return agreed(n, w);
     char msg[CT__MSG_LEN] = "", desc[256];
-    msg_append(msg, sizeof msg, "%s #%llu: ranks disagree: ", ct__op_name(w->desc.op),
-               (unsigned long long)w->desc.seq);
+    ct__msg_append(msg, sizeof msg, "%s #%llu: ranks disagree: ", ct__op_name(w->desc.op),
+                   (unsigned long long)w->desc.seq);
     for (int v = 0; v < nvariants; v++) {
-        msg_append(msg, sizeof msg, "%s", v ? "; " : "");
+        ct__msg_append(msg, sizeof msg, "%s", v ? "; " : "");
         append_ranks(msg, sizeof msg, descs, n->size, leaders[v]);
-        msg_append(msg, sizeof msg, " %s", ct__desc_str(desc, sizeof desc, &descs[leaders[v]]));
+        ct__msg_append(msg, sizeof msg, " %s", ct__desc_str(desc, sizeof desc, &descs[leaders[v]]));
     }
     if (more)
-        msg_append(msg, sizeof msg, "; and more");
+        ct__msg_append(msg, sizeof msg, "; and more");
     return work_end(n, w, ct__work_fail(w, CT_EMISMATCH, "%s", msg));
 }
 
@@ -856,8 +845,8 @@ static void nccl_describe_timeout(ct_comm *c, const ct_work *w, char *msg) {
     const char *where = !nw->enqueued            ? "NCCL had not finished enqueuing it"
                         : nw->stage == STAGE_RUN ? "it was running on the communication stream"
                                                  : "this rank was in the agreement check before it";
-    msg_append(msg, CT__MSG_LEN, "; %s on cuda:%d; NCCL cannot tell which ranks did not arrive",
-               where, n->device);
+    ct__msg_append(msg, CT__MSG_LEN, "; %s on cuda:%d; NCCL cannot tell which ranks did not arrive",
+                   where, n->device);
 }
 
 /* The watchdog's path: the executor calls it once when the communicator

@@ -422,12 +422,39 @@ static int ring_start(shm *s, ct_work *w, shm_work *st) {
     return CT__PENDING;
 }
 
+/* The slots one ring or chain task needs: the next from the left (recv)
+ * and a free one to the right (send). 1 when the task can run, CT__PENDING
+ * (0) when a slot is not there yet, a CT_E* code when the slot from the left
+ * belongs to a different operation. */
+static int task_slots(shm *s, ct_work *w, bool recv, bool send, const void **in_slot,
+                      void **out_slot) {
+    const slot_meta *meta = NULL;
+    *in_slot = NULL;
+    *out_slot = NULL;
+    if (recv && !(*in_slot = chan_slot_to_read(&s->ring_in, &meta)))
+        return CT__PENDING;
+    if (send && !(*out_slot = chan_slot_to_write(&s->ring_out)))
+        return CT__PENDING;
+    if (recv && !ct__desc_match(&meta->desc, &w->desc))
+        return mismatch(w, (s->rank + s->n - 1) % s->n, &meta->desc);
+    return 1;
+}
+
+/* Hands the task's slots on: frees the one read, publishes the one written
+ * (sent bytes of it). */
+static void task_done(shm *s, ct_work *w, bool recv, bool send, int64_t sent) {
+    if (recv)
+        chan_release(&s->ring_in);
+    if (send)
+        chan_publish(&s->ring_out, &w->desc, sent);
+}
+
 /* Runs ring tasks until one must wait. */
 static int ring_progress(shm *s, ct_work *w) {
     shm_work *st = state(w);
     ct_dtype dt = (ct_dtype)w->desc.dtype;
     ct_reduce_op op = (ct_reduce_op)w->desc.rop;
-    int n = s->n, r = s->rank, left = (r + n - 1) % n;
+    int n = s->n, r = s->rank;
     int64_t e = (int64_t)ct__esize(dt), ae = (int64_t)ct__acc_size(dt);
     bool reducing = w->desc.op != CT__ALLGATHER;
     for (; st->task < st->ntasks; st->task++) {
@@ -436,15 +463,11 @@ static int ring_progress(shm *s, ct_work *w) {
         int64_t lo, len = chunk_range(w, n, seg, j, st->chunk, &lo);
         bool recv = k != 0 && !(w->desc.op == CT__ALLGATHER && k == n - 1);
         bool send = k < 2 * n - 2 && !(w->desc.op == CT__REDUCE_SCATTER && k == n - 1);
-        const slot_meta *meta = NULL;
-        const void *in_slot = NULL;
-        void *out_slot = NULL;
-        if (recv && !(in_slot = chan_slot_to_read(&s->ring_in, &meta)))
-            return CT__PENDING;
-        if (send && !(out_slot = chan_slot_to_write(&s->ring_out)))
-            return CT__PENDING;
-        if (recv && !ct__desc_match(&meta->desc, &w->desc))
-            return mismatch(w, left, &meta->desc);
+        const void *in_slot;
+        void *out_slot;
+        int rc = task_slots(s, w, recv, send, &in_slot, &out_slot);
+        if (rc <= 0)
+            return rc;
         /* Where this rank's input and output for the segment live. */
         const char *in = (const char *)w->in + lo * e;
         char *out = w->desc.op == CT__REDUCE_SCATTER ? (char *)w->out + (lo - seg_lo(w, n, r)) * e
@@ -469,10 +492,7 @@ static int ring_progress(shm *s, ct_work *w) {
             if (send)
                 memcpy(out_slot, in_slot, (size_t)(len * e));
         }
-        if (recv)
-            chan_release(&s->ring_in);
-        if (send)
-            chan_publish(&s->ring_out, &w->desc, sent);
+        task_done(s, w, recv, send, sent);
     }
     return CT__DONE;
 }
@@ -483,7 +503,7 @@ static int ring_progress(shm *s, ct_work *w) {
 static int chain_progress(shm *s, ct_work *w) {
     shm_work *st = state(w);
     ct_dtype dt = (ct_dtype)w->desc.dtype;
-    int n = s->n, r = s->rank, root = w->desc.root, left = (r + n - 1) % n;
+    int n = s->n, r = s->rank, root = w->desc.root;
     bool bcast = w->desc.op == CT__BROADCAST;
     int pos = bcast ? (r - root + n) % n : (r - root - 1 + 2 * n) % n;
     int64_t e = (int64_t)ct__esize(dt), ae = bcast ? e : (int64_t)ct__acc_size(dt);
@@ -493,15 +513,11 @@ static int chain_progress(shm *s, ct_work *w) {
         if (len < 0)
             len = 0;
         bool recv = pos > 0, send = pos < n - 1;
-        const slot_meta *meta = NULL;
-        const void *in_slot = NULL;
-        void *out_slot = NULL;
-        if (recv && !(in_slot = chan_slot_to_read(&s->ring_in, &meta)))
-            return CT__PENDING;
-        if (send && !(out_slot = chan_slot_to_write(&s->ring_out)))
-            return CT__PENDING;
-        if (recv && !ct__desc_match(&meta->desc, &w->desc))
-            return mismatch(w, left, &meta->desc);
+        const void *in_slot;
+        void *out_slot;
+        int rc = task_slots(s, w, recv, send, &in_slot, &out_slot);
+        if (rc <= 0)
+            return rc;
         const char *in = (const char *)w->in + lo * e;
         char *out = (char *)w->out + lo * e;
         if (bcast) {
@@ -517,10 +533,7 @@ static int chain_progress(shm *s, ct_work *w) {
         } else {
             ct__acc_finish(out, in_slot, in, len, dt, (ct_reduce_op)w->desc.rop, n);
         }
-        if (recv)
-            chan_release(&s->ring_in);
-        if (send)
-            chan_publish(&s->ring_out, &w->desc, len * ae);
+        task_done(s, w, recv, send, len * ae);
     }
     return CT__DONE;
 }
@@ -721,25 +734,24 @@ static int shm_poll(ct_comm *c, char *msg) {
 
 static void shm_describe_timeout(ct_comm *c, const ct_work *w, char *msg) {
     shm *s = c->impl;
-    size_t len = strlen(msg);
     if (ct__op_is_p2p(w->desc.op)) {
-        snprintf(msg + len, CT__MSG_LEN - len, "; rank %d did not %s it", w->desc.root,
-                 w->desc.op == CT__SEND ? "receive" : "send");
+        ct__msg_append(msg, CT__MSG_LEN, "; rank %d did not %s it", w->desc.root,
+                       w->desc.op == CT__SEND ? "receive" : "send");
         return;
     }
-    len += (size_t)snprintf(msg + len, CT__MSG_LEN - len, "; ranks that did not arrive:");
+    ct__msg_append(msg, CT__MSG_LEN, "; ranks that did not arrive:");
     int missing = 0;
-    for (int r = 0; r < s->n && len < CT__MSG_LEN; r++) {
+    for (int r = 0; r < s->n; r++) {
         ct__coll_desc theirs;
         bool known = read_active(s, r, &theirs);
         /* A rank arrived if it runs this operation or a later one. */
         if (r == s->rank || (known && theirs.seq >= w->desc.seq))
             continue;
-        len += (size_t)snprintf(msg + len, CT__MSG_LEN - len, "%s %d", missing ? "," : "", r);
+        ct__msg_append(msg, CT__MSG_LEN, "%s %d", missing ? "," : "", r);
         missing++;
     }
-    if (!missing && len < CT__MSG_LEN)
-        snprintf(msg + len, CT__MSG_LEN - len, " none (every rank is in it; it did not finish)");
+    if (!missing)
+        ct__msg_append(msg, CT__MSG_LEN, " none (every rank is in it; it did not finish)");
 }
 
 static void shm_abort(ct_comm *c, int code, const char *msg) {

@@ -64,16 +64,18 @@
  * record a message (ct_errmsg()). Issuing fails with CT_EINVAL (bad root,
  * peer, tag or reduction, overlapping tensors), CT_ESHAPE (tensor sizes
  * that do not fit the group), CT_EDTYPE (dtypes differ, avg of bool),
- * CT_EDEVICE (a tensor on the wrong device for the backend) or CT_ESTATE
- * (the communicator failed earlier). Completion fails with:
+ * CT_EDEVICE (a tensor on the wrong device for the backend), or the code
+ * of the failure that failed the communicator earlier (below). Completion
+ * fails with:
  *   - CT_ETIMEDOUT: the operation did not finish within the communicator's
  *     timeout. The message names the operation, its sequence number and the
  *     ranks that had not arrived at it.
  *   - CT_EPEER: a peer died or failed; the message names it.
  *   - CT_EMISMATCH: ranks disagree about the operation (see Ordering).
  * Any of these fails the communicator: every pending and later operation on
- * it fails promptly with the first error's message, on every rank that is
- * still alive. Create a new communicator to continue.
+ * it fails promptly with the first error's code and message, on every rank
+ * that is still alive, whether or not it had reached the operation. Create
+ * a new communicator to continue.
  *
  * Tensors. CPU tensors of any dtype; non-contiguous ones are staged through
  * a contiguous copy (contiguous tensors take a path with no allocation per
