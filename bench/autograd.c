@@ -13,15 +13,10 @@
 
 #include <ct/autograd.h>
 
+#include "bench_time.h"
 #include <math.h>
 #include <stdio.h>
 #include <time.h>
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* Seconds one backward through a fresh chain of n nodes takes, or a
  * negative value on error. */
@@ -31,9 +26,9 @@ static double backward_seconds(int n) {
     ct_tensor *y = x;
     for (int i = 0; i < n; i++)
         y = i % 2 == 0 ? ct_mul_scalar(y, 1.0001) : ct_add_scalar(y, 0.5);
-    double t0 = now();
+    double t0 = bench_now();
     int rc = y ? ct_tensor_backward(y) : ct_errcode();
-    double t = now() - t0;
+    double t = bench_now() - t0;
     /* float32(1.0001) drifts about 1e-3 from the exact power over 50000
      * multiplies. */
     double expect = pow(1.0001, (n + 1) / 2), got = rc ? NAN : ct_item(ct_tensor_grad(x));

@@ -2,6 +2,7 @@
  * is described in coll_bench.h and docs/bench-collectives.md. */
 #include "coll_bench.h"
 
+#include "bench_time.h"
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -28,17 +29,6 @@ double coll_busbw_factor(coll_op op, int nranks) {
     case COLL_NOPS: break;
     }
     return 1.0;
-}
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
 }
 
 /* --------------------------------------------------------------- options */
@@ -137,11 +127,11 @@ static int time_batch(const coll_runner *r, int64_t iters, double *seconds) {
     int rc = r->barrier(r->ctx);
     if (rc)
         return rc;
-    double t0 = now();
+    double t0 = bench_now();
     rc = r->run(r->ctx, iters);
     if (rc)
         return rc;
-    *seconds = now() - t0;
+    *seconds = bench_now() - t0;
     return r->max(r->ctx, seconds);
 }
 
@@ -187,7 +177,7 @@ static int time_pass(const coll_runner *r, double rep_s, int pass, size_stat *s)
 }
 
 static double median(double *v) {
-    qsort(v, REPS, sizeof *v, cmp_double);
+    qsort(v, REPS, sizeof *v, bench_cmp_double);
     return v[REPS / 2];
 }
 

@@ -16,6 +16,7 @@
  * a noisy neighbour slows them alike. */
 #include <ct/tensor.h>
 
+#include "bench_time.h"
 #include <cblas.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,17 +49,6 @@ typedef struct bench_case {
     int nimpls;
 } bench_case;
 
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 /* After a threaded call OpenBLAS's idle threads spin for 2^28 cycles
  * (OPENBLAS_THREAD_TIMEOUT), taking cores from whatever runs next: ct's
  * matmul ran at 60% speed for 0.2 s after one. */
@@ -68,14 +58,14 @@ static int cmp_double(const void *a, const void *b) {
  * caches and idle (on a VM, descheduled) cores: they warm up untimed. */
 static double time_calls(impl *im, int64_t iters) {
     openblas_set_num_threads(im->blas_threads);
-    double t0 = now();
+    double t0 = bench_now();
     do
         im->run(im->ctx);
-    while (now() - t0 < WARM_SECONDS);
-    t0 = now();
+    while (bench_now() - t0 < WARM_SECONDS);
+    t0 = bench_now();
     for (int64_t i = 0; i < iters; i++)
         im->run(im->ctx);
-    double t = now() - t0;
+    double t = bench_now() - t0;
     /* ct needs OpenBLAS at one thread: it parallelises over its own pool. */
     openblas_set_num_threads(1);
     if (im->blas_threads > 1)
@@ -105,7 +95,7 @@ static void measure(bench_case *c) {
     for (int i = 0; i < c->nimpls; i++) {
         if (!iters[i])
             continue;
-        qsort(samples[i], REPS, sizeof(double), cmp_double);
+        qsort(samples[i], REPS, sizeof(double), bench_cmp_double);
         c->impls[i].us = samples[i][REPS / 2] * 1e6;
     }
 }

@@ -16,6 +16,7 @@
  * momentum buffers in a second block of the same layout (llm.c's scheme).
  *
  * stdout: one JSON object. stderr: notes, and the test accuracy per epoch. */
+#include "bench_time.h"
 #include <cblas.h>
 #include <errno.h>
 #include <limits.h>
@@ -74,12 +75,6 @@ typedef struct dataset {
     uint8_t *labels; /* (n) */
     uint32_t n;
 } dataset;
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
 
 /* ------------------------------------------------------------ random */
 
@@ -504,11 +499,11 @@ int main(int argc, char **argv) {
         epoch_steps = 0;
         for (uint32_t start = 0; start < train.n && step < total; start += BATCH, step++) {
             int n = train.n - start < BATCH ? (int)(train.n - start) : BATCH;
-            double t0 = now();
+            double t0 = bench_now();
             load_batch(&train, perm + start, n, &a);
             loss_sum += train_step(&m, &v, &a, n);
             if (step >= o.warmup_steps) {
-                timed += now() - t0;
+                timed += bench_now() - t0;
                 timed_samples += n;
             }
             epoch_steps++;

@@ -224,3 +224,32 @@ bool tt_names_rank(const char *msg, int r) {
     regfree(&re);
     return found;
 }
+
+void tt_launch_env(const char *const *pairs) {
+    static const char *const vars[] = {
+        "CT_RANK",
+        "CT_WORLD_SIZE",
+        "CT_LOCAL_RANK",
+        "CT_LOCAL_WORLD_SIZE",
+        "CT_MASTER_ADDR",
+        "CT_MASTER_PORT",
+        "CT_RESTART_COUNT",
+        "CT_BACKEND",
+        "CT_TIMEOUT",
+        "OMPI_COMM_WORLD_RANK",
+        "OMPI_COMM_WORLD_SIZE",
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "OMPI_COMM_WORLD_LOCAL_SIZE",
+        "PMI_RANK",
+        "PMI_SIZE",
+        "MPI_LOCALRANKID",
+        "MPI_LOCALNRANKS",
+        "SLURM_PROCID",
+        "SLURM_NTASKS",
+        "SLURM_LOCALID",
+    };
+    for (size_t i = 0; i < sizeof vars / sizeof *vars; i++)
+        unsetenv(vars[i]);
+    for (; pairs && *pairs; pairs += 2)
+        setenv(pairs[0], pairs[1], 1);
+}

@@ -21,6 +21,11 @@ double tt_now(void);
  * that did not arrive: 0, 2"). */
 bool tt_names_rank(const char *msg, int r);
 
+/* Clears every variable that a launcher (ctlaunch, Open MPI, PMI, SLURM) or
+ * ct_dist_init reads, then sets the NAME, VALUE pairs given (NULL-ended;
+ * pairs may be NULL). Not thread-safe, as setenv is not. */
+void tt_launch_env(const char *const *pairs);
+
 /* Runs fn on a new thread, which has no scope: for tests of what happens at
  * the outermost scope (every TEST body runs inside one). */
 void tt_run_unscoped(void (*fn)(void));

@@ -220,12 +220,16 @@ static void run_mpirun(job *j, int np, const char *backend, const char *scenario
     snprintf(npstr, sizeof npstr, "%d", np);
     snprintf(backend_var, sizeof backend_var, "CT_BACKEND=%s", backend);
     /* Open MPI refuses root without its two variables; oversubscribing lets
-     * more ranks run than this machine has cores. */
+     * more ranks run than this machine has cores. Its shared-memory
+     * transport copies large messages with process_vm_readv, which
+     * containers (Docker's default seccomp profile, as in CI) forbid; the
+     * copy through its own shared memory works everywhere. */
     run_job(j,
             (const char *const[]){MPIEXEC_PATH, "--oversubscribe", "-np", npstr, COLL_RANK_PATH,
                                   scenario, NULL},
             (const char *const[]){backend_var, "OMPI_ALLOW_RUN_AS_ROOT=1",
-                                  "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1", NULL},
+                                  "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1",
+                                  "OMPI_MCA_btl_vader_single_copy_mechanism=none", NULL},
             deadline);
 }
 

@@ -116,6 +116,19 @@ static bool peer_start(peer *p, ct_comm *comm, double delay, void (*fn)(peer *))
     return pthread_create(&p->th, NULL, peer_main, p) == 0;
 }
 
+/* c[0] and c[1] as pair_new makes them, with rank 1's side, fn, started on
+ * c[1] after delay seconds; false (c[0] NULL) if either failed. */
+static bool pair_with_peer(ct_comm *c[2], peer *p, double delay, void (*fn)(peer *)) {
+    pair_new(c);
+    if (c[0] && !peer_start(p, c[1], delay, fn)) {
+        tt_fail(__FILE__, __LINE__, "starting rank 1's thread failed");
+        ct_comm_free(c[0]);
+        ct_comm_free(c[1]);
+        c[0] = c[1] = NULL;
+    }
+    return c[0] != NULL;
+}
+
 static void peer_record(peer *p, int rc) {
     if (rc && !p->rc)
         p->rc = rc;
@@ -440,13 +453,11 @@ TEST(a_timed_out_operation_fails_the_communicator) {
 /* ct_work_free of a pending operation waits for it, and the stats show
  * what it waits on meanwhile. */
 TEST(freeing_a_pending_work_waits_for_it) {
-    ct_comm *c[2];
-    pair_new(c);
-    ASSERT_TRUE(c[0]);
     /* Everything is observed before rank 1's thread is joined and checked
      * after, so that a failed check never leaves the thread running. */
+    ct_comm *c[2];
     peer p;
-    ASSERT_TRUE(peer_start(&p, c[1], 0.3, peer_allreduce));
+    ASSERT_TRUE(pair_with_peer(c, &p, 0.3, peer_allreduce));
     ct_tensor *t = ct_ones(1, (int64_t[]){4}, CT_FLOAT32);
     ct_work *w = NULL;
     double t0 = tt_now();
@@ -492,10 +503,8 @@ static void peer_three_ops(peer *p) {
  * communicator. */
 TEST(freeing_a_communicator_waits_for_its_queued_work) {
     ct_comm *c[2];
-    pair_new(c);
-    ASSERT_TRUE(c[0]);
     peer p;
-    ASSERT_TRUE(peer_start(&p, c[1], 0.2, peer_three_ops));
+    ASSERT_TRUE(pair_with_peer(c, &p, 0.2, peer_three_ops));
     ct_tensor *a = ct_ones(1, (int64_t[]){4}, CT_FLOAT32);
     ct_tensor *b = ct_zeros(1, (int64_t[]){4}, CT_FLOAT32);
     ct_tensor *out = ct_zeros(1, (int64_t[]){6}, CT_INT32);

@@ -13,33 +13,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-static const char *const all_vars[] = {
-    "CT_RANK",
-    "CT_WORLD_SIZE",
-    "CT_LOCAL_RANK",
-    "CT_LOCAL_WORLD_SIZE",
-    "CT_MASTER_ADDR",
-    "CT_MASTER_PORT",
-    "CT_RESTART_COUNT",
-    "OMPI_COMM_WORLD_RANK",
-    "OMPI_COMM_WORLD_SIZE",
-    "PMI_RANK",
-    "PMI_SIZE",
-    "SLURM_PROCID",
-    "SLURM_NTASKS",
-    "CT_BACKEND",
-    "CT_TIMEOUT",
-};
-
-/* Clears every launcher and ct_dist_init variable, then sets the
- * NAME=VALUE pairs given. */
-static void environment(const char *const *pairs) {
-    for (size_t i = 0; i < sizeof all_vars / sizeof *all_vars; i++)
-        unsetenv(all_vars[i]);
-    for (; pairs && *pairs; pairs += 2)
-        setenv(pairs[0], pairs[1], 1);
-}
-
 /* A TCP port on 127.0.0.1 that nothing listens on (it was free a moment
  * ago). */
 static int unused_port(void) {
@@ -56,7 +29,7 @@ static int unused_port(void) {
 }
 
 TEST(a_world_of_one_needs_no_launcher) {
-    environment(NULL);
+    tt_launch_env(NULL);
     ASSERT_TRUE(!ct_dist_is_initialized());
     ASSERT_TRUE(ct_dist_world() == NULL && ct_dist_comm() == NULL && ct_dist_store() == NULL);
     ASSERT_EQ(ct_dist_init(NULL), 0);
@@ -91,7 +64,7 @@ TEST(a_world_of_one_needs_no_launcher) {
 }
 
 TEST(init_twice_is_a_state_error) {
-    environment(NULL);
+    tt_launch_env(NULL);
     ASSERT_EQ(ct_dist_init(NULL), 0);
     ASSERT_RC(ct_dist_init(NULL), CT_ESTATE, "already initialized", "ct_dist_finalize first");
     ASSERT_TRUE(ct_dist_is_initialized());
@@ -101,10 +74,10 @@ TEST(init_twice_is_a_state_error) {
 }
 
 TEST(bad_backends_and_timeouts_are_named) {
-    environment(NULL);
+    tt_launch_env(NULL);
     ASSERT_RC(ct_dist_init(&(ct_dist_options){.backend = "gloo"}), CT_EINVAL, "backend \"gloo\"",
               "auto, shm, mpi and nccl");
-    environment((const char *[]){"CT_BACKEND", "tcp", NULL});
+    tt_launch_env((const char *[]){"CT_BACKEND", "tcp", NULL});
     ASSERT_RC(ct_dist_init(NULL), CT_EINVAL, "CT_BACKEND=\"tcp\"", "auto, shm, mpi and nccl");
     /* An explicit option wins over the variable, and "auto" defers to it. */
     ASSERT_EQ(ct_dist_init(&(ct_dist_options){.backend = "shm"}), 0);
@@ -112,31 +85,31 @@ TEST(bad_backends_and_timeouts_are_named) {
     ASSERT_RC(ct_dist_init(&(ct_dist_options){.backend = "auto"}), CT_EINVAL, "CT_BACKEND");
     const char *bad_timeouts[] = {"soon", "0", "-1", "inf", "nan", "5s", ""};
     for (size_t i = 0; i < sizeof bad_timeouts / sizeof *bad_timeouts; i++) {
-        environment((const char *[]){"CT_TIMEOUT", bad_timeouts[i], NULL});
+        tt_launch_env((const char *[]){"CT_TIMEOUT", bad_timeouts[i], NULL});
         ASSERT_RC(ct_dist_init(NULL), CT_EINVAL, "CT_TIMEOUT=\"", "seconds > 0");
     }
-    environment((const char *[]){"CT_TIMEOUT", "2.5", NULL});
+    tt_launch_env((const char *[]){"CT_TIMEOUT", "2.5", NULL});
     ASSERT_EQ(ct_dist_init(NULL), 0);
     ASSERT_NEAR(ct_comm_timeout(ct_dist_comm()), 2.5, 0);
     ct_dist_finalize();
-    environment(NULL);
+    tt_launch_env(NULL);
     ASSERT_RC(ct_dist_init(&(ct_dist_options){.timeout_s = -3}), CT_EINVAL, "timeout_s is -3");
-    environment((const char *[]){"CT_RANK", "4", "CT_WORLD_SIZE", "2", NULL});
+    tt_launch_env((const char *[]){"CT_RANK", "4", "CT_WORLD_SIZE", "2", NULL});
     ASSERT_RC(ct_dist_init(NULL), CT_EINVAL, "dist_init: world: CT_RANK=\"4\"");
     ASSERT_TRUE(!ct_dist_is_initialized());
-    environment(NULL);
+    tt_launch_env(NULL);
 }
 
 TEST(backends_this_job_cannot_use_say_why) {
-    environment(NULL);
+    tt_launch_env(NULL);
     ASSERT_RC(ct_dist_init(&(ct_dist_options){.backend = "nccl"}), CT_ENOTSUP, "backend nccl");
     if (!ct_backend_available(CT_BACKEND_MPI))
         ASSERT_RC(ct_dist_init(&(ct_dist_options){.backend = "mpi"}), CT_ENOTSUP,
                   "this build of ct has no MPI");
     /* ctlaunch on two machines: auto picks mpi, which ctlaunch cannot
      * start; shm cannot span machines. Neither touches the store. */
-    environment((const char *[]){"CT_RANK", "0", "CT_WORLD_SIZE", "4", "CT_LOCAL_WORLD_SIZE", "2",
-                                 "CT_MASTER_ADDR", "127.0.0.1", "CT_MASTER_PORT", "9", NULL});
+    tt_launch_env((const char *[]){"CT_RANK", "0", "CT_WORLD_SIZE", "4", "CT_LOCAL_WORLD_SIZE", "2",
+                                   "CT_MASTER_ADDR", "127.0.0.1", "CT_MASTER_PORT", "9", NULL});
     ASSERT_RC(ct_dist_init(NULL), CT_ENOTSUP, "backend mpi");
     if (ct_backend_available(CT_BACKEND_MPI))
         ASSERT_RC(ct_dist_init(NULL), CT_ENOTSUP,
@@ -145,23 +118,23 @@ TEST(backends_this_job_cannot_use_say_why) {
     ASSERT_RC(ct_dist_init(NULL), CT_EINVAL, "backend shm needs every rank on one machine",
               "4 ranks with 2 on this machine");
     /* Several ranks without a store to meet at. */
-    environment((const char *[]){"CT_RANK", "0", "CT_WORLD_SIZE", "2", NULL});
+    tt_launch_env((const char *[]){"CT_RANK", "0", "CT_WORLD_SIZE", "2", NULL});
     ASSERT_RC(ct_dist_init(NULL), CT_EINVAL, "CT_MASTER_ADDR and CT_MASTER_PORT are unset");
     ASSERT_TRUE(!ct_dist_is_initialized());
-    environment(NULL);
+    tt_launch_env(NULL);
 }
 
 TEST(an_unreachable_store_fails_within_the_timeout) {
     char port[16];
     snprintf(port, sizeof port, "%d", unused_port());
-    environment((const char *[]){"CT_RANK", "0", "CT_WORLD_SIZE", "1", "CT_MASTER_ADDR",
-                                 "127.0.0.1", "CT_MASTER_PORT", port, "CT_TIMEOUT", "0.5", NULL});
+    tt_launch_env((const char *[]){"CT_RANK", "0", "CT_WORLD_SIZE", "1", "CT_MASTER_ADDR",
+                                   "127.0.0.1", "CT_MASTER_PORT", port, "CT_TIMEOUT", "0.5", NULL});
     double t0 = tt_now();
     ASSERT_RC(ct_dist_init(NULL), CT_EPEER, "dist_init: rank 0 cannot reach the store",
               "127.0.0.1");
     ASSERT_TRUE(tt_now() - t0 < 3);
     ASSERT_TRUE(!ct_dist_is_initialized());
-    environment(NULL);
+    tt_launch_env(NULL);
 }
 
 /* The value of key, waiting up to timeout_s for it to hold `want`. */
@@ -184,9 +157,9 @@ TEST(under_ctlaunch_a_rank_sends_heartbeats) {
     ASSERT_TRUE(server);
     char port[16];
     snprintf(port, sizeof port, "%d", ct_store_server_port(server));
-    environment((const char *[]){"CT_RANK", "0", "CT_WORLD_SIZE", "1", "CT_MASTER_ADDR",
-                                 "127.0.0.1", "CT_MASTER_PORT", port, "CT_RESTART_COUNT", "3",
-                                 "CT_TIMEOUT", "5", NULL});
+    tt_launch_env((const char *[]){"CT_RANK", "0", "CT_WORLD_SIZE", "1", "CT_MASTER_ADDR",
+                                   "127.0.0.1", "CT_MASTER_PORT", port, "CT_RESTART_COUNT", "3",
+                                   "CT_TIMEOUT", "5", NULL});
     ct_store *reader = ct_store_connect("127.0.0.1", ct_store_server_port(server), 2);
     ASSERT_TRUE(reader);
     ASSERT_EQ(ct_dist_init(NULL), 0);
@@ -206,11 +179,11 @@ TEST(under_ctlaunch_a_rank_sends_heartbeats) {
     ASSERT_TRUE(value_becomes(reader, "ct/hb/3/0", "3 done", 0.1));
     ct_store_free(reader);
     ct_store_server_free(server);
-    environment(NULL);
+    tt_launch_env(NULL);
 }
 
 TEST(new_group_checks_its_list) {
-    environment(NULL);
+    tt_launch_env(NULL);
     ct_comm *group = (ct_comm *)1;
     ASSERT_RC(ct_dist_new_group((int[]){0}, 1, &group), CT_ESTATE, "ct_dist_init first");
     ASSERT_TRUE(group == NULL);
