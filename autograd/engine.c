@@ -49,7 +49,9 @@ typedef struct task {
     int *capture_next; /* captures on the same slot, chained */
     callback *callbacks;
     int ncallbacks, callbacks_cap;
-    struct task *parent; /* the backward this one runs inside, on this thread */
+    /* The backward this one runs inside: on this thread, or, for a nested
+     * backward continued on a worker, the caller's (which waits). */
+    struct task *parent;
 } task;
 
 static _Thread_local task *current;
@@ -556,6 +558,7 @@ typedef struct worker {
     struct worker *next; /* idle list */
     pthread_cond_t wake, done;
     const ct__run *run; /* the job; NULL while idle */
+    void *parent;       /* the caller's running backward (a task) */
     bool finished;
     int rc;
     char msg[1024];
@@ -573,9 +576,11 @@ static void *worker_main(void *arg) {
         while (!w->run)
             pthread_cond_wait(&w->wake, &workers.lock);
         const ct__run *run = w->run;
+        current = w->parent;
         pthread_mutex_unlock(&workers.lock);
         int rc = ct__engine_run(run);
         pthread_mutex_lock(&workers.lock);
+        current = NULL;
         w->rc = rc;
         if (rc)
             snprintf(w->msg, sizeof w->msg, "%s", ct_errmsg());
@@ -623,6 +628,7 @@ static int run_on_worker(const ct__run *run) {
                           "backward: nested %d deep, could not start a thread to continue", depth);
     }
     w->run = run;
+    w->parent = current;
     w->finished = false;
     pthread_cond_signal(&w->wake);
     while (!w->finished)
@@ -659,17 +665,29 @@ int ct__engine_run(const ct__run *run) {
     return rc;
 }
 
-int ct_autograd_queue_callback(ct_backward_callback_fn fn, void *ctx) {
+static int queue_on(task *t, ct_backward_callback_fn fn, void *ctx, const char *op) {
     if (!fn)
-        return ct__seterr(CT_EINVAL, "queue_callback: NULL callback");
-    task *t = current;
+        return ct__seterr(CT_EINVAL, "%s: NULL callback", op);
     if (!t)
-        return ct__seterr(CT_ESTATE, "queue_callback: no backward is running on this thread; "
-                                     "queue callbacks from a hook or a backward function");
+        return ct__seterr(CT_ESTATE,
+                          "%s: no backward is running on this thread; queue callbacks from a "
+                          "hook or a backward function",
+                          op);
     if (reserve(&t->callbacks, &t->callbacks_cap, t->ncallbacks + 1, sizeof *t->callbacks))
         return CT_ENOMEM;
     t->callbacks[t->ncallbacks++] = (callback){fn, ctx};
     return 0;
+}
+
+int ct_autograd_queue_callback(ct_backward_callback_fn fn, void *ctx) {
+    return queue_on(current, fn, ctx, "queue_callback");
+}
+
+int ct_autograd_queue_final_callback(ct_backward_callback_fn fn, void *ctx) {
+    task *t = current;
+    while (t && t->parent)
+        t = t->parent;
+    return queue_on(t, fn, ctx, "queue_final_callback");
 }
 
 /* ------------------------------------------------------------ front end */

@@ -165,6 +165,11 @@ CT_API int ct_tensor_remove_hook(ct_tensor *t, int handle);
  * Only valid inside a backward (from a hook or a backward function);
  * CT_ESTATE otherwise. */
 CT_API int ct_autograd_queue_callback(ct_backward_callback_fn fn, void *ctx);
+/* The same, but fn runs when the outermost backward ends: from inside a
+ * backward that a backward function started (reentrant backward, as
+ * activation checkpointing does), the callback waits for the whole
+ * backward, not just the nested one. Data parallel training uses it. */
+CT_API int ct_autograd_queue_final_callback(ct_backward_callback_fn fn, void *ctx);
 /* Records an error message for a hook or backward function to return;
  * returns code. */
 CT_API int ct_autograd_fail(int code, const char *fmt, ...) CT_PRINTF(2, 3);

@@ -12,7 +12,8 @@
  *   - init: ct_dist_init() finds the world, connects to (or hosts) the
  *     store, picks a collectives backend and builds the world communicator
  *     and process groups (ct/collectives.h has the operations);
- *   - the data-parallel section comes next, on top of them.
+ *   - data parallel: a model's gradients reduced across ranks in buckets
+ *     whose allreduce overlaps backward (ct_ddp, below).
  *
  * Example:
  *
@@ -64,6 +65,7 @@
 #define CT_DIST_H
 
 #include <ct/collectives.h>
+#include <ct/nn.h>
 #include <ct/tensor.h>
 
 #ifdef __cplusplus
@@ -226,6 +228,104 @@ CT_API int ct_dist_new_group(const int *ranks, int n, ct_comm **out);
  * progress already; progress counts from ct_dist_init). Cheap; thread-safe;
  * a no-op before init. */
 CT_API void ct_dist_heartbeat(void);
+
+/* --------------------------------------------------------- data parallel */
+
+/* Data-parallel training, PyTorch's DistributedDataParallel. Every rank
+ * holds the same model and trains it on its own share of each batch;
+ * gradients are averaged across ranks during backward, so every rank's
+ * optimizer then takes the same step.
+ *
+ * Gradients live in one flat buffer that ct_ddp_new allocates: each
+ * parameter's .grad becomes a view into it, and each bucket is a contiguous
+ * range of it, so the allreduce needs no copy in or out. Buckets hold
+ * parameters in the order their gradients are expected (reverse
+ * registration order, then the order observed in the first iteration,
+ * agreed across ranks): the first bucket is small, so that communication
+ * starts early in backward, the others are capped. A post-accumulate hook
+ * on every parameter marks it ready; a bucket whose parameters are all
+ * ready starts its allreduce (average) at once, in the same bucket order on
+ * every rank, while backward goes on; a callback at the end of backward
+ * starts what is left and waits for everything, so when ct_tensor_backward
+ * returns, the gradients are averaged.
+ *
+ * Keep the views: zero gradients with ct_optim_zero_grad(opt, false); with
+ * set_to_none the next backward makes new gradient tensors, which the hook
+ * copies back into the buckets (correct, one extra copy per parameter). */
+
+/* The default first bucket's and other buckets' sizes, in bytes. */
+#define CT_DDP_FIRST_BUCKET_BYTES (1 << 20)
+#define CT_DDP_BUCKET_BYTES       (25 << 20)
+
+typedef struct ct_ddp_options {
+    int64_t first_bucket_bytes; /* 0: CT_DDP_FIRST_BUCKET_BYTES */
+    int64_t bucket_bytes;       /* 0: CT_DDP_BUCKET_BYTES */
+    /* A parameter that gets no gradient in an iteration (on any rank) is an
+     * error naming it, unless this is set: then its gradient counts as zero
+     * on the ranks that did not use it. */
+    bool find_unused_parameters;
+    /* The graph is the same every iteration: the first iteration counts
+     * how many times each parameter's hook runs, so that a parameter used
+     * in several reentrant backwards (activation checkpointing) is ready
+     * after its last one. Without it, a second hook in one backward is an
+     * error. The first iteration reduces everything at its end. */
+    bool static_graph;
+    /* Rebuild buckets after the first iteration in the order gradients
+     * arrived (rank 0's order, broadcast). On by default in
+     * ct_ddp_defaults(). */
+    bool rebuild_buckets;
+} ct_ddp_options;
+
+typedef struct ct_ddp ct_ddp;
+
+/* Replaces the allreduce of a bucket: start() begins communication of
+ * bucket index (a flat float tensor of this rank's gradients) and returns a
+ * work in *work; once that work completes, finish() (may be NULL) leaves
+ * the bucket holding the average over ranks. Both run on the thread running
+ * backward. Return 0 or a CT_E* code. free (may be NULL) releases ctx when
+ * the hook is replaced or the ct_ddp freed. */
+typedef struct ct_ddp_comm_hook {
+    int (*start)(ct_comm *comm, ct_tensor *bucket, int index, void *ctx, ct_work **work);
+    int (*finish)(ct_comm *comm, ct_tensor *bucket, int index, void *ctx);
+    void (*free)(void *ctx);
+    void *ctx;
+} ct_ddp_comm_hook;
+
+/* The defaults: the bucket sizes above, rebuild_buckets on, the rest off. */
+CT_API ct_ddp_options ct_ddp_defaults(void);
+
+/* Wraps model (its named parameters and buffers) for data-parallel
+ * training on comm: a collective, every rank of comm calls it. It checks
+ * that every rank holds the same parameters (names, shapes, dtypes, in the
+ * same order) by comparing a hash, broadcasts rank 0's parameters and
+ * buffers, builds the buckets and registers the hooks. Parameters must be
+ * contiguous float tensors of one dtype that require grad. The caller
+ * keeps model and comm alive until ct_ddp_free(). Errors (NULL returned):
+ * CT_EMISMATCH on every rank when the models differ, with a per-parameter
+ * diff against rank 0; CT_EINVAL / CT_EDTYPE for parameters it cannot
+ * take; a collective's error. Not thread-safe: one thread trains. */
+CT_API ct_ddp *ct_ddp_new(ct_comm *comm, ct_module *model, const ct_ddp_options *opts);
+/* Removes the hooks and frees the buckets; each parameter keeps a copy of
+ * its gradient. Accepts NULL. */
+CT_API void ct_ddp_free(ct_ddp *ddp);
+
+/* no_sync: while sync is false, backward accumulates gradients locally
+ * without communication; the first backward after it is set true again
+ * reduces the sum of all the micro-steps. */
+CT_API int ct_ddp_set_sync(ct_ddp *ddp, bool sync);
+/* Installs a hook that replaces the bucket allreduce (NULL restores it).
+ * Every rank must install the same one. */
+CT_API int ct_ddp_set_comm_hook(ct_ddp *ddp, const ct_ddp_comm_hook *hook);
+/* The shipped hook: gradients travel as bfloat16 (half the bytes), are
+ * averaged in float32 and rounded once, then widened back. Its state is
+ * allocated here and freed by the ct_ddp it is installed in (ctx is NULL
+ * when that allocation failed, which ct_ddp_set_comm_hook reports). */
+CT_API ct_ddp_comm_hook ct_ddp_bf16_compress_hook(void);
+
+/* Buckets, for inspection: how many, and the parameter names of bucket i
+ * in order (borrowed until the buckets change, NULL-terminated). */
+CT_API int ct_ddp_num_buckets(const ct_ddp *ddp);
+CT_API const char *const *ct_ddp_bucket_names(const ct_ddp *ddp, int bucket);
 
 #ifdef __cplusplus
 }

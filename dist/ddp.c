@@ -1,0 +1,685 @@
+/* Data-parallel training: gradient buckets whose allreduce overlaps
+ * backward (PyTorch's DistributedDataParallel reducer).
+ *
+ * One flat gradient buffer holds, from offset 0: a usage map (one element
+ * per parameter), then the parameters' gradients. Buckets are contiguous
+ * ranges of it in the order gradients are expected, the first bucket at the
+ * top of the buffer, so that with the usual reverse-order arrival the
+ * gradients stay in registration order (the optimizer's fused path) while
+ * the buckets fill from the end. The last bucket reaches down to offset 0
+ * and so carries the usage map: every rank learns, from the same allreduce,
+ * which parameters some rank did not use. */
+#include "tensor_impl.h"
+
+#include <ct/autograd.h>
+#include <ct/dist.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#define DDP_MAGIC      0x63744450u /* "ctDP" */
+#define NAMES_IN_ERROR 8
+
+typedef struct param {
+    ct_ddp *ddp;
+    ct_tensor *t;     /* the parameter; the list holds the reference */
+    const char *name; /* the list's */
+    int hook;         /* the post-accumulate hook's handle */
+    int bucket;
+    int64_t offset, numel; /* in the flat buffer */
+    ct_tensor *grad;       /* the view .grad should be (a reference) */
+    int calls;             /* hook calls in this backward */
+    int expected;          /* hook calls per backward (static graph: learned) */
+    bool used;             /* got a gradient since the last synchronized step */
+} param;
+
+typedef struct ddp_bucket {
+    int first, n;       /* its parameters: order[first .. first + n) */
+    int64_t lo, numel;  /* its range in the flat buffer */
+    ct_tensor *view;    /* that range */
+    int pending;        /* parameters not ready in this backward */
+    ct_work *work;      /* its allreduce, once started */
+    const char **names; /* NULL-terminated, for ct_ddp_bucket_names */
+} ddp_bucket;
+
+struct ct_ddp {
+    uint32_t magic;
+    ct_comm *comm;
+    ct_ddp_options o;
+    ct_param_list params;
+    int n;
+    param *p;
+    int *order; /* parameter indices in the order gradients are expected */
+    int nbuckets;
+    ddp_bucket *b;
+    ct_tensor *flat;
+    ct_dtype dtype;
+    bool sync;
+    bool in_backward; /* the final callback is queued */
+    int next_launch;  /* the next bucket to start, in order */
+    int64_t iterations;
+    int *arrivals; /* first iteration: parameters in the order they arrived */
+    int narrivals;
+    ct_ddp_comm_hook hook;
+    bool has_hook;
+};
+
+static const char *op = "ddp";
+
+/* A reference the caller owns, whether or not a scope is open: tensors made
+ * here outlive the backward (and its scope) that may be running. */
+static ct_tensor *own(ct_tensor *t) {
+    if (!t)
+        return NULL;
+    ct_tensor *ref = ct_tensor_retain(t);
+    ct__release(t);
+    return ref;
+}
+
+/* ----------------------------------------------------------- agreement */
+
+static uint64_t fnv1a(uint64_t h, const void *data, size_t n) {
+    const unsigned char *p = data;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+
+/* "fc1.weight float32[256, 784]\n" for every parameter, in order. */
+static char *describe(const ct_param_list *pl, size_t *len) {
+    size_t cap = 256, n = 0;
+    char *s = malloc(cap);
+    for (int i = 0; s && i < pl->n; i++) {
+        char desc[CT__DESC_STR];
+        ct__desc(desc, pl->tensors[i]);
+        size_t need = strlen(pl->names[i]) + strlen(desc) + 3;
+        if (n + need >= cap) {
+            cap = 2 * (n + need);
+            char *bigger = realloc(s, cap);
+            if (!bigger) {
+                free(s);
+                return NULL;
+            }
+            s = bigger;
+        }
+        n += (size_t)snprintf(s + n, cap - n, "%s %s\n", pl->names[i], desc);
+    }
+    if (s)
+        s[n] = 0;
+    *len = n;
+    return s;
+}
+
+/* Line i of a description, into out ("(none)" past the end). */
+static void line_at(const char *s, int i, char *out, size_t cap) {
+    for (; i > 0 && s; i--) {
+        s = strchr(s, '\n');
+        if (s)
+            s++;
+    }
+    if (!s || !*s) {
+        snprintf(out, cap, "(none)");
+        return;
+    }
+    size_t len = strcspn(s, "\n");
+    snprintf(out, cap, "%.*s", (int)(len < cap - 1 ? len : cap - 1), s);
+}
+
+/* Every rank's description, gathered; then a diff of each against rank 0's
+ * into msg. */
+static int explain_mismatch(ct_comm *comm, const char *mine, size_t len, char *msg, size_t cap) {
+    int size = ct_comm_size(comm);
+    int64_t my_len = (int64_t)len;
+    int rc = 0;
+    ct_tensor *lens = own(ct_empty(1, (int64_t[]){size}, CT_INT64));
+    ct_tensor *one = own(ct_from_data(&my_len, 1, (int64_t[]){1}, CT_INT64));
+    if (!lens || !one || (rc = ct_comm_allgather(comm, lens, one, NULL))) {
+        rc = rc ? rc : ct_errcode();
+        goto done;
+    }
+    int64_t longest = 1;
+    for (int r = 0; r < size; r++)
+        longest = ((int64_t *)ct_data_ptr(lens))[r] > longest ? ((int64_t *)ct_data_ptr(lens))[r]
+                                                              : longest;
+    ct_tensor *pad = own(ct_zeros(1, (int64_t[]){longest + 1}, CT_UINT8));
+    ct_tensor *all = own(ct_empty(1, (int64_t[]){size * (longest + 1)}, CT_UINT8));
+    if (pad && all) {
+        memcpy(ct_data_ptr(pad), mine, len);
+        rc = ct_comm_allgather(comm, all, pad, NULL);
+    } else {
+        rc = ct_errcode();
+    }
+    if (rc == 0) {
+        const char *text = ct_data_ptr(all);
+        const char *zero = text;
+        size_t used = (size_t)snprintf(msg, cap, "ranks hold different models:");
+        for (int r = 1; r < size && used < cap; r++) {
+            const char *theirs = text + r * (longest + 1);
+            for (int i = 0; used < cap; i++) {
+                char a[256], b[256];
+                line_at(zero, i, a, sizeof a);
+                line_at(theirs, i, b, sizeof b);
+                if (!strcmp(a, "(none)") && !strcmp(b, "(none)"))
+                    break;
+                if (strcmp(a, b))
+                    used += (size_t)snprintf(msg + used, cap - used,
+                                             " parameter %d: rank 0 has %s, rank %d has %s;", i, a,
+                                             r, b);
+            }
+        }
+    }
+    ct_tensor_free(pad);
+    ct_tensor_free(all);
+done:
+    ct_tensor_free(lens);
+    ct_tensor_free(one);
+    return rc;
+}
+
+/* Compares a hash of every rank's parameter list; on a difference every
+ * rank fails with the diff. */
+static int check_same_model(ct_ddp *d) {
+    size_t len;
+    char *mine = describe(&d->params, &len);
+    if (!mine)
+        return ct__seterr(CT_ENOMEM, "%s: out of memory", op);
+    int size = ct_comm_size(d->comm);
+    int64_t h = (int64_t)fnv1a(0xcbf29ce484222325ull, mine, len);
+    ct_tensor *hashes = own(ct_empty(1, (int64_t[]){size}, CT_INT64));
+    ct_tensor *one = own(ct_from_data(&h, 1, (int64_t[]){1}, CT_INT64));
+    int rc = hashes && one ? ct_comm_allgather(d->comm, hashes, one, NULL) : ct_errcode();
+    bool same = true;
+    for (int r = 0; rc == 0 && r < size; r++)
+        same &= ((int64_t *)ct_data_ptr(hashes))[r] == h;
+    if (rc == 0 && !same) {
+        char msg[2048];
+        rc = explain_mismatch(d->comm, mine, len, msg, sizeof msg);
+        if (rc == 0)
+            rc = ct__seterr(CT_EMISMATCH, "%s: rank %d: %s", op, ct_comm_rank(d->comm), msg);
+    }
+    ct_tensor_free(hashes);
+    ct_tensor_free(one);
+    free(mine);
+    return rc;
+}
+
+/* Rank 0's parameters and buffers, everywhere: every broadcast in flight at
+ * once. */
+static int broadcast_state(ct_ddp *d, ct_module *model) {
+    ct_param_list buffers;
+    ct_param_list_init(&buffers);
+    int rc = ct_module_named_buffers(model, &buffers);
+    int n = d->params.n + buffers.n;
+    ct_work **works = calloc((size_t)n + 1, sizeof *works);
+    if (!rc && !works)
+        rc = ct__seterr(CT_ENOMEM, "%s: out of memory", op);
+    for (int i = 0; !rc && i < n; i++) {
+        ct_tensor *t = i < d->params.n ? d->params.tensors[i] : buffers.tensors[i - d->params.n];
+        rc = ct_comm_broadcast(d->comm, t, 0, &works[i]);
+    }
+    for (int i = 0; works && i < n; i++) {
+        if (works[i]) {
+            int wrc = ct_work_wait(works[i]);
+            rc = rc ? rc : wrc;
+            ct_work_free(works[i]);
+        }
+    }
+    free(works);
+    ct_param_list_free(&buffers);
+    return rc;
+}
+
+/* -------------------------------------------------------------- buckets */
+
+static void free_buckets(ct_ddp *d) {
+    for (int i = 0; i < d->nbuckets; i++) {
+        ct_work_free(d->b[i].work);
+        ct_tensor_free(d->b[i].view);
+        free(d->b[i].names);
+    }
+    free(d->b);
+    d->b = NULL;
+    d->nbuckets = 0;
+}
+
+/* Lays out the flat buffer and cuts the buckets for d->order; gradients
+ * already accumulated move with their parameters. */
+static int build_buckets(ct_ddp *d) {
+    int64_t total = d->n;
+    for (int i = 0; i < d->n; i++)
+        total += d->p[i].numel;
+    ct_tensor *flat = own(ct_zeros(1, &total, d->dtype));
+    ddp_bucket *b = calloc((size_t)d->n, sizeof *b);
+    if (!flat || !b) {
+        ct_tensor_free(flat);
+        free(b);
+        return ct_errcode() ? ct_errcode() : ct__seterr(CT_ENOMEM, "%s: out of memory", op);
+    }
+    int64_t esize = (int64_t)ct_dtype_size(d->dtype), top = total;
+    int nb = 0;
+    for (int k = 0; k < d->n; k++) {
+        param *p = &d->p[d->order[k]];
+        ddp_bucket *cur = nb ? &b[nb - 1] : NULL;
+        int64_t cap = nb <= 1 ? d->o.first_bucket_bytes : d->o.bucket_bytes;
+        /* A parameter larger than the cap gets a bucket of its own. */
+        if (!cur || (cur->numel + p->numel) * esize > cap) {
+            cur = &b[nb++];
+            cur->first = k;
+        }
+        top -= p->numel;
+        p->offset = top;
+        p->bucket = nb - 1;
+        cur->n++;
+        cur->lo = top;
+        cur->numel += p->numel;
+    }
+    /* The last bucket carries the usage map below the gradients. */
+    b[nb - 1].lo = 0;
+    b[nb - 1].numel += d->n;
+    int rc = 0;
+    for (int i = 0; !rc && i < d->n; i++) {
+        param *p = &d->p[i];
+        ct_tensor *slice = own(ct_narrow(flat, 0, p->offset, p->numel));
+        ct_tensor *view = slice ? own(ct_view(slice, ct_ndim(p->t), ct_sizes(p->t))) : NULL;
+        ct_tensor_free(slice);
+        ct_tensor *old = ct_tensor_grad(p->t);
+        if (view && old)
+            ct__copy_into(view, old);
+        rc = view ? ct_tensor_set_grad(p->t, view) : ct_errcode();
+        ct_tensor_free(p->grad);
+        p->grad = view;
+    }
+    for (int i = 0; !rc && i < nb; i++) {
+        b[i].view = own(ct_narrow(flat, 0, b[i].lo, b[i].numel));
+        b[i].names = calloc((size_t)b[i].n + 1, sizeof *b[i].names);
+        if (!b[i].view || !b[i].names)
+            rc = ct_errcode() ? ct_errcode() : ct__seterr(CT_ENOMEM, "%s: out of memory", op);
+        for (int k = 0; !rc && k < b[i].n; k++)
+            b[i].names[k] = d->p[d->order[b[i].first + k]].name;
+        b[i].pending = b[i].n;
+    }
+    free_buckets(d);
+    d->b = b;
+    d->nbuckets = nb;
+    ct_tensor_free(d->flat);
+    d->flat = flat;
+    return rc;
+}
+
+/* ------------------------------------------------------------ backward */
+
+static int launch(ct_ddp *d, int i) {
+    ddp_bucket *b = &d->b[i];
+    if (i == d->nbuckets - 1) {
+        /* The usage map: 1 for a parameter this rank used since the last
+         * synchronized step; averaged, 1 means every rank used it. */
+        for (int k = 0; k < d->n; k++) {
+            double v = d->p[k].used ? 1.0 : 0.0;
+            if (d->dtype == CT_FLOAT64)
+                ((double *)ct_data_ptr(d->flat))[k] = v;
+            else
+                ((float *)ct_data_ptr(d->flat))[k] = (float)v;
+        }
+    }
+    if (d->has_hook)
+        return d->hook.start(d->comm, b->view, i, d->hook.ctx, &b->work);
+    return ct_comm_allreduce(d->comm, b->view, CT_REDUCE_AVG, &b->work);
+}
+
+/* Starts every bucket that is ready, in bucket order. */
+static int launch_ready(ct_ddp *d) {
+    int rc = 0;
+    while (!rc && d->next_launch < d->nbuckets && d->b[d->next_launch].pending == 0)
+        rc = launch(d, d->next_launch++);
+    return rc;
+}
+
+/* .grad must stay the bucket's view; a backward after zero_grad with
+ * set_to_none made a new tensor, which goes back into the view. */
+static int keep_view(param *p) {
+    ct_tensor *g = ct_tensor_grad(p->t);
+    if (g == p->grad)
+        return 0;
+    if (g)
+        ct__copy_into(p->grad, g);
+    else
+        memset(ct_data_ptr(p->grad), 0, (size_t)p->numel * ct_dtype_size(p->ddp->dtype));
+    return ct_tensor_set_grad(p->t, p->grad);
+}
+
+static int finalize(void *ctx);
+
+static int on_grad(ct_tensor *leaf, void *ctx) {
+    param *p = ctx;
+    ct_ddp *d = p->ddp;
+    int rc = keep_view(p);
+    if (rc)
+        return ct_autograd_fail(rc, "%s: parameter %s: %s", op, p->name, ct_errmsg());
+    p->used = true;
+    if (!d->sync)
+        return 0;
+    if (!d->in_backward) {
+        if ((rc = ct_autograd_queue_final_callback(finalize, d)))
+            return rc;
+        d->in_backward = true;
+    }
+    bool learning = d->o.static_graph && d->iterations == 0;
+    if (++p->calls == 1 && d->iterations == 0)
+        d->arrivals[d->narrivals++] = (int)(p - d->p);
+    if (learning)
+        return 0; /* the first iteration of a static graph reduces at its end */
+    if (p->calls > p->expected)
+        return ct_autograd_fail(
+            CT_ESTATE,
+            "%s: parameter %s was marked ready %d times in one backward (expected %d): a "
+            "parameter used in several reentrant backwards (activation checkpointing) needs "
+            "static_graph in ct_ddp_options",
+            op, p->name, p->calls, p->expected);
+    if (p->calls == p->expected && --d->b[p->bucket].pending == 0)
+        rc = launch_ready(d);
+    return rc ? ct_autograd_fail(rc, "%s: %s", op, ct_errmsg()) : 0;
+}
+
+/* Names the parameters some rank did not use (at most NAMES_IN_ERROR). */
+static int unused_error(ct_ddp *d) {
+    int size = ct_comm_size(d->comm), listed = 0, count = 0;
+    char names[1024] = "";
+    size_t used = 0;
+    for (int k = 0; k < d->n; k++) {
+        double v = d->dtype == CT_FLOAT64 ? ((double *)ct_data_ptr(d->flat))[k]
+                                          : ((float *)ct_data_ptr(d->flat))[k];
+        long ranks = lround(v * size);
+        if (ranks == size)
+            continue;
+        count++;
+        if (listed++ < NAMES_IN_ERROR && used < sizeof names)
+            used += (size_t)snprintf(names + used, sizeof names - used, "%s%s (used on %ld of %d)",
+                                     listed > 1 ? ", " : "", d->p[k].name, ranks, size);
+    }
+    if (!count || d->o.find_unused_parameters)
+        return 0;
+    return ct__seterr(CT_ESTATE,
+                      "%s: %d parameter%s got no gradient on some ranks in this iteration: %s%s. "
+                      "Make every parameter take part in the loss, or pass "
+                      "find_unused_parameters to ct_ddp_new",
+                      op, count, count > 1 ? "s" : "", names, count > listed ? ", ..." : "");
+}
+
+/* Agrees on rank 0's arrival order and rebuilds the buckets in it. */
+static int rebuild(ct_ddp *d) {
+    bool *seen = calloc((size_t)d->n, sizeof *seen);
+    ct_tensor *order = own(ct_empty(1, (int64_t[]){d->n}, CT_INT64));
+    int rc = seen && order ? 0 : ct__seterr(CT_ENOMEM, "%s: out of memory", op);
+    int64_t *o = order ? ct_data_ptr(order) : NULL;
+    int k = 0;
+    for (int i = 0; !rc && i < d->narrivals; i++)
+        if (!seen[d->arrivals[i]]) {
+            seen[d->arrivals[i]] = true;
+            o[k++] = d->arrivals[i];
+        }
+    for (int i = 0; !rc && i < d->n; i++)
+        if (!seen[d->order[i]])
+            o[k++] = d->order[i];
+    if (!rc)
+        rc = ct_comm_broadcast(d->comm, order, 0, NULL);
+    bool changed = false;
+    for (int i = 0; !rc && i < d->n; i++) {
+        changed |= d->order[i] != (int)o[i];
+        d->order[i] = (int)o[i];
+    }
+    if (!rc && changed)
+        rc = build_buckets(d);
+    ct_tensor_free(order);
+    free(seen);
+    return rc;
+}
+
+static int finalize(void *ctx) {
+    ct_ddp *d = ctx;
+    d->in_backward = false;
+    bool learning = d->o.static_graph && d->iterations == 0;
+    for (int k = 0; k < d->n; k++) {
+        param *p = &d->p[k];
+        if (learning)
+            p->expected = p->calls > 0 ? p->calls : 1;
+        if (!p->used) /* counts as zero, whatever the gradient held before */
+            memset(ct_data_ptr(p->grad), 0, (size_t)p->numel * ct_dtype_size(d->dtype));
+    }
+    for (int i = d->next_launch; i < d->nbuckets; i++)
+        d->b[i].pending = 0;
+    int rc = launch_ready(d);
+    for (int i = 0; i < d->nbuckets; i++) {
+        ddp_bucket *b = &d->b[i];
+        if (!b->work)
+            continue;
+        int wrc = ct_work_wait(b->work);
+        if (!wrc && d->has_hook && d->hook.finish)
+            wrc = d->hook.finish(d->comm, b->view, i, d->hook.ctx);
+        rc = rc ? rc : wrc;
+        ct_work_free(b->work);
+        b->work = NULL;
+    }
+    if (!rc)
+        rc = unused_error(d);
+    if (!rc && d->iterations == 0 && d->o.rebuild_buckets)
+        rc = rebuild(d);
+    for (int k = 0; k < d->n; k++) {
+        d->p[k].calls = 0;
+        d->p[k].used = false;
+    }
+    for (int i = 0; i < d->nbuckets; i++)
+        d->b[i].pending = d->b[i].n;
+    d->next_launch = 0;
+    d->iterations++;
+    return rc ? ct_autograd_fail(rc, "%s", ct_errmsg()) : 0;
+}
+
+/* ----------------------------------------------------------------- API */
+
+ct_ddp_options ct_ddp_defaults(void) {
+    return (ct_ddp_options){.first_bucket_bytes = CT_DDP_FIRST_BUCKET_BYTES,
+                            .bucket_bytes = CT_DDP_BUCKET_BYTES,
+                            .rebuild_buckets = true};
+}
+
+static int check_params(ct_ddp *d) {
+    if (d->n == 0)
+        return ct__seterr(CT_EINVAL, "%s: the model has no parameters", op);
+    d->dtype = ct_tensor_dtype(d->params.tensors[0]);
+    for (int i = 0; i < d->n; i++) {
+        ct_tensor *t = d->params.tensors[i];
+        char desc[CT__DESC_STR];
+        if (ct_tensor_dtype(t) != d->dtype || (d->dtype != CT_FLOAT32 && d->dtype != CT_FLOAT64))
+            return ct__seterr(CT_EDTYPE,
+                              "%s: parameter %s is %s; every parameter must be float32, or every "
+                              "one float64",
+                              op, d->params.names[i], ct__desc(desc, t));
+        if (!ct_is_contiguous(t) || !ct_requires_grad(t))
+            return ct__seterr(CT_EINVAL,
+                              "%s: parameter %s (%s) must be contiguous and require grad", op,
+                              d->params.names[i], ct__desc(desc, t));
+    }
+    return 0;
+}
+
+ct_ddp *ct_ddp_new(ct_comm *comm, ct_module *model, const ct_ddp_options *opts) {
+    if (!comm || !model) {
+        ct__seterr(CT_EINVAL, "%s: comm and model must not be NULL", op);
+        return NULL;
+    }
+    ct_ddp *d = calloc(1, sizeof *d);
+    if (!d) {
+        ct__seterr(CT_ENOMEM, "%s: out of memory", op);
+        return NULL;
+    }
+    d->magic = DDP_MAGIC;
+    d->comm = comm;
+    d->o = opts ? *opts : ct_ddp_defaults();
+    if (d->o.first_bucket_bytes <= 0)
+        d->o.first_bucket_bytes = CT_DDP_FIRST_BUCKET_BYTES;
+    if (d->o.bucket_bytes <= 0)
+        d->o.bucket_bytes = CT_DDP_BUCKET_BYTES;
+    d->sync = true;
+    ct_param_list_init(&d->params);
+    int rc = ct_module_named_parameters(model, &d->params);
+    d->n = d->params.n;
+    if (!rc)
+        rc = check_params(d);
+    if (!rc)
+        rc = check_same_model(d);
+    if (!rc)
+        rc = broadcast_state(d, model);
+    if (!rc) {
+        d->p = calloc((size_t)d->n, sizeof *d->p);
+        d->order = malloc((size_t)d->n * sizeof *d->order);
+        d->arrivals = malloc((size_t)d->n * sizeof *d->arrivals);
+        if (!d->p || !d->order || !d->arrivals)
+            rc = ct__seterr(CT_ENOMEM, "%s: out of memory", op);
+    }
+    for (int i = 0; !rc && i < d->n; i++) {
+        d->p[i] = (param){.ddp = d,
+                          .t = d->params.tensors[i],
+                          .name = d->params.names[i],
+                          .numel = ct_numel(d->params.tensors[i]),
+                          .expected = 1};
+        d->order[i] = d->n - 1 - i; /* reverse registration order */
+    }
+    if (!rc)
+        rc = build_buckets(d);
+    for (int i = 0; !rc && i < d->n; i++) {
+        int h = ct_tensor_register_post_accumulate_grad_hook(d->p[i].t, on_grad, &d->p[i]);
+        if (h < 0)
+            rc = h;
+        else
+            d->p[i].hook = h;
+    }
+    if (rc) {
+        ct_ddp_free(d);
+        return NULL;
+    }
+    return d;
+}
+
+void ct_ddp_free(ct_ddp *d) {
+    if (!d)
+        return;
+    for (int i = 0; d->p && i < d->n; i++) {
+        param *p = &d->p[i];
+        if (p->hook > 0)
+            ct_tensor_remove_hook(p->t, p->hook);
+        /* The parameter keeps its gradient, in storage of its own. */
+        if (p->grad && ct_tensor_grad(p->t) == p->grad) {
+            ct_tensor *copy = own(ct_clone(p->grad));
+            ct_tensor_set_grad(p->t, copy);
+            ct_tensor_free(copy);
+        }
+        ct_tensor_free(p->grad);
+    }
+    if (d->has_hook && d->hook.free)
+        d->hook.free(d->hook.ctx);
+    free_buckets(d);
+    ct_tensor_free(d->flat);
+    ct_param_list_free(&d->params);
+    free(d->p);
+    free(d->order);
+    free(d->arrivals);
+    d->magic = 0;
+    free(d);
+}
+
+static int check_ddp(const ct_ddp *d, const char *fn) {
+    if (!d || d->magic != DDP_MAGIC)
+        return ct__seterr(CT_EINVAL, "%s: not a live ct_ddp", fn);
+    return 0;
+}
+
+int ct_ddp_set_sync(ct_ddp *d, bool sync) {
+    int rc = check_ddp(d, "ddp_set_sync");
+    if (rc)
+        return rc;
+    if (d->in_backward)
+        return ct__seterr(CT_ESTATE, "ddp_set_sync: called during a backward");
+    d->sync = sync;
+    return 0;
+}
+
+int ct_ddp_set_comm_hook(ct_ddp *d, const ct_ddp_comm_hook *hook) {
+    int rc = check_ddp(d, "ddp_set_comm_hook");
+    if (rc)
+        return rc;
+    if (hook && (!hook->start || (hook->free && !hook->ctx)))
+        return ct__seterr(CT_EINVAL, "ddp_set_comm_hook: the hook has no start function, or "
+                                     "its state could not be made");
+    if (d->has_hook && d->hook.free)
+        d->hook.free(d->hook.ctx);
+    d->has_hook = hook != NULL;
+    if (hook)
+        d->hook = *hook;
+    return 0;
+}
+
+int ct_ddp_num_buckets(const ct_ddp *d) { return check_ddp(d, "ddp_num_buckets") ?: d->nbuckets; }
+
+const char *const *ct_ddp_bucket_names(const ct_ddp *d, int bucket) {
+    if (check_ddp(d, "ddp_bucket_names"))
+        return NULL;
+    if (bucket < 0 || bucket >= d->nbuckets) {
+        ct__seterr(CT_EINVAL, "ddp_bucket_names: bucket %d is outside [0, %d)", bucket,
+                   d->nbuckets);
+        return NULL;
+    }
+    return d->b[bucket].names;
+}
+
+/* --------------------------------------------------- bf16 compression */
+
+/* A bfloat16 copy of each bucket travels instead of its gradients; the
+ * copies are kept per bucket and reused while the bucket keeps its size. */
+typedef struct bf16_state {
+    ct_tensor **wire;
+    int n;
+} bf16_state;
+
+static int bf16_start(ct_comm *comm, ct_tensor *bucket, int index, void *ctx, ct_work **work) {
+    bf16_state *st = ctx;
+    if (index >= st->n) {
+        ct_tensor **grown = realloc(st->wire, (size_t)(index + 1) * sizeof *grown);
+        if (!grown)
+            return ct__seterr(CT_ENOMEM, "%s: bf16 hook: out of memory", op);
+        for (int i = st->n; i <= index; i++)
+            grown[i] = NULL;
+        st->wire = grown;
+        st->n = index + 1;
+    }
+    ct_tensor **wire = &st->wire[index];
+    if (!*wire || ct_numel(*wire) != ct_numel(bucket)) {
+        ct_tensor_free(*wire);
+        if (!(*wire = own(ct_empty(1, (int64_t[]){ct_numel(bucket)}, CT_BFLOAT16))))
+            return ct_errcode();
+    }
+    ct__copy_into(*wire, bucket);
+    return ct_comm_allreduce(comm, *wire, CT_REDUCE_AVG, work);
+}
+
+static int bf16_finish(ct_comm *comm, ct_tensor *bucket, int index, void *ctx) {
+    bf16_state *st = ctx;
+    ct__copy_into(bucket, st->wire[index]);
+    return 0;
+}
+
+static void bf16_free(void *ctx) {
+    bf16_state *st = ctx;
+    for (int i = 0; st && i < st->n; i++)
+        ct_tensor_free(st->wire[i]);
+    if (st)
+        free(st->wire);
+    free(st);
+}
+
+ct_ddp_comm_hook ct_ddp_bf16_compress_hook(void) {
+    return (ct_ddp_comm_hook){.start = bf16_start,
+                              .finish = bf16_finish,
+                              .free = bf16_free,
+                              .ctx = calloc(1, sizeof(bf16_state))};
+}
