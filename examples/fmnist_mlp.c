@@ -14,6 +14,12 @@
  * seconds otherwise), the test accuracy after every epoch to stdout, and
  * metrics to a JSON-lines file. The last line on stdout is a JSON summary
  * in the format of ct's training benchmark.
+ *
+ * The same program trains data-parallel when a launcher starts several
+ * ranks (`ctlaunch -np 2 fmnist_mlp`, `mpirun -np 2 fmnist_mlp`): each rank
+ * takes batch / ranks rows of every global batch from its share of the
+ * shuffled data, gradients are averaged across ranks in backward (ct_ddp),
+ * and only rank 0 prints, with samples/s counted over the global batch.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -212,6 +218,13 @@ static void show(progress *p, bool force, int epoch, int epochs, int64_t step, i
 }
 
 static int train(const options *o, FILE *metrics) {
+    ct_comm *world = ct_dist_comm();
+    int ranks = ct_comm_size(world), rank = ct_comm_rank(world);
+    if (o->r.batch % ranks) {
+        fprintf(stderr, "fmnist_mlp: the batch (%lld) must divide among the %d ranks\n",
+                (long long)o->r.batch, ranks);
+        return 2;
+    }
     ct_tensor *train_x = NULL, *train_y = NULL, *test_x = NULL, *test_y = NULL;
     if (ct_fmnist_load(o->data, true, &train_x, &train_y) ||
         ct_fmnist_load(o->data, false, &test_x, &test_y))
@@ -222,10 +235,18 @@ static int train(const options *o, FILE *metrics) {
     ct_param_list_init(&params);
     if (!net || ct_module_named_parameters(net, &params))
         return -1;
+    /* Rank 0's initial weights everywhere; gradients averaged in backward. */
+    ct_ddp *ddp = NULL;
+    if (ranks > 1 && !(ddp = ct_ddp_new(world, net, NULL)))
+        return -1;
     ct_optim *opt = build_optimizer(o, &params);
     ct_sampler sampler;
-    ct_sampler_options so = {.size = ct_size(train_x, 0), .shuffle = true, .seed = o->seed};
-    ct_loader_options lo = {.batch_size = o->r.batch, .sampler = &sampler};
+    ct_sampler_options so = {.size = ct_size(train_x, 0),
+                             .shuffle = true,
+                             .seed = o->seed,
+                             .num_replicas = ranks,
+                             .rank = rank};
+    ct_loader_options lo = {.batch_size = o->r.batch / ranks, .sampler = &sampler};
     ct_loader *loader =
         opt && !ct_sampler_init(&sampler, &so) ? ct_loader_new(train_x, train_y, &lo) : NULL;
     if (!loader)
@@ -235,12 +256,15 @@ static int train(const options *o, FILE *metrics) {
     if (o->max_steps > 0 && o->max_steps < total)
         total = o->max_steps;
     ct_lr_schedule sched = schedule(o, total);
-    printf("fmnist_mlp: recipe %s, 784-%lld-%lld-10, %lld parameters, batch %lld, %d epochs, "
-           "%d thread%s\n",
-           o->r.name, (long long)o->r.hidden, (long long)o->r.hidden,
-           (long long)ct_param_list_numel(&params), (long long)o->r.batch, o->r.epochs, o->threads,
-           o->threads > 1 ? "s" : "");
+    if (rank == 0)
+        printf("fmnist_mlp: recipe %s, 784-%lld-%lld-10, %lld parameters, batch %lld, %d epochs, "
+               "%d rank%s, %d thread%s each\n",
+               o->r.name, (long long)o->r.hidden, (long long)o->r.hidden,
+               (long long)ct_param_list_numel(&params), (long long)o->r.batch, o->r.epochs, ranks,
+               ranks > 1 ? "s" : "", o->threads, o->threads > 1 ? "s" : "");
     fflush(stdout);
+    if (rank != 0)
+        metrics = NULL;
 
     progress prog = {isatty(STDERR_FILENO) != 0, 0};
     int64_t step = 0, timed_samples = 0, timed_steps = 0;
@@ -261,14 +285,15 @@ static int train(const options *o, FILE *metrics) {
                     rc = loss ? ct_tensor_backward(loss) : ct_errcode();
                 if (!rc)
                     rc = ct_optim_step(opt);
+                /* Data parallel keeps each gradient a view into its bucket. */
                 if (!rc)
-                    rc = ct_optim_zero_grad(opt, true);
+                    rc = ct_optim_zero_grad(opt, ddp == NULL);
                 last_loss = rc ? NAN : ct_item(loss);
                 loss_sum += last_loss;
                 epoch_count++;
                 in_epoch++;
             }
-            int64_t rows = got == 1 ? ct_size(x, 0) : 0;
+            int64_t rows = got == 1 ? ct_size(x, 0) * ranks : 0;
             ct_scope_end();
             if (got < 0)
                 rc = got;
@@ -281,13 +306,17 @@ static int train(const options *o, FILE *metrics) {
             }
             double rate = timed > 0 ? (double)timed_samples / timed : 0;
             double eta = rate > 0 ? (double)(total - step - 1) * (double)o->r.batch / rate : 0;
-            show(&prog, false, epoch, o->r.epochs, in_epoch, steps_per_epoch, last_loss, rate, eta);
+            if (rank == 0)
+                show(&prog, false, epoch, o->r.epochs, in_epoch, steps_per_epoch, last_loss, rate,
+                     eta);
             if (metrics && step % 100 == 0)
                 fprintf(metrics, "{\"step\":%lld,\"epoch\":%d,\"loss\":%.6f,\"lr\":%.6g}\n",
                         (long long)step, epoch, last_loss, ct_optim_lr(opt));
         }
         if (rc)
             break;
+        if (rank != 0)
+            continue;
         double rate = timed > 0 ? (double)timed_samples / timed : 0;
         show(&prog, true, epoch, o->r.epochs, in_epoch, steps_per_epoch, last_loss, rate, 0);
         if (prog.tty)
@@ -306,14 +335,15 @@ static int train(const options *o, FILE *metrics) {
             fflush(metrics);
         }
     }
-    if (!rc)
-        printf("{\"bench\": \"train\", \"impl\": \"ct\", \"threads\": %d, \"batch\": %lld, "
-               "\"epochs\": %d, \"steps\": %lld, \"timed_steps\": %lld, \"samples_per_s\": %.1f, "
-               "\"test_acc\": %.4f, \"final_loss\": %.4f}\n",
-               o->threads, (long long)o->r.batch, o->r.epochs, (long long)step,
+    if (!rc && rank == 0)
+        printf("{\"bench\": \"train\", \"impl\": \"ct\", \"ranks\": %d, \"threads\": %d, "
+               "\"batch\": %lld, \"epochs\": %d, \"steps\": %lld, \"timed_steps\": %lld, "
+               "\"samples_per_s\": %.1f, \"test_acc\": %.4f, \"final_loss\": %.4f}\n",
+               ranks, o->threads, (long long)o->r.batch, o->r.epochs, (long long)step,
                (long long)timed_steps, timed > 0 ? (double)timed_samples / timed : 0, acc,
                epoch_loss);
     ct_loader_free(loader);
+    ct_ddp_free(ddp);
     ct_optim_free(opt);
     ct_param_list_free(&params);
     ct_module_free(net);
@@ -332,17 +362,22 @@ int main(int argc, char **argv) {
         fprintf(stderr, "fmnist_mlp: %s\n", ct_errmsg());
         return 2;
     }
+    /* A world of one without a launcher; the launcher's world with one. */
+    if (ct_dist_init(NULL)) {
+        fprintf(stderr, "fmnist_mlp: %s\n", ct_errmsg());
+        return 1;
+    }
     FILE *metrics = NULL;
-    if (*o.metrics && !(metrics = fopen(o.metrics, "w"))) {
+    if (ct_comm_rank(ct_dist_comm()) == 0 && *o.metrics && !(metrics = fopen(o.metrics, "w"))) {
         perror(o.metrics);
+        ct_dist_finalize();
         return 1;
     }
     int rc = train(&o, metrics);
     if (metrics)
         fclose(metrics);
-    if (rc) {
+    if (rc < 0)
         fprintf(stderr, "fmnist_mlp: %s\n", ct_errmsg());
-        return 1;
-    }
-    return 0;
+    ct_dist_finalize();
+    return rc ? (rc < 0 ? 1 : rc) : 0;
 }
