@@ -63,6 +63,7 @@ struct ct_ddp {
     int narrivals;
     ct_ddp_comm_hook hook;
     bool has_hook;
+    bool joined; /* out of batches: shadowing the others' iterations */
 };
 
 static const char *op = "ddp";
@@ -315,7 +316,7 @@ static int launch(ct_ddp *d, int i) {
         /* The usage map: 1 for a parameter this rank used since the last
          * synchronized step; averaged, 1 means every rank used it. */
         for (int k = 0; k < d->n; k++) {
-            double v = d->p[k].used ? 1.0 : 0.0;
+            double v = d->p[k].used || d->joined ? 1.0 : 0.0;
             if (d->dtype == CT_FLOAT64)
                 ((double *)ct_data_ptr(d->flat))[k] = v;
             else
@@ -350,6 +351,17 @@ static int keep_view(param *p) {
 
 static int finalize(void *ctx);
 
+/* Uneven inputs: how many ranks still train (this one counts if it does). */
+static int count_training(ct_ddp *d, int *training) {
+    int32_t mine = d->joined ? 0 : 1;
+    ct_tensor *t = own(ct_from_data(&mine, 1, (int64_t[]){1}, CT_INT32));
+    int rc = t ? ct_comm_allreduce(d->comm, t, CT_REDUCE_SUM, NULL) : ct_errcode();
+    if (!rc)
+        *training = ((int32_t *)ct_data_ptr(t))[0];
+    ct_tensor_free(t);
+    return rc;
+}
+
 static int on_grad(ct_tensor *leaf, void *ctx) {
     param *p = ctx;
     ct_ddp *d = p->ddp;
@@ -360,6 +372,9 @@ static int on_grad(ct_tensor *leaf, void *ctx) {
     if (!d->sync)
         return 0;
     if (!d->in_backward) {
+        int training;
+        if (d->o.uneven_inputs && (rc = count_training(d, &training)))
+            return ct_autograd_fail(rc, "%s: %s", op, ct_errmsg());
         if ((rc = ct_autograd_queue_final_callback(finalize, d)))
             return rc;
         d->in_backward = true;
@@ -602,6 +617,27 @@ int ct_ddp_set_sync(ct_ddp *d, bool sync) {
         return ct__seterr(CT_ESTATE, "ddp_set_sync: called during a backward");
     d->sync = sync;
     return 0;
+}
+
+int ct_ddp_join(ct_ddp *d) {
+    int rc = check_ddp(d, "ddp_join");
+    if (rc)
+        return rc;
+    if (!d->o.uneven_inputs)
+        return ct__seterr(CT_ESTATE, "ddp_join: the ct_ddp was made without uneven_inputs in its "
+                                     "options; every rank must then run the same number of steps");
+    d->joined = true;
+    for (;;) {
+        int training;
+        if ((rc = count_training(d, &training)) || training == 0)
+            break;
+        /* One of the others' iterations, with zero gradients: finalize
+         * zeroes what this rank did not use, which is everything. */
+        if ((rc = finalize(d)))
+            break;
+    }
+    d->joined = false;
+    return rc;
 }
 
 int ct_ddp_set_comm_hook(ct_ddp *d, const ct_ddp_comm_hook *hook) {

@@ -274,6 +274,10 @@ typedef struct ct_ddp_options {
      * arrived (rank 0's order, broadcast). On by default in
      * ct_ddp_defaults(). */
     bool rebuild_buckets;
+    /* Ranks may run out of batches at different times (ct_ddp_join): every
+     * synchronized backward then starts with a one-element allreduce that
+     * counts the ranks still training. */
+    bool uneven_inputs;
 } ct_ddp_options;
 
 typedef struct ct_ddp ct_ddp;
@@ -313,6 +317,14 @@ CT_API void ct_ddp_free(ct_ddp *ddp);
  * without communication; the first backward after it is set true again
  * reduces the sum of all the micro-steps. */
 CT_API int ct_ddp_set_sync(ct_ddp *ddp, bool sync);
+/* Uneven inputs (needs uneven_inputs): a rank that has no more batches
+ * calls this instead of its next step. It takes part in the other ranks'
+ * gradient averaging with zero gradients until every rank has joined, then
+ * returns 0; every rank calls it once at the end of the epoch. The average
+ * stays over all ranks, so an iteration with k of n ranks training scales
+ * the gradient by k / n (PyTorch's default). Errors: CT_ESTATE without
+ * uneven_inputs, or a collective's error. */
+CT_API int ct_ddp_join(ct_ddp *ddp);
 /* Installs a hook that replaces the bucket allreduce (NULL restores it).
  * Every rank must install the same one. */
 CT_API int ct_ddp_set_comm_hook(ct_ddp *ddp, const ct_ddp_comm_hook *hook);
