@@ -3,10 +3,13 @@
 
 #include <pthread.h>
 #include <regex.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #define TT_MAX_TESTS 512
 
@@ -252,4 +255,104 @@ void tt_launch_env(const char *const *pairs) {
         unsetenv(vars[i]);
     for (; pairs && *pairs; pairs += 2)
         setenv(pairs[0], pairs[1], 1);
+}
+
+/* ------------------------------------------------ multi-process jobs */
+
+static void slurp(int fd, char *buf, size_t cap) {
+    ssize_t n = pread(fd, buf, cap - 1, 0);
+    buf[n > 0 ? n : 0] = 0;
+}
+
+/* SIGKILLs every process that printed pid=N in out. */
+static void kill_ranks(const char *out) {
+    for (const char *p = out; (p = strstr(p, "pid=")); p += 4)
+        kill((pid_t)atol(p + 4), SIGKILL);
+}
+
+void tt_run_job(tt_job *j, const char *const *argv, const char *const *env, double deadline) {
+    char out_path[] = "/tmp/ct_job_out_XXXXXX", err_path[] = "/tmp/ct_job_err_XXXXXX";
+    int out = mkstemp(out_path), err = mkstemp(err_path);
+    unlink(out_path);
+    unlink(err_path);
+    double t0 = tt_now();
+    pid_t pid = fork();
+    if (pid == 0) {
+        for (; *env; env++) {
+            const char *eq = strchr(*env, '=');
+            if (eq) {
+                char name[128];
+                snprintf(name, sizeof name, "%.*s", (int)(eq - *env), *env);
+                setenv(name, eq + 1, 1);
+            } else {
+                unsetenv(*env);
+            }
+        }
+        dup2(out, STDOUT_FILENO);
+        dup2(err, STDERR_FILENO);
+        execv(argv[0], (char *const *)argv);
+        _exit(126);
+    }
+    j->status = -1;
+    while (tt_now() - t0 < deadline) {
+        int st;
+        if (waitpid(pid, &st, WNOHANG) == pid) {
+            j->status = st;
+            break;
+        }
+        usleep(10000);
+    }
+    if (j->status == -1) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        slurp(out, j->out, sizeof j->out);
+        kill_ranks(j->out);
+    }
+    j->seconds = tt_now() - t0;
+    slurp(out, j->out, sizeof j->out);
+    slurp(err, j->err, sizeof j->err);
+    close(out);
+    close(err);
+}
+
+int tt_job_exit_code(const tt_job *j) {
+    if (j->status == -1)
+        return -1;
+    return WIFEXITED(j->status) ? WEXITSTATUS(j->status) : 128 + WTERMSIG(j->status);
+}
+
+bool tt_job_no_rank_left(const tt_job *j) {
+    for (const char *p = j->out; (p = strstr(p, "pid=")); p += 4) {
+        pid_t pid = (pid_t)atol(p + 4);
+        for (int tries = 0; kill(pid, 0) == 0 && tries < 100; tries++)
+            usleep(10000);
+        if (kill(pid, 0) == 0)
+            return false;
+    }
+    return true;
+}
+
+static int count(const char *s, const char *sub) {
+    int n = 0;
+    for (const char *p = s; (p = strstr(p, sub)); p += strlen(sub))
+        n++;
+    return n;
+}
+
+bool tt_job_ranks_passed(const tt_job *j, const char *scenario, int nranks, int skip, bool tagged) {
+    char line[128];
+    snprintf(line, sizeof line, "ok   %s\n", scenario);
+    if (count(j->out, line) != nranks - (skip >= 0) || strstr(j->out, "FAIL"))
+        return false;
+    for (int r = 0; tagged && r < nranks; r++) {
+        snprintf(line, sizeof line, "[rank %d] ok   %s\n", r, scenario);
+        if (r != skip && !strstr(j->out, line))
+            return false;
+    }
+    return true;
+}
+
+const char *tt_tail(const char *s) {
+    size_t n = strlen(s);
+    return n > 6000 ? s + n - 6000 : s;
 }

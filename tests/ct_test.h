@@ -153,4 +153,50 @@ double tt_at_bcast(ct_tensor *t, int ndim, const int64_t *idx);
 /* Multi-index of the linear row-major position in sizes. */
 void tt_unravel(int64_t linear, int ndim, const int64_t *sizes, int64_t *idx);
 
+/* ------------------------------------------------ multi-process jobs */
+
+/* A launcher run (ctlaunch, mpirun) of a rank program, for tests that
+ * drive real processes. Rank programs print "pid=<pid>" first, so that the
+ * driver can kill them after a deadline and check that none is left. */
+typedef struct tt_job {
+    int status; /* waitpid's; -1 if it passed its deadline */
+    char out[1 << 16], err[1 << 16];
+    double seconds;
+} tt_job;
+
+/* Runs argv (argv[0] a path) with the variables in env ("NAME=VALUE" sets,
+ * a bare "NAME" unsets; NULL-ended) and captures its output. Past deadline
+ * seconds it kills the launcher and every rank that printed its pid (ranks
+ * run in process groups of their own), and status is -1. Not thread-safe
+ * (it forks). */
+void tt_run_job(tt_job *j, const char *const *argv, const char *const *env, double deadline);
+/* The job's exit code, 128 + the signal that ended it, or -1 past its
+ * deadline. */
+int tt_job_exit_code(const tt_job *j);
+/* Whether every pid=N the ranks printed is gone, allowing a moment for the
+ * launcher to reap them. */
+bool tt_job_no_rank_left(const tt_job *j);
+/* Whether each rank in [0, nranks) but skip (-1: none) printed the
+ * harness's verdict "ok   <scenario>", and no rank printed FAIL: with
+ * ctlaunch's "[rank R] " in front when tagged, else (mpirun) just that many
+ * of them. */
+bool tt_job_ranks_passed(const tt_job *j, const char *scenario, int nranks, int skip, bool tagged);
+/* The last few thousand characters of s, which hold the first failure when
+ * a run goes wrong. */
+const char *tt_tail(const char *s);
+
+/* Fails the test (and returns) unless cond holds, showing the job's exit
+ * code, time and the end of its output. */
+#define TT_ASSERT_JOB(j, cond)                                                                     \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            tt_fail(__FILE__, __LINE__,                                                            \
+                    "expected %s; exit code %d after %.1f s\n"                                     \
+                    "--- stdout (end) ---\n%s--- stderr (end) ---\n%s",                            \
+                    #cond, tt_job_exit_code(j), (j)->seconds, tt_tail((j)->out),                   \
+                    tt_tail((j)->err));                                                            \
+            return;                                                                                \
+        }                                                                                          \
+    } while (0)
+
 #endif

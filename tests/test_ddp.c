@@ -1,0 +1,70 @@
+/* Data-parallel training across real processes: ddp_rank trains a small
+ * model with ct_ddp under ctlaunch (the shm backend) and checks it against
+ * the same training in one process, and the errors a job meets (models
+ * that differ, unused parameters, a parameter ready twice) on every rank.
+ * Each run has a deadline, and every rank (each prints pid=N) is checked to
+ * be gone afterwards.
+ *
+ * Not covered: uneven inputs across ranks (join), which ct_ddp does not
+ * implement yet. */
+#include "ct_test.h"
+
+/* The deadline of one run, in seconds: far above what a passing run takes
+ * (a second or two), and above the collective timeout ddp_rank sets (10 s),
+ * so that ranks falling out of step end with their own report of it. */
+#define DEADLINE 40
+
+/* Under ctlaunch the ranks run its default backend, shm, whatever the
+ * caller's CT_BACKEND says. */
+static const char *const ctlaunch_env[] = {"CT_BACKEND", NULL};
+
+/* Runs scenario under ctlaunch on np ranks: the job must end with 0 before
+ * its deadline, leave no rank behind, and every rank must pass. */
+static void passes(int np, const char *scenario) {
+    static tt_job j;
+    char npstr[16];
+    snprintf(npstr, sizeof npstr, "%d", np);
+    tt_run_job(&j,
+               (const char *const[]){CTLAUNCH_PATH, "-np", npstr, DDP_RANK_PATH, scenario, NULL},
+               ctlaunch_env, DEADLINE);
+    TT_ASSERT_JOB(&j, tt_job_no_rank_left(&j));
+    TT_ASSERT_JOB(&j, tt_job_exit_code(&j) == 0);
+    TT_ASSERT_JOB(&j, tt_job_ranks_passed(&j, scenario, np, -1, true));
+    printf("  %s on %d ranks: %.1f s\n", scenario, np, j.seconds);
+}
+
+/* ----------------------------------------------------------- equivalence */
+
+TEST(sgd_with_momentum_on_2_ranks_matches_one_process) { passes(2, "sgd"); }
+TEST(sgd_with_momentum_on_3_ranks_matches_one_process) { passes(3, "sgd"); }
+TEST(adamw_on_2_ranks_matches_one_process) { passes(2, "adamw"); }
+TEST(adamw_on_3_ranks_matches_one_process) { passes(3, "adamw"); }
+TEST(activation_checkpointing_with_static_graph_on_2_ranks_matches_one_process) {
+    passes(2, "checkpointed");
+}
+TEST(activation_checkpointing_with_static_graph_on_3_ranks_matches_one_process) {
+    passes(3, "checkpointed");
+}
+
+/* ---------------------------------------------------------------- errors */
+
+/* Only rank 1 differs: rank 2 must still fail, and name it. */
+TEST(models_that_differ_fail_on_every_rank_naming_both_shapes) { passes(3, "mismatched_models"); }
+TEST(an_unused_parameter_fails_backward_on_every_rank_naming_it) { passes(2, "unused_fails"); }
+TEST(find_unused_parameters_trains_with_a_zero_gradient_for_the_unused_one) {
+    passes(2, "unused_found");
+}
+TEST(a_parameter_ready_twice_without_static_graph_fails_naming_it) {
+    passes(2, "ready_twice_fails");
+}
+TEST(a_parameter_ready_twice_with_static_graph_trains_and_matches) {
+    passes(2, "ready_twice_static");
+}
+
+/* -------------------------------------------------- no_sync, hook, buckets */
+
+TEST(no_sync_micro_steps_on_2_ranks_equal_one_step_on_the_whole_batch) { passes(2, "no_sync"); }
+TEST(no_sync_micro_steps_on_3_ranks_equal_one_step_on_the_whole_batch) { passes(3, "no_sync"); }
+TEST(the_bf16_hook_on_2_ranks_averages_within_bf16_rounding) { passes(2, "bf16_hook"); }
+TEST(the_bf16_hook_on_3_ranks_averages_within_bf16_rounding) { passes(3, "bf16_hook"); }
+TEST(buckets_hold_the_parameters_in_reverse_registration_order) { passes(2, "bucket_order"); }
