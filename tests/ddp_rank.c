@@ -25,6 +25,13 @@
  *                       training matches to a bfloat16-level tolerance
  *   bucket_order        buckets hold the parameters in reverse
  *                       registration order, bucket 0 the last registered
+ *   uneven              with uneven_inputs, rank r runs UNEVEN_STEPS + 2 r
+ *                       steps, matching a reference after each, then
+ *                       ct_ddp_join returns 0 on every rank, soon, and
+ *                       leaves the parameters as they were
+ *   join_needs_uneven_inputs
+ *                       without uneven_inputs, ct_ddp_join fails at once
+ *                       with CT_ESTATE naming the option
  *
  * The buckets are made small (BUCKET_BYTES) so that the model spans
  * several. Every rank prints "pid=<pid>" first so that the driver can check
@@ -47,6 +54,8 @@
 /* no_sync's micro-steps per optimizer step, and optimizer steps. */
 #define MICRO_STEPS 3
 #define ROUNDS      2
+/* The uneven scenario's fewest steps (rank 0's). */
+#define UNEVEN_STEPS 3
 /* The first bucket and the others, in bytes: the model's 2.7 k float32
  * gradients span three buckets. */
 #define FIRST_BUCKET_BYTES 1024
@@ -190,16 +199,22 @@ static int forward_backward(ct_module *net, ct_tensor *x, ct_tensor *y, double s
     return rc;
 }
 
-/* Forward and backward of share share (of nshares) of global batch step. */
-static int backward_on_batch(ct_module *net, int step, int share, int nshares) {
+/* Forward and backward of share share (of nshares) of global batch step,
+ * the loss times scale. */
+static int scaled_backward_on_batch(ct_module *net, int step, int share, int nshares,
+                                    double scale) {
     ct_scope_begin();
     ct_tensor *x, *y;
     int rc = global_batch(step, BATCH, &x, &y)
                  ? forward_backward(net, share_of(x, 0, BATCH, share, nshares),
-                                    share_of(y, 0, BATCH, share, nshares), 1.0)
+                                    share_of(y, 0, BATCH, share, nshares), scale)
                  : ct_errcode();
     ct_scope_end();
     return rc;
+}
+
+static int backward_on_batch(ct_module *net, int step, int share, int nshares) {
+    return scaled_backward_on_batch(net, step, share, nshares, 1.0);
 }
 
 /* ------------------------------------------------------------- training */
@@ -718,6 +733,108 @@ TEST(bucket_order) {
             tt_fail(__FILE__, __LINE__, "bucket %d of %d: expected CT_EINVAL, got %s", nb, nb,
                     ct_errname(ct_errcode()));
         ct_errclear();
+    }
+    fixture_free(&f);
+    ct_dist_finalize();
+}
+
+/* --------------------------------------------------------- uneven inputs */
+
+/* Steps rank r runs in the uneven scenario: with 3 ranks, each joins at
+ * another iteration. */
+static int uneven_steps(int r) { return UNEVEN_STEPS + 2 * r; }
+
+/* Step s of the uneven scenario in the reference. The ranks still training
+ * at s are those with more than s steps; the joined ones take part in the
+ * averaging with zero gradients and the average stays over all n ranks, so
+ * with k of n training the gradient is the sum of the k active shares'
+ * gradients divided by n (not by k): each active share's loss, the mean
+ * over its BATCH / n rows, times 1 / n. */
+static int uneven_reference_step(fixture *f, int s) {
+    int rc = 0;
+    for (int r = 0; !rc && r < size_; r++)
+        if (s < uneven_steps(r))
+            rc = scaled_backward_on_batch(f->ref, s, r, size_, 1.0 / size_);
+    rc = rc ? rc : ct_optim_step(f->ref_opt);
+    return rc ? rc : ct_optim_zero_grad(f->ref_opt, false);
+}
+
+/* Copies of pl's tensors, detached, into copy (initialized here; the caller
+ * frees it). Records a failure and returns false on error. */
+static bool snapshot(const ct_param_list *pl, ct_param_list *copy) {
+    ct_param_list_init(copy);
+    ct_scope_begin();
+    int rc = 0;
+    for (int i = 0; !rc && i < pl->n; i++)
+        rc = ct_param_list_add(copy, pl->names[i], ct_clone(ct_detach(pl->tensors[i])));
+    ct_scope_end();
+    if (rc)
+        tt_fail(__FILE__, __LINE__, "copying the parameters: %s", ct_errmsg());
+    return !rc;
+}
+
+/* Each rank trains uneven_steps(rank) steps, its parameters matching the
+ * reference after each (so the active ranks stay in agreement however many
+ * have joined), then joins. Every rank's ct_ddp_join returns 0 once the
+ * last rank joins, well before the collective timeout (a rank left waiting
+ * for a step that never comes would time out instead), and leaves the
+ * parameters exactly as they were: a joined rank's optimizer does not
+ * step. */
+TEST(uneven) {
+    if (!join())
+        return;
+    fixture f = {0};
+    ct_ddp_options o = small_buckets();
+    o.uneven_inputs = true;
+    if (setup(&f, &plain, &o, CT_OPTIM_SGD)) {
+        int steps = uneven_steps(rank_), rc = 0;
+        for (int s = 0; s < steps && !rc && !tt_failed(); s++) {
+            if ((rc = train(f.net, f.opt, s, 1, rank_, size_)))
+                tt_fail(__FILE__, __LINE__, "data-parallel step %d: %s: %s", s, ct_errname(rc),
+                        ct_errmsg());
+            else if ((rc = uneven_reference_step(&f, s)))
+                tt_fail(__FILE__, __LINE__, "reference step %d: %s: %s", s, ct_errname(rc),
+                        ct_errmsg());
+            else {
+                char what[64];
+                snprintf(what, sizeof what, "after step %d of %d", s + 1, steps);
+                compare_params(&f.params, &f.ref_params, RTOL_FP32, what);
+            }
+        }
+        ct_param_list before;
+        if (!tt_failed() && snapshot(&f.params, &before)) {
+            double t0 = tt_now();
+            rc = ct_ddp_join(f.ddp);
+            double took = tt_now() - t0;
+            printf("rank %d: joined after %d steps; ct_ddp_join took %.3f s\n", rank_, steps, took);
+            if (rc)
+                tt_fail(__FILE__, __LINE__, "ct_ddp_join after %d steps: %s: %s", steps,
+                        ct_errname(rc), ct_errmsg());
+            else if (took > TIMEOUT / 2)
+                tt_fail(__FILE__, __LINE__, "ct_ddp_join took %.2f s", took);
+            else
+                compare_params(&f.params, &before, 0, "after ct_ddp_join");
+            ct_param_list_free(&before);
+        }
+    }
+    fixture_free(&f);
+    ct_dist_finalize();
+}
+
+/* Without uneven_inputs, ct_ddp_join fails on every rank before any
+ * communication, naming the option. */
+TEST(join_needs_uneven_inputs) {
+    if (!join())
+        return;
+    fixture f = {0};
+    ct_ddp_options o = small_buckets();
+    if (setup(&f, &plain, &o, CT_OPTIM_SGD)) {
+        uint64_t before = issued();
+        expect_error("ct_ddp_join without uneven_inputs", ct_ddp_join(f.ddp), CT_ESTATE,
+                     (const char *const[]){"ddp_join", "uneven_inputs", NULL});
+        if (issued() != before)
+            tt_fail(__FILE__, __LINE__, "the failed ct_ddp_join issued %llu collective(s)",
+                    (unsigned long long)(issued() - before));
     }
     fixture_free(&f);
     ct_dist_finalize();

@@ -13,7 +13,6 @@
 #include <ct/collectives.h>
 #include <signal.h>
 #include <stdlib.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 /* Deadlines of one run, in seconds: far above what a passing run takes (a
@@ -23,155 +22,30 @@
 #define CORRECTNESS_DEADLINE 45
 #define SCENARIO_DEADLINE    30
 
-typedef struct job {
-    int status; /* waitpid's; -1 if it passed its deadline */
-    char out[1 << 16], err[1 << 16];
-    double seconds;
-} job;
-
-static void slurp(int fd, char *buf, size_t cap) {
-    ssize_t n = pread(fd, buf, cap - 1, 0);
-    buf[n > 0 ? n : 0] = 0;
-}
-
-/* SIGKILLs every process that printed pid=N in out. */
-static void kill_ranks(const char *out) {
-    for (const char *p = out; (p = strstr(p, "pid=")); p += 4)
-        kill((pid_t)atol(p + 4), SIGKILL);
-}
-
-/* Runs argv (argv[0] a path) with the variables in env ("NAME=VALUE" sets,
- * a bare "NAME" unsets; NULL-ended) and captures its output. Past deadline
- * seconds it kills the launcher and every rank that printed its pid (ranks
- * run in process groups of their own), and status is -1. */
-static void run_job(job *j, const char *const *argv, const char *const *env, double deadline) {
-    char out_path[] = "/tmp/ct_coll_out_XXXXXX", err_path[] = "/tmp/ct_coll_err_XXXXXX";
-    int out = mkstemp(out_path), err = mkstemp(err_path);
-    unlink(out_path);
-    unlink(err_path);
-    double t0 = tt_now();
-    pid_t pid = fork();
-    if (pid == 0) {
-        for (; *env; env++) {
-            const char *eq = strchr(*env, '=');
-            if (eq) {
-                char name[128];
-                snprintf(name, sizeof name, "%.*s", (int)(eq - *env), *env);
-                setenv(name, eq + 1, 1);
-            } else {
-                unsetenv(*env);
-            }
-        }
-        dup2(out, STDOUT_FILENO);
-        dup2(err, STDERR_FILENO);
-        execv(argv[0], (char *const *)argv);
-        _exit(126);
-    }
-    j->status = -1;
-    while (tt_now() - t0 < deadline) {
-        int st;
-        if (waitpid(pid, &st, WNOHANG) == pid) {
-            j->status = st;
-            break;
-        }
-        usleep(10000);
-    }
-    if (j->status == -1) {
-        kill(pid, SIGKILL);
-        waitpid(pid, NULL, 0);
-        slurp(out, j->out, sizeof j->out);
-        kill_ranks(j->out);
-    }
-    j->seconds = tt_now() - t0;
-    slurp(out, j->out, sizeof j->out);
-    slurp(err, j->err, sizeof j->err);
-    close(out);
-    close(err);
-}
-
-static int exit_code(const job *j) {
-    if (j->status == -1)
-        return -1;
-    return WIFEXITED(j->status) ? WEXITSTATUS(j->status) : 128 + WTERMSIG(j->status);
-}
-
-/* Whether every pid=N the ranks printed is gone, allowing a moment for the
- * launcher to reap them. */
-static bool no_rank_left(const char *out) {
-    for (const char *p = out; (p = strstr(p, "pid=")); p += 4) {
-        pid_t pid = (pid_t)atol(p + 4);
-        for (int tries = 0; kill(pid, 0) == 0 && tries < 100; tries++)
-            usleep(10000);
-        if (kill(pid, 0) == 0)
-            return false;
-    }
-    return true;
-}
-
-static int count(const char *s, const char *sub) {
-    int n = 0;
-    for (const char *p = s; (p = strstr(p, sub)); p += strlen(sub))
-        n++;
-    return n;
-}
-
-/* The end of s, which holds the first failure when a run goes wrong. */
-static const char *tail(const char *s) {
-    size_t n = strlen(s);
-    return n > 6000 ? s + n - 6000 : s;
-}
-
-#define ASSERT_JOB(j, cond)                                                                        \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            tt_fail(__FILE__, __LINE__,                                                            \
-                    "expected %s; exit code %d after %.1f s\n"                                     \
-                    "--- stdout (end) ---\n%s--- stderr (end) ---\n%s",                            \
-                    #cond, exit_code(j), (j)->seconds, tail((j)->out), tail((j)->err));            \
-            return;                                                                                \
-        }                                                                                          \
-    } while (0)
-
-/* Whether each rank in [0, nranks) but skip printed the harness's verdict
- * "ok   <scenario>": with ctlaunch's "[rank R] " in front when tagged, else
- * (mpirun) just that many of them. */
-static bool ranks_passed(const job *j, const char *scenario, int nranks, int skip, bool tagged) {
-    char line[128];
-    snprintf(line, sizeof line, "ok   %s\n", scenario);
-    if (count(j->out, line) != nranks - (skip >= 0) || strstr(j->out, "FAIL"))
-        return false;
-    for (int r = 0; tagged && r < nranks; r++) {
-        snprintf(line, sizeof line, "[rank %d] ok   %s\n", r, scenario);
-        if (r != skip && !strstr(j->out, line))
-            return false;
-    }
-    return true;
-}
-
 /* Under ctlaunch the ranks run its default backend, shm, whatever the
  * caller's CT_BACKEND says. */
 static const char *const ctlaunch_env[] = {"CT_BACKEND", NULL};
 
-static void run_ctlaunch(job *j, int np, const char *scenario, double deadline) {
+static void run_ctlaunch(tt_job *j, int np, const char *scenario, double deadline) {
     char npstr[16];
     snprintf(npstr, sizeof npstr, "%d", np);
     /* A long --grace: the peer_killed survivors ignore SIGTERM to report
      * what they saw (coll_rank.c says why). */
-    run_job(j,
-            (const char *const[]){CTLAUNCH_PATH, "-np", npstr, "--grace", "20", COLL_RANK_PATH,
-                                  scenario, NULL},
-            ctlaunch_env, deadline);
+    tt_run_job(j,
+               (const char *const[]){CTLAUNCH_PATH, "-np", npstr, "--grace", "20", COLL_RANK_PATH,
+                                     scenario, NULL},
+               ctlaunch_env, deadline);
 }
 
 /* Runs scenario under ctlaunch on np ranks: no rank may be left behind, the
  * job must end with code, and every rank but skip (-1: none) must pass. */
 static void passes_under_ctlaunch(int np, const char *scenario, double deadline, int code,
                                   int skip) {
-    static job j;
+    static tt_job j;
     run_ctlaunch(&j, np, scenario, deadline);
-    ASSERT_JOB(&j, no_rank_left(j.out));
-    ASSERT_JOB(&j, exit_code(&j) == code);
-    ASSERT_JOB(&j, ranks_passed(&j, scenario, np, skip, true));
+    TT_ASSERT_JOB(&j, tt_job_no_rank_left(&j));
+    TT_ASSERT_JOB(&j, tt_job_exit_code(&j) == code);
+    TT_ASSERT_JOB(&j, tt_job_ranks_passed(&j, scenario, np, skip, true));
     printf("  %s on %d ranks under ctlaunch: %.1f s\n", scenario, np, j.seconds);
 }
 
@@ -214,7 +88,8 @@ static void require_mpi(void) {
     }
 }
 
-static void run_mpirun(job *j, int np, const char *backend, const char *scenario, double deadline) {
+static void run_mpirun(tt_job *j, int np, const char *backend, const char *scenario,
+                       double deadline) {
     require_mpi();
     char npstr[16], backend_var[64];
     snprintf(npstr, sizeof npstr, "%d", np);
@@ -224,23 +99,23 @@ static void run_mpirun(job *j, int np, const char *backend, const char *scenario
      * transport copies large messages with process_vm_readv, which
      * containers (Docker's default seccomp profile, as in CI) forbid; the
      * copy through its own shared memory works everywhere. */
-    run_job(j,
-            (const char *const[]){MPIEXEC_PATH, "--oversubscribe", "-np", npstr, COLL_RANK_PATH,
-                                  scenario, NULL},
-            (const char *const[]){backend_var, "OMPI_ALLOW_RUN_AS_ROOT=1",
-                                  "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1",
-                                  "OMPI_MCA_btl_vader_single_copy_mechanism=none", NULL},
-            deadline);
+    tt_run_job(j,
+               (const char *const[]){MPIEXEC_PATH, "--oversubscribe", "-np", npstr, COLL_RANK_PATH,
+                                     scenario, NULL},
+               (const char *const[]){backend_var, "OMPI_ALLOW_RUN_AS_ROOT=1",
+                                     "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1",
+                                     "OMPI_MCA_btl_vader_single_copy_mechanism=none", NULL},
+               deadline);
 }
 
 /* mpirun does not tag the ranks' output; each rank's verdict is counted. */
 static void passes_under_mpirun(int np, const char *backend, const char *scenario,
                                 double deadline) {
-    static job j;
+    static tt_job j;
     run_mpirun(&j, np, backend, scenario, deadline);
-    ASSERT_JOB(&j, no_rank_left(j.out));
-    ASSERT_JOB(&j, exit_code(&j) == 0);
-    ASSERT_JOB(&j, ranks_passed(&j, scenario, np, -1, false));
+    TT_ASSERT_JOB(&j, tt_job_no_rank_left(&j));
+    TT_ASSERT_JOB(&j, tt_job_exit_code(&j) == 0);
+    TT_ASSERT_JOB(&j, tt_job_ranks_passed(&j, scenario, np, -1, false));
     printf("  %s on %d ranks under mpirun, %s backend: %.1f s\n", scenario, np, backend, j.seconds);
 }
 

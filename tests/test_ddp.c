@@ -1,12 +1,9 @@
 /* Data-parallel training across real processes: ddp_rank trains a small
  * model with ct_ddp under ctlaunch (the shm backend) and checks it against
  * the same training in one process, and the errors a job meets (models
- * that differ, unused parameters, a parameter ready twice) on every rank.
- * Each run has a deadline, and every rank (each prints pid=N) is checked to
- * be gone afterwards.
- *
- * Not covered: uneven inputs across ranks (join), which ct_ddp does not
- * implement yet. */
+ * that differ, unused parameters, a parameter ready twice) on every rank,
+ * and uneven inputs (ct_ddp_join). Each run has a deadline, and every rank
+ * (each prints pid=N) is checked to be gone afterwards. */
 #include "ct_test.h"
 
 /* The deadline of one run, in seconds: far above what a passing run takes
@@ -68,3 +65,12 @@ TEST(no_sync_micro_steps_on_3_ranks_equal_one_step_on_the_whole_batch) { passes(
 TEST(the_bf16_hook_on_2_ranks_averages_within_bf16_rounding) { passes(2, "bf16_hook"); }
 TEST(the_bf16_hook_on_3_ranks_averages_within_bf16_rounding) { passes(3, "bf16_hook"); }
 TEST(buckets_hold_the_parameters_in_reverse_registration_order) { passes(2, "bucket_order"); }
+
+/* ---------------------------------------------------------- uneven inputs */
+
+/* Rank r runs 3 + 2 r steps, then joins: no rank hangs, and the ranks still
+ * training match a reference whose gradient, with k of n ranks training, is
+ * the sum of their shares' gradients over n. */
+TEST(uneven_inputs_on_2_ranks_join_and_match_the_reference) { passes(2, "uneven"); }
+TEST(uneven_inputs_on_3_ranks_join_and_match_the_reference) { passes(3, "uneven"); }
+TEST(join_without_uneven_inputs_fails_naming_the_option) { passes(2, "join_needs_uneven_inputs"); }
