@@ -2,18 +2,21 @@
 # Builds ct's benchmarks (Release, in build-bench/) and runs them with their
 # peers in the same run.
 #
-#   ci/bench.sh [NAME...]     NAME: ops, train, collectives; with none, every
-#                             benchmark
+#   ci/bench.sh [NAME...]     NAME: ops, train, collectives, ddp; with none,
+#                             every benchmark
 #
 # stdout: one JSON object per result. stderr: build output, notes, and a
 # ratio line per comparison. CT_BENCH_THREADS (default "1,2") lists the thread
 # counts for ops (train runs at 1 thread); CT_BENCH_EPOCHS (default 1) sets
-# train's epochs: 1 measures throughput, 10 compares test accuracy (see
-# docs/bench-train.md); collectives runs 2 ranks under ctlaunch, and under
-# mpirun when Open MPI is built, its allreduce in CT_BENCH_ROUNDS (default 3)
-# rounds that interleave ct, Open MPI and gloo (docs/bench-collectives.md);
-# PYTHON (default /usr/bin/python3, Debian's, with python3-torch) runs the
-# PyTorch peers; CT_BENCH_BUILD_DIR moves the build.
+# train's epochs (1 measures throughput, 10 compares test accuracy; see
+# docs/bench-train.md) and those of ddp's accuracy runs; collectives runs 2
+# ranks under ctlaunch, and under mpirun when Open MPI is built, its
+# allreduce in CT_BENCH_ROUNDS (default 3) rounds that interleave ct, Open
+# MPI and gloo (docs/bench-collectives.md); ddp trains on 1 and 2 ranks
+# (ctlaunch, mpirun) beside PyTorch DDP in as many rounds, then measures the
+# allreduce that backward hides (docs/bench-ddp.md); PYTHON (default
+# /usr/bin/python3, Debian's, with python3-torch) runs the PyTorch peers and
+# the summaries; CT_BENCH_BUILD_DIR moves the build.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -25,10 +28,10 @@ build=${CT_BENCH_BUILD_DIR:-$root/build-bench}
 python=${PYTHON:-/usr/bin/python3}
 epochs=${CT_BENCH_EPOCHS:-1}
 rounds=${CT_BENCH_ROUNDS:-3}
-all=(ops train collectives)
+all=(ops train collectives ddp)
 
 usage() {
-    sed -n '2,17s/^# \{0,1\}//p' "$0"
+    sed -n '2,20s/^# \{0,1\}//p' "$0"
 }
 
 names=()
@@ -59,25 +62,34 @@ require_count() {
 require_count CT_BENCH_EPOCHS "$epochs"
 require_count CT_BENCH_ROUNDS "$rounds"
 
-# Examples are built too: ct's side of the training benchmark is the main
+# Examples are built too: ct's side of the training benchmarks is the main
 # job itself, examples/fmnist_mlp.
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCT_BUILD_BENCH=ON \
     -DCT_BUILD_TESTS=OFF -DCT_BUILD_EXAMPLES=ON >&2
-targets=()
+# The Open MPI peer exists only when the build found MPI, and ct's mpi
+# backend with it. Neither launcher binds ranks to cores: ctlaunch does not,
+# and mpirun is told not to, so that both get the same scheduling;
+# --oversubscribe lets 2 ranks start whatever Open MPI counts as slots.
 have_mpi=false
+if [[ $(cmake --build "$build" --target help) == *bench_mpi_allreduce* ]] &&
+    command -v mpirun >/dev/null; then
+    have_mpi=true
+fi
+mpirun=(mpirun -np 2 --oversubscribe --bind-to none)
+if (($(id -u) == 0)); then
+    mpirun+=(--allow-run-as-root)
+fi
+targets=()
 for name in "${names[@]}"; do
     case $name in
     train) targets+=(bench_train_floor fmnist_mlp bench_autograd) ;;
     collectives)
         targets+=(bench_collectives ctlaunch)
-        # The Open MPI peer exists only when the build found MPI, and ct's
-        # mpi backend with it.
-        if [[ $(cmake --build "$build" --target help) == *bench_mpi_allreduce* ]] &&
-            command -v mpirun >/dev/null; then
-            have_mpi=true
+        if $have_mpi; then
             targets+=(bench_mpi_allreduce)
         fi
         ;;
+    ddp) targets+=(fmnist_mlp ctlaunch bench_ddp) ;;
     *) targets+=("bench_$name") ;;
     esac
 done
@@ -91,6 +103,16 @@ run_peer() {
         "$python" "$peer" "$@"
     else
         echo "ci/bench.sh: $python not found; skipping $peer" >&2
+    fi
+}
+
+# Runs the Python code on stdin with $python and the arguments given: a
+# summary, which needs no torch.
+run_summary() {
+    if [[ -x $python ]]; then
+        "$python" - "$@"
+    else
+        echo "ci/bench.sh: $python not found; no summary" >&2
     fi
 }
 
@@ -112,14 +134,11 @@ run_train() {
     run_peer autograd_torch.py --compare "$tmp"
 }
 
-# Takes ctlaunch's "[rank 0] " prefix off the JSON lines and, with an
-# argument, tags them with "round": $1.
-coll_lines() {
-    local tag=
-    if (($# > 0)); then
-        tag="s/^{\"bench\": \"collectives\", /&\"round\": $1, /"
-    fi
-    sed -u -e 's/^\[rank 0\] //' -e "$tag"
+# Takes ctlaunch's "[rank 0] " prefix off the JSON lines and inserts $1,
+# when given, after their "bench": $1 is fields with a trailing ", ", e.g.
+# '"round": 2, '.
+json_lines() {
+    sed -u -e 's/^\[rank 0\] //' -e "s/^{\"bench\": \"[a-z_]*\", /&${1:-}/"
 }
 
 # Two ranks, nccl-tests' sizes (8 B to 64 MiB): allreduce at every power of
@@ -131,20 +150,15 @@ coll_lines() {
 # backend under ctlaunch, MPI_Allreduce under mpirun and gloo back to back,
 # at half the time per size, and the summary (collectives_gloo.py --compare)
 # takes each one's best round. ct's other operations and its mpi backend,
-# compared with no peer, run once after the rounds. Neither launcher binds
-# ranks to cores: ctlaunch does not, and mpirun is told not to, so that both
-# get the same scheduling.
+# compared with no peer, run once after the rounds.
 run_collectives() {
     local bench=$build/bench/bench_collectives
     local ctlaunch=("$build/launcher/ctlaunch" -np 2)
-    local mpirun=(mpirun -np 2 --oversubscribe --bind-to none -x CT_NUM_THREADS=1)
+    local mpirun=("${mpirun[@]}" -x CT_NUM_THREADS=1)
     local sizes=(-b 8 -e 64M -f 2)
     local round_sweep=("${sizes[@]}" --seconds 0.1)
     local others=(--ops "broadcast,allgather,reduce_scatter" -b 8 -e 64M -f 4)
     local gloo_failed=false round
-    if (($(id -u) == 0)); then
-        mpirun+=(--allow-run-as-root)
-    fi
     if ! $have_mpi; then
         echo "ci/bench.sh: no MPI in this build (or no mpirun); skipping ct's mpi backend" \
             "and the Open MPI peer" >&2
@@ -153,25 +167,217 @@ run_collectives() {
     for ((round = 1; round <= rounds; round++)); do
         echo "ci/bench.sh: allreduce round $round of $rounds" >&2
         "${ctlaunch[@]}" "$bench" --ops allreduce "${round_sweep[@]}" |
-            coll_lines "$round" | tee -a "$tmp"
+            json_lines "\"round\": $round, " | tee -a "$tmp"
         if $have_mpi; then
             "${mpirun[@]}" "$build/bench/bench_mpi_allreduce" "${round_sweep[@]}" |
-                coll_lines "$round" | tee -a "$tmp"
+                json_lines "\"round\": $round, " | tee -a "$tmp"
         fi
         # A failed gloo sweep fails the run, after the summary of the rest.
-        run_peer collectives_gloo.py "${round_sweep[@]}" | coll_lines "$round" |
+        run_peer collectives_gloo.py "${round_sweep[@]}" | json_lines "\"round\": $round, " |
             tee -a "$tmp" || gloo_failed=true
     done
-    "${ctlaunch[@]}" "$bench" "${others[@]}" | coll_lines | tee -a "$tmp"
+    "${ctlaunch[@]}" "$bench" "${others[@]}" | json_lines | tee -a "$tmp"
     if $have_mpi; then
         "${mpirun[@]}" -x CT_BACKEND=mpi "$bench" --ops allreduce "${sizes[@]}" |
-            coll_lines | tee -a "$tmp"
-        "${mpirun[@]}" -x CT_BACKEND=mpi "$bench" "${others[@]}" | coll_lines | tee -a "$tmp"
+            json_lines | tee -a "$tmp"
+        "${mpirun[@]}" -x CT_BACKEND=mpi "$bench" "${others[@]}" | json_lines | tee -a "$tmp"
     fi
     run_peer collectives_gloo.py --compare "$tmp"
     if $gloo_failed; then
         return 1
     fi
+}
+
+# The fmnist_mlp recipe (global batch 64) data-parallel: rounds that each
+# train 500 timed steps (after 20 untimed) with ct on 1 rank at 1 and 2
+# threads, on 2 ranks under ctlaunch (shm) and under mpirun (its default
+# backend, mpi, then CT_BACKEND=shm), then with PyTorch DDP (gloo) on 2 ranks
+# and plain PyTorch on 1, so that every run gets the same chances at the
+# host's fast and slow states (docs/bench-collectives.md, "Rounds"). Then ct
+# trains CT_BENCH_EPOCHS whole epochs on 1 rank and on 2 for the test
+# accuracy, and bench_ddp measures how much of the allreduce backward hides,
+# with ct_ddp's buckets and with one bucket. The summary sets each run's best
+# round beside the others and checks the targets (docs/bench-ddp.md).
+run_ddp() {
+    local fmnist=$build/examples/fmnist_mlp
+    local ctlaunch=("$build/launcher/ctlaunch" -np 2)
+    local steps=500 warmup=20
+    local ct_steps=(--max-steps $((warmup + steps)) --warmup-steps "$warmup" --metrics "")
+    local torch_steps=(--steps "$steps" --warmup-steps "$warmup")
+    local one_bucket=(--first-bucket-bytes $((1 << 30)) --bucket-bytes $((1 << 30)))
+    local have_torch=false torch_failed=false started=$SECONDS load_start round
+    load_start=$(cut -d' ' -f1-3 /proc/loadavg)
+    echo "ci/bench.sh: ddp: load average $load_start" >&2
+    if ! $have_mpi; then
+        echo "ci/bench.sh: no MPI in this build (or no mpirun); skipping ct under mpirun" >&2
+    fi
+    # ddp_torch.py exits 1 without torch, as it does when DDP fails: only
+    # the second should fail the run.
+    if [[ -x $python ]] && "$python" -c "import torch" 2>/dev/null; then
+        have_torch=true
+    else
+        echo "ci/bench.sh: no torch for $python; skipping the PyTorch runs" \
+            "(bash ci/setup.sh --bench installs python3-torch)" >&2
+    fi
+    for ((round = 1; round <= rounds; round++)); do
+        echo "ci/bench.sh: ddp round $round of $rounds" >&2
+        ddp_ct ct_1rank_1thread "$round" "$fmnist" "${ct_steps[@]}" --threads 1
+        ddp_ct ct_1rank_2threads "$round" "$fmnist" "${ct_steps[@]}" --threads 2
+        ddp_ct ct_2ranks_ctlaunch "$round" "${ctlaunch[@]}" "$fmnist" "${ct_steps[@]}" --threads 1
+        if $have_mpi; then
+            ddp_ct ct_2ranks_mpirun "$round" "${mpirun[@]}" "$fmnist" "${ct_steps[@]}" --threads 1
+            ddp_ct ct_2ranks_mpirun_shm "$round" "${mpirun[@]}" -x CT_BACKEND=shm "$fmnist" \
+                "${ct_steps[@]}" --threads 1
+        fi
+        # A failed PyTorch run fails the whole run, after the summary.
+        if $have_torch; then
+            run_peer ddp_torch.py --ranks 2 "${torch_steps[@]}" |
+                json_lines "\"run\": \"torch_ddp_2ranks\", \"round\": $round, " |
+                tee -a "$tmp" || torch_failed=true
+            run_peer ddp_torch.py --ranks 1 "${torch_steps[@]}" |
+                json_lines "\"run\": \"torch_1rank\", \"round\": $round, " |
+                tee -a "$tmp" || torch_failed=true
+        fi
+    done
+    echo "ci/bench.sh: ddp: $epochs epoch(s) on 1 rank and on 2 for the test accuracy" >&2
+    # Results do not depend on the thread count; 2 threads only go faster.
+    ddp_ct ct_1rank_epochs "" "$fmnist" --epochs "$epochs" --threads 2 --metrics ""
+    ddp_ct ct_2ranks_epochs "" "${ctlaunch[@]}" "$fmnist" --epochs "$epochs" --threads 1 \
+        --metrics ""
+    "${ctlaunch[@]}" "$build/bench/bench_ddp" | json_lines '"run": "ct_buckets", ' | tee -a "$tmp"
+    "${ctlaunch[@]}" "$build/bench/bench_ddp" "${one_bucket[@]}" |
+        json_lines '"run": "ct_one_bucket", ' | tee -a "$tmp"
+    run_summary "$tmp" "$steps" "$warmup" "$epochs" "$load_start" \
+        "$(cut -d' ' -f1-3 /proc/loadavg)" $((SECONDS - started)) <<'EOF'
+"""The data-parallel benchmark's summary, from ci/bench.sh ddp's lines."""
+import json
+import sys
+
+path, steps, warmup, epochs, load_start, load_end, seconds = sys.argv[1:]
+RUNS = {
+    "ct_1rank_1thread": "ct, 1 rank, 1 thread",
+    "ct_1rank_2threads": "ct, 1 rank, 2 threads",
+    "ct_2ranks_ctlaunch": "ct, 2 ranks, ctlaunch (shm)",
+    "ct_2ranks_mpirun": "ct, 2 ranks, mpirun (mpi)",
+    "ct_2ranks_mpirun_shm": "ct, 2 ranks, mpirun (CT_BACKEND=shm)",
+    "torch_ddp_2ranks": "PyTorch DDP, 2 ranks (gloo)",
+    "torch_1rank": "PyTorch, 1 rank",
+}
+# (name, run, against, target ratio or None): run's samples/s over against's.
+# The target compares 2 ranks with 1 rank on the same 2 cores, 2 threads.
+RATIOS = [
+    ("ct_2ranks_vs_1rank", "ct_2ranks_ctlaunch", "ct_1rank_2threads", 1.3),
+    (None, "ct_2ranks_ctlaunch", "ct_1rank_1thread", None),
+    (None, "ct_2ranks_mpirun", "ct_1rank_2threads", None),
+    (None, "ct_2ranks_mpirun_shm", "ct_1rank_2threads", None),
+    ("ct_2ranks_vs_torch_ddp", "ct_2ranks_ctlaunch", "torch_ddp_2ranks", 5.0),
+    (None, "ct_1rank_2threads", "torch_1rank", None),
+    (None, "torch_ddp_2ranks", "torch_1rank", None),
+]
+ACCURACY_POINTS = 1.0
+
+
+def log(text):
+    print(text, file=sys.stderr)
+
+
+def emit(record):
+    print(json.dumps(dict({"bench": "ddp"}, **record)), flush=True)
+
+
+rate, finals, overlap = {}, {}, []
+with open(path) as f:
+    for r in (json.loads(line) for line in f if line.startswith("{")):
+        if "run" not in r:
+            continue
+        if r["bench"] == "ddp_overlap":
+            overlap.append(r)
+        elif "round" in r:
+            rate.setdefault(r["run"], {})[r["round"]] = r["samples_per_s"]
+        else:
+            finals[r["run"]] = r
+rounds = sorted({n for by in rate.values() for n in by})
+best = {run: max(by.values()) for run, by in rate.items()}
+
+log("\nsummary: the fmnist_mlp recipe, global batch 64, %s timed steps after %s; global "
+    "samples/s, the best of the rounds (the sample the host disturbed least), then each round"
+    % (steps, warmup))
+log("%-38s %9s" % ("run", "best") + "".join(" %9s" % ("round %d" % n) for n in rounds))
+for run, what in RUNS.items():
+    if run in rate:
+        log("%-38s %9.0f" % (what, best[run]) + "".join(
+            " %9s" % ("%.0f" % rate[run][n] if n in rate[run] else "-") for n in rounds))
+        emit({"summary": "samples_per_s", "run": run, "best": best[run],
+              "rounds": [rate[run].get(n) for n in rounds]})
+
+log("ratios on the best figures [each round's own]:")
+for name, run, against, target in RATIOS:
+    what = "%s / %s" % (RUNS[run], RUNS[against])
+    if run not in best or against not in best:
+        log("  %s: not measured" % what)
+        continue
+    ratio = best[run] / best[against]
+    by_round = [rate[run][n] / rate[against][n] for n in rounds
+                if n in rate[run] and n in rate[against]]
+    line = "  %-72s %5.2f [%s]" % (what, ratio, " ".join("%.2f" % x for x in by_round))
+    record = {"summary": "target" if name else "ratio", "run": run, "against": against,
+              "ratio": round(ratio, 3), "round_ratios": [round(x, 3) for x in by_round]}
+    if name:
+        met, held = ratio >= target, sum(x >= target for x in by_round)
+        line += "  target >= %g: %s, met in %d of %d rounds" % (
+            target, "met" if met else "MISSED", held, len(by_round))
+        record = dict({"summary": "target", "target": name}, **record,
+                      target_ratio=target, met=met, rounds=len(by_round), rounds_met=held)
+    log(line)
+    emit(record)
+
+one, two = finals.get("ct_1rank_epochs"), finals.get("ct_2ranks_epochs")
+if one and two:
+    points = abs(two["test_acc"] - one["test_acc"]) * 100
+    met = points <= ACCURACY_POINTS
+    log("after %s epoch(s), test accuracy (last epoch's mean training loss, samples/s): ct 1 "
+        "rank %.2f%% (%.4f, %.0f), ct 2 ranks (ctlaunch) %.2f%% (%.4f, %.0f): %.2f points apart; "
+        "target <= %g point: %s"
+        % (epochs, 100 * one["test_acc"], one["final_loss"], one["samples_per_s"],
+           100 * two["test_acc"], two["final_loss"], two["samples_per_s"], points,
+           ACCURACY_POINTS, "met" if met else "MISSED"))
+    emit({"summary": "target", "target": "accuracy_2ranks_vs_1rank", "epochs": int(epochs),
+          "test_acc_1rank": one["test_acc"], "test_acc_2ranks": two["test_acc"],
+          "final_loss_1rank": one["final_loss"], "final_loss_2ranks": two["final_loss"],
+          "points": round(points, 2), "target_points": ACCURACY_POINTS, "met": met})
+else:
+    log("test accuracy: not measured")
+
+for r in overlap:
+    log("overlap, %s (%s bytes): backward %.0f us with the allreduce, %.0f us without; the "
+        "buckets' allreduce alone %.0f us; %.0f us exposed: %.0f%% hidden"
+        % ("ct_ddp's %d buckets" % r["buckets"] if r["run"] == "ct_buckets" else "one bucket",
+           " + ".join(map(str, r["bucket_bytes"])), r["backward_sync_us"],
+           r["backward_nosync_us"], r["allreduce_us"], r["exposed_us"], 100 * r["hidden"]))
+    emit({"summary": "overlap", "run": r["run"], "buckets": r["buckets"],
+          "backward_sync_us": r["backward_sync_us"],
+          "backward_nosync_us": r["backward_nosync_us"], "allreduce_us": r["allreduce_us"],
+          "exposed_us": r["exposed_us"], "hidden": r["hidden"]})
+
+log("load average %s at the start, %s at the end; %s s" % (load_start, load_end, seconds))
+emit({"summary": "load", "start": [float(x) for x in load_start.split()],
+      "end": [float(x) for x in load_end.split()], "seconds": int(seconds)})
+EOF
+    if $torch_failed; then
+        return 1
+    fi
+}
+
+# Runs ct's training command (the rest of the arguments) and keeps its last
+# line, fmnist_mlp's JSON result, tagged with "run": $1 and, unless $2 is
+# empty, "round": $2.
+ddp_ct() {
+    local tag="\"run\": \"$1\", "
+    if [[ -n $2 ]]; then
+        tag+="\"round\": $2, "
+    fi
+    shift 2
+    "$@" | tail -n 1 | json_lines "$tag" | tee -a "$tmp"
 }
 
 tmp=$(mktemp)
