@@ -147,6 +147,7 @@ struct ct_comm {
     bool executing;                   /* a thread runs the executor */
     bool stopping;                    /* ct_comm_free: the progress thread ends */
     bool thread_started;
+    bool caller_progress; /* async work advances only on callers' threads */
     pthread_t thread;
     ct_work *pool; /* freed heap works, reused */
     uint64_t splits;

@@ -235,6 +235,20 @@ int ct_comm_size(const ct_comm *c) { return c ? c->size : -1; }
 ct_backend ct_comm_backend(const ct_comm *c) { return c->be->kind; }
 double ct_comm_timeout(const ct_comm *c) { return c->timeout; }
 
+/* c->mu held, or the executor's own thread. */
+static bool has_work(ct_comm *c) { return c->queue_head || c->nactive > 0; }
+
+int ct_comm_set_progress_thread(ct_comm *c, bool enabled) {
+    if (!c)
+        return ct__seterr(CT_EINVAL, "comm_set_progress_thread: comm is NULL");
+    pthread_mutex_lock(&c->mu);
+    c->caller_progress = !enabled;
+    if (enabled && has_work(c) && !c->executing)
+        pthread_cond_signal(&c->cv_thread);
+    pthread_mutex_unlock(&c->mu);
+    return 0;
+}
+
 int ct_comm_set_timeout(ct_comm *c, double seconds) {
     if (!c)
         return ct__seterr(CT_EINVAL, "comm_set_timeout: comm is NULL");
@@ -487,8 +501,6 @@ static void execute(ct_comm *c, ct_work *until) {
     }
 }
 
-static bool has_work(ct_comm *c) { return c->queue_head || c->nactive > 0; }
-
 /* How often an idle progress thread lets the backend serve its peers. */
 #define IDLE_POLL_NS 5000000L
 
@@ -523,7 +535,7 @@ static void *progress_main(void *arg) {
     ct_comm *c = arg;
     pthread_mutex_lock(&c->mu);
     for (;;) {
-        while ((c->executing || !has_work(c)) && !c->stopping)
+        while ((c->executing || !has_work(c) || c->caller_progress) && !c->stopping)
             idle_wait(c);
         if (c->executing) { /* stopping, while a waiter runs the executor */
             idle_wait(c);
@@ -576,6 +588,30 @@ int ct_work_wait(ct_work *w) {
     atomic_fetch_sub(&c->waiters, 1);
     pthread_mutex_unlock(&c->mu);
     return work_result(w);
+}
+
+int ct_comm_progress(ct_comm *c) {
+    if (!c)
+        return ct__seterr(CT_EINVAL, "comm_progress: comm is NULL");
+    pthread_mutex_lock(&c->mu);
+    bool mine = !c->executing && has_work(c);
+    if (mine)
+        c->executing = true;
+    pthread_mutex_unlock(&c->mu);
+    if (mine) {
+        start_queued(c);
+        progress_active(c);
+        pthread_mutex_lock(&c->mu);
+        c->executing = false;
+        pthread_cond_broadcast(&c->cv_done);
+        if (has_work(c) && !c->caller_progress)
+            pthread_cond_signal(&c->cv_thread);
+        pthread_mutex_unlock(&c->mu);
+    }
+    int failed = atomic_load(&c->failed);
+    if (failed)
+        return ct__seterr(failed, "comm_progress: the communicator failed: %s", c->fail_msg);
+    return 0;
 }
 
 int ct_work_test(ct_work *w) {
@@ -710,7 +746,7 @@ static int submit(ct_comm *c, request *r, ct_work **work) {
     else
         c->queue_head = w;
     c->queue_tail = w;
-    if (work && !c->executing)
+    if (work && !c->executing && !c->caller_progress)
         pthread_cond_signal(&c->cv_thread);
     pthread_mutex_unlock(&c->mu);
     return work ? 0 : ct_work_wait(w);

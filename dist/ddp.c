@@ -17,6 +17,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #define DDP_MAGIC      0x63744450u /* "ctDP" */
 #define NAMES_IN_ERROR 8
@@ -63,7 +64,8 @@ struct ct_ddp {
     int narrivals;
     ct_ddp_comm_hook hook;
     bool has_hook;
-    bool joined; /* out of batches: shadowing the others' iterations */
+    bool joined;         /* out of batches: shadowing the others' iterations */
+    bool hooks_progress; /* the hooks advance the allreduces, not a thread */
 };
 
 static const char *op = "ddp";
@@ -393,6 +395,8 @@ static int on_grad(ct_tensor *leaf, void *ctx) {
             op, p->name, p->calls, p->expected);
     if (p->calls == p->expected && --d->b[p->bucket].pending == 0)
         rc = launch_ready(d);
+    if (!rc && d->hooks_progress && d->next_launch > 0)
+        rc = ct_comm_progress(d->comm);
     return rc ? ct_autograd_fail(rc, "%s: %s", op, ct_errmsg()) : 0;
 }
 
@@ -518,6 +522,20 @@ static int check_params(ct_ddp *d) {
     return 0;
 }
 
+/* On a machine with fewer than two cores per local rank, a progress thread
+ * waiting for peers takes its core from backward: the hooks advance the
+ * allreduces instead (measured in docs/bench-ddp.md). */
+static int choose_progress(ct_ddp *d) {
+    bool hooks = d->o.progress == CT_DDP_PROGRESS_HOOKS;
+    if (d->o.progress == CT_DDP_PROGRESS_AUTO) {
+        const ct_world *w = ct_dist_world();
+        long local = w && w->local_size > 0 ? w->local_size : ct_comm_size(d->comm);
+        hooks = sysconf(_SC_NPROCESSORS_ONLN) < 2 * local;
+    }
+    d->hooks_progress = hooks;
+    return hooks ? ct_comm_set_progress_thread(d->comm, false) : 0;
+}
+
 ct_ddp *ct_ddp_new(ct_comm *comm, ct_module *model, const ct_ddp_options *opts) {
     if (!comm || !model) {
         ct__seterr(CT_EINVAL, "%s: comm and model must not be NULL", op);
@@ -562,6 +580,8 @@ ct_ddp *ct_ddp_new(ct_comm *comm, ct_module *model, const ct_ddp_options *opts) 
     }
     if (!rc)
         rc = build_buckets(d);
+    if (!rc)
+        rc = choose_progress(d);
     for (int i = 0; !rc && i < d->n; i++) {
         int h = ct_tensor_register_post_accumulate_grad_hook(d->p[i].t, on_grad, &d->p[i]);
         if (h < 0)
@@ -593,6 +613,8 @@ void ct_ddp_free(ct_ddp *d) {
     }
     if (d->has_hook && d->hook.free)
         d->hook.free(d->hook.ctx);
+    if (d->hooks_progress)
+        ct_comm_set_progress_thread(d->comm, true);
     free_buckets(d);
     ct_tensor_free(d->flat);
     ct_param_list_free(&d->params);

@@ -161,6 +161,18 @@ CT_API ct_backend ct_comm_backend(const ct_comm *comm);
 CT_API int ct_comm_set_timeout(ct_comm *comm, double seconds);
 CT_API double ct_comm_timeout(const ct_comm *comm);
 
+/* Whether async operations advance on the communicator's progress thread
+ * (the default). With it off, they advance only while a thread waits on
+ * one, tests one, or calls ct_comm_progress(): for machines without a spare
+ * core per rank, where the thread's waiting for peers takes time from the
+ * compute it should overlap. Operations issued before keep their course. */
+CT_API int ct_comm_set_progress_thread(ct_comm *comm, bool enabled);
+/* Advances queued and running operations as far as they go without
+ * waiting, on the calling thread, unless another thread is doing so. Cheap
+ * when nothing is pending. Returns 0, or the communicator's failure (its
+ * first error's code and message). */
+CT_API int ct_comm_progress(ct_comm *comm);
+
 /* Passing CT_COMM_SPLIT_NONE as color leaves the rank out of every new
  * communicator. */
 #define CT_COMM_SPLIT_NONE (-1)

@@ -278,6 +278,12 @@ typedef struct ct_ddp_options {
      * synchronized backward then starts with a one-element allreduce that
      * counts the ranks still training. */
     bool uneven_inputs;
+    /* Who advances the bucket allreduces while backward runs: the
+     * communicator's progress thread, or the thread running backward, from
+     * the hooks (then the communicator's progress thread is off while the
+     * ct_ddp lives). AUTO takes the thread when the machine has at least two
+     * cores per local rank, the hooks otherwise. */
+    enum { CT_DDP_PROGRESS_AUTO, CT_DDP_PROGRESS_THREAD, CT_DDP_PROGRESS_HOOKS } progress;
 } ct_ddp_options;
 
 typedef struct ct_ddp ct_ddp;
