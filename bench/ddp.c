@@ -1,7 +1,7 @@
 /* bench_ddp: how much of data parallel's gradient allreduce backward hides.
  *
  *   ctlaunch -np 2 bench_ddp [--steps N] [--warmup-steps N] [--rows N]
- *                            [--first-bucket-bytes N] [--bucket-bytes N]
+ *                            [--first-bucket-bytes N] [--bucket-bytes N] [--progress N]
  *
  * Builds fmnist_mlp's model (784-256-256-10 with ReLU, one flat parameter
  * buffer) on every rank, wraps it in ct_ddp, with ct_ddp's bucket caps
@@ -48,11 +48,13 @@
 static const char usage[] =
     "usage: ctlaunch -np N bench_ddp [--steps N] [--warmup-steps N] [--rows N]\n"
     "                                [--first-bucket-bytes N] [--bucket-bytes N]\n"
+    "                                [--progress N]\n"
     "  --steps               timed steps (default 200)\n"
     "  --warmup-steps        untimed steps first (default 10)\n"
     "  --rows                rows of each rank's batch (default 32)\n"
     "  --first-bucket-bytes  ct_ddp_options' bucket caps (default 0: ct_ddp's,\n"
-    "  --bucket-bytes        CT_DDP_FIRST_BUCKET_BYTES and CT_DDP_BUCKET_BYTES)\n";
+    "  --bucket-bytes        CT_DDP_FIRST_BUCKET_BYTES and CT_DDP_BUCKET_BYTES)\n"
+    "  --progress            ct_ddp_options' progress: 0 auto, 1 thread, 2 end (default 0)\n";
 
 #define IN_FEATURES 784
 #define HIDDEN      256
@@ -62,7 +64,7 @@ static const char usage[] =
 enum { T_SYNC, T_NOSYNC, T_ALLREDUCE, T_KINDS };
 
 typedef struct options {
-    int64_t steps, warmup_steps, rows;
+    int64_t steps, warmup_steps, rows, progress;
     ct_ddp_options ddp; /* the bucket sizes; 0 takes ct_ddp's default */
 } options;
 
@@ -95,6 +97,7 @@ static int parse(int argc, char **argv, options *o) {
         {"--rows", &o->rows, 1, 1000000},
         {"--first-bucket-bytes", &o->ddp.first_bucket_bytes, 0, INT64_MAX},
         {"--bucket-bytes", &o->ddp.bucket_bytes, 0, INT64_MAX},
+        {"--progress", &o->progress, CT_DDP_PROGRESS_AUTO, CT_DDP_PROGRESS_END},
     };
     for (int i = 1; i < argc; i += 2) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
@@ -119,6 +122,7 @@ static int parse(int argc, char **argv, options *o) {
         }
         *flags[f].value = v;
     }
+    o->ddp.progress = (int)o->progress;
     return 0;
 }
 

@@ -393,10 +393,13 @@ static int on_grad(ct_tensor *leaf, void *ctx) {
             "parameter used in several reentrant backwards (activation checkpointing) needs "
             "static_graph in ct_ddp_options",
             op, p->name, p->calls, p->expected);
+    /* Without a thread to advance them, buckets started early would only
+     * wait for the hooks and split the same work in pieces (docs/ddp.md):
+     * they all start at the end of backward, in order. */
+    if (d->hooks_progress)
+        return 0;
     if (p->calls == p->expected && --d->b[p->bucket].pending == 0)
         rc = launch_ready(d);
-    if (!rc && d->hooks_progress && d->next_launch > 0)
-        rc = ct_comm_progress(d->comm);
     return rc ? ct_autograd_fail(rc, "%s: %s", op, ct_errmsg()) : 0;
 }
 
@@ -523,10 +526,11 @@ static int check_params(ct_ddp *d) {
 }
 
 /* On a machine with fewer than two cores per local rank, a progress thread
- * waiting for peers takes its core from backward: the hooks advance the
- * allreduces instead (measured in docs/bench-ddp.md). */
+ * waiting for peers takes its core from backward, and nothing else can
+ * advance an allreduce while backward computes: every bucket then starts
+ * at the end of backward (measured in docs/bench-ddp.md). */
 static int choose_progress(ct_ddp *d) {
-    bool hooks = d->o.progress == CT_DDP_PROGRESS_HOOKS;
+    bool hooks = d->o.progress == CT_DDP_PROGRESS_END;
     if (d->o.progress == CT_DDP_PROGRESS_AUTO) {
         const ct_world *w = ct_dist_world();
         long local = w && w->local_size > 0 ? w->local_size : ct_comm_size(d->comm);

@@ -278,12 +278,13 @@ typedef struct ct_ddp_options {
      * synchronized backward then starts with a one-element allreduce that
      * counts the ranks still training. */
     bool uneven_inputs;
-    /* Who advances the bucket allreduces while backward runs: the
-     * communicator's progress thread, or the thread running backward, from
-     * the hooks (then the communicator's progress thread is off while the
-     * ct_ddp lives). AUTO takes the thread when the machine has at least two
-     * cores per local rank, the hooks otherwise. */
-    enum { CT_DDP_PROGRESS_AUTO, CT_DDP_PROGRESS_THREAD, CT_DDP_PROGRESS_HOOKS } progress;
+    /* Whether bucket allreduces overlap backward: THREAD starts each bucket
+     * as it fills and the communicator's progress thread advances it while
+     * backward computes; HOOKS turns that thread off and starts every
+     * bucket when backward ends (a machine without a spare core per rank
+     * has no core for the thread: measured, the overlap cost more than it
+     * hid). AUTO takes THREAD with at least two cores per local rank. */
+    enum { CT_DDP_PROGRESS_AUTO, CT_DDP_PROGRESS_THREAD, CT_DDP_PROGRESS_END } progress;
 } ct_ddp_options;
 
 typedef struct ct_ddp ct_ddp;
