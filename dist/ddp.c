@@ -312,19 +312,23 @@ static int build_buckets(ct_ddp *d) {
 
 /* ------------------------------------------------------------ backward */
 
+/* The usage map: 1 for a parameter this rank used since the last
+ * synchronized step (or any, once it has joined); averaged, 1 means every
+ * rank used it. It goes out with the last bucket. */
+static void write_usage_map(ct_ddp *d) {
+    for (int k = 0; k < d->n; k++) {
+        double v = d->p[k].used || d->joined ? 1.0 : 0.0;
+        if (d->dtype == CT_FLOAT64)
+            ((double *)ct_data_ptr(d->flat))[k] = v;
+        else
+            ((float *)ct_data_ptr(d->flat))[k] = (float)v;
+    }
+}
+
 static int launch(ct_ddp *d, int i) {
     ddp_bucket *b = &d->b[i];
-    if (i == d->nbuckets - 1) {
-        /* The usage map: 1 for a parameter this rank used since the last
-         * synchronized step; averaged, 1 means every rank used it. */
-        for (int k = 0; k < d->n; k++) {
-            double v = d->p[k].used || d->joined ? 1.0 : 0.0;
-            if (d->dtype == CT_FLOAT64)
-                ((double *)ct_data_ptr(d->flat))[k] = v;
-            else
-                ((float *)ct_data_ptr(d->flat))[k] = (float)v;
-        }
-    }
+    if (i == d->nbuckets - 1)
+        write_usage_map(d);
     if (d->has_hook)
         return d->hook.start(d->comm, b->view, i, d->hook.ctx, &b->work);
     return ct_comm_allreduce(d->comm, b->view, CT_REDUCE_AVG, &b->work);
@@ -468,9 +472,19 @@ static int finalize(void *ctx) {
         if (!p->used) /* counts as zero, whatever the gradient held before */
             memset(ct_data_ptr(p->grad), 0, (size_t)p->numel * ct_dtype_size(d->dtype));
     }
+    int rc = 0;
+    if (d->hooks_progress && !d->has_hook && d->next_launch == 0) {
+        /* Every bucket starts now, and together they tile the buffer: one
+         * allreduce of all of it costs one synchronization instead of one
+         * per bucket (measured in docs/bench-ddp.md). */
+        write_usage_map(d);
+        rc = ct_comm_allreduce(d->comm, d->flat, CT_REDUCE_AVG, NULL);
+        d->next_launch = d->nbuckets;
+    }
     for (int i = d->next_launch; i < d->nbuckets; i++)
         d->b[i].pending = 0;
-    int rc = launch_ready(d);
+    if (!rc)
+        rc = launch_ready(d);
     for (int i = 0; i < d->nbuckets; i++) {
         ddp_bucket *b = &d->b[i];
         if (!b->work)
