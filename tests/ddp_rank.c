@@ -238,10 +238,17 @@ static void fixture_free(fixture *f) {
 }
 
 /* Small buckets, so that the model spans several. */
+/* Small buckets, so that there are several; DDP_TEST_PROGRESS ("thread" or
+ * "end") overrides ct_ddp's AUTO choice of progress mode. */
 static ct_ddp_options small_buckets(void) {
     ct_ddp_options o = ct_ddp_defaults();
     o.first_bucket_bytes = FIRST_BUCKET_BYTES;
     o.bucket_bytes = BUCKET_BYTES;
+    const char *mode = getenv("DDP_TEST_PROGRESS");
+    if (mode && !strcmp(mode, "thread"))
+        o.progress = CT_DDP_PROGRESS_THREAD;
+    else if (mode && !strcmp(mode, "end"))
+        o.progress = CT_DDP_PROGRESS_END;
     return o;
 }
 

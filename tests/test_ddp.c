@@ -12,23 +12,29 @@
 #define DEADLINE 40
 
 /* Under ctlaunch the ranks run its default backend, shm, whatever the
- * caller's CT_BACKEND says. */
-static const char *const ctlaunch_env[] = {"CT_BACKEND", NULL};
+ * caller's CT_BACKEND says. ct_ddp's progress mode is its AUTO choice
+ * (which depends on the machine's cores), or the one DDP_TEST_PROGRESS
+ * names to ddp_rank. */
+static const char *const auto_env[] = {"CT_BACKEND", "DDP_TEST_PROGRESS", NULL};
+static const char *const thread_env[] = {"CT_BACKEND", "DDP_TEST_PROGRESS=thread", NULL};
+static const char *const end_env[] = {"CT_BACKEND", "DDP_TEST_PROGRESS=end", NULL};
 
-/* Runs scenario under ctlaunch on np ranks: the job must end with 0 before
- * its deadline, leave no rank behind, and every rank must pass. */
-static void passes(int np, const char *scenario) {
+/* Runs scenario under ctlaunch on np ranks with env: the job must end with
+ * 0 before its deadline, leave no rank behind, and every rank must pass. */
+static void passes_with(int np, const char *scenario, const char *const *env) {
     static tt_job j;
     char npstr[16];
     snprintf(npstr, sizeof npstr, "%d", np);
     tt_run_job(&j,
                (const char *const[]){CTLAUNCH_PATH, "-np", npstr, DDP_RANK_PATH, scenario, NULL},
-               ctlaunch_env, DEADLINE);
+               env, DEADLINE);
     TT_ASSERT_JOB(&j, tt_job_no_rank_left(&j));
     TT_ASSERT_JOB(&j, tt_job_exit_code(&j) == 0);
     TT_ASSERT_JOB(&j, tt_job_ranks_passed(&j, scenario, np, -1, true));
     printf("  %s on %d ranks: %.1f s\n", scenario, np, j.seconds);
 }
+
+static void passes(int np, const char *scenario) { passes_with(np, scenario, auto_env); }
 
 /* ----------------------------------------------------------- equivalence */
 
@@ -74,3 +80,23 @@ TEST(buckets_hold_the_parameters_in_reverse_registration_order) { passes(2, "buc
 TEST(uneven_inputs_on_2_ranks_join_and_match_the_reference) { passes(2, "uneven"); }
 TEST(uneven_inputs_on_3_ranks_join_and_match_the_reference) { passes(3, "uneven"); }
 TEST(join_without_uneven_inputs_fails_naming_the_option) { passes(2, "join_needs_uneven_inputs"); }
+
+/* ---------------------------------------------- both progress modes */
+
+/* AUTO picks one mode on a given machine; these run the scenarios that
+ * move gradients under each mode explicitly. */
+TEST(buckets_started_as_they_fill_match_one_process) {
+    passes_with(2, "sgd", thread_env);
+    passes_with(3, "checkpointed", thread_env);
+    passes_with(2, "no_sync", thread_env);
+    passes_with(2, "uneven", thread_env);
+    passes_with(2, "bf16_hook", thread_env);
+}
+
+TEST(buckets_started_at_the_end_match_one_process) {
+    passes_with(2, "sgd", end_env);
+    passes_with(3, "checkpointed", end_env);
+    passes_with(2, "no_sync", end_env);
+    passes_with(2, "uneven", end_env);
+    passes_with(2, "unused_fails", end_env);
+}
