@@ -695,7 +695,10 @@ int ct_ddp_set_comm_hook(ct_ddp *d, const ct_ddp_comm_hook *hook) {
     return 0;
 }
 
-int ct_ddp_num_buckets(const ct_ddp *d) { return check_ddp(d, "ddp_num_buckets") ?: d->nbuckets; }
+int ct_ddp_num_buckets(const ct_ddp *d) {
+    int rc = check_ddp(d, "ddp_num_buckets");
+    return rc ? rc : d->nbuckets;
+}
 
 const char *const *ct_ddp_bucket_names(const ct_ddp *d, int bucket) {
     if (check_ddp(d, "ddp_bucket_names"))

@@ -257,6 +257,19 @@ CT_API void ct_dist_heartbeat(void);
 #define CT_DDP_FIRST_BUCKET_BYTES (1 << 20)
 #define CT_DDP_BUCKET_BYTES       (25 << 20)
 
+/* Whether bucket allreduces overlap backward: THREAD starts each bucket as
+ * it fills and the communicator's progress thread advances it while
+ * backward computes; END turns that thread off (ct_comm_set_progress_thread,
+ * until ct_ddp_free) and starts every bucket when backward ends, as one allreduce of the whole
+ * gradient buffer (a machine without a spare core per rank has no core for the thread: measured,
+ * the overlap cost more than it hid). AUTO takes THREAD with at least two cores per local rank, END
+ * otherwise. */
+typedef enum ct_ddp_progress {
+    CT_DDP_PROGRESS_AUTO,
+    CT_DDP_PROGRESS_THREAD,
+    CT_DDP_PROGRESS_END,
+} ct_ddp_progress;
+
 typedef struct ct_ddp_options {
     int64_t first_bucket_bytes; /* 0: CT_DDP_FIRST_BUCKET_BYTES */
     int64_t bucket_bytes;       /* 0: CT_DDP_BUCKET_BYTES */
@@ -278,13 +291,7 @@ typedef struct ct_ddp_options {
      * synchronized backward then starts with a one-element allreduce that
      * counts the ranks still training. */
     bool uneven_inputs;
-    /* Whether bucket allreduces overlap backward: THREAD starts each bucket
-     * as it fills and the communicator's progress thread advances it while
-     * backward computes; HOOKS turns that thread off and starts every
-     * bucket when backward ends (a machine without a spare core per rank
-     * has no core for the thread: measured, the overlap cost more than it
-     * hid). AUTO takes THREAD with at least two cores per local rank. */
-    enum { CT_DDP_PROGRESS_AUTO, CT_DDP_PROGRESS_THREAD, CT_DDP_PROGRESS_END } progress;
+    ct_ddp_progress progress; /* AUTO (0) by default */
 } ct_ddp_options;
 
 typedef struct ct_ddp ct_ddp;
