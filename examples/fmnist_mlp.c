@@ -270,7 +270,9 @@ static int train(const options *o, FILE *metrics) {
     int64_t step = 0, timed_samples = 0, timed_steps = 0;
     double timed = 0, start = now(), loss_sum = 0, acc = 0, last_loss = NAN, epoch_loss = NAN;
     int rc = 0;
+    int epochs_run = 0; /* begun, the last one possibly cut short by --max-steps */
     for (int epoch = 1; epoch <= o->r.epochs && step < total && !rc; epoch++) {
+        epochs_run = epoch;
         int64_t in_epoch = 0, epoch_count = 0;
         loss_sum = 0;
         for (; step < total && !rc; step++) {
@@ -339,7 +341,7 @@ static int train(const options *o, FILE *metrics) {
         printf("{\"bench\": \"train\", \"impl\": \"ct\", \"ranks\": %d, \"threads\": %d, "
                "\"batch\": %lld, \"epochs\": %d, \"steps\": %lld, \"timed_steps\": %lld, "
                "\"samples_per_s\": %.1f, \"test_acc\": %.4f, \"final_loss\": %.4f}\n",
-               ranks, o->threads, (long long)o->r.batch, o->r.epochs, (long long)step,
+               ranks, o->threads, (long long)o->r.batch, epochs_run, (long long)step,
                (long long)timed_steps, timed > 0 ? (double)timed_samples / timed : 0, acc,
                epoch_loss);
     ct_loader_free(loader);
