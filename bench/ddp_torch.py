@@ -40,13 +40,13 @@ import datetime
 import json
 import os
 import sys
-import time
 
 # train_torch.py sets the BLAS and OpenMP thread counts at import, before
 # torch loads those libraries; import it first. The spawned ranks import this
 # file again and so get the same settings.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_torch import BATCH, DATA_DIR, LR, MOMENTUM, evaluate, load_split  # noqa: E402
+from train_torch import (BATCH, DATA_DIR, LR, MOMENTUM, build_model, evaluate,  # noqa: E402
+                         load_split, train_step)
 
 PROG = "ddp_torch.py"
 # Long enough for a rank on a loaded 2-core machine, short enough that a
@@ -90,7 +90,6 @@ def total_steps(args, steps_per_epoch):
 def train(torch, group, args, data):
     """Trains on one rank; returns the result line on rank 0, None elsewhere."""
     import torch.nn.functional as F
-    from torch import nn
     from torch.utils.data import TensorDataset
     from torch.utils.data.distributed import DistributedSampler
 
@@ -101,9 +100,7 @@ def train(torch, group, args, data):
     steps_per_epoch = -(-len(sampler) // rank_batch)
     total = total_steps(args, steps_per_epoch)
 
-    torch.manual_seed(args.seed)
-    model = nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
-                          nn.Linear(256, 10))
+    model = build_model(torch, args.seed)
     net = model
     if group.dist:
         # DDP broadcasts rank 0's parameters here and averages the gradients
@@ -125,16 +122,12 @@ def train(torch, group, args, data):
         for start in range(0, len(perm), rank_batch):
             if step == total:
                 break
-            t0 = time.perf_counter()
             idx = perm[start:start + rank_batch]
-            loss = F.cross_entropy(net(x_train[idx]), y_train[idx])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+            loss, seconds = train_step(F, net, opt, x_train, y_train, idx)
             if step >= args.warmup_steps:
-                timed += time.perf_counter() - t0
+                timed += seconds
                 timed_samples += len(idx)
-            loss_sum += loss.detach() * len(idx)
+            loss_sum += loss * len(idx)
             loss_samples += len(idx)
             step += 1
         loss_sum, loss_samples = group.reduce([loss_sum.item(), loss_samples], "sum")

@@ -102,6 +102,24 @@ def compare(path, mine):
               file=sys.stderr)
 
 
+def build_model(torch, seed):
+    """The recipe's MLP, 784-256-256-10 with ReLU, from seed (ddp_torch.py uses it too)."""
+    torch.manual_seed(seed)
+    nn = torch.nn
+    return nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
+                         nn.Linear(256, 10))
+
+
+def train_step(F, model, opt, x, y, idx):
+    """One SGD step on rows idx of x, y; returns the loss and the seconds it took."""
+    t0 = time.perf_counter()
+    loss = F.cross_entropy(model(x[idx]), y[idx])
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    return loss.detach(), time.perf_counter() - t0
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=1)
@@ -120,7 +138,6 @@ def main():
     try:
         import torch
         import torch.nn.functional as F
-        from torch import nn
     except ImportError:
         print("train_torch.py: torch is not installed for %s; skipping the PyTorch peer "
               "(bash ci/setup.sh --bench installs python3-torch)" % sys.executable,
@@ -144,9 +161,7 @@ def main():
               % (total, args.warmup_steps), file=sys.stderr)
         return 2
 
-    torch.manual_seed(args.seed)
-    model = nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
-                          nn.Linear(256, 10))
+    model = build_model(torch, args.seed)
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     gen = torch.Generator().manual_seed(args.seed)
 
@@ -158,16 +173,12 @@ def main():
         for start in range(0, n, BATCH):
             if step == total:
                 break
-            t0 = time.perf_counter()
             idx = perm[start:start + BATCH]
-            loss = F.cross_entropy(model(x_train[idx]), y_train[idx])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+            loss, seconds = train_step(F, model, opt, x_train, y_train, idx)
             if step >= args.warmup_steps:
-                timed += time.perf_counter() - t0
+                timed += seconds
                 timed_samples += len(idx)
-            losses.append(loss.detach())
+            losses.append(loss)
             step += 1
         epoch += 1
         acc = evaluate(torch, model, x_test, y_test)

@@ -32,6 +32,10 @@ typedef enum ct__op {
 
 const char *ct__op_name(int op);
 static inline bool ct__op_is_p2p(int op) { return op == CT__SEND || op == CT__RECV; }
+static inline bool ct__op_reduces(int op) {
+    return op == CT__ALLREDUCE || op == CT__REDUCE || op == CT__REDUCE_SCATTER;
+}
+static inline bool ct__op_has_root(int op) { return op == CT__BROADCAST || op == CT__REDUCE; }
 
 /* What one call asks for. For a collective, every rank's must be equal. */
 typedef struct ct__coll_desc {
@@ -50,6 +54,10 @@ typedef struct ct__coll_desc {
 const char *ct__desc_str(char *buf, size_t n, const ct__coll_desc *d);
 /* Whether two ranks' descriptors of the same collective agree. */
 bool ct__desc_match(const ct__coll_desc *a, const ct__coll_desc *b);
+/* A hash of what ct__desc_match compares, in 62 bits so that -fp cannot
+ * overflow: backends that check agreement with one small allreduce of
+ * {fp, -fp} (max) use it. */
+int64_t ct__desc_fingerprint(const ct__coll_desc *d);
 
 enum { CT__WORK_QUEUED, CT__WORK_STARTED, CT__WORK_DONE };
 
@@ -139,13 +147,16 @@ struct ct_comm {
     _Atomic double timeout;
     atomic_long refs; /* the owner's and one per live work */
 
-    pthread_mutex_t mu;               /* guards everything below up to the executor's own */
-    pthread_cond_t cv_thread;         /* for the progress thread: work to take, or stop */
-    pthread_cond_t cv_done;           /* for waiters: a work completed, or the executor is free */
-    atomic_int waiters;               /* threads waiting on cv_done */
-    ct_work *queue_head, *queue_tail; /* issued, not started, in order */
-    bool executing;                   /* a thread runs the executor */
-    bool stopping;                    /* ct_comm_free: the progress thread ends */
+    pthread_mutex_t mu;       /* guards everything below up to the executor's own */
+    pthread_cond_t cv_thread; /* for the progress thread: work to take, or stop */
+    pthread_cond_t cv_done;   /* for waiters: a work completed, or the executor is free */
+    atomic_int waiters;       /* threads waiting on cv_done */
+    /* Issued, not started, in order. The head is atomic so that an idle
+     * executor can see an empty queue without taking mu on every pass. */
+    ct_work *_Atomic queue_head;
+    ct_work *queue_tail;
+    bool executing; /* a thread runs the executor */
+    bool stopping;  /* ct_comm_free: the progress thread ends */
     bool thread_started;
     bool caller_progress; /* async work advances only on callers' threads */
     pthread_t thread;
@@ -182,8 +193,10 @@ int ct__work_fail(ct_work *w, int code, const char *fmt, ...) CT_PRINTF(3, 4);
 ct_comm *ct__comm_alloc(const ct__backend *be, int rank, int size, double timeout);
 /* Frees a shell whose backend init failed (impl is NULL). */
 void ct__comm_discard(ct_comm *c);
-/* Starts the progress thread of a communicator whose impl is ready. */
-int ct__comm_activate(ct_comm *c);
+/* Starts the progress thread of a communicator whose impl is ready and
+ * returns it; on failure frees it (impl included) and returns NULL with the
+ * error recorded. */
+ct_comm *ct__comm_activate(ct_comm *c);
 
 /* ------------------------------------------------------------ reductions */
 

@@ -40,32 +40,45 @@ static const char *const rop_names[] = {"sum", "avg", "min", "max", "prod"};
 
 const char *ct__op_name(int op) { return op >= 0 && op < CT__NOPS ? op_names[op] : "?"; }
 
-static bool op_reduces(int op) {
-    return op == CT__ALLREDUCE || op == CT__REDUCE || op == CT__REDUCE_SCATTER;
-}
-
 const char *ct__desc_str(char *buf, size_t n, const ct__coll_desc *d) {
     const char *dtype =
         d->dtype >= 0 && d->dtype < CT_NDTYPES ? ct_dtype_name((ct_dtype)d->dtype) : "?";
-    int len = snprintf(buf, n, "%s #%llu (%s, %lld elements", ct__op_name(d->op),
-                       (unsigned long long)d->seq, dtype, (long long)d->count);
-    if (len >= 0 && (size_t)len < n && op_reduces(d->op))
-        len += snprintf(buf + len, n - (size_t)len, ", %s",
-                        d->rop >= 0 && d->rop <= CT_REDUCE_PROD ? rop_names[d->rop] : "?");
-    if (len >= 0 && (size_t)len < n && (d->op == CT__BROADCAST || d->op == CT__REDUCE))
-        len += snprintf(buf + len, n - (size_t)len, ", root %d", d->root);
-    if (len >= 0 && (size_t)len < n && ct__op_is_p2p(d->op))
-        len += snprintf(buf + len, n - (size_t)len, ", %s %d, tag %d",
-                        d->op == CT__SEND ? "to" : "from", d->root, d->tag);
-    if (len >= 0 && (size_t)len < n)
-        snprintf(buf + len, n - (size_t)len, ")");
+    snprintf(buf, n, "%s #%llu (%s, %lld elements", ct__op_name(d->op), (unsigned long long)d->seq,
+             dtype, (long long)d->count);
+    if (ct__op_reduces(d->op))
+        ct__msg_append(buf, n, ", %s",
+                       d->rop >= 0 && d->rop <= CT_REDUCE_PROD ? rop_names[d->rop] : "?");
+    if (ct__op_has_root(d->op))
+        ct__msg_append(buf, n, ", root %d", d->root);
+    if (ct__op_is_p2p(d->op))
+        ct__msg_append(buf, n, ", %s %d, tag %d", d->op == CT__SEND ? "to" : "from", d->root,
+                       d->tag);
+    ct__msg_append(buf, n, ")");
     return buf;
 }
 
 bool ct__desc_match(const ct__coll_desc *a, const ct__coll_desc *b) {
     return a->seq == b->seq && a->op == b->op && a->dtype == b->dtype && a->count == b->count &&
-           (!op_reduces(a->op) || a->rop == b->rop) &&
-           ((a->op != CT__BROADCAST && a->op != CT__REDUCE) || a->root == b->root);
+           (!ct__op_reduces(a->op) || a->rop == b->rop) &&
+           (!ct__op_has_root(a->op) || a->root == b->root);
+}
+
+/* splitmix64 steps over the compared fields, the others zeroed. */
+int64_t ct__desc_fingerprint(const ct__coll_desc *d) {
+    uint64_t fields[] = {d->seq,
+                         (uint64_t)(uint32_t)d->op,
+                         (uint64_t)(uint32_t)d->dtype,
+                         (uint64_t)d->count,
+                         ct__op_reduces(d->op) ? (uint64_t)(uint32_t)d->rop : 0,
+                         ct__op_has_root(d->op) ? (uint64_t)(uint32_t)d->root : 0};
+    uint64_t h = 0;
+    for (size_t i = 0; i < sizeof fields / sizeof *fields; i++) {
+        h += fields[i] + 0x9e3779b97f4a7c15ull;
+        h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
+        h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
+        h ^= h >> 31;
+    }
+    return (int64_t)(h >> 2);
 }
 
 const char *ct_backend_name(ct_backend backend) {
@@ -162,7 +175,7 @@ void ct__comm_discard(ct_comm *c) { comm_release(c); }
 
 static void *progress_main(void *arg);
 
-int ct__comm_activate(ct_comm *c) {
+ct_comm *ct__comm_activate(ct_comm *c) {
     /* Signals are for the application's threads: the progress thread
      * blocks them all. */
     sigset_t all, old;
@@ -170,11 +183,13 @@ int ct__comm_activate(ct_comm *c) {
     pthread_sigmask(SIG_SETMASK, &all, &old);
     int rc = pthread_create(&c->thread, NULL, progress_main, c);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
-    if (rc != 0)
-        return ct__seterr(CT_EFOREIGN, "comm_new: cannot start the progress thread: %s",
-                          strerror(rc));
+    if (rc != 0) {
+        ct__seterr(CT_EFOREIGN, "comm_new: cannot start the progress thread: %s", strerror(rc));
+        comm_release(c);
+        return NULL;
+    }
     c->thread_started = true;
-    return 0;
+    return c;
 }
 
 ct_comm *ct_comm_new(const ct_comm_config *cfg) {
@@ -211,11 +226,7 @@ ct_comm *ct_comm_new(const ct_comm_config *cfg) {
         ct__comm_discard(c);
         return NULL;
     }
-    if (ct__comm_activate(c)) {
-        comm_release(c);
-        return NULL;
-    }
-    return c;
+    return ct__comm_activate(c);
 }
 
 void ct_comm_free(ct_comm *c) {
@@ -351,6 +362,8 @@ static bool start_queued(ct_comm *c) {
     ct_work *finished = NULL, **finished_tail = &finished, *failing = NULL;
     int fail_rc = 0;
     bool started = false;
+    if (!atomic_load_explicit(&c->queue_head, memory_order_acquire))
+        return false;
     pthread_mutex_lock(&c->mu);
     ct_work *prev = NULL;
     for (ct_work *w = c->queue_head, *next; w; w = next) {
@@ -443,10 +456,7 @@ static bool check_health(ct_comm *c, double now) {
 }
 
 static bool queue_empty(ct_comm *c) {
-    pthread_mutex_lock(&c->mu);
-    bool empty = c->queue_head == NULL;
-    pthread_mutex_unlock(&c->mu);
-    return empty;
+    return atomic_load_explicit(&c->queue_head, memory_order_acquire) == NULL;
 }
 
 /* How an idle executor waits: spin briefly (a peer on another core answers
@@ -501,6 +511,15 @@ static void execute(ct_comm *c, ct_work *until) {
     }
 }
 
+/* Ends this thread's turn at the executor (c->mu held): waiters may take
+ * over, and what is left goes to the progress thread when it takes work. */
+static void leave_executor(ct_comm *c) {
+    c->executing = false;
+    pthread_cond_broadcast(&c->cv_done);
+    if ((has_work(c) && !c->caller_progress) || c->stopping)
+        pthread_cond_signal(&c->cv_thread);
+}
+
 /* How often an idle progress thread lets the backend serve its peers. */
 #define IDLE_POLL_NS 5000000L
 
@@ -527,8 +546,7 @@ static void idle_wait(ct_comm *c) {
     if (rc < 0)
         fail_group(c, rc, msg);
     pthread_mutex_lock(&c->mu);
-    c->executing = false;
-    pthread_cond_broadcast(&c->cv_done);
+    leave_executor(c);
 }
 
 static void *progress_main(void *arg) {
@@ -547,8 +565,7 @@ static void *progress_main(void *arg) {
         pthread_mutex_unlock(&c->mu);
         execute(c, NULL);
         pthread_mutex_lock(&c->mu);
-        c->executing = false;
-        pthread_cond_broadcast(&c->cv_done);
+        leave_executor(c);
     }
     pthread_mutex_unlock(&c->mu);
     return NULL;
@@ -579,11 +596,7 @@ int ct_work_wait(ct_work *w) {
         pthread_mutex_unlock(&c->mu);
         execute(c, w);
         pthread_mutex_lock(&c->mu);
-        c->executing = false;
-        /* What is left goes to another waiter or to the progress thread. */
-        pthread_cond_broadcast(&c->cv_done);
-        if (has_work(c) || c->stopping)
-            pthread_cond_signal(&c->cv_thread);
+        leave_executor(c);
     }
     atomic_fetch_sub(&c->waiters, 1);
     pthread_mutex_unlock(&c->mu);
@@ -602,10 +615,7 @@ int ct_comm_progress(ct_comm *c) {
         start_queued(c);
         progress_active(c);
         pthread_mutex_lock(&c->mu);
-        c->executing = false;
-        pthread_cond_broadcast(&c->cv_done);
-        if (has_work(c) && !c->caller_progress)
-            pthread_cond_signal(&c->cv_thread);
+        leave_executor(c);
         pthread_mutex_unlock(&c->mu);
     }
     int failed = atomic_load(&c->failed);
@@ -680,10 +690,7 @@ static ct_tensor *contiguous_ref(const char *op, ct_tensor *t) {
     if (!copy)
         return NULL;
     ct__copy_into(copy, t);
-    /* The work owns its reference, not the caller's scope. */
-    ct_tensor *ref = ct_tensor_retain(copy);
-    ct__release(copy);
-    return ref;
+    return ct__own(copy); /* the work's reference, not the caller's scope's */
 }
 
 static ct_work *work_get(ct_comm *c) {

@@ -9,6 +9,7 @@
  * the buckets fill from the end. The last bucket reaches down to offset 0
  * and so carries the usage map: every rank learns, from the same allreduce,
  * which parameters some rank did not use. */
+#include "dist_impl.h"
 #include "tensor_impl.h"
 
 #include <ct/autograd.h>
@@ -70,24 +71,7 @@ struct ct_ddp {
 
 static const char *op = "ddp";
 
-/* A reference the caller owns, whether or not a scope is open: tensors made
- * here outlive the backward (and its scope) that may be running. */
-static ct_tensor *own(ct_tensor *t) {
-    if (!t)
-        return NULL;
-    ct_tensor *ref = ct_tensor_retain(t);
-    ct__release(t);
-    return ref;
-}
-
 /* ----------------------------------------------------------- agreement */
-
-static uint64_t fnv1a(uint64_t h, const void *data, size_t n) {
-    const unsigned char *p = data;
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ p[i]) * 0x100000001b3ull;
-    return h;
-}
 
 /* "fc1.weight float32[256, 784]\n" for every parameter, in order. */
 static char *describe(const ct_param_list *pl, size_t *len) {
@@ -135,8 +119,8 @@ static int explain_mismatch(ct_comm *comm, const char *mine, size_t len, char *m
     int size = ct_comm_size(comm);
     int64_t my_len = (int64_t)len;
     int rc = 0;
-    ct_tensor *lens = own(ct_empty(1, (int64_t[]){size}, CT_INT64));
-    ct_tensor *one = own(ct_from_data(&my_len, 1, (int64_t[]){1}, CT_INT64));
+    ct_tensor *lens = ct__own(ct_empty(1, (int64_t[]){size}, CT_INT64));
+    ct_tensor *one = ct__own(ct_from_data(&my_len, 1, (int64_t[]){1}, CT_INT64));
     if (!lens || !one || (rc = ct_comm_allgather(comm, lens, one, NULL))) {
         rc = rc ? rc : ct_errcode();
         goto done;
@@ -145,8 +129,8 @@ static int explain_mismatch(ct_comm *comm, const char *mine, size_t len, char *m
     for (int r = 0; r < size; r++)
         longest = ((int64_t *)ct_data_ptr(lens))[r] > longest ? ((int64_t *)ct_data_ptr(lens))[r]
                                                               : longest;
-    ct_tensor *pad = own(ct_zeros(1, (int64_t[]){longest + 1}, CT_UINT8));
-    ct_tensor *all = own(ct_empty(1, (int64_t[]){size * (longest + 1)}, CT_UINT8));
+    ct_tensor *pad = ct__own(ct_zeros(1, (int64_t[]){longest + 1}, CT_UINT8));
+    ct_tensor *all = ct__own(ct_empty(1, (int64_t[]){size * (longest + 1)}, CT_UINT8));
     if (pad && all) {
         memcpy(ct_data_ptr(pad), mine, len);
         rc = ct_comm_allgather(comm, all, pad, NULL);
@@ -188,9 +172,9 @@ static int check_same_model(ct_ddp *d) {
     if (!mine)
         return ct__seterr(CT_ENOMEM, "%s: out of memory", op);
     int size = ct_comm_size(d->comm);
-    int64_t h = (int64_t)fnv1a(0xcbf29ce484222325ull, mine, len);
-    ct_tensor *hashes = own(ct_empty(1, (int64_t[]){size}, CT_INT64));
-    ct_tensor *one = own(ct_from_data(&h, 1, (int64_t[]){1}, CT_INT64));
+    int64_t h = (int64_t)ct__fnv1a(mine, len);
+    ct_tensor *hashes = ct__own(ct_empty(1, (int64_t[]){size}, CT_INT64));
+    ct_tensor *one = ct__own(ct_from_data(&h, 1, (int64_t[]){1}, CT_INT64));
     int rc = hashes && one ? ct_comm_allgather(d->comm, hashes, one, NULL) : ct_errcode();
     bool same = true;
     for (int r = 0; rc == 0 && r < size; r++)
@@ -252,7 +236,7 @@ static int build_buckets(ct_ddp *d) {
     int64_t total = d->n;
     for (int i = 0; i < d->n; i++)
         total += d->p[i].numel;
-    ct_tensor *flat = own(ct_zeros(1, &total, d->dtype));
+    ct_tensor *flat = ct__own(ct_zeros(1, &total, d->dtype));
     ddp_bucket *b = calloc((size_t)d->n, sizeof *b);
     if (!flat || !b) {
         ct_tensor_free(flat);
@@ -283,8 +267,8 @@ static int build_buckets(ct_ddp *d) {
     int rc = 0;
     for (int i = 0; !rc && i < d->n; i++) {
         param *p = &d->p[i];
-        ct_tensor *slice = own(ct_narrow(flat, 0, p->offset, p->numel));
-        ct_tensor *view = slice ? own(ct_view(slice, ct_ndim(p->t), ct_sizes(p->t))) : NULL;
+        ct_tensor *slice = ct__own(ct_narrow(flat, 0, p->offset, p->numel));
+        ct_tensor *view = slice ? ct__own(ct_view(slice, ct_ndim(p->t), ct_sizes(p->t))) : NULL;
         ct_tensor_free(slice);
         ct_tensor *old = ct_tensor_grad(p->t);
         if (view && old)
@@ -294,7 +278,7 @@ static int build_buckets(ct_ddp *d) {
         p->grad = view;
     }
     for (int i = 0; !rc && i < nb; i++) {
-        b[i].view = own(ct_narrow(flat, 0, b[i].lo, b[i].numel));
+        b[i].view = ct__own(ct_narrow(flat, 0, b[i].lo, b[i].numel));
         b[i].names = calloc((size_t)b[i].n + 1, sizeof *b[i].names);
         if (!b[i].view || !b[i].names)
             rc = ct_errcode() ? ct_errcode() : ct__seterr(CT_ENOMEM, "%s: out of memory", op);
@@ -360,7 +344,7 @@ static int finalize(void *ctx);
 /* Uneven inputs: how many ranks still train (this one counts if it does). */
 static int count_training(ct_ddp *d, int *training) {
     int32_t mine = d->joined ? 0 : 1;
-    ct_tensor *t = own(ct_from_data(&mine, 1, (int64_t[]){1}, CT_INT32));
+    ct_tensor *t = ct__own(ct_from_data(&mine, 1, (int64_t[]){1}, CT_INT32));
     int rc = t ? ct_comm_allreduce(d->comm, t, CT_REDUCE_SUM, NULL) : ct_errcode();
     if (!rc)
         *training = ((int32_t *)ct_data_ptr(t))[0];
@@ -435,7 +419,7 @@ static int unused_error(ct_ddp *d) {
 /* Agrees on rank 0's arrival order and rebuilds the buckets in it. */
 static int rebuild(ct_ddp *d) {
     bool *seen = calloc((size_t)d->n, sizeof *seen);
-    ct_tensor *order = own(ct_empty(1, (int64_t[]){d->n}, CT_INT64));
+    ct_tensor *order = ct__own(ct_empty(1, (int64_t[]){d->n}, CT_INT64));
     int rc = seen && order ? 0 : ct__seterr(CT_ENOMEM, "%s: out of memory", op);
     int64_t *o = order ? ct_data_ptr(order) : NULL;
     int k = 0;
@@ -623,7 +607,7 @@ void ct_ddp_free(ct_ddp *d) {
             ct_tensor_remove_hook(p->t, p->hook);
         /* The parameter keeps its gradient, in storage of its own. */
         if (p->grad && ct_tensor_grad(p->t) == p->grad) {
-            ct_tensor *copy = own(ct_clone(p->grad));
+            ct_tensor *copy = ct__own(ct_clone(p->grad));
             ct_tensor_set_grad(p->t, copy);
             ct_tensor_free(copy);
         }
@@ -734,7 +718,7 @@ static int bf16_start(ct_comm *comm, ct_tensor *bucket, int index, void *ctx, ct
     ct_tensor **wire = &st->wire[index];
     if (!*wire || ct_numel(*wire) != ct_numel(bucket)) {
         ct_tensor_free(*wire);
-        if (!(*wire = own(ct_empty(1, (int64_t[]){ct_numel(bucket)}, CT_BFLOAT16))))
+        if (!(*wire = ct__own(ct_empty(1, (int64_t[]){ct_numel(bucket)}, CT_BFLOAT16))))
             return ct_errcode();
     }
     ct__copy_into(*wire, bucket);

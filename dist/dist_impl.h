@@ -90,4 +90,13 @@ static inline bool ct__store_hdr_decode(const void *frame, size_t len, ct__store
 
 const char *ct__store_op_name(int op);
 
+/* FNV-1a, 64 bits: the store's hash table and data parallel's model hash. */
+static inline uint64_t ct__fnv1a(const void *data, size_t n) {
+    const uint8_t *p = data;
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+
 #endif

@@ -62,18 +62,10 @@ typedef struct map {
     size_t nbuckets, count;
 } map;
 
-static uint64_t hash(const void *key, size_t len) {
-    const uint8_t *p = key;
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < len; i++)
-        h = (h ^ p[i]) * 0x100000001b3ull;
-    return h;
-}
-
 static entry **map_slot(map *m, const void *key, size_t klen) {
     if (!m->nbuckets)
         return NULL;
-    entry **e = &m->buckets[hash(key, klen) & (m->nbuckets - 1)];
+    entry **e = &m->buckets[ct__fnv1a(key, klen) & (m->nbuckets - 1)];
     while (*e && ((*e)->klen != klen || memcmp((*e)->key, key, klen) != 0))
         e = &(*e)->next;
     return e;
@@ -92,7 +84,7 @@ static bool map_grow(map *m) {
     for (size_t i = 0; i < m->nbuckets; i++) {
         for (entry *e = m->buckets[i], *next; e; e = next) {
             next = e->next;
-            entry **dst = &b[hash(e->key, e->klen) & (n - 1)];
+            entry **dst = &b[ct__fnv1a(e->key, e->klen) & (n - 1)];
             e->next = *dst;
             *dst = e;
         }
@@ -122,7 +114,7 @@ static entry *map_upsert(map *m, const void *key, size_t klen) {
     k[klen] = 0;
     e->key = k;
     e->klen = klen;
-    entry **slot = &m->buckets[hash(key, klen) & (m->nbuckets - 1)];
+    entry **slot = &m->buckets[ct__fnv1a(key, klen) & (m->nbuckets - 1)];
     e->next = *slot;
     *slot = e;
     m->count++;

@@ -205,6 +205,14 @@ void ct__release(ct_tensor *t) {
     tensor_drop(t);
 }
 
+ct_tensor *ct__own(ct_tensor *t) {
+    if (!t)
+        return NULL;
+    ct_tensor *ref = ct_tensor_retain(t);
+    ct__release(t);
+    return ref;
+}
+
 ct_tensor *ct_keep(ct_tensor *t) {
     if (!t || scopes.depth == 0)
         return t;

@@ -107,6 +107,11 @@ ct_tensor *ct__scope_own(ct_tensor *t);
 /* Drops a result the current op made but will not return: takes it out of
  * the current scope if the scope owns it, then frees it. */
 void ct__release(ct_tensor *t);
+/* A reference the caller owns whether or not a scope is open: takes an op's
+ * result t out of the current scope, for modules whose tensors outlive the
+ * caller's scope (a collective's staging, data parallel's buckets). NULL
+ * stays NULL. */
+ct_tensor *ct__own(ct_tensor *t);
 void ct__contiguous_strides(int ndim, const int64_t *sizes, int64_t *strides);
 
 /* Reports an op to the autograd recorder. On failure the outputs are

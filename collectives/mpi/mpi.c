@@ -206,24 +206,7 @@ static void str_append_ranks(char *buf, size_t n, const int *key, int size, int 
     }
 }
 
-/* FNV-1a over the fields every rank must agree on, kept to 63 bits so that
- * its negation is safe. */
-static int64_t desc_fingerprint(const ct__coll_desc *d) {
-    const int64_t fields[] = {(int64_t)d->seq, d->op, d->dtype, d->rop, d->root, d->count};
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
-        for (int b = 0; b < 8; b++) {
-            h ^= (uint64_t)fields[i] >> (8 * b) & 0xff;
-            h *= 1099511628211ull;
-        }
-    return (int64_t)(h & INT64_MAX);
-}
-
 /* -------------------------------------------------------------- dtypes */
-
-static bool reduces(int op) {
-    return op == CT__ALLREDUCE || op == CT__REDUCE || op == CT__REDUCE_SCATTER;
-}
 
 /* 16-bit floats reduce in a float32 copy. */
 static bool widens(ct_dtype dtype) { return ct__acc_size(dtype) != ct__esize(dtype); }
@@ -333,7 +316,7 @@ static size_t stage_bytes(const ct_comm *c, const ct__coll_desc *d) {
     size_t n = (size_t)d->count;
     if (ct__op_is_p2p(d->op))
         return sizeof *d;
-    if (!reduces(d->op) || !widens(d->dtype))
+    if (!ct__op_reduces(d->op) || !widens(d->dtype))
         return 0;
     /* reduce_scatter: every block of the input, then the result block. */
     return (d->op == CT__REDUCE_SCATTER ? (size_t)c->size + 1 : 1) * n * sizeof(float);
@@ -366,7 +349,7 @@ static int stage_input(ct_comm *c, ct_work *w) {
 static void finish(ct_comm *c, ct_work *w) {
     const ct__coll_desc *d = &w->desc;
     mpi_work *mw = mw_of(w);
-    if (!reduces(d->op) || d->count == 0 || (d->op == CT__REDUCE && c->rank != d->root))
+    if (!ct__op_reduces(d->op) || d->count == 0 || (d->op == CT__REDUCE && c->rank != d->root))
         return;
     bool wide = widens(d->dtype);
     if (!wide && d->rop != CT_REDUCE_AVG)
@@ -387,7 +370,7 @@ static int post_data(ct_comm *c, ct_work *w) {
     mpi_work *mw = mw_of(w);
     const ct__coll_desc *d = &w->desc;
     int n = (int)d->count;
-    bool wide = reduces(d->op) && widens(d->dtype);
+    bool wide = ct__op_reduces(d->op) && widens(d->dtype);
     void *stage = mw->stage ? (void *)mw->stage->data : NULL;
     const void *in = w->in;
     MPI_Datatype mt = move_type(d->dtype), rt = wide ? MPI_FLOAT : reduce_type(d->dtype);
@@ -449,7 +432,7 @@ static int post_data(ct_comm *c, ct_work *w) {
 static int post_check(ct_comm *c, ct_work *w) {
     mpi_impl *m = c->impl;
     mpi_work *mw = mw_of(w);
-    int64_t fp = desc_fingerprint(&w->desc);
+    int64_t fp = ct__desc_fingerprint(&w->desc);
     m->fp[0] = fp;
     m->fp[1] = -fp;
     int rc = MPI_Iallreduce(MPI_IN_PLACE, m->fp, 2, MPI_INT64_T, MPI_MAX, m->ctl, &mw->req[0]);
@@ -482,9 +465,10 @@ static int post_gather(ct_comm *c, ct_work *w) {
     return CT__PENDING;
 }
 
-/* The descriptors are in: fail with all of them, grouped, or go ahead if
- * they agree after all (the fingerprint covers fields ct__desc_match may
- * ignore). Every rank sees the same data and decides the same. */
+/* The descriptors are in: fail with all of them, grouped. They cannot all
+ * agree: the fingerprints differed, and they hash exactly what
+ * ct__desc_match compares. Every rank sees the same data and writes the
+ * same message. */
 static int judge(ct_comm *c, ct_work *w) {
     mpi_impl *m = c->impl;
     mpi_work *mw = mw_of(w);
@@ -500,8 +484,7 @@ static int judge(ct_comm *c, ct_work *w) {
             }
         agree = agree && group[r] == 0;
     }
-    if (agree)
-        return post_data(c, w);
+    CT_ASSERT(!agree);
     char msg[CT__MSG_LEN] = "", desc[256];
     ct__msg_append(msg, sizeof msg, "%s #%llu: ranks disagree:", ct__op_name(w->desc.op),
                    (unsigned long long)w->desc.seq);
@@ -1066,11 +1049,7 @@ static ct_comm *mpi_split(ct_comm *c, int color, uint64_t index, int new_rank, i
             ct__comm_discard(n);
         return NULL;
     }
-    if (ct__comm_activate(n) != 0) {
-        ct__comm_discard(n); /* destroys the impl too */
-        return NULL;
-    }
-    return n;
+    return ct__comm_activate(n);
 }
 
 const ct__backend ct__mpi_backend = {

@@ -491,11 +491,6 @@ static ncclRedOp_t nccl_redop(ct_dtype dtype, ct_reduce_op op) {
     CT_ASSERT(!"unknown reduction");
 }
 
-static bool op_reduces(int op) {
-    return op == CT__ALLREDUCE || op == CT__REDUCE || op == CT__REDUCE_SCATTER;
-}
-static bool op_has_root(int op) { return op == CT__BROADCAST || op == CT__REDUCE; }
-
 /* The NCCL call behind each stage, for messages. */
 static const char *stage_call(const ct_work *w, int stage) {
     static const char *const calls[CT__NOPS] = {
@@ -522,25 +517,6 @@ static int fail_nccl(nccl_impl *n, ct_work *w, ncclResult_t r) {
                                   ct__desc_str(desc, sizeof desc, &w->desc),
                                   stage_call(w, work_state(w)->stage), n->device,
                                   nccl_text(text, sizeof text, n->comm, r)));
-}
-
-/* What the ranks must agree on (the fields ct__desc_match compares), hashed
- * with splitmix64 steps into 62 bits, so that -fp cannot overflow. */
-static int64_t desc_fingerprint(const ct__coll_desc *d) {
-    uint64_t fields[] = {d->seq,
-                         (uint64_t)(uint32_t)d->op,
-                         (uint64_t)(uint32_t)d->dtype,
-                         (uint64_t)d->count,
-                         op_reduces(d->op) ? (uint64_t)(uint32_t)d->rop : 0,
-                         op_has_root(d->op) ? (uint64_t)(uint32_t)d->root : 0};
-    uint64_t h = 0;
-    for (size_t i = 0; i < sizeof fields / sizeof *fields; i++) {
-        h += fields[i] + 0x9e3779b97f4a7c15ull;
-        h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
-        h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
-        h ^= h >> 31;
-    }
-    return (int64_t)(h >> 2);
 }
 
 /* Alltoall as one group of sends and receives: block p of in to rank p,
@@ -707,10 +683,9 @@ static int diagnosed(nccl_impl *n, ct_work *w) {
         else
             more = true;
     }
-    /* Only if ct__desc_match came to ignore a field the fingerprint covers:
-     * nothing to disagree about. */
-    if (nvariants == 1)
-        return agreed(n, w);
+    /* The fingerprints differed, and they hash exactly what ct__desc_match
+     * compares. */
+    CT_ASSERT(nvariants > 1);
     char msg[CT__MSG_LEN] = "", desc[256];
     ct__msg_append(msg, sizeof msg, "%s #%llu: ranks disagree: ", ct__op_name(w->desc.op),
                    (unsigned long long)w->desc.seq);
@@ -752,7 +727,7 @@ static int start_locked(nccl_impl *n, ct_work *w) {
     n->busy = w;
     if (ct__op_is_p2p(w->desc.op))
         return stage_begin(n, w, STAGE_RUN);
-    nw->fp = desc_fingerprint(&w->desc);
+    nw->fp = ct__desc_fingerprint(&w->desc);
     return stage_begin(n, w, STAGE_CHECK);
 }
 
@@ -956,14 +931,8 @@ static int comm_wrap(ncclComm_t nc, int device, double timeout, ct_comm **out) {
     }
     n->comm = nc;
     c->impl = n;
-    rc = ct__comm_activate(c);
-    if (rc != 0) {
-        c->impl = NULL;
-        impl_free(n, timeout);
-        ct__comm_discard(c);
-        return rc;
-    }
-    *out = c;
+    if (!(*out = ct__comm_activate(c)))
+        return ct_errcode();
     return 0;
 }
 #endif

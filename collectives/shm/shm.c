@@ -989,11 +989,7 @@ static ct_comm *shm_split(ct_comm *c, int color, uint64_t index, int new_rank, i
         ct__comm_discard(child);
         return NULL;
     }
-    if (ct__comm_activate(child)) {
-        ct_comm_free(child);
-        return NULL;
-    }
-    return child;
+    return ct__comm_activate(child);
 }
 
 const ct__backend ct__shm_backend = {
