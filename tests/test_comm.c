@@ -218,6 +218,40 @@ TEST(a_work_can_be_waited_on_twice_and_tested) {
     ct_comm_free(c);
 }
 
+/* Waits up to a second for the progress thread to finish w; 1 if it did. */
+static int finished_within_a_second(ct_work *w) {
+    double end = tt_now() + 1;
+    int rc;
+    while ((rc = ct_work_test(w)) == 0 && tt_now() < end)
+        nanosleep(&(struct timespec){0, 1000000}, NULL);
+    return rc;
+}
+
+/* With the progress thread off, async work waits for the caller: it is
+ * still pending after a while, and one ct_comm_progress finishes it; turned
+ * back on, the thread finishes the next one unasked. */
+TEST(the_progress_thread_can_be_turned_off_and_the_caller_drives) {
+    ct_comm *c = comm_of_one();
+    ASSERT_TRUE(c);
+    ct_tensor *t = ct_arange(0, 5, 1, CT_FLOAT32);
+    ct_work *w = NULL;
+    ASSERT_EQ(ct_comm_set_progress_thread(c, false), 0);
+    ASSERT_EQ(ct_comm_allreduce(c, t, CT_REDUCE_SUM, &w), 0);
+    nanosleep(&(struct timespec){0, 50000000}, NULL); /* ten idle polls of the thread */
+    ASSERT_EQ(ct_work_test(w), 0);
+    ASSERT_EQ(ct_comm_progress(c), 0);
+    ASSERT_EQ(ct_work_test(w), 1);
+    ct_work_free(w);
+    ASSERT_EQ(ct_comm_set_progress_thread(c, true), 0);
+    ASSERT_EQ(ct_comm_allreduce(c, t, CT_REDUCE_SUM, &w), 0);
+    ASSERT_EQ(finished_within_a_second(w), 1);
+    ct_work_free(w);
+    ASSERT_EQ(ct_comm_progress(c), 0); /* nothing pending: a no-op */
+    ASSERT_RC(ct_comm_progress(NULL), CT_EINVAL, "comm_progress");
+    ASSERT_RC(ct_comm_set_progress_thread(NULL, true), CT_EINVAL, "progress_thread");
+    ct_comm_free(c);
+}
+
 /* Every argument error is refused when issued, on this rank alone, with a
  * message naming the operation: it consumes no sequence number, so the
  * ranks stay in step and the communicator goes on working. */
