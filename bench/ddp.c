@@ -16,8 +16,9 @@
  *   nosync:    the same backward under ct_ddp_set_sync(ddp, false), which
  *              communicates nothing;
  *   allreduce: blocking ct_comm_allreduce (average) of one float32 tensor per
- *              bucket, each the size of that bucket's gradients, in bucket
- *              order, with nothing else running.
+ *              bucket, each the size of that bucket's gradients and, like
+ *              ct_ddp's buckets, in ct_comm_zeros memory, in bucket order,
+ *              with nothing else running.
  *
  * Each is timed from a barrier, after the forward pass, so that neither a
  * rank's late forward nor the other rank's counts; gradients are zeroed in
@@ -181,7 +182,7 @@ static int make_buckets(bench *b) {
         int64_t numel = 0;
         for (; *names; names++)
             numel += ct_numel(ct_param_list_find(&b->params, *names));
-        if (!(b->bucket[i] = ct_zeros(1, &numel, CT_FLOAT32)))
+        if (!(b->bucket[i] = ct_comm_zeros(b->comm, 1, &numel, CT_FLOAT32)))
             return fail(b, "making the bucket-sized tensors");
         b->nbuckets = i + 1;
     }

@@ -130,6 +130,12 @@ typedef struct ct__backend {
      * c calls it, CT_COMM_SPLIT_NONE ones too (they get *out = NULL and 0).
      * Returns 0 or a CT_E* code with the message recorded. */
     int (*split_direct)(ct_comm *c, int color, int key, ct_comm **out);
+    /* Optional: zero-filled memory of bytes (> 0, the same on every rank,
+     * already checked) that every rank's transport reaches, for
+     * ct_comm_zeros. Every rank calls it; it keeps the ranks in step on
+     * failure with ct__comm_agree. Returns a storage the caller owns, or
+     * NULL with the error recorded. */
+    ct_storage *(*alloc_shared)(ct_comm *c, size_t bytes);
 } ct__backend;
 
 extern const ct__backend ct__shm_backend;
@@ -197,6 +203,11 @@ void ct__comm_discard(ct_comm *c);
  * returns it; on failure frees it (impl included) and returns NULL with the
  * error recorded. */
 ct_comm *ct__comm_activate(ct_comm *c);
+
+/* A collective step's outcome on every rank: 0 when every rank's rc is 0;
+ * otherwise this rank's own rc, or CT_EPEER naming the first rank that
+ * failed, with the message recorded (op names the step). */
+int ct__comm_agree(ct_comm *c, const char *op, int rc);
 
 /* ------------------------------------------------------------ reductions */
 

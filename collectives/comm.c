@@ -991,3 +991,68 @@ int ct_comm_split(ct_comm *c, int color, int key, ct_comm **out) {
     ct__release(all);
     return rc;
 }
+
+/* ------------------------------------------------------- shared memory */
+
+int ct__comm_agree(ct_comm *c, const char *op, int rc) {
+    char mine[CT__MSG_LEN] = "";
+    if (rc)
+        snprintf(mine, sizeof mine, "%s", ct_errmsg());
+    int32_t first = rc ? c->rank : c->size;
+    ct_tensor *t = ct_from_data(&first, 0, NULL, CT_INT32);
+    int arc = t ? ct_comm_allreduce(c, t, CT_REDUCE_MIN, NULL) : ct_errcode();
+    if (arc == 0)
+        first = *(const int32_t *)ct_data_ptr(t);
+    ct__release(t);
+    if (arc)
+        return arc;
+    if (rc)
+        return ct__seterr(rc, "%s", mine);
+    if (first < c->size)
+        return ct__seterr(CT_EPEER, "%s: rank %d failed (its own error says why)", op, first);
+    return 0;
+}
+
+ct_tensor *ct_comm_zeros(ct_comm *c, int ndim, const int64_t *sizes, ct_dtype dtype) {
+    const char *name = "comm_zeros";
+    if (check_comm(c, name))
+        return NULL;
+    if (ndim < 0 || ndim > CT_MAX_DIMS || (ndim > 0 && !sizes) || (int)dtype < 0 ||
+        dtype >= CT_NDTYPES) {
+        ct__seterr(CT_EINVAL, "%s: ndim %d (sizes %s) or dtype %d is invalid", name, ndim,
+                   sizes ? "given" : "NULL", (int)dtype);
+        return NULL;
+    }
+    for (int i = 0; i < ndim; i++)
+        if (sizes[i] < 0) {
+            ct__seterr(CT_EINVAL, "%s: size %lld of dim %d is negative", name, (long long)sizes[i],
+                       i);
+            return NULL;
+        }
+    int64_t numel = ct__numel(ndim, sizes);
+    size_t bytes = (size_t)numel * ct__esize(dtype);
+    int64_t mine[2] = {dtype, numel};
+    ct_tensor *in = ct__own(ct_from_data(mine, 1, (int64_t[]){2}, CT_INT64));
+    ct_tensor *all = ct__own(ct_empty(1, (int64_t[]){2 * (int64_t)c->size}, CT_INT64));
+    int rc = in && all ? ct_comm_allgather(c, all, in, NULL) : ct_errcode();
+    for (int r = 0; r < c->size && rc == 0; r++) {
+        const int64_t *v = (const int64_t *)ct_data_ptr(all) + 2 * r;
+        if (v[0] != dtype || v[1] != numel)
+            rc = ct__seterr(CT_EINVAL,
+                            "%s: ranks ask for different tensors: rank %d for %lld %s, rank %d "
+                            "for %lld %s",
+                            name, c->rank, (long long)numel, ct_dtype_name(dtype), r,
+                            (long long)v[1], ct_dtype_name((ct_dtype)v[0]));
+    }
+    ct__release(in);
+    ct__release(all);
+    ct_tensor *t = NULL;
+    if (rc == 0 && (!c->be->alloc_shared || bytes == 0)) {
+        t = ct_zeros(ndim, sizes, dtype);
+    } else if (rc == 0) {
+        ct_storage *s = c->be->alloc_shared(c, bytes);
+        t = s ? ct_tensor_from_storage(s, 0, ndim, sizes, NULL, dtype) : NULL;
+        ct_storage_free(s);
+    }
+    return t;
+}

@@ -236,7 +236,10 @@ static int build_buckets(ct_ddp *d) {
     int64_t total = d->n;
     for (int i = 0; i < d->n; i++)
         total += d->p[i].numel;
-    ct_tensor *flat = ct__own(ct_zeros(1, &total, d->dtype));
+    /* In memory every rank maps, the buffer's allreduce reads the peers'
+     * gradients where they lie (ct_comm_zeros). A collective: every rank
+     * builds its buckets at the same point. */
+    ct_tensor *flat = ct__own(ct_comm_zeros(d->comm, 1, &total, d->dtype));
     ddp_bucket *b = calloc((size_t)d->n, sizeof *b);
     if (!flat || !b) {
         ct_tensor_free(flat);

@@ -723,6 +723,68 @@ static void check_inplace_allgather(ct_comm *c) {
         }
 }
 
+/* An allreduce of op over n elements of dt, in t[at, at + n) where t is a
+ * ct_comm_zeros tensor, or in a tensor of its own where t is NULL. Checks the
+ * result, and that nothing else in t changed. */
+static void check_shared_allreduce(ct_comm *c, const char *how, ct_tensor *t, int64_t at, int64_t n,
+                                   ct_dtype dt, ct_reduce_op op) {
+    char what[192];
+    snprintf(what, sizeof what, "allreduce %s of %lld %s %s", op_name(op), (long long)n,
+             ct_dtype_name(dt), how);
+    ct_scope_begin();
+    ct_tensor *v = t ? ct_narrow(t, 0, at, n) : filled(n, dt);
+    ct_copy_(v, input_tensor(rank_, 0, n, dt, op));
+    if (check_rc(what, ct_comm_allreduce(c, v, op, NULL)))
+        check_values(what, v, reduced(world_ranks, size_, 0, n, dt, op), n, tolerance(dt, op));
+    if (t) {
+        /* Zero outside the view: the ranks wrote only their own shares. */
+        ct_tensor *rest = ct_cat(
+            (ct_tensor *[]){ct_narrow(t, 0, 0, at), ct_narrow(t, 0, at + n, ct_numel(t) - at - n)},
+            2, 0);
+        int64_t others = ct_numel(rest);
+        check_values(what, rest, calloc((size_t)others + 1, sizeof(double)), others, 0);
+        ct_copy_(v, ct_zeros(1, &n, dt));
+    }
+    ct_scope_end();
+}
+
+/* ct_comm_zeros memory: allreduce straight from the peers' memory when every
+ * rank passes the same view of it, the usual path when not, and the
+ * allocation's own checks. */
+static void check_shared(ct_comm *c) {
+    enum { N = 40000, PAD = 64 };
+    ct_tensor *t = ct_comm_zeros(c, 1, (int64_t[]){N + PAD}, CT_FLOAT32);
+    ct_tensor *h = ct_comm_zeros(c, 2, (int64_t[]){2, N}, CT_BFLOAT16);
+    if (!check_rc("comm_zeros", t && h ? 0 : ct_errcode()))
+        return;
+    if (ct_tensor_dtype(h) != CT_BFLOAT16 || ct_ndim(h) != 2 || ct_size(h, 1) != N)
+        tt_fail(__FILE__, __LINE__, "comm_zeros made the wrong shape or dtype");
+    check_shared_allreduce(c, "in shared memory", t, 0, N + PAD, CT_FLOAT32, CT_REDUCE_SUM);
+    check_shared_allreduce(c, "in a shared view", t, PAD / 2, N, CT_FLOAT32, CT_REDUCE_AVG);
+    check_shared_allreduce(c, "again, at the next seq", t, PAD / 2, N, CT_FLOAT32, CT_REDUCE_MAX);
+    check_shared_allreduce(c, "of 16-bit floats in shared memory",
+                           ct_view(h, 1, (int64_t[]){2 * N}), N / 2, N, CT_BFLOAT16, CT_REDUCE_AVG);
+    ct_tensor *ints = ct_comm_zeros(c, 1, (int64_t[]){N}, CT_INT32);
+    if (check_rc("comm_zeros of int32", ints ? 0 : ct_errcode()))
+        check_shared_allreduce(c, "of int32 in shared memory", ints, 0, N, CT_INT32,
+                               CT_REDUCE_PROD);
+    /* Views at different places, and shared memory on one rank only: the
+     * ring path, with the same results. */
+    check_shared_allreduce(c, "at a different place on each rank", t, rank_ * 16, N, CT_FLOAT32,
+                           CT_REDUCE_SUM);
+    check_shared_allreduce(c, "in shared memory on rank 0 only", rank_ ? NULL : t, 0, N, CT_FLOAT32,
+                           CT_REDUCE_SUM);
+    ct_tensor *empty = ct_comm_zeros(c, 1, (int64_t[]){0}, CT_FLOAT64);
+    if (check_rc("comm_zeros of 0 elements", empty ? 0 : ct_errcode()) && ct_numel(empty) != 0)
+        tt_fail(__FILE__, __LINE__, "comm_zeros of 0 elements made %lld",
+                (long long)ct_numel(empty));
+    char mine[64];
+    snprintf(mine, sizeof mine, "rank %d for %d float32", rank_, 100 + rank_);
+    ct_tensor *bad = ct_comm_zeros(c, 1, (int64_t[]){100 + rank_}, CT_FLOAT32);
+    check_fails("comm_zeros of different sizes", bad ? 0 : ct_errcode(), CT_EINVAL,
+                "ask for different", mine);
+}
+
 /* The sum over a communicator of one int64 per rank. */
 static int64_t sum_over(ct_comm *c, int64_t value, const char *what) {
     ct_tensor *t = ct_full(1, (int64_t[]){1}, (double)value, CT_INT64);
@@ -815,6 +877,7 @@ TEST(correctness) {
         {"inplace_allgather", check_inplace_allgather},
         {"split", check_split},
         {"new_group", check_new_group},
+        {"shared", check_shared},
     };
     ct_comm *c = join(20);
     if (!c)

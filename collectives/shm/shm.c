@@ -14,6 +14,9 @@
  *   - pair channels: the same queues between every ordered pair of ranks,
  *     one set for alltoall and one for send/recv, so that point-to-point
  *     traffic never interleaves with a collective's.
+ * Besides the segment, ct_comm_zeros memory is one more segment per rank
+ * that every rank maps (a block); an allreduce on it runs without any
+ * transport, straight from the peers' memory (see "direct" below).
  * Each slot is stamped with the sender's operation descriptor, so a
  * disagreement between ranks is caught on the first chunk, before any data
  * is used. A rank that cannot move polls its peers' published state: a
@@ -26,6 +29,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,7 +39,7 @@
 #include <unistd.h>
 
 #define SHM_MAGIC   0x31304d4853544354ull /* "CTSHM01" */
-#define SHM_VERSION 1
+#define SHM_VERSION 2
 #define LINE        64
 
 /* Sizes: a ring slot holds one pipeline chunk; eight in flight keep the
@@ -50,6 +54,7 @@
 #define PAIR_SLOT_MIN  4096
 #define PAIR_BUDGET    (64u << 20) /* bytes for both sets of pair channels */
 #define NAME_MAX_LEN   200
+#define ACC_BYTES      (2 * BULLETIN_BYTES) /* the reduction accumulator */
 
 /* -------------------------------------------------------------- layout */
 
@@ -64,12 +69,21 @@ typedef struct chan_ctl {
     _Alignas(LINE) atomic_uint_fast64_t tail; /* slots consumed, written by the receiver */
 } chan_ctl;
 
+/* A rank's running collective, and where its data lies when that is in a
+ * block: block 0 when it is not. */
+typedef struct active_op {
+    ct__coll_desc desc;
+    uint64_t block;
+    int64_t offset; /* bytes into the block */
+} active_op;
+
 typedef struct rank_ctl {
     _Alignas(LINE) atomic_int pid;
     /* The collective this rank runs, as a seqlock: odd while it changes. */
     atomic_uint_fast64_t active_version;
-    ct__coll_desc active;
+    active_op active;
     _Alignas(LINE) atomic_uint_fast64_t done_seq; /* last bulletin round it finished reading */
+    _Alignas(LINE) atomic_uint_fast64_t direct;   /* seq * 4 + stage of a direct allreduce */
 } rank_ctl;
 
 typedef struct bulletin {
@@ -136,6 +150,27 @@ typedef struct chan {
 
 enum { PAIR_COLL, PAIR_P2P };
 
+/* ct_comm_zeros memory: every rank's segment of one allocation, as mapped
+ * here. Owned by its storage; listed in its communicator's registry while
+ * it lives. */
+typedef struct shm_block {
+    struct shm_block *next;
+    struct registry *reg;
+    uint64_t id;  /* 1, 2, ... in allocation order, the same on every rank */
+    size_t bytes; /* of each rank's segment */
+    int n, rank;
+    char **base; /* [n] */
+} shm_block;
+
+/* The live blocks of a communicator. Storages may outlive it, so both hold
+ * a reference. mu guards the list: blocks are made and freed on users'
+ * threads and looked up on the executor's. */
+typedef struct registry {
+    pthread_mutex_t mu;
+    shm_block *head;
+    atomic_int refs;
+} registry;
+
 typedef struct shm {
     char name[NAME_MAX_LEN + 1];
     char *base;
@@ -151,7 +186,8 @@ typedef struct shm {
     void *acc;                   /* the accumulator of bulletin reductions */
     int *pidfds;
     ct__coll_desc active; /* this rank's active collective; seq 0 when none */
-    int active_op_kind;
+    registry *blocks;
+    uint64_t nblocks; /* made so far */
 } shm;
 
 static rank_ctl *ctl_of(shm *s, int r) { return &s->ctl[r]; }
@@ -228,7 +264,15 @@ static bool message_match(const ct__coll_desc *sent, const ct__coll_desc *recv) 
 
 /* --------------------------------------------------------------- state */
 
-typedef enum path { PATH_LOCAL, PATH_BULLETIN, PATH_RING, PATH_CHAIN, PATH_PAIRS } path;
+typedef enum path {
+    PATH_LOCAL,
+    PATH_BULLETIN,
+    PATH_DECIDE, /* an allreduce in a block: direct if every rank's is there */
+    PATH_DIRECT,
+    PATH_RING,
+    PATH_CHAIN,
+    PATH_PAIRS
+} path;
 
 /* Per-work state, in w->be. */
 typedef struct shm_work {
@@ -240,6 +284,9 @@ typedef struct shm_work {
     int64_t per_task; /* ring/chain: tasks per chunk */
     int64_t k0;       /* ring: the first step of the unified schedule */
     int64_t done;     /* send/recv: bytes moved */
+    int stage;        /* direct: the last stage this rank reached */
+    shm_block *blk;   /* decide, direct: the block holding the data */
+    int64_t offset;   /* decide, direct: the data's byte offset in it */
 } shm_work;
 
 _Static_assert(sizeof(shm_work) <= CT__WORK_BACKEND_BYTES, "shm_work must fit in ct_work.be");
@@ -258,18 +305,18 @@ static int64_t post_bytes(const ct_work *w, int n) {
     }
 }
 
-static void publish_active(shm *s, const ct__coll_desc *d) {
+static void publish_active(shm *s, const ct__coll_desc *d, const shm_block *b, int64_t offset) {
     rank_ctl *me = ctl_of(s, s->rank);
     uint64_t v = atomic_load_explicit(&me->active_version, memory_order_relaxed);
     atomic_store_explicit(&me->active_version, v + 1, memory_order_relaxed);
     atomic_thread_fence(memory_order_release);
-    me->active = *d;
+    me->active = (active_op){*d, b ? b->id : 0, offset};
     atomic_store_explicit(&me->active_version, v + 2, memory_order_release);
     s->active = *d;
 }
 
-/* Reads rank r's active descriptor; false while it changes. */
-static bool read_active(shm *s, int r, ct__coll_desc *out) {
+/* Reads rank r's active collective; false while it changes. */
+static bool read_active(shm *s, int r, active_op *out) {
     rank_ctl *c = ctl_of(s, r);
     uint64_t v1 = atomic_load_explicit(&c->active_version, memory_order_acquire);
     if (v1 & 1)
@@ -301,19 +348,35 @@ static void bulletin_post(shm *s, ct_work *w) {
     s->parity_seq[w->desc.seq & 1] = w->desc.seq;
 }
 
-/* Reduces element range [lo, lo + n) of every rank's post into out, in
- * rank order, so that every rank computes bitwise the same result. */
-static void bulletin_reduce(shm *s, ct_work *w, void *out, int64_t lo, int64_t n) {
+/* out := the reduction of len elements from each rank's src, in rank
+ * order, so that every rank computes bitwise the same result. out may be
+ * one of the sources. */
+static void reduce_ranks(shm *s, ct_work *w, char *out, const char *const *src, int64_t len) {
     ct_dtype dt = (ct_dtype)w->desc.dtype;
     ct_reduce_op op = (ct_reduce_op)w->desc.rop;
-    size_t e = ct__esize(dt);
-    const char *first = bulletin_of(s, 0, w->desc.seq)->data + lo * (int64_t)e;
-    ct__acc_load(s->acc, first, n, dt);
-    for (int r = 1; r < s->n - 1; r++)
-        ct__acc_combine(s->acc, s->acc, bulletin_of(s, r, w->desc.seq)->data + lo * (int64_t)e, n,
-                        dt, op);
-    ct__acc_finish(out, s->acc, bulletin_of(s, s->n - 1, w->desc.seq)->data + lo * (int64_t)e, n,
-                   dt, op, s->n);
+    int64_t e = (int64_t)ct__esize(dt), ae = (int64_t)ct__acc_size(dt);
+    int n = s->n;
+    if (n == 2 && ae == e) { /* the sources are accumulators already */
+        ct__acc_finish(out, src[0], src[1], len, dt, op, n);
+        return;
+    }
+    int64_t piece = ACC_BYTES / ae;
+    for (int64_t i = 0; i < len; i += piece) {
+        int64_t m = len - i < piece ? len - i : piece;
+        ct__acc_load(s->acc, src[0] + i * e, m, dt);
+        for (int r = 1; r < n - 1; r++)
+            ct__acc_combine(s->acc, s->acc, src[r] + i * e, m, dt, op);
+        ct__acc_finish(out + i * e, s->acc, src[n - 1] + i * e, m, dt, op, n);
+    }
+}
+
+/* Reduces element range [lo, lo + len) of every rank's post into out. */
+static void bulletin_reduce(shm *s, ct_work *w, void *out, int64_t lo, int64_t len) {
+    const char *src[s->n];
+    int64_t e = (int64_t)esize(w);
+    for (int r = 0; r < s->n; r++)
+        src[r] = bulletin_of(s, r, w->desc.seq)->data + lo * e;
+    reduce_ranks(s, w, out, src, len);
 }
 
 static int bulletin_progress(shm *s, ct_work *w) {
@@ -364,6 +427,101 @@ static int bulletin_progress(shm *s, ct_work *w) {
     return CT__DONE;
 }
 
+/* ------------------------------------------------------------ direct */
+
+/* An allreduce whose data every rank keeps at the same place of the same
+ * block runs straight from the peers' memory: rank r reduces share r of
+ * the elements from every rank's copy into its own, then copies each other
+ * share from its owner. Nothing is staged, and each element is reduced
+ * once, in rank order, so every rank holds bitwise the same result. Each
+ * rank's direct counter, seq * 4 + stage, orders the phases:
+ *   (publishing the operation with its block and offset: the input is in
+ *   place; every rank sees every rank's, and decides the path alike)
+ *   2  its share is reduced: others may copy it;
+ *   3  it copied every share: others may overwrite their memory.
+ * A rank finishes only once every rank reached 3, because until then a
+ * peer may still read its share. */
+enum { STAGE_REDUCED = 2, STAGE_COPIED = 3 };
+
+/* The live block holding [p, p + bytes), and the offset of p in it. */
+static shm_block *find_block(shm *s, const void *p, int64_t bytes, int64_t *offset) {
+    shm_block *found = NULL;
+    pthread_mutex_lock(&s->blocks->mu);
+    for (shm_block *b = s->blocks->head; b && !found; b = b->next) {
+        const char *base = b->base[s->rank];
+        if ((const char *)p >= base && (const char *)p + bytes <= base + b->bytes) {
+            found = b;
+            *offset = (const char *)p - base;
+        }
+    }
+    pthread_mutex_unlock(&s->blocks->mu);
+    return found;
+}
+
+/* Share r of count elements: [lo(r), lo(r + 1)), cut at multiples of 16
+ * elements so that each starts on a cache line when the data does. */
+static int64_t share_lo(int64_t count, int n, int r) {
+    return r == n ? count : count * r / n / 16 * 16;
+}
+
+/* Whether every rank has published this allreduce: 1 when every one keeps
+ * it at the same place of the same block, 0 when some do not, CT__AGAIN
+ * while a rank has not arrived, a CT_E* code when one runs another op. */
+static int decide_direct(shm *s, ct_work *w) {
+    shm_work *st = state(w);
+    bool same = true;
+    for (int r = 0; r < s->n; r++) {
+        active_op theirs;
+        if (r == s->rank)
+            continue;
+        if (!read_active(s, r, &theirs) || theirs.desc.seq < w->desc.seq)
+            return CT__AGAIN;
+        if (!ct__desc_match(&theirs.desc, &w->desc))
+            return mismatch(w, r, &theirs.desc);
+        same &= theirs.block == st->blk->id && theirs.offset == st->offset;
+    }
+    return same;
+}
+
+static bool all_reached(shm *s, uint64_t value) {
+    for (int r = 0; r < s->n; r++)
+        if (atomic_load_explicit(&ctl_of(s, r)->direct, memory_order_acquire) < value)
+            return false;
+    return true;
+}
+
+static int direct_progress(shm *s, ct_work *w) {
+    shm_work *st = state(w);
+    int n = s->n, me = s->rank;
+    int64_t e = (int64_t)esize(w), count = w->desc.count;
+    uint64_t base = w->desc.seq * 4;
+    const char *src[n];
+    for (int r = 0; r < n; r++)
+        src[r] = st->blk->base[r] + st->offset;
+    char *mine = st->blk->base[me] + st->offset;
+    if (st->stage < STAGE_REDUCED) {
+        int64_t lo = share_lo(count, n, me), len = share_lo(count, n, me + 1) - lo;
+        const char *at[n];
+        for (int r = 0; r < n; r++)
+            at[r] = src[r] + lo * e;
+        reduce_ranks(s, w, mine + lo * e, at, len);
+        st->stage = STAGE_REDUCED;
+        atomic_store_explicit(&ctl_of(s, me)->direct, base + STAGE_REDUCED, memory_order_release);
+    }
+    if (st->stage < STAGE_COPIED) {
+        if (!all_reached(s, base + STAGE_REDUCED))
+            return CT__PENDING;
+        for (int r = 0; r < n; r++) {
+            int64_t lo = share_lo(count, n, r), len = share_lo(count, n, r + 1) - lo;
+            if (r != me)
+                memcpy(mine + lo * e, src[r] + lo * e, (size_t)(len * e));
+        }
+        st->stage = STAGE_COPIED;
+        atomic_store_explicit(&ctl_of(s, me)->direct, base + STAGE_COPIED, memory_order_release);
+    }
+    return all_reached(s, base + STAGE_COPIED) ? CT__DONE : CT__PENDING;
+}
+
 /* ------------------------------------------------------------ the ring */
 
 /* The ring runs one unified schedule of 2n - 1 steps per chunk for rank r
@@ -396,7 +554,7 @@ static int64_t chunk_range(const ct_work *w, int n, int seg, int64_t j, int64_t 
     return end > start ? end - start : 0;
 }
 
-static int ring_start(shm *s, ct_work *w, shm_work *st) {
+static void ring_start(shm *s, ct_work *w, shm_work *st) {
     ct_dtype dt = (ct_dtype)w->desc.dtype;
     int n = s->n;
     st->chunk = RING_SLOT / (int64_t)ct__acc_size(dt);
@@ -419,7 +577,6 @@ static int ring_start(shm *s, ct_work *w, shm_work *st) {
         break;
     }
     st->ntasks = nchunks * st->per_task;
-    return CT__PENDING;
 }
 
 /* The slots one ring or chain task needs: the next from the left (recv)
@@ -623,12 +780,17 @@ static int shm_start(ct_comm *c, ct_work *w) {
     }
     if (s->active.seq != 0)
         return CT__AGAIN; /* collectives run one at a time, in issue order */
-    publish_active(s, &w->desc);
     int64_t e = (int64_t)esize(w);
+    bool small = post_bytes(w, s->n) <= BULLETIN_BYTES;
+    if (s->n > 1 && !small && w->desc.op == CT__ALLREDUCE)
+        st->blk = find_block(s, w->out, w->desc.count * e, &st->offset);
+    publish_active(s, &w->desc, st->blk, st->offset);
     if (s->n == 1) {
         st->path = PATH_LOCAL;
-    } else if (post_bytes(w, s->n) <= BULLETIN_BYTES) {
+    } else if (small) {
         st->path = PATH_BULLETIN;
+    } else if (st->blk) {
+        st->path = PATH_DECIDE;
     } else if (w->desc.op == CT__BROADCAST || w->desc.op == CT__REDUCE) {
         st->path = PATH_CHAIN;
         st->chunk = RING_SLOT /
@@ -638,8 +800,8 @@ static int shm_start(ct_comm *c, ct_work *w) {
         st->path = PATH_PAIRS;
         memset(s->a2a_sent, 0, (size_t)s->n * sizeof *s->a2a_sent);
         memset(s->a2a_got, 0, (size_t)s->n * sizeof *s->a2a_got);
-        int64_t block = w->desc.count / s->n * e;
-        memcpy((char *)w->out + s->rank * block, (char *)w->in + s->rank * block, (size_t)block);
+        int64_t part = w->desc.count / s->n * e;
+        memcpy((char *)w->out + s->rank * part, (char *)w->in + s->rank * part, (size_t)part);
     } else {
         st->path = PATH_RING;
         ring_start(s, w, st);
@@ -679,6 +841,18 @@ static int shm_progress(ct_comm *c, ct_work *w) {
         rc = CT__DONE;
         break;
     case PATH_BULLETIN: rc = bulletin_progress(s, w); break;
+    case PATH_DECIDE:
+        rc = decide_direct(s, w);
+        if (rc == CT__AGAIN)
+            return CT__PENDING;
+        if (rc < 0)
+            break;
+        st->path = rc ? PATH_DIRECT : PATH_RING;
+        if (!rc)
+            ring_start(s, w, st);
+        rc = rc ? direct_progress(s, w) : ring_progress(s, w);
+        break;
+    case PATH_DIRECT: rc = direct_progress(s, w); break;
     case PATH_RING: rc = ring_progress(s, w); break;
     case PATH_CHAIN: rc = chain_progress(s, w); break;
     default: rc = alltoall_progress(s, w); break;
@@ -722,10 +896,10 @@ static int shm_poll(ct_comm *c, char *msg) {
         }
         /* Ranks on different paths for the same operation wait on different
          * transports; only their published descriptors show it. */
-        ct__coll_desc theirs;
-        if (s->active.seq && read_active(s, r, &theirs) && theirs.seq == s->active.seq &&
-            !ct__desc_match(&theirs, &s->active)) {
-            disagree(msg, s->rank, &s->active, r, &theirs);
+        active_op theirs;
+        if (s->active.seq && read_active(s, r, &theirs) && theirs.desc.seq == s->active.seq &&
+            !ct__desc_match(&theirs.desc, &s->active)) {
+            disagree(msg, s->rank, &s->active, r, &theirs.desc);
             return CT_EMISMATCH;
         }
     }
@@ -742,10 +916,10 @@ static void shm_describe_timeout(ct_comm *c, const ct_work *w, char *msg) {
     ct__msg_append(msg, CT__MSG_LEN, "; ranks that did not arrive:");
     int missing = 0;
     for (int r = 0; r < s->n; r++) {
-        ct__coll_desc theirs;
+        active_op theirs;
         bool known = read_active(s, r, &theirs);
         /* A rank arrived if it runs this operation or a later one. */
-        if (r == s->rank || (known && theirs.seq >= w->desc.seq))
+        if (r == s->rank || (known && theirs.desc.seq >= w->desc.seq))
             continue;
         ct__msg_append(msg, CT__MSG_LEN, "%s %d", missing ? "," : "", r);
         missing++;
@@ -766,11 +940,134 @@ static void shm_abort(ct_comm *c, int code, const char *msg) {
     }
 }
 
+/* ------------------------------------------------------------ blocks */
+
+static void registry_release(registry *reg) {
+    if (atomic_fetch_sub_explicit(&reg->refs, 1, memory_order_acq_rel) == 1) {
+        pthread_mutex_destroy(&reg->mu);
+        free(reg);
+    }
+}
+
+static void block_unmap(shm_block *b) {
+    for (int r = 0; r < b->n; r++)
+        if (b->base[r])
+            munmap(b->base[r], b->bytes);
+    free(b->base);
+    free(b);
+}
+
+/* The storage's free function: by then no operation uses the block. */
+static void block_release(void *data, void *ctx) {
+    (void)data;
+    shm_block *b = ctx;
+    registry *reg = b->reg;
+    pthread_mutex_lock(&reg->mu);
+    for (shm_block **p = &reg->head; *p; p = &(*p)->next)
+        if (*p == b) {
+            *p = b->next;
+            break;
+        }
+    pthread_mutex_unlock(&reg->mu);
+    block_unmap(b);
+    registry_release(reg);
+}
+
+static void block_name(char *buf, size_t n, const shm *s, uint64_t id, int r) {
+    snprintf(buf, n, "%s.b%llu.%d", s->name, (unsigned long long)id, r);
+}
+
+static int block_fail(const char *what, const char *name) {
+    return ct__seterr(errno == ENOMEM || errno == ENOSPC ? CT_ENOMEM : CT_EIO,
+                      "comm_zeros: %s of shared memory %s: %s", what, name, strerror(errno));
+}
+
+/* Maps rank r's segment of b (creating it, zero-filled, when r is this
+ * rank). */
+static int block_map(shm *s, shm_block *b, int r) {
+    char name[NAME_MAX_LEN + 64];
+    block_name(name, sizeof name, s, b->id, r);
+    bool own = r == s->rank;
+    int fd = own ? shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600) : shm_open(name, O_RDWR, 0);
+    if (fd < 0)
+        return block_fail(own ? "creation" : "opening", name);
+    int rc = 0;
+    struct stat sb;
+    if (own && ftruncate(fd, (off_t)b->bytes) != 0)
+        rc = block_fail("sizing", name);
+    else if (!own && (fstat(fd, &sb) != 0 || (size_t)sb.st_size != b->bytes))
+        rc = ct__seterr(CT_EIO, "comm_zeros: shared memory %s has %lld bytes, not %zu", name,
+                        (long long)sb.st_size, b->bytes);
+    if (rc == 0) {
+        void *p = mmap(NULL, b->bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+        if (p == MAP_FAILED)
+            rc = block_fail("mapping", name);
+        else
+            b->base[r] = p;
+    }
+    close(fd);
+    if (rc && own)
+        shm_unlink(name);
+    return rc;
+}
+
+/* Every rank makes its segment; once all have, every rank maps the others';
+ * once all have, the names go. */
+static ct_storage *shm_alloc_shared(ct_comm *c, size_t bytes) {
+    shm *s = c->impl;
+    shm_block *b = calloc(1, sizeof *b);
+    char **base = calloc((size_t)s->n, sizeof *base);
+    int rc = 0;
+    if (b && base) {
+        *b = (shm_block){
+            .reg = s->blocks, .id = ++s->nblocks, .n = s->n, .rank = s->rank, .base = base};
+        b->bytes = round_up(bytes, (size_t)sysconf(_SC_PAGESIZE));
+        rc = block_map(s, b, s->rank);
+    } else {
+        free(base);
+        free(b);
+        b = NULL;
+        rc = ct__seterr(CT_ENOMEM, "comm_zeros: out of memory");
+    }
+    rc = ct__comm_agree(c, "comm_zeros", rc);
+    if (rc == 0) {
+        for (int r = 0; r < s->n && rc == 0; r++)
+            if (r != s->rank)
+                rc = block_map(s, b, r);
+        rc = ct__comm_agree(c, "comm_zeros", rc);
+    }
+    if (b && b->base[s->rank]) { /* every rank that could map it has */
+        char name[NAME_MAX_LEN + 64];
+        block_name(name, sizeof name, s, b->id, s->rank);
+        shm_unlink(name);
+    }
+    ct_storage *st = NULL;
+    if (rc == 0) {
+        st =
+            ct_storage_from_blob(b->base[s->rank], bytes, (ct_device){CT_CPU, 0}, block_release, b);
+        if (!st)
+            rc = ct_errcode();
+    }
+    if (rc) {
+        if (b)
+            block_unmap(b);
+        return NULL;
+    }
+    atomic_fetch_add_explicit(&s->blocks->refs, 1, memory_order_relaxed);
+    pthread_mutex_lock(&s->blocks->mu);
+    b->next = s->blocks->head;
+    s->blocks->head = b;
+    pthread_mutex_unlock(&s->blocks->mu);
+    return st;
+}
+
 /* ------------------------------------------------------------ setup */
 
 static void shm_free(shm *s) {
     if (!s)
         return;
+    if (s->blocks)
+        registry_release(s->blocks);
     if (s->pidfds)
         for (int r = 0; r < s->n; r++)
             if (s->pidfds[r] >= 0)
@@ -942,9 +1239,14 @@ static int shm_init_named(ct_comm *c, const char *name) {
     s->a2a_sent = calloc((size_t)n, sizeof(int64_t));
     s->a2a_got = calloc((size_t)n, sizeof(int64_t));
     s->pidfds = malloc((size_t)n * sizeof(int));
-    s->acc = malloc(BULLETIN_BYTES * 2); /* 16-bit floats take twice their size */
+    s->acc = malloc(ACC_BYTES);
+    s->blocks = calloc(1, sizeof *s->blocks);
+    if (s->blocks) {
+        pthread_mutex_init(&s->blocks->mu, NULL);
+        atomic_init(&s->blocks->refs, 1);
+    }
     if (!s->p2p_busy_out || !s->p2p_busy_in || !s->a2a_sent || !s->a2a_got || !s->pidfds ||
-        !s->acc) {
+        !s->acc || !s->blocks) {
         shm_free(s);
         return ct__seterr(CT_ENOMEM, "comm_new: out of memory");
     }
@@ -1003,4 +1305,5 @@ const ct__backend ct__shm_backend = {
     .describe_timeout = shm_describe_timeout,
     .abort = shm_abort,
     .split = shm_split,
+    .alloc_shared = shm_alloc_shared,
 };

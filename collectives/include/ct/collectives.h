@@ -194,6 +194,29 @@ typedef struct ct_comm_stats {
 } ct_comm_stats;
 CT_API void ct_comm_stats_get(ct_comm *comm, ct_comm_stats *stats);
 
+/* ------------------------------------------------------- shared memory */
+
+/* A zero-filled contiguous tensor in memory that every rank's transport can
+ * reach: with the shm backend, one shared segment per rank that every rank
+ * of comm maps. An allreduce on such a tensor, or on a contiguous view of
+ * it, over more than 64 KiB skips the staging copies: each rank reduces its
+ * share straight from its peers' memory, then copies the others' shares
+ * (PyTorch's symmetric memory and NCCL's registered buffers are the same
+ * idea). The fast path needs every rank to pass the same view; otherwise
+ * the usual path runs, with the same results. Other operations on it take
+ * the usual path. Backends without such memory (mpi, nccl) return an
+ * ordinary zeroed tensor.
+ *
+ * A collective: every rank of comm calls it, in the same order among the
+ * other operations, with the same sizes and dtype. The caller owns the
+ * result (scope-owned inside a scope); it stays valid after comm is freed.
+ * Errors, on every rank: CT_EINVAL for bad sizes or a dtype, or when ranks
+ * ask for different ones (the message names both); CT_EIO / CT_ENOMEM when
+ * a rank cannot create or map its segment (on that rank; the others fail
+ * with CT_EPEER naming it); the communicator's own failures. Call it from
+ * the thread that issues operations. */
+CT_API ct_tensor *ct_comm_zeros(ct_comm *comm, int ndim, const int64_t *sizes, ct_dtype dtype);
+
 /* ------------------------------------------------------------ operations */
 
 /* Each operation returns 0 once issued (work != NULL: *work receives a new
