@@ -6,7 +6,9 @@
  *                   form, in-place allgather, split and process groups, each
  *                   checked against a serial reference
  *   peer_killed     the last rank SIGKILLs itself mid-allreduce
+ *   peer_killed_shared     the same on ct_comm_zeros memory (the direct path)
  *   count_mismatch  rank 1 passes another element count than the others
+ *   count_mismatch_shared  the same, all in one ct_comm_zeros allocation
  *   dtype_mismatch  rank 1 passes another dtype than the others
  *   late_rank       the last rank arrives after the timeout
  *
@@ -931,7 +933,16 @@ static int timed_allreduce(ct_comm *c, ct_tensor *t, double *took) {
     return rc;
 }
 
-TEST(peer_killed) {
+/* in: shared memory (ct_comm_zeros) for t, so that the allreduce runs the
+ * direct path, or a tensor of its own. */
+static ct_tensor *scenario_tensor(ct_comm *c, bool shared, int64_t n, int64_t len, ct_dtype dt) {
+    if (!shared)
+        return ct_zeros(1, &len, dt);
+    ct_tensor *t = ct_comm_zeros(c, 1, &n, dt);
+    return t ? ct_narrow(t, 0, 0, len) : NULL;
+}
+
+static void run_peer_killed(bool shared) {
     /* ctlaunch SIGTERMs the other ranks as soon as it sees one die. The
      * survivors ignore SIGTERM, to live long enough to report what their
      * allreduce said and exit on their own; the driver gives ctlaunch a
@@ -944,7 +955,10 @@ TEST(peer_killed) {
     if (!c)
         return;
     const int victim = size_ - 1;
-    ct_tensor *t = input_tensor(rank_, 0, LARGE, CT_FLOAT32, CT_REDUCE_SUM);
+    ct_tensor *t = scenario_tensor(c, shared, LARGE, LARGE, CT_FLOAT32);
+    if (!check_rc("the tensor", t ? 0 : ct_errcode()))
+        return;
+    ct_copy_(t, input_tensor(rank_, 0, LARGE, CT_FLOAT32, CT_REDUCE_SUM));
     check_rc("barrier", ct_comm_barrier(c, NULL));
     if (rank_ == victim) {
         ct_work *w = NULL;
@@ -965,16 +979,21 @@ TEST(peer_killed) {
     ct_dist_finalize();
 }
 
+TEST(peer_killed) { run_peer_killed(false); }
+TEST(peer_killed_shared) { run_peer_killed(true); }
+
 /* Every rank but rank 1 calls an allreduce of n elements of dt, rank 1 one
  * of n1 elements of dt1; every rank fails with a message naming both
  * sides. */
-static void run_mismatch(int64_t n, ct_dtype dt, int64_t n1, ct_dtype dt1, const char *side,
-                         const char *side1) {
+static void run_mismatch(bool shared, int64_t n, ct_dtype dt, int64_t n1, ct_dtype dt1,
+                         const char *side, const char *side1) {
     const double timeout = 10;
     ct_comm *c = join(timeout);
     if (!c)
         return;
-    ct_tensor *t = rank_ == 1 ? ct_zeros(1, &n1, dt1) : ct_zeros(1, &n, dt);
+    int64_t most = n > n1 ? n : n1;
+    ct_tensor *t = rank_ == 1 ? scenario_tensor(c, shared, most, n1, dt1)
+                              : scenario_tensor(c, shared, most, n, dt);
     double took;
     int rc = timed_allreduce(c, t, &took);
     if (check_fails("mismatched allreduce", rc, CT_EMISMATCH, "allreduce", side, side1)) {
@@ -986,10 +1005,15 @@ static void run_mismatch(int64_t n, ct_dtype dt, int64_t n1, ct_dtype dt1, const
 }
 
 TEST(count_mismatch) {
-    run_mismatch(100, CT_FLOAT32, 99, CT_FLOAT32, "100 elements", "99 elements");
+    run_mismatch(false, 100, CT_FLOAT32, 99, CT_FLOAT32, "100 elements", "99 elements");
 }
 
-TEST(dtype_mismatch) { run_mismatch(100, CT_FLOAT64, 100, CT_INT32, "float64", "int32"); }
+/* Both in the same shared memory: the direct path's check. */
+TEST(count_mismatch_shared) {
+    run_mismatch(true, 40000, CT_FLOAT32, 39999, CT_FLOAT32, "40000 elements", "39999 elements");
+}
+
+TEST(dtype_mismatch) { run_mismatch(false, 100, CT_FLOAT64, 100, CT_INT32, "float64", "int32"); }
 
 TEST(late_rank) {
     const double timeout = 2, late_by = 3.5;

@@ -69,6 +69,16 @@ TEST(ranks_disagreeing_on_the_count_all_fail_naming_both) {
     passes_under_ctlaunch(3, "count_mismatch", SCENARIO_DEADLINE, 0, -1);
 }
 
+/* The same two failures on the direct path, which reads the peers' memory
+ * instead of channels. */
+TEST(a_rank_killed_mid_allreduce_in_shared_memory_fails_the_others_with_its_name) {
+    passes_under_ctlaunch(3, "peer_killed_shared", SCENARIO_DEADLINE, 128 + SIGKILL, 2);
+}
+
+TEST(ranks_disagreeing_on_the_count_in_shared_memory_all_fail_naming_both) {
+    passes_under_ctlaunch(3, "count_mismatch_shared", SCENARIO_DEADLINE, 0, -1);
+}
+
 TEST(ranks_disagreeing_on_the_dtype_all_fail_naming_both) {
     passes_under_ctlaunch(2, "dtype_mismatch", SCENARIO_DEADLINE, 0, -1);
 }
