@@ -83,7 +83,7 @@ typedef struct rank_ctl {
     atomic_uint_fast64_t active_version;
     active_op active;
     _Alignas(LINE) atomic_uint_fast64_t done_seq; /* last bulletin round it finished reading */
-    _Alignas(LINE) atomic_uint_fast64_t direct;   /* seq * 4 + stage of a direct allreduce */
+    _Alignas(LINE) atomic_uint_fast64_t direct;   /* seq * 2 + 1: its direct share is out */
 } rank_ctl;
 
 typedef struct bulletin {
@@ -284,7 +284,7 @@ typedef struct shm_work {
     int64_t per_task; /* ring/chain: tasks per chunk */
     int64_t k0;       /* ring: the first step of the unified schedule */
     int64_t done;     /* send/recv: bytes moved */
-    int stage;        /* direct: the last stage this rank reached */
+    bool pushed;      /* direct: this rank's share is in every rank's copy */
     shm_block *blk;   /* decide, direct: the block holding the data */
     int64_t offset;   /* decide, direct: the data's byte offset in it */
 } shm_work;
@@ -430,18 +430,21 @@ static int bulletin_progress(shm *s, ct_work *w) {
 /* ------------------------------------------------------------ direct */
 
 /* An allreduce whose data every rank keeps at the same place of the same
- * block runs straight from the peers' memory: rank r reduces share r of
- * the elements from every rank's copy into its own, then copies each other
- * share from its owner. Nothing is staged, and each element is reduced
- * once, in rank order, so every rank holds bitwise the same result. Each
- * rank's direct counter, seq * 4 + stage, orders the phases:
- *   (publishing the operation with its block and offset: the input is in
- *   place; every rank sees every rank's, and decides the path alike)
- *   2  its share is reduced: others may copy it;
- *   3  it copied every share: others may overwrite their memory.
- * A rank finishes only once every rank reached 3, because until then a
- * peer may still read its share. */
-enum { STAGE_REDUCED = 2, STAGE_COPIED = 3 };
+ * block runs straight from the peers' memory. Rank r owns share r of the
+ * elements: it reduces them from every rank's copy, in rank order, and
+ * writes the result into every rank's copy. Nothing is staged, and each
+ * element is reduced once, so every rank holds bitwise the same result.
+ * Shares are disjoint, so the ranks never touch the same bytes: rank r
+ * reads and writes only share r, in every copy, and reads each piece of
+ * it from every copy before writing that piece anywhere. Two points
+ * synchronize:
+ *   - publishing the operation with its block and offset says that the
+ *     input is in place; every rank reads every rank's, and all decide the
+ *     path alike;
+ *   - the direct counter, seq * 2 + 1, says that a rank wrote its share
+ *     everywhere. A rank finishes once every rank has, since until then a
+ *     peer may still read or write its copy. */
+#define PIECE_BYTES (64 * 1024) /* reduced, then written out, while in cache */
 
 /* The live block holding [p, p + bytes), and the offset of p in it. */
 static shm_block *find_block(shm *s, const void *p, int64_t bytes, int64_t *offset) {
@@ -494,32 +497,24 @@ static int direct_progress(shm *s, ct_work *w) {
     shm_work *st = state(w);
     int n = s->n, me = s->rank;
     int64_t e = (int64_t)esize(w), count = w->desc.count;
-    uint64_t base = w->desc.seq * 4;
-    const char *src[n];
-    for (int r = 0; r < n; r++)
-        src[r] = st->blk->base[r] + st->offset;
-    char *mine = st->blk->base[me] + st->offset;
-    if (st->stage < STAGE_REDUCED) {
-        int64_t lo = share_lo(count, n, me), len = share_lo(count, n, me + 1) - lo;
-        const char *at[n];
-        for (int r = 0; r < n; r++)
-            at[r] = src[r] + lo * e;
-        reduce_ranks(s, w, mine + lo * e, at, len);
-        st->stage = STAGE_REDUCED;
-        atomic_store_explicit(&ctl_of(s, me)->direct, base + STAGE_REDUCED, memory_order_release);
-    }
-    if (st->stage < STAGE_COPIED) {
-        if (!all_reached(s, base + STAGE_REDUCED))
-            return CT__PENDING;
-        for (int r = 0; r < n; r++) {
-            int64_t lo = share_lo(count, n, r), len = share_lo(count, n, r + 1) - lo;
-            if (r != me)
-                memcpy(mine + lo * e, src[r] + lo * e, (size_t)(len * e));
+    uint64_t pushed = w->desc.seq * 2 + 1;
+    if (!st->pushed) {
+        int64_t lo = share_lo(count, n, me), hi = share_lo(count, n, me + 1);
+        int64_t piece = PIECE_BYTES / e;
+        char *at[n];
+        for (int64_t i = lo; i < hi; i += piece) {
+            int64_t len = hi - i < piece ? hi - i : piece;
+            for (int r = 0; r < n; r++)
+                at[r] = st->blk->base[r] + st->offset + i * e;
+            reduce_ranks(s, w, at[me], (const char *const *)at, len);
+            for (int r = 0; r < n; r++)
+                if (r != me)
+                    memcpy(at[r], at[me], (size_t)(len * e));
         }
-        st->stage = STAGE_COPIED;
-        atomic_store_explicit(&ctl_of(s, me)->direct, base + STAGE_COPIED, memory_order_release);
+        st->pushed = true;
+        atomic_store_explicit(&ctl_of(s, me)->direct, pushed, memory_order_release);
     }
-    return all_reached(s, base + STAGE_COPIED) ? CT__DONE : CT__PENDING;
+    return all_reached(s, pushed) ? CT__DONE : CT__PENDING;
 }
 
 /* ------------------------------------------------------------ the ring */
