@@ -200,7 +200,7 @@ CT_API void ct_comm_stats_get(ct_comm *comm, ct_comm_stats *stats);
  * reach: with the shm backend, one shared segment per rank that every rank
  * of comm maps. An allreduce on such a tensor, or on a contiguous view of
  * it, over more than 64 KiB skips the staging copies: each rank reduces its
- * share straight from its peers' memory, then copies the others' shares
+ * share straight from its peers' memory and writes it into theirs
  * (PyTorch's symmetric memory and NCCL's registered buffers are the same
  * idea). The fast path needs every rank to pass the same view; otherwise
  * the usual path runs, with the same results. Other operations on it take
