@@ -452,14 +452,20 @@ static int finalize(void *ctx) {
     ct_ddp *d = ctx;
     d->in_backward = false;
     bool learning = d->o.static_graph && d->iterations == 0;
-    for (int k = 0; k < d->n; k++) {
+    int rc = 0;
+    for (int k = 0; k < d->n && !rc; k++) {
         param *p = &d->p[k];
         if (learning)
             p->expected = p->calls > 0 ? p->calls : 1;
-        if (!p->used) /* counts as zero, whatever the gradient held before */
-            memset(ct_data_ptr(p->grad), 0, (size_t)p->numel * ct_dtype_size(d->dtype));
+        if (p->used)
+            continue;
+        /* It counts as zero, whatever the gradient held before; and after
+         * zero_grad with set_to_none it gets the view back, since other
+         * ranks may have used it: the optimizer must see the average. */
+        memset(ct_data_ptr(p->grad), 0, (size_t)p->numel * ct_dtype_size(d->dtype));
+        if (ct_tensor_grad(p->t) != p->grad)
+            rc = ct_tensor_set_grad(p->t, p->grad);
     }
-    int rc = 0;
     if (d->hooks_progress && !d->has_hook && d->next_launch == 0) {
         /* Every bucket starts now, and together they tile the buffer: one
          * allreduce of all of it costs one synchronization instead of one

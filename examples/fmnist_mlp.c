@@ -287,9 +287,11 @@ static int train(const options *o, FILE *metrics) {
                     rc = loss ? ct_tensor_backward(loss) : ct_errcode();
                 if (!rc)
                     rc = ct_optim_step(opt);
-                /* Data parallel keeps each gradient a view into its bucket. */
+                /* Under data parallel too: ct_ddp copies the next backward's
+                 * gradients into its buckets, which costs less than zeroing
+                 * them and adding into them. */
                 if (!rc)
-                    rc = ct_optim_zero_grad(opt, ddp == NULL);
+                    rc = ct_optim_zero_grad(opt, true);
                 last_loss = rc ? NAN : ct_item(loss);
                 loss_sum += last_loss;
                 epoch_count++;

@@ -15,6 +15,9 @@
  *                       rank, naming its parameters
  *   unused_found        the same with find_unused_parameters trains, and
  *                       that layer's gradients are zero
+ *   partly_unused       a layer in the loss on rank 0 only, with
+ *                       find_unused_parameters and zero_grad's set_to_none:
+ *                       the ranks stay bitwise equal, and the layer trains
  *   ready_twice_fails   a layer in two checkpointed segments without
  *                       static_graph: CT_ESTATE naming it on every rank
  *   ready_twice_static  the same with static_graph trains and matches
@@ -106,6 +109,7 @@ typedef struct net_config {
     bool checkpointed; /* each hidden block runs under ct_checkpoint */
     bool mid_twice;    /* mid runs twice (in two checkpointed segments when checkpointed) */
     bool unused;       /* aux runs, but its output is not part of the loss */
+    bool aux_rank0;    /* aux runs, and its output joins the loss on rank 0 only */
 } net_config;
 
 static int run_block(void *layer, ct_tensor *const *inputs, int ninputs, ct_tensor **outputs,
@@ -134,9 +138,12 @@ static ct_tensor *net_forward(ct_module *m, ct_tensor *x) {
     ct_tensor *h = block(cfg, mid, block(cfg, ct_module_child(m, "in"), x));
     if (cfg->mid_twice)
         h = block(cfg, mid, h);
-    if (cfg->unused && !ct_module_forward(ct_module_child(m, "aux"), h))
+    ct_tensor *aux =
+        cfg->unused || cfg->aux_rank0 ? ct_module_forward(ct_module_child(m, "aux"), h) : NULL;
+    if ((cfg->unused || cfg->aux_rank0) && !aux)
         return NULL;
-    return ct_module_forward(ct_module_child(m, "out"), h);
+    ct_tensor *y = ct_module_forward(ct_module_child(m, "out"), h);
+    return cfg->aux_rank0 && rank_ == 0 ? ct_add(y, aux) : y;
 }
 
 /* The model with weights drawn from seed; NULL (failure recorded) on
@@ -155,7 +162,7 @@ static ct_module *build_net(const net_config *cfg, uint64_t seed) {
     int64_t h = cfg->hidden;
     int rc = ct_module_add_child(m, "in", ct_linear_new(IN, h, true));
     rc = rc ? rc : ct_module_add_child(m, "mid", ct_linear_new(h, h, true));
-    if (cfg->unused)
+    if (cfg->unused || cfg->aux_rank0)
         rc = rc ? rc : ct_module_add_child(m, "aux", ct_linear_new(h, OUT, true));
     rc = rc ? rc : ct_module_add_child(m, "out", ct_linear_new(h, OUT, true));
     if (rc) {
@@ -330,13 +337,16 @@ static bool setup(fixture *f, const net_config *cfg, const ct_ddp_options *opts,
 }
 
 /* Optimizer steps [first, first + steps) of net on share share (of
- * nshares) of each global batch. */
+ * nshares) of each global batch. zero_grad alternates between its two
+ * kinds: in place, which keeps ct_ddp's views, and set_to_none, after which
+ * ct_ddp puts the next gradients (zero for an unused parameter) back into
+ * its views. */
 static int train(ct_module *net, ct_optim *opt, int first, int steps, int share, int nshares) {
     int rc = 0;
     for (int s = first; !rc && s < first + steps; s++) {
         rc = backward_on_batch(net, s, share, nshares);
         rc = rc ? rc : ct_optim_step(opt);
-        rc = rc ? rc : ct_optim_zero_grad(opt, false);
+        rc = rc ? rc : ct_optim_zero_grad(opt, s % 2 == 1);
     }
     return rc;
 }
@@ -505,6 +515,40 @@ TEST(unused_found) {
         else if (rc)
             tt_fail(__FILE__, __LINE__, "first step: %s: %s", ct_errname(rc), ct_errmsg());
     }
+    fixture_free(&f);
+    ct_dist_finalize();
+}
+
+/* aux joins the loss on rank 0 only: every other rank gets its average
+ * gradient from rank 0, including after zero_grad with set_to_none, when
+ * its own backward left aux without a gradient; the ranks' parameters stay
+ * bitwise the same, and aux trains. */
+TEST(partly_unused) {
+    if (!join())
+        return;
+    fixture f = {0};
+    ct_ddp_options o = small_buckets();
+    o.find_unused_parameters = true;
+    ct_param_list ranks0;
+    ct_param_list_init(&ranks0);
+    ct_scope_begin();
+    if (setup(&f, &(net_config){.hidden = HIDDEN, .aux_rank0 = true}, &o, CT_OPTIM_SGD)) {
+        ct_tensor *aux0 = ct_clone(ct_param_list_find(&f.params, "aux.weight"));
+        int rc = aux0 ? train(f.net, f.opt, 0, 4, rank_, size_) : ct_errcode();
+        for (int i = 0; !rc && i < f.params.n; i++) {
+            ct_tensor *t = ct_clone(f.params.tensors[i]);
+            rc = t ? ct_comm_broadcast(comm_, t, 0, NULL) : ct_errcode();
+            rc = rc ? rc : ct_param_list_add(&ranks0, f.params.names[i], t);
+        }
+        ct_tensor *aux = ct_param_list_find(&f.params, "aux.weight");
+        if (rc)
+            tt_fail(__FILE__, __LINE__, "training: %s: %s", ct_errname(rc), ct_errmsg());
+        else if (compare_params(&f.params, &ranks0, 0, "against rank 0's") == 0 &&
+                 ct_item(ct_amax(ct_abs(ct_sub(aux0, aux)), NULL, 0, false)) == 0)
+            tt_fail(__FILE__, __LINE__, "aux.weight did not train on rank %d", rank_);
+    }
+    ct_scope_end();
+    ct_param_list_free(&ranks0);
     fixture_free(&f);
     ct_dist_finalize();
 }

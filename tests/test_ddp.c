@@ -54,6 +54,7 @@ TEST(activation_checkpointing_with_static_graph_on_3_ranks_matches_one_process) 
 /* Only rank 1 differs: rank 2 must still fail, and name it. */
 TEST(models_that_differ_fail_on_every_rank_naming_both_shapes) { passes(3, "mismatched_models"); }
 TEST(an_unused_parameter_fails_backward_on_every_rank_naming_it) { passes(2, "unused_fails"); }
+TEST(a_parameter_used_on_one_rank_trains_on_every_rank_alike) { passes(3, "partly_unused"); }
 TEST(find_unused_parameters_trains_with_a_zero_gradient_for_the_unused_one) {
     passes(2, "unused_found");
 }
