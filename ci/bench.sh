@@ -201,7 +201,7 @@ run_collectives() {
 run_ddp() {
     local fmnist=$build/examples/fmnist_mlp
     local ctlaunch=("$build/launcher/ctlaunch" -np 2)
-    local steps=500 warmup=20
+    local steps=1000 warmup=20
     local ct_steps=(--max-steps $((warmup + steps)) --warmup-steps "$warmup" --metrics "")
     local torch_steps=(--steps "$steps" --warmup-steps "$warmup")
     local one_bucket=(--first-bucket-bytes $((1 << 30)) --bucket-bytes $((1 << 30)))
