@@ -189,9 +189,10 @@ run_collectives() {
 }
 
 # The fmnist_mlp recipe (global batch 64) data-parallel: rounds that each
-# train 500 timed steps (after 20 untimed) with ct on 1 rank at 1 and 2
-# threads, on 2 ranks under ctlaunch (shm) and under mpirun (its default
-# backend, mpi, then CT_BACKEND=shm), then with PyTorch DDP (gloo) on 2 ranks
+# train 1000 timed steps (after 20 untimed) with ct on 1 rank at 1 and 2
+# threads, on 2 ranks under ctlaunch (shm), as two lone processes at half
+# the batch, and under mpirun (its default on one machine, shm, then
+# CT_BACKEND=mpi), then with PyTorch DDP (gloo) on 2 ranks
 # and plain PyTorch on 1, so that every run gets the same chances at the
 # host's fast and slow states (docs/bench-collectives.md, "Rounds"). Then ct
 # trains CT_BENCH_EPOCHS whole epochs on 1 rank and on 2 for the test
@@ -227,7 +228,7 @@ run_ddp() {
         ddp_nocomm "$round" "$fmnist" "${ct_steps[@]}" --threads 1 --batch 32
         if $have_mpi; then
             ddp_ct ct_2ranks_mpirun "$round" "${mpirun[@]}" "$fmnist" "${ct_steps[@]}" --threads 1
-            ddp_ct ct_2ranks_mpirun_shm "$round" "${mpirun[@]}" -x CT_BACKEND=shm "$fmnist" \
+            ddp_ct ct_2ranks_mpirun_mpi "$round" "${mpirun[@]}" -x CT_BACKEND=mpi "$fmnist" \
                 "${ct_steps[@]}" --threads 1
         fi
         # A failed PyTorch run fails the whole run, after the summary.
@@ -263,8 +264,8 @@ RUNS = {
     "ct_1rank_2threads": "ct, 1 rank, 2 threads",
     "ct_2ranks_ctlaunch": "ct, 2 ranks, ctlaunch (shm)",
     "ct_2procs_nocomm": "ct, 2 lone processes, batch 32 each",
-    "ct_2ranks_mpirun": "ct, 2 ranks, mpirun (mpi)",
-    "ct_2ranks_mpirun_shm": "ct, 2 ranks, mpirun (CT_BACKEND=shm)",
+    "ct_2ranks_mpirun": "ct, 2 ranks, mpirun (shm, its default)",
+    "ct_2ranks_mpirun_mpi": "ct, 2 ranks, mpirun (CT_BACKEND=mpi)",
     "torch_ddp_2ranks": "PyTorch DDP, 2 ranks (gloo)",
     "torch_1rank": "PyTorch, 1 rank",
 }
@@ -279,7 +280,7 @@ RATIOS = [
     (None, "ct_2procs_nocomm", "ct_1rank_1thread", None),
     (None, "ct_2procs_nocomm", "ct_1rank_2threads", None),
     (None, "ct_2ranks_mpirun", "ct_1rank_1thread", None),
-    (None, "ct_2ranks_mpirun_shm", "ct_1rank_1thread", None),
+    (None, "ct_2ranks_mpirun_mpi", "ct_1rank_1thread", None),
     ("ct_2ranks_vs_torch_ddp", "ct_2ranks_ctlaunch", "torch_ddp_2ranks", 5.0),
     (None, "ct_1rank_2threads", "torch_1rank", None),
     (None, "torch_ddp_2ranks", "torch_1rank", None),

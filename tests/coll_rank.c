@@ -12,6 +12,7 @@
  *   count_mismatch_shared  the same, all in one ct_comm_zeros allocation
  *   dtype_mismatch  rank 1 passes another dtype than the others
  *   late_rank       the last rank arrives after the timeout
+ *   auto_backend    the default backend is shm (every rank on one machine)
  *
  * Every rank's input is a deterministic function of (rank, index), so each
  * rank computes the reference itself and nothing travels except through the
@@ -981,6 +982,18 @@ static void run_peer_killed(bool shared) {
             tt_fail(__FILE__, __LINE__, "the dead peer was noticed after %.2f s", took);
         check_later_calls_fail(c, CT_EPEER, (const char *const[]){NULL}, victim);
     }
+    ct_dist_finalize();
+}
+
+/* Under mpirun with every rank on this machine, auto picks shm. */
+TEST(auto_backend) {
+    ct_comm *c = join(10);
+    if (!c)
+        return;
+    if (ct_comm_backend(c) != CT_BACKEND_SHM)
+        tt_fail(__FILE__, __LINE__, "auto picked %s on one machine, not shm",
+                ct_backend_name(ct_comm_backend(c)));
+    check_allreduce_of(c, 1000, CT_FLOAT32, CT_REDUCE_SUM);
     ct_dist_finalize();
 }
 

@@ -1,8 +1,8 @@
 /* Collectives across real processes: coll_rank checks every operation
  * against a serial reference under ctlaunch (2, 3 and 4 ranks, the shm
- * backend) and under mpirun (the mpi backend, and shm once), and the
- * failures a job meets: a rank killed mid-operation, ranks that disagree,
- * a rank that arrives too late. Each run has a deadline, and every rank
+ * backend) and under mpirun (the mpi backend, shm once, and the default
+ * choice, shm on one machine), and the failures a job meets: a rank killed
+ * mid-operation, ranks that disagree, a rank that arrives too late. Each run has a deadline, and every rank
  * (each prints pid=N) is checked to be gone afterwards.
  *
  * Two ctest entries run this program: test_collectives names the ctlaunch
@@ -137,6 +137,9 @@ TEST(every_operation_is_correct_on_3_ranks_under_mpirun) {
 }
 TEST(the_shm_backend_is_correct_under_mpirun) {
     passes_under_mpirun(2, "shm", "correctness", CORRECTNESS_DEADLINE);
+}
+TEST(mpirun_on_one_machine_picks_shm_by_default) {
+    passes_under_mpirun(2, "auto", "auto_backend", SCENARIO_DEADLINE);
 }
 TEST(ranks_disagreeing_under_mpirun_all_fail_naming_both) {
     passes_under_mpirun(3, "mpi", "count_mismatch", SCENARIO_DEADLINE);
