@@ -972,6 +972,12 @@ static void block_name(char *buf, size_t n, const shm *s, uint64_t id, int r) {
     snprintf(buf, n, "%s.b%llu.%d", s->name, (unsigned long long)id, r);
 }
 
+static void block_unlink(const shm *s, const shm_block *b, int r) {
+    char name[NAME_MAX_LEN + 64];
+    block_name(name, sizeof name, s, b->id, r);
+    shm_unlink(name);
+}
+
 static int block_fail(const char *what, const char *name) {
     return ct__seterr(errno == ENOMEM || errno == ENOSPC ? CT_ENOMEM : CT_EIO,
                       "comm_zeros: %s of shared memory %s: %s", what, name, strerror(errno));
@@ -1002,12 +1008,13 @@ static int block_map(shm *s, shm_block *b, int r) {
     }
     close(fd);
     if (rc && own)
-        shm_unlink(name);
+        block_unlink(s, b, r);
     return rc;
 }
 
 /* Every rank makes its segment; once all have, every rank maps the others';
- * once all have, the names go. */
+ * once all have, the names go. A failure anywhere fails every rank, and
+ * leaves nothing mapped or named. */
 static ct_storage *shm_alloc_shared(ct_comm *c, size_t bytes) {
     shm *s = c->impl;
     shm_block *b = calloc(1, sizeof *b);
@@ -1025,30 +1032,37 @@ static ct_storage *shm_alloc_shared(ct_comm *c, size_t bytes) {
         rc = ct__seterr(CT_ENOMEM, "comm_zeros: out of memory");
     }
     rc = ct__comm_agree(c, "comm_zeros", rc);
-    if (rc == 0) {
-        for (int r = 0; r < s->n && rc == 0; r++)
-            if (r != s->rank)
-                rc = block_map(s, b, r);
-        rc = ct__comm_agree(c, "comm_zeros", rc);
-    }
-    if (b && b->base[s->rank]) { /* every rank that could map it has */
-        char name[NAME_MAX_LEN + 64];
-        block_name(name, sizeof name, s, b->id, s->rank);
-        shm_unlink(name);
-    }
-    ct_storage *st = NULL;
-    if (rc == 0) {
-        st =
-            ct_storage_from_blob(b->base[s->rank], bytes, (ct_device){CT_CPU, 0}, block_release, b);
-        if (!st)
-            rc = ct_errcode();
-    }
     if (rc) {
+        if (b && b->base[s->rank])
+            block_unlink(s, b, s->rank);
         if (b)
             block_unmap(b);
         return NULL;
     }
-    atomic_fetch_add_explicit(&s->blocks->refs, 1, memory_order_relaxed);
+    for (int r = 0; r < s->n && rc == 0; r++)
+        if (r != s->rank)
+            rc = block_map(s, b, r);
+    ct_storage *st = NULL;
+    if (rc == 0) {
+        /* From here the storage owns the block and its registry reference. */
+        atomic_fetch_add_explicit(&s->blocks->refs, 1, memory_order_relaxed);
+        st =
+            ct_storage_from_blob(b->base[s->rank], bytes, (ct_device){CT_CPU, 0}, block_release, b);
+        if (!st) {
+            registry_release(s->blocks);
+            rc = ct_errcode();
+        }
+    }
+    rc = ct__comm_agree(c, "comm_zeros", rc);
+    /* Every rank that could map the segment has: its name can go. */
+    block_unlink(s, b, s->rank);
+    if (rc) {
+        if (st)
+            ct_storage_free(st);
+        else
+            block_unmap(b);
+        return NULL;
+    }
     pthread_mutex_lock(&s->blocks->mu);
     b->next = s->blocks->head;
     s->blocks->head = b;
