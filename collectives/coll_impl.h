@@ -132,10 +132,11 @@ typedef struct ct__backend {
     int (*split_direct)(ct_comm *c, int color, int key, ct_comm **out);
     /* Optional: zero-filled memory of bytes (> 0, the same on every rank,
      * already checked) that every rank's transport reaches, for
-     * ct_comm_zeros. Every rank calls it; it keeps the ranks in step on
-     * failure with ct__comm_agree. Returns a storage the caller owns, or
-     * NULL with the error recorded. */
-    ct_storage *(*alloc_shared)(ct_comm *c, size_t bytes);
+     * ct_comm_zeros. Every rank calls it. Returns 0 with *out a storage the
+     * caller owns, or 0 with *out NULL on every rank when some rank could
+     * not make its part (the caller uses private memory then), or a CT_E*
+     * code with the error recorded when the communicator failed. */
+    int (*alloc_shared)(ct_comm *c, size_t bytes, ct_storage **out);
 } ct__backend;
 
 extern const ct__backend ct__shm_backend;
@@ -204,10 +205,10 @@ void ct__comm_discard(ct_comm *c);
  * error recorded. */
 ct_comm *ct__comm_activate(ct_comm *c);
 
-/* A collective step's outcome on every rank: 0 when every rank's rc is 0;
- * otherwise this rank's own rc, or CT_EPEER naming the first rank that
- * failed, with the message recorded (op names the step). */
-int ct__comm_agree(ct_comm *c, const char *op, int rc);
+/* Whether a step went well on every rank: *first_failed is the lowest rank
+ * whose ok was false, or -1. Returns 0, or the CT_E* code of the
+ * collective that carries the answer (the communicator failed). */
+int ct__comm_agree(ct_comm *c, bool ok, int *first_failed);
 
 /* ------------------------------------------------------------ reductions */
 

@@ -994,23 +994,15 @@ int ct_comm_split(ct_comm *c, int color, int key, ct_comm **out) {
 
 /* ------------------------------------------------------- shared memory */
 
-int ct__comm_agree(ct_comm *c, const char *op, int rc) {
-    char mine[CT__MSG_LEN] = "";
-    if (rc)
-        snprintf(mine, sizeof mine, "%s", ct_errmsg());
-    int32_t first = rc ? c->rank : c->size;
+int ct__comm_agree(ct_comm *c, bool ok, int *first_failed) {
+    int32_t first = ok ? c->size : c->rank;
     ct_tensor *t = ct_from_data(&first, 0, NULL, CT_INT32);
-    int arc = t ? ct_comm_allreduce(c, t, CT_REDUCE_MIN, NULL) : ct_errcode();
-    if (arc == 0)
+    int rc = t ? ct_comm_allreduce(c, t, CT_REDUCE_MIN, NULL) : ct_errcode();
+    if (rc == 0)
         first = *(const int32_t *)ct_data_ptr(t);
     ct__release(t);
-    if (arc)
-        return arc;
-    if (rc)
-        return ct__seterr(rc, "%s", mine);
-    if (first < c->size)
-        return ct__seterr(CT_EPEER, "%s: rank %d failed (its own error says why)", op, first);
-    return 0;
+    *first_failed = rc == 0 && first < c->size ? first : -1;
+    return rc;
 }
 
 ct_tensor *ct_comm_zeros(ct_comm *c, int ndim, const int64_t *sizes, ct_dtype dtype) {
@@ -1050,8 +1042,10 @@ ct_tensor *ct_comm_zeros(ct_comm *c, int ndim, const int64_t *sizes, ct_dtype dt
     if (rc == 0 && (!c->be->alloc_shared || bytes == 0)) {
         t = ct_zeros(ndim, sizes, dtype);
     } else if (rc == 0) {
-        ct_storage *s = c->be->alloc_shared(c, bytes);
-        t = s ? ct_tensor_from_storage(s, 0, ndim, sizes, NULL, dtype) : NULL;
+        ct_storage *s = NULL;
+        if (c->be->alloc_shared(c, bytes, &s) == 0)
+            t = s ? ct_tensor_from_storage(s, 0, ndim, sizes, NULL, dtype)
+                  : ct_zeros(ndim, sizes, dtype);
         ct_storage_free(s);
     }
     return t;

@@ -25,6 +25,7 @@
 #include <ct/dist.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -782,6 +783,24 @@ static void check_shared(ct_comm *c) {
     if (check_rc("comm_zeros of 0 elements", empty ? 0 : ct_errcode()) && ct_numel(empty) != 0)
         tt_fail(__FILE__, __LINE__, "comm_zeros of 0 elements made %lld",
                 (long long)ct_numel(empty));
+    /* A rank that cannot make its segment (its file size limit stops it
+     * here, as a full /dev/shm would) leaves every rank with private
+     * memory, which works the same. */
+    bool limited = rank_ == size_ - 1;
+    struct rlimit fsize;
+    getrlimit(RLIMIT_FSIZE, &fsize);
+    if (limited) {
+        signal(SIGXFSZ, SIG_IGN);
+        setrlimit(RLIMIT_FSIZE, &(struct rlimit){4096, fsize.rlim_max});
+    }
+    ct_tensor *priv = ct_comm_zeros(c, 1, (int64_t[]){N}, CT_FLOAT32);
+    if (limited) {
+        setrlimit(RLIMIT_FSIZE, &fsize);
+        signal(SIGXFSZ, SIG_DFL);
+    }
+    if (check_rc("comm_zeros without room on the last rank", priv ? 0 : ct_errcode()))
+        check_shared_allreduce(c, "after comm_zeros fell back to private memory", priv, 0, N,
+                               CT_FLOAT32, CT_REDUCE_SUM);
     char mine[64];
     snprintf(mine, sizeof mine, "rank %d for %d float32", rank_, 100 + rank_);
     ct_tensor *bad = ct_comm_zeros(c, 1, (int64_t[]){100 + rank_}, CT_FLOAT32);

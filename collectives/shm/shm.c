@@ -978,9 +978,28 @@ static void block_unlink(const shm *s, const shm_block *b, int r) {
     shm_unlink(name);
 }
 
-static int block_fail(const char *what, const char *name) {
-    return ct__seterr(errno == ENOMEM || errno == ENOSPC ? CT_ENOMEM : CT_EIO,
-                      "comm_zeros: %s of shared memory %s: %s", what, name, strerror(errno));
+/* errno after a failed step (what) on shared memory name, as op's error. */
+static int shm_errno(const char *op, const char *what, const char *name) {
+    int e = errno;
+    return ct__seterr(e == ENOMEM || e == ENOSPC ? CT_ENOMEM : CT_EIO,
+                      "%s: %s of shared memory %s: %s%s", op, what, name, strerror(e),
+                      e == ENOSPC ? " (/dev/shm is full: give it more room, such as docker run "
+                                    "--shm-size=1g, or free some)"
+                                  : "");
+}
+
+/* Sizes a new segment and reserves its memory at once: a tmpfs without the
+ * room fails here, where pages mapped past its room would raise SIGBUS
+ * when first touched. */
+static int size_segment(int fd, size_t bytes, const char *op, const char *name) {
+    if (ftruncate(fd, (off_t)bytes) != 0)
+        return shm_errno(op, "sizing", name);
+    int e = posix_fallocate(fd, 0, (off_t)bytes);
+    if (e) {
+        errno = e;
+        return shm_errno(op, "reservation", name);
+    }
+    return 0;
 }
 
 /* Maps rank r's segment of b (creating it, zero-filled, when r is this
@@ -991,18 +1010,18 @@ static int block_map(shm *s, shm_block *b, int r) {
     bool own = r == s->rank;
     int fd = own ? shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600) : shm_open(name, O_RDWR, 0);
     if (fd < 0)
-        return block_fail(own ? "creation" : "opening", name);
+        return shm_errno("comm_zeros", own ? "creation" : "opening", name);
     int rc = 0;
     struct stat sb;
-    if (own && ftruncate(fd, (off_t)b->bytes) != 0)
-        rc = block_fail("sizing", name);
+    if (own)
+        rc = size_segment(fd, b->bytes, "comm_zeros", name);
     else if (!own && (fstat(fd, &sb) != 0 || (size_t)sb.st_size != b->bytes))
         rc = ct__seterr(CT_EIO, "comm_zeros: shared memory %s has %lld bytes, not %zu", name,
                         (long long)sb.st_size, b->bytes);
     if (rc == 0) {
         void *p = mmap(NULL, b->bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
         if (p == MAP_FAILED)
-            rc = block_fail("mapping", name);
+            rc = shm_errno("comm_zeros", "mapping", name);
         else
             b->base[r] = p;
     }
@@ -1013,10 +1032,12 @@ static int block_map(shm *s, shm_block *b, int r) {
 }
 
 /* Every rank makes its segment; once all have, every rank maps the others';
- * once all have, the names go. A failure anywhere fails every rank, and
- * leaves nothing mapped or named. */
-static ct_storage *shm_alloc_shared(ct_comm *c, size_t bytes) {
+ * once all have, the names go. When some rank cannot (a /dev/shm without
+ * the room, as in containers by default), every rank lets go of what it
+ * made, and the one that failed says why on stderr, once. */
+static int shm_alloc_shared(ct_comm *c, size_t bytes, ct_storage **out) {
     shm *s = c->impl;
+    *out = NULL;
     shm_block *b = calloc(1, sizeof *b);
     char **base = calloc((size_t)s->n, sizeof *base);
     int rc = 0;
@@ -1031,43 +1052,43 @@ static ct_storage *shm_alloc_shared(ct_comm *c, size_t bytes) {
         b = NULL;
         rc = ct__seterr(CT_ENOMEM, "comm_zeros: out of memory");
     }
-    rc = ct__comm_agree(c, "comm_zeros", rc);
-    if (rc) {
-        if (b && b->base[s->rank])
-            block_unlink(s, b, s->rank);
-        if (b)
-            block_unmap(b);
-        return NULL;
-    }
-    for (int r = 0; r < s->n && rc == 0; r++)
+    int failed = -1;
+    int crc = ct__comm_agree(c, rc == 0, &failed);
+    for (int r = 0; r < s->n && !crc && failed < 0 && rc == 0; r++)
         if (r != s->rank)
             rc = block_map(s, b, r);
-    ct_storage *st = NULL;
-    if (rc == 0) {
+    if (!crc && failed < 0) {
         /* From here the storage owns the block and its registry reference. */
         atomic_fetch_add_explicit(&s->blocks->refs, 1, memory_order_relaxed);
-        st =
-            ct_storage_from_blob(b->base[s->rank], bytes, (ct_device){CT_CPU, 0}, block_release, b);
-        if (!st) {
+        *out = rc ? NULL
+                  : ct_storage_from_blob(b->base[s->rank], bytes, (ct_device){CT_CPU, 0},
+                                         block_release, b);
+        if (!*out) {
             registry_release(s->blocks);
-            rc = ct_errcode();
+            rc = rc ? rc : ct_errcode();
         }
+        crc = ct__comm_agree(c, rc == 0, &failed);
     }
-    rc = ct__comm_agree(c, "comm_zeros", rc);
-    /* Every rank that could map the segment has: its name can go. */
-    block_unlink(s, b, s->rank);
-    if (rc) {
-        if (st)
-            ct_storage_free(st);
-        else
+    if (b && b->base[s->rank]) /* every rank that could map it has */
+        block_unlink(s, b, s->rank);
+    if (rc)
+        fprintf(stderr,
+                "ct: %s; the tensor lives in private memory on every rank, and "
+                "collectives on it take the slower path\n",
+                ct_errmsg());
+    if (crc || failed >= 0) {
+        if (*out)
+            ct_storage_free(*out);
+        else if (b)
             block_unmap(b);
-        return NULL;
+        *out = NULL;
+        return crc;
     }
     pthread_mutex_lock(&s->blocks->mu);
     b->next = s->blocks->head;
     s->blocks->head = b;
     pthread_mutex_unlock(&s->blocks->mu);
-    return st;
+    return 0;
 }
 
 /* ------------------------------------------------------------ setup */
@@ -1101,11 +1122,6 @@ static void shm_destroy(ct_comm *c) {
     c->impl = NULL;
 }
 
-static int fail_errno(const char *what, const char *name) {
-    return ct__seterr(errno == ENOMEM ? CT_ENOMEM : CT_EIO, "comm_new: %s of shared memory %s: %s",
-                      what, name, strerror(errno));
-}
-
 /* Rank 0 creates and sizes the segment, then marks it ready. */
 static int create_segment(shm *s) {
     int fd = shm_open(s->name, O_CREAT | O_EXCL | O_RDWR, 0600);
@@ -1115,16 +1131,14 @@ static int create_segment(shm *s) {
                               "comm_new: shared memory %s already exists (another communicator "
                               "uses the name, or a crashed job left it in /dev/shm)",
                               s->name);
-        return fail_errno("creation", s->name);
+        return shm_errno("comm_new", "creation", s->name);
     }
-    int rc = 0;
-    if (ftruncate(fd, (off_t)s->l.bytes) != 0) {
-        rc = fail_errno("sizing", s->name);
-    } else {
+    int rc = size_segment(fd, s->l.bytes, "comm_new", s->name);
+    if (rc == 0) {
         s->base = mmap(NULL, s->l.bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
         if (s->base == MAP_FAILED) {
             s->base = NULL;
-            rc = fail_errno("mapping", s->name);
+            rc = shm_errno("comm_new", "mapping", s->name);
         }
     }
     close(fd);
@@ -1151,7 +1165,7 @@ static int attach_segment(shm *s, double deadline, double timeout) {
             void *p = mmap(NULL, (size_t)sb.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
             close(fd);
             if (p == MAP_FAILED)
-                return fail_errno("mapping", s->name);
+                return shm_errno("comm_new", "mapping", s->name);
             header *h = p;
             if (__atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) == SHM_MAGIC) {
                 if (h->version != SHM_VERSION || h->size != s->n || h->bytes != s->l.bytes) {
@@ -1170,7 +1184,7 @@ static int attach_segment(shm *s, double deadline, double timeout) {
         } else if (fd >= 0) {
             close(fd);
         } else if (errno != ENOENT) {
-            return fail_errno("opening", s->name);
+            return shm_errno("comm_new", "opening", s->name);
         }
         if (ct__now() > deadline)
             return ct__seterr(CT_ETIMEDOUT,

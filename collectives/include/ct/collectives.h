@@ -207,14 +207,17 @@ CT_API void ct_comm_stats_get(ct_comm *comm, ct_comm_stats *stats);
  * the usual path. Backends without such memory (mpi, nccl) return an
  * ordinary zeroed tensor.
  *
+ * When some rank cannot create or map its segment (a /dev/shm without the
+ * room, as in containers by default), every rank gets an ordinary zeroed
+ * tensor instead, and that rank says why on stderr.
+ *
  * A collective: every rank of comm calls it, in the same order among the
  * other operations, with the same sizes and dtype. The caller owns the
  * result (scope-owned inside a scope); it stays valid after comm is freed.
  * Errors, on every rank: CT_EINVAL for bad sizes or a dtype, or when ranks
- * ask for different ones (the message names both); CT_EIO / CT_ENOMEM when
- * a rank cannot create or map its segment (on that rank; the others fail
- * with CT_EPEER naming it); the communicator's own failures. Call it from
- * the thread that issues operations. */
+ * ask for different ones (the message names both); CT_ENOMEM; the
+ * communicator's own failures. Call it from the thread that issues
+ * operations. */
 CT_API ct_tensor *ct_comm_zeros(ct_comm *comm, int ndim, const int64_t *sizes, ct_dtype dtype);
 
 /* ------------------------------------------------------------ operations */
