@@ -183,6 +183,7 @@ struct ct_comm {
     char fail_msg[CT__MSG_LEN];
 
     atomic_uint_fast64_t issued, completed;
+    atomic_uint_fast64_t direct; /* counted by the backend: ct_comm_stats's */
     _Atomic unsigned char recent_ops[256]; /* op of collective seq, at seq % 256 */
 };
 

@@ -275,6 +275,7 @@ int ct_comm_set_timeout(ct_comm *c, double seconds) {
 void ct_comm_stats_get(ct_comm *c, ct_comm_stats *s) {
     s->issued = atomic_load(&c->issued);
     s->completed = atomic_load(&c->completed);
+    s->direct = atomic_load(&c->direct);
     s->pending_op = NULL;
     s->pending_seq = 0;
     if (s->issued > s->completed) {
@@ -1007,20 +1008,8 @@ int ct__comm_agree(ct_comm *c, bool ok, int *first_failed) {
 
 ct_tensor *ct_comm_zeros(ct_comm *c, int ndim, const int64_t *sizes, ct_dtype dtype) {
     const char *name = "comm_zeros";
-    if (check_comm(c, name))
+    if (check_comm(c, name) || ct__check_shape(name, ndim, sizes, dtype))
         return NULL;
-    if (ndim < 0 || ndim > CT_MAX_DIMS || (ndim > 0 && !sizes) || (int)dtype < 0 ||
-        dtype >= CT_NDTYPES) {
-        ct__seterr(CT_EINVAL, "%s: ndim %d (sizes %s) or dtype %d is invalid", name, ndim,
-                   sizes ? "given" : "NULL", (int)dtype);
-        return NULL;
-    }
-    for (int i = 0; i < ndim; i++)
-        if (sizes[i] < 0) {
-            ct__seterr(CT_EINVAL, "%s: size %lld of dim %d is negative", name, (long long)sizes[i],
-                       i);
-            return NULL;
-        }
     int64_t numel = ct__numel(ndim, sizes);
     size_t bytes = (size_t)numel * ct__esize(dtype);
     int64_t mine[2] = {dtype, numel};
@@ -1038,15 +1027,14 @@ ct_tensor *ct_comm_zeros(ct_comm *c, int ndim, const int64_t *sizes, ct_dtype dt
     }
     ct__release(in);
     ct__release(all);
-    ct_tensor *t = NULL;
-    if (rc == 0 && (!c->be->alloc_shared || bytes == 0)) {
-        t = ct_zeros(ndim, sizes, dtype);
-    } else if (rc == 0) {
-        ct_storage *s = NULL;
-        if (c->be->alloc_shared(c, bytes, &s) == 0)
-            t = s ? ct_tensor_from_storage(s, 0, ndim, sizes, NULL, dtype)
-                  : ct_zeros(ndim, sizes, dtype);
-        ct_storage_free(s);
-    }
+    /* Without shared memory (the backend has none, or a rank could not make
+     * its part), an ordinary tensor. */
+    ct_storage *s = NULL;
+    if (rc == 0 && c->be->alloc_shared && bytes > 0)
+        rc = c->be->alloc_shared(c, bytes, &s);
+    ct_tensor *t = rc  ? NULL
+                   : s ? ct_tensor_from_storage(s, 0, ndim, sizes, NULL, dtype)
+                       : ct_zeros(ndim, sizes, dtype);
+    ct_storage_free(s);
     return t;
 }

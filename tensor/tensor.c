@@ -279,7 +279,7 @@ static ct_tensor *tensor_alloc(ct_storage *storage, int64_t offset, int ndim, co
     return t;
 }
 
-static int check_shape(const char *op, int ndim, const int64_t *sizes, ct_dtype dtype) {
+int ct__check_shape(const char *op, int ndim, const int64_t *sizes, ct_dtype dtype) {
     if ((unsigned)dtype >= CT_NDTYPES)
         return ct__seterr(CT_EINVAL, "%s: invalid dtype %d", op, (int)dtype);
     if (ndim < 0 || ndim > CT_MAX_DIMS)
@@ -305,7 +305,7 @@ _Static_assert(sizeof(ct_tensor) % _Alignof(ct_storage) == 0, "storage header mi
 
 static ct_tensor *tensor_new_unowned(const char *op, int ndim, const int64_t *sizes,
                                      ct_dtype dtype) {
-    if (check_shape(op, ndim, sizes, dtype))
+    if (ct__check_shape(op, ndim, sizes, dtype))
         return NULL;
     int64_t strides[CT_MAX_DIMS];
     ct__contiguous_strides(ndim, sizes, strides);
@@ -607,7 +607,7 @@ ct_tensor *ct_tensor_from_storage(ct_storage *storage, int64_t offset, int ndim,
         ct__seterr(CT_EINVAL, "tensor_from_storage: storage is NULL");
         return NULL;
     }
-    if (check_shape("tensor_from_storage", ndim, sizes, dtype))
+    if (ct__check_shape("tensor_from_storage", ndim, sizes, dtype))
         return NULL;
     int64_t cstrides[CT_MAX_DIMS];
     if (!strides) {

@@ -73,6 +73,10 @@ static inline char *ct__data(const ct_tensor *t) {
 }
 
 int64_t ct__numel(int ndim, const int64_t *sizes);
+/* 0 when (ndim, sizes, dtype) can make a tensor; otherwise CT_EINVAL with
+ * a message naming op (a bad dtype or ndim, NULL sizes, a negative size, a
+ * shape whose bytes overflow). */
+int ct__check_shape(const char *op, int ndim, const int64_t *sizes, ct_dtype dtype);
 static inline bool ct__same_shape(const ct_tensor *a, const ct_tensor *b) {
     return a->ndim == b->ndim && memcmp(a->sizes, b->sizes, sizeof(int64_t) * (size_t)a->ndim) == 0;
 }

@@ -728,19 +728,32 @@ static void check_inplace_allgather(ct_comm *c) {
         }
 }
 
+static uint64_t direct_count(ct_comm *c) {
+    ct_comm_stats st;
+    ct_comm_stats_get(c, &st);
+    return st.direct;
+}
+
 /* An allreduce of op over n elements of dt, in t[at, at + n) where t is a
  * ct_comm_zeros tensor, or in a tensor of its own where t is NULL. Checks the
- * result, and that nothing else in t changed. */
-static void check_shared_allreduce(ct_comm *c, const char *how, ct_tensor *t, int64_t at, int64_t n,
-                                   ct_dtype dt, ct_reduce_op op) {
+ * result, that nothing else in t changed, and that it ran straight on the
+ * shared memory exactly when direct (only the shm backend can). */
+static void check_shared_allreduce(ct_comm *c, const char *how, bool direct, ct_tensor *t,
+                                   int64_t at, int64_t n, ct_dtype dt, ct_reduce_op op) {
     char what[192];
     snprintf(what, sizeof what, "allreduce %s of %lld %s %s", op_name(op), (long long)n,
              ct_dtype_name(dt), how);
     ct_scope_begin();
     ct_tensor *v = t ? ct_narrow(t, 0, at, n) : filled(n, dt);
     ct_copy_(v, input_tensor(rank_, 0, n, dt, op));
+    uint64_t before = direct_count(c);
     if (check_rc(what, ct_comm_allreduce(c, v, op, NULL)))
         check_values(what, v, reduced(world_ranks, size_, 0, n, dt, op), n, tolerance(dt, op));
+    bool want = direct && ct_comm_backend(c) == CT_BACKEND_SHM;
+    if (direct_count(c) - before != (want ? 1u : 0u))
+        tt_fail(__FILE__, __LINE__, "%s: ran %s, expected %s", what,
+                direct_count(c) > before ? "straight on shared memory" : "the usual path",
+                want ? "straight on shared memory" : "the usual path");
     if (t) {
         /* Zero outside the view: the ranks wrote only their own shares. */
         ct_tensor *rest = ct_cat(
@@ -764,21 +777,22 @@ static void check_shared(ct_comm *c) {
         return;
     if (ct_tensor_dtype(h) != CT_BFLOAT16 || ct_ndim(h) != 2 || ct_size(h, 1) != N)
         tt_fail(__FILE__, __LINE__, "comm_zeros made the wrong shape or dtype");
-    check_shared_allreduce(c, "in shared memory", t, 0, N + PAD, CT_FLOAT32, CT_REDUCE_SUM);
-    check_shared_allreduce(c, "in a shared view", t, PAD / 2, N, CT_FLOAT32, CT_REDUCE_AVG);
-    check_shared_allreduce(c, "again, at the next seq", t, PAD / 2, N, CT_FLOAT32, CT_REDUCE_MAX);
-    check_shared_allreduce(c, "of 16-bit floats in shared memory",
+    check_shared_allreduce(c, "in shared memory", true, t, 0, N + PAD, CT_FLOAT32, CT_REDUCE_SUM);
+    check_shared_allreduce(c, "in a shared view", true, t, PAD / 2, N, CT_FLOAT32, CT_REDUCE_AVG);
+    check_shared_allreduce(c, "again, at the next seq", true, t, PAD / 2, N, CT_FLOAT32,
+                           CT_REDUCE_MAX);
+    check_shared_allreduce(c, "of 16-bit floats in shared memory", true,
                            ct_view(h, 1, (int64_t[]){2 * N}), N / 2, N, CT_BFLOAT16, CT_REDUCE_AVG);
     ct_tensor *ints = ct_comm_zeros(c, 1, (int64_t[]){N}, CT_INT32);
     if (check_rc("comm_zeros of int32", ints ? 0 : ct_errcode()))
-        check_shared_allreduce(c, "of int32 in shared memory", ints, 0, N, CT_INT32,
+        check_shared_allreduce(c, "of int32 in shared memory", true, ints, 0, N, CT_INT32,
                                CT_REDUCE_PROD);
     /* Views at different places, and shared memory on one rank only: the
      * ring path, with the same results. */
-    check_shared_allreduce(c, "at a different place on each rank", t, rank_ * 16, N, CT_FLOAT32,
-                           CT_REDUCE_SUM);
-    check_shared_allreduce(c, "in shared memory on rank 0 only", rank_ ? NULL : t, 0, N, CT_FLOAT32,
-                           CT_REDUCE_SUM);
+    check_shared_allreduce(c, "at a different place on each rank", false, t, rank_ * 16, N,
+                           CT_FLOAT32, CT_REDUCE_SUM);
+    check_shared_allreduce(c, "in shared memory on rank 0 only", false, rank_ ? NULL : t, 0, N,
+                           CT_FLOAT32, CT_REDUCE_SUM);
     ct_tensor *empty = ct_comm_zeros(c, 1, (int64_t[]){0}, CT_FLOAT64);
     if (check_rc("comm_zeros of 0 elements", empty ? 0 : ct_errcode()) && ct_numel(empty) != 0)
         tt_fail(__FILE__, __LINE__, "comm_zeros of 0 elements made %lld",
@@ -799,7 +813,7 @@ static void check_shared(ct_comm *c) {
         signal(SIGXFSZ, SIG_DFL);
     }
     if (check_rc("comm_zeros without room on the last rank", priv ? 0 : ct_errcode()))
-        check_shared_allreduce(c, "after comm_zeros fell back to private memory", priv, 0, N,
+        check_shared_allreduce(c, "after comm_zeros fell back to private memory", false, priv, 0, N,
                                CT_FLOAT32, CT_REDUCE_SUM);
     char mine[64];
     snprintf(mine, sizeof mine, "rank %d for %d float32", rank_, 100 + rank_);

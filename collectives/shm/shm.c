@@ -356,17 +356,21 @@ static void reduce_ranks(shm *s, ct_work *w, char *out, const char *const *src, 
     ct_reduce_op op = (ct_reduce_op)w->desc.rop;
     int64_t e = (int64_t)ct__esize(dt), ae = (int64_t)ct__acc_size(dt);
     int n = s->n;
-    if (n == 2 && ae == e) { /* the sources are accumulators already */
-        ct__acc_finish(out, src[0], src[1], len, dt, op, n);
-        return;
-    }
     int64_t piece = ACC_BYTES / ae;
     for (int64_t i = 0; i < len; i += piece) {
         int64_t m = len - i < piece ? len - i : piece;
-        ct__acc_load(s->acc, src[0] + i * e, m, dt);
-        for (int r = 1; r < n - 1; r++)
-            ct__acc_combine(s->acc, s->acc, src[r] + i * e, m, dt, op);
-        ct__acc_finish(out + i * e, s->acc, src[n - 1] + i * e, m, dt, op, n);
+        /* A dtype that is its own accumulator is read as one where it lies,
+         * which saves a pass (on 2 ranks, the only one besides finishing). */
+        const void *acc = src[0] + i * e;
+        if (ae != e) {
+            ct__acc_load(s->acc, acc, m, dt);
+            acc = s->acc;
+        }
+        for (int r = 1; r < n - 1; r++) {
+            ct__acc_combine(s->acc, acc, src[r] + i * e, m, dt, op);
+            acc = s->acc;
+        }
+        ct__acc_finish(out + i * e, acc, src[n - 1] + i * e, m, dt, op, n);
     }
 }
 
@@ -852,6 +856,8 @@ static int shm_progress(ct_comm *c, ct_work *w) {
     case PATH_CHAIN: rc = chain_progress(s, w); break;
     default: rc = alltoall_progress(s, w); break;
     }
+    if (rc == CT__DONE && st->path == PATH_DIRECT)
+        atomic_fetch_add_explicit(&c->direct, 1, memory_order_relaxed);
     if (rc != CT__PENDING)
         s->active.seq = 0;
     return rc;
@@ -1058,15 +1064,11 @@ static int shm_alloc_shared(ct_comm *c, size_t bytes, ct_storage **out) {
         if (r != s->rank)
             rc = block_map(s, b, r);
     if (!crc && failed < 0) {
-        /* From here the storage owns the block and its registry reference. */
-        atomic_fetch_add_explicit(&s->blocks->refs, 1, memory_order_relaxed);
-        *out = rc ? NULL
-                  : ct_storage_from_blob(b->base[s->rank], bytes, (ct_device){CT_CPU, 0},
-                                         block_release, b);
-        if (!*out) {
-            registry_release(s->blocks);
-            rc = rc ? rc : ct_errcode();
-        }
+        if (rc == 0 && !(*out = ct_storage_from_blob(b->base[s->rank], bytes,
+                                                     (ct_device){CT_CPU, 0}, block_release, b)))
+            rc = ct_errcode();
+        if (*out) /* the storage owns the block, and a reference to the registry */
+            atomic_fetch_add_explicit(&s->blocks->refs, 1, memory_order_relaxed);
         crc = ct__comm_agree(c, rc == 0, &failed);
     }
     if (b && b->base[s->rank]) /* every rank that could map it has */

@@ -191,6 +191,9 @@ typedef struct ct_comm_stats {
      * number, or NULL and 0. */
     const char *pending_op;
     uint64_t pending_seq;
+    /* Allreduces that ran straight on ct_comm_zeros memory, nothing staged:
+     * how to tell that the shared memory is in use. */
+    uint64_t direct;
 } ct_comm_stats;
 CT_API void ct_comm_stats_get(ct_comm *comm, ct_comm_stats *stats);
 
