@@ -158,8 +158,8 @@ typedef struct shm_block {
     struct registry *reg;
     uint64_t id;  /* 1, 2, ... in allocation order, the same on every rank */
     size_t bytes; /* of each rank's segment */
-    int n, rank;
-    char **base; /* [n] */
+    int n;        /* ranks: the block may outlive its communicator */
+    char **base;  /* [n] */
 } shm_block;
 
 /* The live blocks of a communicator. Storages may outlive it, so both hold
@@ -1048,8 +1048,7 @@ static int shm_alloc_shared(ct_comm *c, size_t bytes, ct_storage **out) {
     char **base = calloc((size_t)s->n, sizeof *base);
     int rc = 0;
     if (b && base) {
-        *b = (shm_block){
-            .reg = s->blocks, .id = ++s->nblocks, .n = s->n, .rank = s->rank, .base = base};
+        *b = (shm_block){.reg = s->blocks, .id = ++s->nblocks, .n = s->n, .base = base};
         b->bytes = round_up(bytes, (size_t)sysconf(_SC_PAGESIZE));
         rc = block_map(s, b, s->rank);
     } else {
