@@ -11,6 +11,7 @@ option(CT_BUILD_BENCH "Build the benchmarks" ON)
 option(CT_WERROR "Treat warnings as errors (on in CI)" OFF)
 option(CT_NATIVE "Compile kernels for this machine's CPU (-march=native)" ON)
 set(CT_SANITIZE "" CACHE STRING "Sanitizers: empty, 'address;undefined' or 'thread'")
+option(CT_FUZZ "Build the libFuzzer targets in tests/fuzz (clang; instruments the whole build)" OFF)
 
 add_compile_options(-Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes
                     -Wno-unused-parameter)
@@ -36,4 +37,21 @@ if(CT_SANITIZE)
   endif()
   add_compile_options(${_ct_san} -fno-omit-frame-pointer -g)
   add_link_options(${_ct_san})
+endif()
+
+# Fuzzing: everything is compiled with coverage instrumentation for libFuzzer
+# (fuzzer-no-link: only the fuzz targets link libFuzzer's main) and with
+# ASan and UBSan, so that a bad read or undefined behaviour anywhere in the
+# library is a finding. ci/fuzz.sh configures a build like this.
+if(CT_FUZZ)
+  if(NOT CMAKE_C_COMPILER_ID MATCHES "Clang")
+    message(FATAL_ERROR "CT_FUZZ=ON needs clang for libFuzzer (got ${CMAKE_C_COMPILER_ID}); "
+                        "configure with -DCMAKE_C_COMPILER=clang")
+  endif()
+  if(CT_SANITIZE STREQUAL "thread")
+    message(FATAL_ERROR "CT_FUZZ=ON builds with ASan, which cannot be combined with CT_SANITIZE=thread")
+  endif()
+  add_compile_options(-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined
+                      -fno-omit-frame-pointer -g)
+  add_link_options(-fsanitize=address,undefined)
 endif()

@@ -3,6 +3,7 @@
  *   fmnist_mlp [--recipe sgd|adamw] [--epochs N] [--batch N] [--lr X]
  *              [--hidden N] [--threads N] [--seed N] [--data DIR]
  *              [--metrics FILE] [--max-steps N] [--warmup-steps N]
+ *              [--checkpoint-dir DIR] [--save-every N] [--stop-at-step N]
  *
  * The default recipe (sgd) is the reference one, the same as
  * bench/train_torch.py: 784-256-256-10 with ReLU, cross-entropy, SGD with
@@ -20,6 +21,14 @@
  * takes batch / ranks rows of every global batch from its share of the
  * shuffled data, gradients are averaged across ranks in backward (ct_ddp),
  * and only rank 0 prints, with samples/s counted over the global batch.
+ *
+ * With --checkpoint-dir DIR it resumes from the newest checkpoint in DIR, if
+ * there is one, and saves one there (in the background) after every epoch,
+ * every --save-every steps and at the end, keeping the last three. A job
+ * under `ctlaunch --max-restarts R` thus goes on where it stopped, with the
+ * same result as a run that never stopped. --stop-at-step N saves and stops
+ * at step N of the full run (as a job with a time limit would), so that the
+ * next run resumes there.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -51,6 +60,8 @@ typedef struct options {
     int threads, max_steps, warmup_steps;
     uint64_t seed;
     const char *data, *metrics;
+    const char *checkpoint_dir; /* NULL: no checkpoints */
+    int save_every, stop_at_step;
 } options;
 
 static double now(void) {
@@ -62,11 +73,12 @@ static double now(void) {
 static void usage(FILE *f) {
     fprintf(f, "usage: fmnist_mlp [--recipe sgd|adamw] [--epochs N] [--batch N] [--lr X]\n"
                "                  [--hidden N] [--threads N] [--seed N] [--data DIR]\n"
-               "                  [--metrics FILE] [--max-steps N] [--warmup-steps N]\n");
+               "                  [--metrics FILE] [--max-steps N] [--warmup-steps N]\n"
+               "                  [--checkpoint-dir DIR] [--save-every N] [--stop-at-step N]\n");
 }
 
 static int parse(int argc, char **argv, options *o) {
-    *o = (options){recipes[0], 1, 0, 50, 1, NULL, "fmnist_mlp.metrics.jsonl"};
+    *o = (options){recipes[0], 1, 0, 50, 1, NULL, "fmnist_mlp.metrics.jsonl", NULL, 0, 0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -107,6 +119,12 @@ static int parse(int argc, char **argv, options *o) {
             o->max_steps = atoi(v);
         else if (!strcmp(a, "--warmup-steps"))
             o->warmup_steps = atoi(v);
+        else if (!strcmp(a, "--checkpoint-dir"))
+            o->checkpoint_dir = v;
+        else if (!strcmp(a, "--save-every"))
+            o->save_every = atoi(v);
+        else if (!strcmp(a, "--stop-at-step"))
+            o->stop_at_step = atoi(v);
         else {
             fprintf(stderr, "fmnist_mlp: unknown option %s\n", a);
             usage(stderr);
@@ -114,7 +132,7 @@ static int parse(int argc, char **argv, options *o) {
         }
     }
     if (o->r.epochs < 1 || o->r.batch < 1 || o->r.hidden < 1 || !(o->r.lr > 0) || o->threads < 1 ||
-        o->max_steps < 0 || o->warmup_steps < 0) {
+        o->max_steps < 0 || o->warmup_steps < 0 || o->save_every < 0 || o->stop_at_step < 0) {
         fprintf(stderr, "fmnist_mlp: epochs, batch, hidden, lr and threads must be positive\n");
         return -1;
     }
@@ -217,6 +235,76 @@ static void show(progress *p, bool force, int epoch, int epochs, int64_t step, i
     fflush(stderr);
 }
 
+/* What a checkpoint holds: the parameters, the optimizer's state, the step
+ * and the data position (the schedule's lr follows from the step), and each
+ * rank's random stream (dropout). */
+typedef struct resumable {
+    ct_state *st;
+    ct_checkpointer *ck;
+    int64_t step, epoch, offset, last_saved;
+} resumable;
+
+static int resumable_init(resumable *r, const ct_param_list *params, ct_optim *opt,
+                          ct_comm *world) {
+    *r = (resumable){.st = ct_state_new(), .ck = ct_checkpointer_new(world), .last_saved = -1};
+    int rc = r->st && r->ck ? 0 : ct_errcode();
+    for (int i = 0; !rc && i < params->n; i++)
+        rc = ct_state_add_tensor(r->st, params->names[i], params->tensors[i], CT_STATE_REPLICATED);
+    int n = rc ? 0 : ct_optim_num_states(opt);
+    for (int i = 0; !rc && i < n; i++) {
+        const char *name;
+        ct_tensor *t;
+        char key[96];
+        rc = ct_optim_state_at(opt, i, &name, &t);
+        snprintf(key, sizeof key, "optimizer.%s", name);
+        rc = rc ? rc : ct_state_add_tensor(r->st, key, t, CT_STATE_REPLICATED);
+    }
+    rc = rc ? rc : ct_state_add_i64(r->st, "train.step", &r->step, CT_STATE_REPLICATED);
+    rc = rc ? rc : ct_state_add_i64(r->st, "data.epoch", &r->epoch, CT_STATE_REPLICATED);
+    rc = rc ? rc : ct_state_add_i64(r->st, "data.offset", &r->offset, CT_STATE_REPLICATED);
+    rc = rc ? rc : ct_state_add_generator(r->st, "rng", ct_default_generator(), CT_STATE_PER_RANK);
+    return rc ? -1 : 0;
+}
+
+static void resumable_free(resumable *r) {
+    ct_checkpointer_free(r->ck);
+    ct_state_free(r->st);
+}
+
+/* Loads the newest checkpoint in dir, if any: the step to go on from, or
+ * -1 on error. */
+static int64_t resume(resumable *r, const char *dir, ct_comm *world, ct_loader *loader,
+                      ct_optim *opt) {
+    char path[4096];
+    int found = ct_checkpoint_latest(dir, path, sizeof path);
+    if (found <= 0)
+        return found < 0 ? -1 : 0;
+    if (ct_checkpoint_load(path, r->st, world) ||
+        ct_loader_set_position(loader, r->epoch, r->offset) ||
+        ct_optim_set_step_count(opt, r->step))
+        return -1;
+    r->last_saved = r->step;
+    if (ct_comm_rank(world) == 0)
+        printf("fmnist_mlp: resumed from %s at step %lld (epoch %lld)\n", path, (long long)r->step,
+               (long long)r->epoch + 1);
+    return r->step;
+}
+
+/* Starts a background save of the state after step steps (once per step). */
+static int save(resumable *r, const char *dir, int64_t step, ct_loader *loader) {
+    if (r->last_saved == step)
+        return 0;
+    r->step = step;
+    r->last_saved = step;
+    ct_loader_position(loader, &r->epoch, &r->offset);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/step-%08lld", dir, (long long)step);
+    ct_checkpoint_options co = ct_checkpoint_defaults();
+    co.step = step;
+    co.keep_last = 3;
+    return ct_checkpointer_save(r->ck, path, r->st, &co) ? -1 : 0;
+}
+
 static int train(const options *o, FILE *metrics) {
     ct_comm *world = ct_dist_comm();
     int ranks = ct_comm_size(world), rank = ct_comm_rank(world);
@@ -256,6 +344,11 @@ static int train(const options *o, FILE *metrics) {
     if (o->max_steps > 0 && o->max_steps < total)
         total = o->max_steps;
     ct_lr_schedule sched = schedule(o, total);
+    resumable ckpt = {0};
+    int64_t step = 0;
+    if (o->checkpoint_dir && (resumable_init(&ckpt, &params, opt, world) ||
+                              (step = resume(&ckpt, o->checkpoint_dir, world, loader, opt)) < 0))
+        return -1;
     if (rank == 0)
         printf("fmnist_mlp: recipe %s, 784-%lld-%lld-10, %lld parameters, batch %lld, %d epochs, "
                "%d rank%s, %d thread%s each\n",
@@ -267,13 +360,18 @@ static int train(const options *o, FILE *metrics) {
         metrics = NULL;
 
     progress prog = {isatty(STDERR_FILENO) != 0, 0};
-    int64_t step = 0, timed_samples = 0, timed_steps = 0;
+    int64_t timed_samples = 0, timed_steps = 0;
     double timed = 0, start = now(), loss_sum = 0, acc = 0, last_loss = NAN, epoch_loss = NAN;
     int rc = 0;
     int epochs_run = 0; /* begun, the last one possibly cut short by --max-steps */
-    for (int epoch = 1; epoch <= o->r.epochs && step < total && !rc; epoch++) {
+    bool stopped = false;
+    int64_t first_epoch = 0, first_offset = 0;
+    ct_loader_position(loader, &first_epoch, &first_offset);
+    for (int epoch = (int)first_epoch + 1; epoch <= o->r.epochs && step < total && !rc && !stopped;
+         epoch++) {
         epochs_run = epoch;
-        int64_t in_epoch = 0, epoch_count = 0;
+        int64_t in_epoch = epoch == first_epoch + 1 ? first_offset / lo.batch_size : 0;
+        int64_t epoch_count = 0;
         loss_sum = 0;
         for (; step < total && !rc; step++) {
             double t0 = now();
@@ -316,7 +414,18 @@ static int train(const options *o, FILE *metrics) {
             if (metrics && step % 100 == 0)
                 fprintf(metrics, "{\"step\":%lld,\"epoch\":%d,\"loss\":%.6f,\"lr\":%.6g}\n",
                         (long long)step, epoch, last_loss, ct_optim_lr(opt));
+            stopped = step + 1 == o->stop_at_step;
+            if (o->checkpoint_dir &&
+                ((o->save_every && (step + 1) % o->save_every == 0) || stopped))
+                rc = save(&ckpt, o->checkpoint_dir, step + 1, loader);
+            if (stopped) {
+                step++;
+                break;
+            }
         }
+        /* Every epoch's end, and the end of training, are saved too. */
+        if (!rc && o->checkpoint_dir)
+            rc = save(&ckpt, o->checkpoint_dir, step, loader);
         if (rc)
             break;
         if (rank != 0)
@@ -346,6 +455,14 @@ static int train(const options *o, FILE *metrics) {
                ranks, o->threads, (long long)o->r.batch, epochs_run, (long long)step,
                (long long)timed_steps, timed > 0 ? (double)timed_samples / timed : 0, acc,
                epoch_loss);
+    if (o->checkpoint_dir) {
+        if (ct_checkpointer_wait(ckpt.ck) && !rc)
+            rc = -1;
+        resumable_free(&ckpt);
+    }
+    if (stopped && rank == 0)
+        printf("fmnist_mlp: stopped at step %lld, as --stop-at-step asks; run again to resume\n",
+               (long long)step);
     ct_loader_free(loader);
     ct_ddp_free(ddp);
     ct_optim_free(opt);

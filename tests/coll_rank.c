@@ -21,6 +21,7 @@
  * the collectives that follow it, so the ranks stay in step and the run ends
  * with every failure reported. */
 #include "ct_test.h"
+#include "tt_rank.h"
 
 #include <ct/dist.h>
 #include <signal.h>
@@ -60,21 +61,11 @@ static const char *op_name(ct_reduce_op op) {
     return names[op];
 }
 
-__attribute__((constructor)) static void announce_pid(void) {
-    printf("pid=%ld\n", (long)getpid());
-    fflush(stdout);
-}
-
 /* Joins the job, with timeout_s for rendezvous and every collective. */
 static ct_comm *join(double timeout_s) {
-    ct_dist_options opts = {.backend = NULL, .timeout_s = timeout_s};
-    if (ct_dist_init(&opts) != 0) {
-        tt_fail(__FILE__, __LINE__, "ct_dist_init: %s", ct_errmsg());
+    ct_comm *c = tt_rank_join(timeout_s, &rank_, &size_);
+    if (!c)
         return NULL;
-    }
-    ct_comm *c = ct_dist_comm();
-    rank_ = ct_comm_rank(c);
-    size_ = ct_comm_size(c);
     if (size_ > MAX_RANKS) {
         tt_fail(__FILE__, __LINE__, "%d ranks; this program handles up to %d", size_, MAX_RANKS);
         return NULL;

@@ -1,12 +1,14 @@
 /* ct test harness implementation and main(). */
 #include "ct_test.h"
 
+#include <dirent.h>
 #include <pthread.h>
 #include <regex.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -355,4 +357,41 @@ bool tt_job_ranks_passed(const tt_job *j, const char *scenario, int nranks, int 
 const char *tt_tail(const char *s) {
     size_t n = strlen(s);
     return n > 6000 ? s + n - 6000 : s;
+}
+
+static char tmpdir_[64];
+
+static void remove_tree(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+            continue;
+        char p[512];
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        struct stat st;
+        if (lstat(p, &st) == 0 && S_ISDIR(st.st_mode))
+            remove_tree(p);
+        else
+            unlink(p);
+    }
+    closedir(d);
+    rmdir(dir);
+}
+
+static void remove_tmpdir(void) { remove_tree(tmpdir_); }
+
+const char *tt_tmp_path(char path[static 256], const char *name) {
+    if (!tmpdir_[0]) {
+        snprintf(tmpdir_, sizeof tmpdir_, "/tmp/ct_test.XXXXXX");
+        if (!mkdtemp(tmpdir_)) {
+            perror("mkdtemp");
+            abort();
+        }
+        atexit(remove_tmpdir);
+    }
+    snprintf(path, 256, "%s/%s", tmpdir_, name);
+    return path;
 }

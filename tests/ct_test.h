@@ -26,6 +26,11 @@ bool tt_names_rank(const char *msg, int r);
  * pairs may be NULL). Not thread-safe, as setenv is not. */
 void tt_launch_env(const char *const *pairs);
 
+/* path (256 bytes) = this process's temporary directory joined with name.
+ * The directory is made on first use and removed, with everything in it,
+ * at exit (children that end with _exit leave it alone). */
+const char *tt_tmp_path(char path[static 256], const char *name);
+
 /* Runs fn on a new thread, which has no scope: for tests of what happens at
  * the outermost scope (every TEST body runs inside one). */
 void tt_run_unscoped(void (*fn)(void));

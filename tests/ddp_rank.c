@@ -42,6 +42,7 @@
  * so the ranks may fall out of step: the collective timeout (TIMEOUT) then
  * ends the others, and the driver's deadline ends the job. */
 #include "ct_test.h"
+#include "tt_rank.h"
 
 #include <ct/dist.h>
 #include <ct/optim.h>
@@ -78,20 +79,9 @@
 static int rank_, size_;
 static ct_comm *comm_;
 
-__attribute__((constructor)) static void announce_pid(void) {
-    printf("pid=%ld\n", (long)getpid());
-    fflush(stdout);
-}
-
 static bool join(void) {
-    ct_dist_options opts = {.backend = NULL, .timeout_s = TIMEOUT};
-    if (ct_dist_init(&opts) != 0) {
-        tt_fail(__FILE__, __LINE__, "ct_dist_init: %s", ct_errmsg());
+    if (!(comm_ = tt_rank_join(TIMEOUT, &rank_, &size_)))
         return false;
-    }
-    comm_ = ct_dist_comm();
-    rank_ = ct_comm_rank(comm_);
-    size_ = ct_comm_size(comm_);
     if (BATCH % size_) {
         tt_fail(__FILE__, __LINE__, "%d ranks do not divide the batch of %d", size_, BATCH);
         return false;

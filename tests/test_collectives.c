@@ -2,8 +2,8 @@
  * against a serial reference under ctlaunch (2, 3 and 4 ranks, the shm
  * backend) and under mpirun (the mpi backend, shm once, and the default
  * choice, shm on one machine), and the failures a job meets: a rank killed
- * mid-operation, ranks that disagree, a rank that arrives too late. Each run has a deadline, and every rank
- * (each prints pid=N) is checked to be gone afterwards.
+ * mid-operation, ranks that disagree, a rank that arrives too late. Each run has a deadline, and
+ * every rank (each prints pid=N) is checked to be gone afterwards.
  *
  * Two ctest entries run this program: test_collectives names the ctlaunch
  * tests, test_collectives_mpi the mpirun ones, which exit 77 where Open MPI

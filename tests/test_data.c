@@ -6,7 +6,6 @@
 
 #include <ct/data.h>
 
-#include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -17,48 +16,10 @@
 
 /* ------------------------------------------------------------ temp files */
 
-static char tmpdir[64];
-
-static void remove_tree(const char *dir) {
-    DIR *d = opendir(dir);
-    if (!d)
-        return;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
-            continue;
-        char p[512];
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        struct stat st;
-        if (lstat(p, &st) == 0 && S_ISDIR(st.st_mode))
-            remove_tree(p);
-        else
-            unlink(p);
-    }
-    closedir(d);
-    rmdir(dir);
-}
-
-static void remove_tmpdir(void) { remove_tree(tmpdir); }
-
-/* path = <a temp dir of this process>/name; the dir goes at exit. */
-static const char *tmp_path(char path[static 256], const char *name) {
-    if (!tmpdir[0]) {
-        snprintf(tmpdir, sizeof tmpdir, "/tmp/ct_test_data.XXXXXX");
-        if (!mkdtemp(tmpdir)) {
-            perror("mkdtemp");
-            abort();
-        }
-        atexit(remove_tmpdir);
-    }
-    snprintf(path, 256, "%s/%s", tmpdir, name);
-    return path;
-}
-
 /* Writes n bytes to the temp file name, gzip-compressed when gz. */
 static const char *put_file(char path[static 256], const char *name, const void *bytes, size_t n,
                             bool gz) {
-    tmp_path(path, name);
+    tt_tmp_path(path, name);
     if (gz) {
         gzFile f = gzopen(path, "wb");
         if (!f || (n && gzwrite(f, bytes, (unsigned)n) != (int)n) || gzclose(f) != Z_OK)
@@ -291,9 +252,9 @@ TEST(idx_refuses_damaged_gzip_streams) {
 
 TEST(idx_reports_unreadable_paths) {
     char path[256];
-    tmp_path(path, "does_not_exist.idx");
+    tt_tmp_path(path, "does_not_exist.idx");
     ASSERT_FAILS(ct_idx_load(path), CT_EIO, path, "cannot open", "No such file or directory");
-    ASSERT_FAILS(ct_idx_load(tmpdir), CT_EIO, tmpdir, "Is a directory");
+    ASSERT_FAILS(ct_idx_load(tt_tmp_path(path, ".")), CT_EIO, path, "Is a directory");
     ASSERT_FAILS(ct_idx_load(NULL), CT_EINVAL, "path is NULL");
 }
 
@@ -366,7 +327,7 @@ TEST(fmnist_reads_debians_files) {
  * labels. */
 static void put_fmnist(const char *dir, int n_images, const uint8_t *labels, int n_labels) {
     char path[256], name[128];
-    mkdir(tmp_path(path, dir), 0700);
+    mkdir(tt_tmp_path(path, dir), 0700);
     bytes img = {.n = 0};
     put_header(&img, 0x08, 3, (uint32_t[]){(uint32_t)n_images, 2, 3});
     for (int i = 0; i < n_images * 6; i++)
@@ -385,7 +346,7 @@ TEST(fmnist_scales_images_and_widens_labels) {
     put_fmnist("fm_ok", 3, (const uint8_t[]){4, 0, 9}, 3);
     char dir[256];
     ct_tensor *x, *y;
-    ASSERT_EQ(ct_fmnist_load(tmp_path(dir, "fm_ok"), true, &x, &y), 0);
+    ASSERT_EQ(ct_fmnist_load(tt_tmp_path(dir, "fm_ok"), true, &x, &y), 0);
     ASSERT_EQ(ct_size(x, 0), 3);
     ASSERT_EQ(ct_size(x, 1), 6);
     for (int i = 0; i < 18; i++)
@@ -399,22 +360,22 @@ TEST(fmnist_refuses_inconsistent_files) {
     char dir[256], path[256];
     ct_tensor *x = (ct_tensor *)1, *y = (ct_tensor *)1;
     put_fmnist("fm_count", 3, (const uint8_t[]){1, 2}, 2);
-    ASSERT_EQ(ct_fmnist_load(tmp_path(dir, "fm_count"), true, &x, &y), CT_ECORRUPT);
+    ASSERT_EQ(ct_fmnist_load(tt_tmp_path(dir, "fm_count"), true, &x, &y), CT_ECORRUPT);
     ASSERT_STR_CONTAINS(ct_errmsg(), "holds 3 images but");
     ASSERT_STR_CONTAINS(ct_errmsg(), "holds 2 labels");
     ASSERT_TRUE(x == NULL && y == NULL);
     put_fmnist("fm_label", 2, (const uint8_t[]){1, 10}, 2);
-    ASSERT_EQ(ct_fmnist_load(tmp_path(dir, "fm_label"), true, &x, &y), CT_ECORRUPT);
+    ASSERT_EQ(ct_fmnist_load(tt_tmp_path(dir, "fm_label"), true, &x, &y), CT_ECORRUPT);
     ASSERT_STR_CONTAINS(ct_errmsg(), "label 1 is 10");
     /* Images of the wrong type. */
     put_fmnist("fm_type", 2, (const uint8_t[]){1, 2}, 2);
     bytes f = idx_file(0x0D, 3, (uint32_t[]){2, 2, 3});
     put_file(path, "fm_type/train-images-idx3-ubyte.gz", f.b, f.n, true);
-    ASSERT_EQ(ct_fmnist_load(tmp_path(dir, "fm_type"), true, &x, &y), CT_ECORRUPT);
+    ASSERT_EQ(ct_fmnist_load(tt_tmp_path(dir, "fm_type"), true, &x, &y), CT_ECORRUPT);
     ASSERT_STR_CONTAINS(ct_errmsg(), "float32[2, 2, 3]");
     ASSERT_STR_CONTAINS(ct_errmsg(), "expected uint8 [N, rows, cols]");
     /* A missing split names the file it looked for. */
-    ASSERT_EQ(ct_fmnist_load(tmp_path(dir, "fm_ok_missing"), false, &x, &y), CT_EIO);
+    ASSERT_EQ(ct_fmnist_load(tt_tmp_path(dir, "fm_ok_missing"), false, &x, &y), CT_EIO);
     ASSERT_STR_CONTAINS(ct_errmsg(), "fm_ok_missing/t10k-images-idx3-ubyte.gz");
     ASSERT_EQ(ct_fmnist_load(NULL, true, NULL, &y), CT_EINVAL);
 }

@@ -1,0 +1,261 @@
+/* Loading: each rank reads only the byte runs that overlap what it holds. */
+#include "checkpoint_impl.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+int ct__reader_open(const char *path, ck_reader *r) {
+    *r = (ck_reader){0};
+    int rc = ct__manifest_read(path, &r->m);
+    if (rc)
+        return rc;
+    r->path = strdup(path);
+    r->fds = malloc(sizeof(int) * (size_t)(r->m->nfiles + 1));
+    if (!r->path || !r->fds) {
+        ct__reader_close(r);
+        return ct__seterr(CT_ENOMEM, "%s: out of memory", path);
+    }
+    for (int i = 0; i < r->m->nfiles; i++)
+        r->fds[i] = -1;
+    return 0;
+}
+
+void ct__reader_close(ck_reader *r) {
+    for (int i = 0; r->fds && i < r->m->nfiles; i++)
+        if (r->fds[i] >= 0)
+            close(r->fds[i]);
+    free(r->fds);
+    ct__manifest_free(r->m);
+    free(r->path);
+    *r = (ck_reader){0};
+}
+
+int ct__reader_file(ck_reader *r, int i, int *fd, char *name, size_t cap) {
+    const ck_file *f = &r->m->files[i];
+    snprintf(name, cap, "%s/%s", r->path, f->name);
+    if (r->fds[i] >= 0) {
+        *fd = r->fds[i];
+        return 0;
+    }
+    int got = open(name, O_RDONLY | O_CLOEXEC);
+    if (got < 0)
+        return ct__seterr(errno == ENOENT ? CT_ECORRUPT : CT_EIO, "%s: %s%s", name, strerror(errno),
+                          errno == ENOENT ? " (the manifest lists it; the checkpoint is damaged)"
+                                          : "");
+    struct stat sb;
+    if (fstat(got, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size != f->nbytes) {
+        int rc = ct__seterr(CT_ECORRUPT, "%s: %lld bytes, but the manifest says %lld%s", name,
+                            (long long)sb.st_size, (long long)f->nbytes,
+                            sb.st_size < f->nbytes ? " (truncated)" : "");
+        close(got);
+        return rc;
+    }
+    *fd = r->fds[i] = got;
+    return 0;
+}
+
+int ct__read_overlap(int fd, const char *file, const ck_tensor *t, const ck_chunk *c,
+                     const int64_t *box_off, const int64_t *box_sizes, char *dst) {
+    int nd = t->ndim;
+    int64_t lo[CT_MAX_DIMS] = {0}, ext[CT_MAX_DIMS] = {0};
+    bool whole = true;
+    for (int d = 0; d < nd; d++) {
+        int64_t a = c->offsets[d] > box_off[d] ? c->offsets[d] : box_off[d];
+        int64_t b = c->offsets[d] + c->sizes[d] < box_off[d] + box_sizes[d]
+                        ? c->offsets[d] + c->sizes[d]
+                        : box_off[d] + box_sizes[d];
+        if (b <= a)
+            return 0;
+        lo[d] = a;
+        ext[d] = b - a;
+        whole = whole && ext[d] == c->sizes[d];
+    }
+    /* A run is contiguous in the file and in dst: the last dim, widened
+     * over the dims before it while the overlap spans both the chunk and
+     * the box in full. */
+    size_t es = ct__esize(t->dtype);
+    int k = nd - 1;
+    int64_t run = nd ? ext[k] : 1;
+    while (k > 0 && ext[k] == c->sizes[k] && ext[k] == box_sizes[k]) {
+        k--;
+        run *= ext[k];
+    }
+    int64_t cstride[CT_MAX_DIMS], bstride[CT_MAX_DIMS];
+    for (int d = nd - 1, cs = 1, bs = 1; d >= 0; d--) {
+        cstride[d] = cs;
+        bstride[d] = bs;
+        cs *= c->sizes[d];
+        bs *= box_sizes[d];
+    }
+    XXH3_state_t *hs = whole ? XXH3_createState() : NULL;
+    if (whole && (!hs || XXH3_64bits_reset(hs) != XXH_OK)) {
+        XXH3_freeState(hs);
+        return ct__seterr(CT_ENOMEM, "%s: out of memory", file);
+    }
+    int64_t idx[CT_MAX_DIMS] = {0}; /* over dims [0, k) of the overlap */
+    int rc = 0;
+    for (;;) {
+        int64_t fo = 0, bo = 0;
+        for (int d = 0; d < nd; d++) {
+            int64_t i = lo[d] + (d < k ? idx[d] : 0);
+            fo += (i - c->offsets[d]) * cstride[d];
+            bo += (i - box_off[d]) * bstride[d];
+        }
+        char *p = dst + bo * (int64_t)es;
+        rc = ct__pread_all(fd, p, (size_t)run * es, c->byte_offset + fo * (int64_t)es, file);
+        if (rc)
+            break;
+        if (hs)
+            XXH3_64bits_update(hs, p, (size_t)run * es);
+        int d = k - 1;
+        while (d >= 0 && ++idx[d] == ext[d])
+            idx[d--] = 0;
+        if (d < 0)
+            break;
+    }
+    if (!rc && hs) {
+        uint64_t got = XXH3_64bits_digest(hs);
+        if (got != c->xxh3) {
+            char at[CT__SHAPE_STR];
+            rc = ct__seterr(CT_ECORRUPT,
+                            "%s: tensor '%s', chunk at %s (bytes %lld..%lld): checksum %016llx, "
+                            "but the manifest says %016llx; the file is damaged",
+                            file, t->name, ct__shape_str(at, nd, c->offsets),
+                            (long long)c->byte_offset, (long long)(c->byte_offset + c->nbytes),
+                            (unsigned long long)got, (unsigned long long)c->xxh3);
+        }
+    }
+    XXH3_freeState(hs);
+    return rc;
+}
+
+int ct__reader_read_box(ck_reader *r, int i, const int64_t *box_off, const int64_t *box_sizes,
+                        char *dst) {
+    const ck_tensor *t = &r->m->tensors[i];
+    for (int c = 0; c < t->nchunks; c++) {
+        const ck_chunk *k = &t->chunks[c];
+        bool meets = true;
+        for (int d = 0; d < t->ndim && meets; d++)
+            meets = k->offsets[d] < box_off[d] + box_sizes[d] &&
+                    box_off[d] < k->offsets[d] + k->sizes[d];
+        if (!meets)
+            continue;
+        int fd;
+        char name[4096];
+        int rc = ct__reader_file(r, k->file, &fd, name, sizeof name);
+        if (!rc)
+            rc = ct__read_overlap(fd, name, t, k, box_off, box_sizes, dst);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+int ct__reader_read_rank(ck_reader *r, int i, int rank, char *dst) {
+    const ck_tensor *t = &r->m->tensors[i];
+    for (int c = 0; c < t->nchunks; c++)
+        if (t->chunks[c].rank == rank) {
+            int fd;
+            char name[4096];
+            int rc = ct__reader_file(r, t->chunks[c].file, &fd, name, sizeof name);
+            return rc ? rc
+                      : ct__read_overlap(fd, name, t, &t->chunks[c], t->chunks[c].offsets,
+                                         t->chunks[c].sizes, dst);
+        }
+    return ct__seterr(CT_ECORRUPT, "%s: per-rank tensor '%s' has no chunk for rank %d", r->path,
+                      t->name, rank);
+}
+
+/* ----------------------------------------------------------------- load */
+
+static int load_tensor(ck_reader *r, const ck_entry *e, int rank, int size) {
+    const ck_manifest *m = r->m;
+    char a[CT__SHAPE_STR], b[CT__SHAPE_STR];
+    int i = ct__manifest_find_tensor(m, e->name);
+    if (i < 0)
+        return ct__seterr(CT_EINVAL, "%s: the checkpoint has no tensor '%s' (it has %d tensors)",
+                          r->path, e->name, m->ntensors);
+    const ck_tensor *t = &m->tensors[i];
+    bool per_rank = e->kind == CT_STATE_PER_RANK;
+    if (per_rank != (t->kind == CT_STATE_PER_RANK))
+        return ct__seterr(CT_EINVAL, "%s: tensor '%s' was saved %s; the state asks for it %s",
+                          r->path, e->name, ct_state_kind_name(t->kind),
+                          ct_state_kind_name(e->kind));
+    if (t->dtype != e->t->dtype || t->ndim != e->ndim ||
+        memcmp(t->sizes, e->global, sizeof(int64_t) * (size_t)e->ndim))
+        return ct__seterr(CT_EINVAL,
+                          "%s: tensor '%s' is %s%s in the checkpoint; the state has %s%s", r->path,
+                          e->name, ct_dtype_name(t->dtype), ct__shape_str(a, t->ndim, t->sizes),
+                          ct_dtype_name(e->t->dtype), ct__shape_str(b, e->ndim, e->global));
+    if (per_rank && m->world_size != size)
+        return ct__seterr(CT_EINVAL,
+                          "%s: per-rank tensor '%s' was saved by %d ranks and is valid only in a "
+                          "world of that size, not %d; leave it out of the state to load the rest",
+                          r->path, e->name, m->world_size, size);
+    ct_tensor *dst = e->t, *tmp = NULL;
+    if (!ct_is_contiguous(dst)) {
+        tmp = ct__own(ct_empty(dst->ndim, dst->sizes, dst->dtype));
+        if (!tmp)
+            return ct_errcode();
+    }
+    char *p = ct__data(tmp ? tmp : dst);
+    int rc = per_rank ? ct__reader_read_rank(r, i, rank, p)
+                      : ct__reader_read_box(r, i, e->offsets, e->t->sizes, p);
+    if (!rc && tmp)
+        ct__copy_into(dst, tmp);
+    if (!rc)
+        ct__bump_version(dst);
+    ct_tensor_free(tmp);
+    return rc;
+}
+
+static int load_value(const ck_reader *r, const ck_entry *e, int rank, int size) {
+    const ck_manifest *m = r->m;
+    int i = ct__manifest_find_value(m, e->name);
+    if (i < 0)
+        return ct__seterr(CT_EINVAL, "%s: the checkpoint has no value '%s'", r->path, e->name);
+    const ck_value *v = &m->values[i];
+    if (v->type != e->type || v->kind != e->kind)
+        return ct__seterr(CT_EINVAL, "%s: value '%s' was saved as %s %s; the state has %s %s",
+                          r->path, e->name, ct_state_kind_name(v->kind), ck_type_names[v->type],
+                          ct_state_kind_name(e->kind), ck_type_names[e->type]);
+    if (v->kind == CT_STATE_PER_RANK && m->world_size != size)
+        return ct__seterr(CT_EINVAL,
+                          "%s: per-rank value '%s' was saved by %d ranks and is valid only in a "
+                          "world of that size, not %d; leave it out of the state to load the rest",
+                          r->path, e->name, m->world_size, size);
+    const char *text = v->texts[v->kind == CT_STATE_PER_RANK ? rank : 0];
+    if (!text)
+        return ct__seterr(CT_ECORRUPT, "%s: value '%s' has no entry for rank %d", r->path, e->name,
+                          rank);
+    /* The manifest's parser checked the text. */
+    CT_ASSERT(ct__value_parse(e->type, text, e->value));
+    return 0;
+}
+
+int ct_checkpoint_load(const char *path, ct_state *st, ct_comm *comm) {
+    const char *fn = "ct_checkpoint_load";
+    int rc = ct__state_check(st, fn);
+    if (rc)
+        return rc;
+    if (!path || !*path)
+        return ct__seterr(CT_EINVAL, "%s: the path is NULL or empty", fn);
+    int rank = comm ? ct_comm_rank(comm) : 0, size = comm ? ct_comm_size(comm) : 1;
+    ck_reader r;
+    rc = ct__reader_open(path, &r);
+    for (int i = 0; !rc && i < st->n; i++) {
+        const ck_entry *e = &st->entries[i];
+        rc = e->type == CK_TENSOR ? load_tensor(&r, e, rank, size) : load_value(&r, e, rank, size);
+    }
+    if (!rc)
+        rc = ct__state_replace_meta(st, r.m->meta, r.m->nmeta);
+    if (r.m)
+        ct__reader_close(&r);
+    /* Every rank returns the same result: no rank trains on alone. */
+    return ct__agree(comm, rc, NULL, 0, NULL);
+}
