@@ -15,6 +15,9 @@
 #   CT_CMAKE_ARGS      more arguments for cmake, split on spaces
 #   CT_BUILD_ONLY      1: stop after the build (the CUDA job: no GPU there)
 #   CI                 true: warnings are errors (-DCT_WERROR=ON)
+#   CT_FUZZ_SECONDS    seconds each fuzz target runs after the tests
+#                      (ci/fuzz.sh, a separate clang build); default 20
+#                      when CI is true, else 0 (no fuzzing)
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -144,3 +147,15 @@ echo "pkg-config ct:                   $out"
 
 step "ctest"
 "${run[@]}" ctest --test-dir "$build_dir" --output-on-failure --no-tests=error -j2
+
+# The parsers of files that come from anywhere (checkpoint manifests,
+# safetensors headers) get a bounded fuzzing run: it needs clang, which
+# ci/setup.sh installs.
+fuzz_seconds=${CT_FUZZ_SECONDS:-0}
+if [[ ${CI:-} == true ]]; then
+    fuzz_seconds=${CT_FUZZ_SECONDS:-20}
+fi
+if ((fuzz_seconds > 0)); then
+    step "fuzz: ci/fuzz.sh $fuzz_seconds"
+    bash ci/fuzz.sh "$fuzz_seconds"
+fi
