@@ -8,8 +8,10 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 
 #define CHECKPOINTER_MAGIC 0x63744173u /* "ctAs" */
+#define HUGE_PAGE          ((uintptr_t)2 << 20)
 
 struct ct_checkpointer {
     uint32_t magic;
@@ -105,6 +107,14 @@ static int stage(ct_checkpointer *ck) {
         ck->staging = ct_storage_new((size_t)need, CT_DEVICE_CPU);
         if (!ck->staging)
             return ct_errcode();
+        /* The first copy into fresh memory takes a page fault per 4 KiB
+         * page, a quarter million per GiB, and most of that save's time;
+         * huge pages take 512 times fewer. Only a hint: without them the
+         * copy is as correct. */
+        uintptr_t lo = ((uintptr_t)ct_storage_data(ck->staging) + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1);
+        uintptr_t hi = ((uintptr_t)ct_storage_data(ck->staging) + (size_t)need) & ~(HUGE_PAGE - 1);
+        if (hi > lo)
+            madvise((void *)lo, hi - lo, MADV_HUGEPAGE);
     }
     int64_t at = 0;
     for (int i = 0; i < plan->nsources; i++) {
@@ -129,8 +139,9 @@ int ct_checkpointer_save(ct_checkpointer *ck, const char *path, ct_state *st,
                          const ct_checkpoint_options *opts) {
     const char *fn = "ct_checkpointer_save";
     int rc = check(ck, fn);
-    if (!rc)
-        rc = ct_checkpointer_wait(ck);
+    if (rc)
+        return rc;
+    rc = ct_checkpointer_wait(ck);
     ck->opts = opts ? *opts : ct_checkpoint_defaults();
     if (!rc)
         rc = ct__state_check(st, fn);

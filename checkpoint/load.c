@@ -9,6 +9,8 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#define READ_PIECE (INT64_C(8) << 20)
+
 int ct__reader_open(const char *path, ck_reader *r) {
     *r = (ck_reader){0};
     int rc = ct__manifest_read(path, &r->m);
@@ -59,6 +61,23 @@ int ct__reader_file(ck_reader *r, int i, int *fd, char *name, size_t cap) {
     return 0;
 }
 
+/* Reads a run in pieces, each hashed (hs may be NULL) while still in cache,
+ * with the next piece's read-ahead started before. */
+static int read_run(int fd, const char *file, char *dst, int64_t bytes, int64_t off,
+                    XXH3_state_t *hs) {
+    for (int64_t done = 0; done < bytes; done += READ_PIECE) {
+        int64_t n = bytes - done < READ_PIECE ? bytes - done : READ_PIECE;
+        if (done + n < bytes)
+            posix_fadvise(fd, off + done + n, READ_PIECE, POSIX_FADV_WILLNEED);
+        int rc = ct__pread_all(fd, dst + done, (size_t)n, off + done, file);
+        if (rc)
+            return rc;
+        if (hs)
+            XXH3_64bits_update(hs, dst + done, (size_t)n);
+    }
+    return 0;
+}
+
 int ct__read_overlap(int fd, const char *file, const ck_tensor *t, const ck_chunk *c,
                      const int64_t *box_off, const int64_t *box_sizes, char *dst) {
     int nd = t->ndim;
@@ -106,12 +125,10 @@ int ct__read_overlap(int fd, const char *file, const ck_tensor *t, const ck_chun
             fo += (i - c->offsets[d]) * cstride[d];
             bo += (i - box_off[d]) * bstride[d];
         }
-        char *p = dst + bo * (int64_t)es;
-        rc = ct__pread_all(fd, p, (size_t)run * es, c->byte_offset + fo * (int64_t)es, file);
+        rc = read_run(fd, file, dst + bo * (int64_t)es, run * (int64_t)es,
+                      c->byte_offset + fo * (int64_t)es, hs);
         if (rc)
             break;
-        if (hs)
-            XXH3_64bits_update(hs, p, (size_t)run * es);
         int d = k - 1;
         while (d >= 0 && ++idx[d] == ext[d])
             idx[d--] = 0;

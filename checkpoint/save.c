@@ -11,9 +11,10 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-/* Large writes go in pieces, so that no single call asks the kernel for more
- * than it moves at once (Linux caps one write at about 2 GiB). */
-#define WRITE_PIECE (INT64_C(64) << 20)
+/* Chunks are hashed and written in pieces: a piece is hashed while it is
+ * still in cache from the hash's read, and the disk starts on each piece
+ * while the next is hashed and copied in. */
+#define WRITE_PIECE (INT64_C(8) << 20)
 
 ct_checkpoint_options ct_checkpoint_defaults(void) {
     return (ct_checkpoint_options){.step = -1, .keep_last = 0};
@@ -543,12 +544,21 @@ static int write_source(int fd, const char *file, const ck_manifest *m, const ck
         src = tmp;
     }
     const char *data = ct__data(src);
-    *hash = XXH3_64bits(data, (size_t)c->nbytes);
-    int rc = 0;
+    XXH3_state_t *hs = XXH3_createState();
+    int rc = hs && XXH3_64bits_reset(hs) == XXH_OK
+                 ? 0
+                 : ct__seterr(CT_ENOMEM, "%s: out of memory", file);
     for (int64_t done = 0; done < c->nbytes && !rc; done += WRITE_PIECE) {
         int64_t n = c->nbytes - done < WRITE_PIECE ? c->nbytes - done : WRITE_PIECE;
+        XXH3_64bits_update(hs, data + done, (size_t)n);
         rc = ct__pwrite_all(fd, data + done, (size_t)n, c->byte_offset + done, file);
+        /* Only a start: the fsync at the end is what makes it durable. */
+        if (!rc)
+            sync_file_range(fd, c->byte_offset + done, n, SYNC_FILE_RANGE_WRITE);
     }
+    if (!rc)
+        *hash = XXH3_64bits_digest(hs);
+    XXH3_freeState(hs);
     ct_tensor_free(tmp);
     return rc;
 }
