@@ -197,11 +197,15 @@ void ct__plan_free(ck_plan *plan);
 
 /* -------------------------------------------------------------- reading */
 
+typedef struct ck_hasher ck_hasher;
+
 /* A checkpoint's manifest and its files, opened on first use. */
 typedef struct ck_reader {
     char *path;
     ck_manifest *m;
-    int *fds; /* [m->nfiles], -1 until opened */
+    int *fds;          /* [m->nfiles], -1 until opened */
+    ck_hasher *hasher; /* checks chunks read whole while the next is read */
+    bool no_hasher;    /* its thread could not start: check them in line */
 } ck_reader;
 
 /* Reads and checks path's manifest. */
@@ -210,6 +214,12 @@ void ct__reader_close(ck_reader *r);
 /* File i's descriptor, opened now if need be; CT_ECORRUPT when it is
  * missing or its size is not the manifest's. *name gets its path. */
 int ct__reader_file(ck_reader *r, int i, int *fd, char *name, size_t cap);
+/* Waits until every chunk read so far has been checked: the first bad
+ * checksum's CT_ECORRUPT, or 0. Call it before the memory read into is
+ * freed or handed out, and before reporting success. */
+int ct__reader_finish(ck_reader *r);
+/* CT_ECORRUPT for chunk c of t in file, whose bytes hash to got. */
+int ct__checksum_mismatch(const char *file, const ck_tensor *t, const ck_chunk *c, uint64_t got);
 /* Reads the box (box_off, box_sizes) of tensor i into dst (contiguous,
  * row-major, the box's shape) from every chunk that overlaps it. */
 int ct__reader_read_box(ck_reader *r, int i, const int64_t *box_off, const int64_t *box_sizes,
@@ -220,8 +230,9 @@ int ct__reader_read_rank(ck_reader *r, int i, int rank, char *dst);
 /* A chunk's bytes that overlap a box of the global tensor, read into dst: a
  * contiguous row-major buffer of the box's shape. fd is the chunk's file.
  * Reads only the overlapping byte runs. When the whole chunk is read, its
- * checksum is checked (CT_ECORRUPT naming file and tensor on a mismatch). */
-int ct__read_overlap(int fd, const char *file, const ck_tensor *t, const ck_chunk *c,
+ * checksum is checked (CT_ECORRUPT naming file and tensor on a mismatch),
+ * maybe later, by r's hasher: see ct__reader_finish(). */
+int ct__read_overlap(ck_reader *r, int fd, const char *file, const ck_tensor *t, const ck_chunk *c,
                      const int64_t *box_off, const int64_t *box_sizes, char *dst);
 
 #endif

@@ -3,13 +3,114 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
 
-#define READ_PIECE (INT64_C(8) << 20)
+int ct__checksum_mismatch(const char *file, const ck_tensor *t, const ck_chunk *c, uint64_t got) {
+    char at[CT__SHAPE_STR];
+    return ct__seterr(CT_ECORRUPT,
+                      "%s: tensor '%s', chunk at %s (bytes %lld..%lld): checksum %016llx, but the "
+                      "manifest says %016llx; the file is damaged",
+                      file, t->name, ct__shape_str(at, t->ndim, c->offsets),
+                      (long long)c->byte_offset, (long long)(c->byte_offset + c->nbytes),
+                      (unsigned long long)got, (unsigned long long)c->xxh3);
+}
+
+/* ---------------------------------------------------------------- hasher */
+
+/* Reading a chunk and hashing it, one after the other, cost more than the
+ * disk alone: a chunk read whole is hashed on this thread while the reader
+ * reads the next one. */
+struct ck_hasher {
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool pending, done, quit;
+    /* The job: the chunk's bytes, and what to name when they are wrong. */
+    const char *data;
+    const ck_tensor *t;
+    const ck_chunk *c;
+    char file[4096];
+    uint64_t got;
+};
+
+static void *hash_jobs(void *arg) {
+    ck_hasher *h = arg;
+    pthread_mutex_lock(&h->mu);
+    for (;;) {
+        while (!h->quit && (!h->pending || h->done))
+            pthread_cond_wait(&h->cv, &h->mu);
+        if (h->quit)
+            break;
+        const char *data = h->data;
+        size_t n = (size_t)h->c->nbytes;
+        pthread_mutex_unlock(&h->mu);
+        uint64_t got = XXH3_64bits(data, n);
+        pthread_mutex_lock(&h->mu);
+        h->got = got;
+        h->done = true;
+        pthread_cond_broadcast(&h->cv);
+    }
+    pthread_mutex_unlock(&h->mu);
+    return NULL;
+}
+
+/* Waits for the chunk being hashed, if any; whether there was one. */
+static bool hasher_idle(ck_hasher *h) {
+    pthread_mutex_lock(&h->mu);
+    while (h->pending && !h->done)
+        pthread_cond_wait(&h->cv, &h->mu);
+    bool had = h->pending;
+    h->pending = false;
+    pthread_mutex_unlock(&h->mu);
+    return had;
+}
+
+/* Waits for the chunk being hashed, if any: its verdict. */
+static int hasher_wait(ck_hasher *h) {
+    if (!h || !hasher_idle(h) || h->got == h->c->xxh3)
+        return 0;
+    return ct__checksum_mismatch(h->file, h->t, h->c, h->got);
+}
+
+/* Hands chunk c, read whole into data, to the hasher, once the previous one
+ * has passed. 1 when there is no hasher thread (then the caller hashes). */
+static int hasher_submit(ck_reader *r, const char *file, const ck_tensor *t, const ck_chunk *c,
+                         const char *data) {
+    if (!r->hasher && !r->no_hasher) {
+        ck_hasher *h = calloc(1, sizeof *h);
+        if (h && !pthread_mutex_init(&h->mu, NULL) && !pthread_cond_init(&h->cv, NULL) &&
+            !pthread_create(&h->thread, NULL, hash_jobs, h))
+            r->hasher = h;
+        else
+            free(h);
+        r->no_hasher = !r->hasher;
+    }
+    ck_hasher *h = r->hasher;
+    if (!h)
+        return 1;
+    int rc = hasher_wait(h);
+    if (rc)
+        return rc;
+    pthread_mutex_lock(&h->mu);
+    h->data = data;
+    h->t = t;
+    h->c = c;
+    snprintf(h->file, sizeof h->file, "%s", file);
+    h->pending = true;
+    h->done = false;
+    pthread_cond_broadcast(&h->cv);
+    pthread_mutex_unlock(&h->mu);
+    return 0;
+}
+
+int ct__reader_finish(ck_reader *r) { return hasher_wait(r->hasher); }
+
+/* ---------------------------------------------------------------- reader */
 
 int ct__reader_open(const char *path, ck_reader *r) {
     *r = (ck_reader){0};
@@ -28,6 +129,19 @@ int ct__reader_open(const char *path, ck_reader *r) {
 }
 
 void ct__reader_close(ck_reader *r) {
+    ck_hasher *h = r->hasher;
+    if (h) {
+        /* A verdict nobody asked for: an error is already being reported. */
+        hasher_idle(h);
+        pthread_mutex_lock(&h->mu);
+        h->quit = true;
+        pthread_cond_broadcast(&h->cv);
+        pthread_mutex_unlock(&h->mu);
+        pthread_join(h->thread, NULL);
+        pthread_cond_destroy(&h->cv);
+        pthread_mutex_destroy(&h->mu);
+        free(h);
+    }
     for (int i = 0; r->fds && i < r->m->nfiles; i++)
         if (r->fds[i] >= 0)
             close(r->fds[i]);
@@ -61,24 +175,7 @@ int ct__reader_file(ck_reader *r, int i, int *fd, char *name, size_t cap) {
     return 0;
 }
 
-/* Reads a run in pieces, each hashed (hs may be NULL) while still in cache,
- * with the next piece's read-ahead started before. */
-static int read_run(int fd, const char *file, char *dst, int64_t bytes, int64_t off,
-                    XXH3_state_t *hs) {
-    for (int64_t done = 0; done < bytes; done += READ_PIECE) {
-        int64_t n = bytes - done < READ_PIECE ? bytes - done : READ_PIECE;
-        if (done + n < bytes)
-            posix_fadvise(fd, off + done + n, READ_PIECE, POSIX_FADV_WILLNEED);
-        int rc = ct__pread_all(fd, dst + done, (size_t)n, off + done, file);
-        if (rc)
-            return rc;
-        if (hs)
-            XXH3_64bits_update(hs, dst + done, (size_t)n);
-    }
-    return 0;
-}
-
-int ct__read_overlap(int fd, const char *file, const ck_tensor *t, const ck_chunk *c,
+int ct__read_overlap(ck_reader *r, int fd, const char *file, const ck_tensor *t, const ck_chunk *c,
                      const int64_t *box_off, const int64_t *box_sizes, char *dst) {
     int nd = t->ndim;
     int64_t lo[CT_MAX_DIMS] = {0}, ext[CT_MAX_DIMS] = {0};
@@ -111,6 +208,19 @@ int ct__read_overlap(int fd, const char *file, const ck_tensor *t, const ck_chun
         cs *= c->sizes[d];
         bs *= box_sizes[d];
     }
+    /* One run is the whole chunk, in one piece of dst: hashed on the side. */
+    if (whole && run * (int64_t)es == c->nbytes) {
+        int64_t bo = 0;
+        for (int d = 0; d < nd; d++)
+            bo += (lo[d] - box_off[d]) * bstride[d];
+        char *p = dst + bo * (int64_t)es;
+        int rc = ct__pread_all(fd, p, (size_t)c->nbytes, c->byte_offset, file);
+        int side = rc ? rc : hasher_submit(r, file, t, c, p);
+        if (side <= 0)
+            return side;
+        uint64_t got = XXH3_64bits(p, (size_t)c->nbytes);
+        return got == c->xxh3 ? 0 : ct__checksum_mismatch(file, t, c, got);
+    }
     XXH3_state_t *hs = whole ? XXH3_createState() : NULL;
     if (whole && (!hs || XXH3_64bits_reset(hs) != XXH_OK)) {
         XXH3_freeState(hs);
@@ -125,10 +235,12 @@ int ct__read_overlap(int fd, const char *file, const ck_tensor *t, const ck_chun
             fo += (i - c->offsets[d]) * cstride[d];
             bo += (i - box_off[d]) * bstride[d];
         }
-        rc = read_run(fd, file, dst + bo * (int64_t)es, run * (int64_t)es,
-                      c->byte_offset + fo * (int64_t)es, hs);
+        char *p = dst + bo * (int64_t)es;
+        rc = ct__pread_all(fd, p, (size_t)run * es, c->byte_offset + fo * (int64_t)es, file);
         if (rc)
             break;
+        if (hs)
+            XXH3_64bits_update(hs, p, (size_t)run * es);
         int d = k - 1;
         while (d >= 0 && ++idx[d] == ext[d])
             idx[d--] = 0;
@@ -137,15 +249,8 @@ int ct__read_overlap(int fd, const char *file, const ck_tensor *t, const ck_chun
     }
     if (!rc && hs) {
         uint64_t got = XXH3_64bits_digest(hs);
-        if (got != c->xxh3) {
-            char at[CT__SHAPE_STR];
-            rc = ct__seterr(CT_ECORRUPT,
-                            "%s: tensor '%s', chunk at %s (bytes %lld..%lld): checksum %016llx, "
-                            "but the manifest says %016llx; the file is damaged",
-                            file, t->name, ct__shape_str(at, nd, c->offsets),
-                            (long long)c->byte_offset, (long long)(c->byte_offset + c->nbytes),
-                            (unsigned long long)got, (unsigned long long)c->xxh3);
-        }
+        if (got != c->xxh3)
+            rc = ct__checksum_mismatch(file, t, c, got);
     }
     XXH3_freeState(hs);
     return rc;
@@ -166,7 +271,7 @@ int ct__reader_read_box(ck_reader *r, int i, const int64_t *box_off, const int64
         char name[4096];
         int rc = ct__reader_file(r, k->file, &fd, name, sizeof name);
         if (!rc)
-            rc = ct__read_overlap(fd, name, t, k, box_off, box_sizes, dst);
+            rc = ct__read_overlap(r, fd, name, t, k, box_off, box_sizes, dst);
         if (rc)
             return rc;
     }
@@ -181,7 +286,7 @@ int ct__reader_read_rank(ck_reader *r, int i, int rank, char *dst) {
             char name[4096];
             int rc = ct__reader_file(r, t->chunks[c].file, &fd, name, sizeof name);
             return rc ? rc
-                      : ct__read_overlap(fd, name, t, &t->chunks[c], t->chunks[c].offsets,
+                      : ct__read_overlap(r, fd, name, t, &t->chunks[c], t->chunks[c].offsets,
                                          t->chunks[c].sizes, dst);
         }
     return ct__seterr(CT_ECORRUPT, "%s: per-rank tensor '%s' has no chunk for rank %d", r->path,
@@ -223,6 +328,11 @@ static int load_tensor(ck_reader *r, const ck_entry *e, int rank, int size) {
     char *p = ct__data(tmp ? tmp : dst);
     int rc = per_rank ? ct__reader_read_rank(r, i, rank, p)
                       : ct__reader_read_box(r, i, e->offsets, e->t->sizes, p);
+    /* tmp must not go while its bytes are being hashed. */
+    if (tmp && !rc)
+        rc = ct__reader_finish(r);
+    else if (tmp)
+        ct__reader_finish(r);
     if (!rc && tmp)
         ct__copy_into(dst, tmp);
     if (!rc)
@@ -269,6 +379,8 @@ int ct_checkpoint_load(const char *path, ct_state *st, ct_comm *comm) {
         const ck_entry *e = &st->entries[i];
         rc = e->type == CK_TENSOR ? load_tensor(&r, e, rank, size) : load_value(&r, e, rank, size);
     }
+    if (!rc)
+        rc = ct__reader_finish(&r);
     if (!rc)
         rc = ct__state_replace_meta(st, r.m->meta, r.m->nmeta);
     if (r.m)

@@ -144,6 +144,8 @@ ct_tensor *ct_checkpoint_reader_read(ct_checkpoint_reader *ck, int i, int rank) 
     int64_t zeros[CT_MAX_DIMS] = {0};
     int rc = per_rank ? ct__reader_read_rank(&ck->r, i, rank, ct__data(out))
                       : ct__reader_read_box(&ck->r, i, zeros, t->sizes, ct__data(out));
+    int checked = ct__reader_finish(&ck->r);
+    rc = rc ? rc : checked;
     if (rc) {
         ct__release(out);
         return NULL;
@@ -216,16 +218,7 @@ static int verify_chunk(ck_reader *r, const ck_tensor *t, const ck_chunk *c, cha
             progress(*done, total, ctx);
     }
     uint64_t got = XXH3_64bits_digest(hs);
-    if (got != c->xxh3) {
-        char at[CT__SHAPE_STR];
-        return ct__seterr(CT_ECORRUPT,
-                          "%s: tensor '%s', chunk at %s (bytes %lld..%lld): checksum %016llx, but "
-                          "the manifest says %016llx",
-                          name, t->name, ct__shape_str(at, t->ndim, c->offsets),
-                          (long long)c->byte_offset, (long long)(c->byte_offset + c->nbytes),
-                          (unsigned long long)got, (unsigned long long)c->xxh3);
-    }
-    return 0;
+    return got == c->xxh3 ? 0 : ct__checksum_mismatch(name, t, c, got);
 }
 
 int ct_checkpoint_reader_verify(ct_checkpoint_reader *ck,
