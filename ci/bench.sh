@@ -2,8 +2,8 @@
 # Builds ct's benchmarks (Release, in build-bench/) and runs them with their
 # peers in the same run.
 #
-#   ci/bench.sh [NAME...]     NAME: ops, train, collectives, ddp; with none,
-#                             every benchmark
+#   ci/bench.sh [NAME...]     NAME: ops, train, collectives, ddp, checkpoint;
+#                             with none, every benchmark
 #
 # stdout: one JSON object per result. stderr: build output, notes, and a
 # ratio line per comparison. CT_BENCH_THREADS (default "1,2") lists the thread
@@ -14,9 +14,13 @@
 # allreduce in CT_BENCH_ROUNDS (default 3) rounds that interleave ct, Open
 # MPI and gloo (docs/bench-collectives.md); ddp trains on 1 and 2 ranks
 # (ctlaunch, mpirun) beside PyTorch DDP in as many rounds, then measures the
-# allreduce that backward hides (docs/bench-ddp.md); PYTHON (default
-# /usr/bin/python3, Debian's, with python3-torch) runs the PyTorch peers and
-# the summaries; CT_BENCH_BUILD_DIR moves the build.
+# allreduce that backward hides (docs/bench-ddp.md); checkpoint saves and
+# loads a 1 GiB state with ct on 1 and 2 ranks, dd and torch in as many
+# rounds, in a fresh directory under CT_BENCH_CKPT_DIR (default
+# $build/ckpt-bench: the build's disk), and times an async save's blocking
+# (docs/bench-checkpoint.md); PYTHON (default /usr/bin/python3, Debian's,
+# with python3-torch) runs the PyTorch peers and the summaries;
+# CT_BENCH_BUILD_DIR moves the build.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -28,10 +32,10 @@ build=${CT_BENCH_BUILD_DIR:-$root/build-bench}
 python=${PYTHON:-/usr/bin/python3}
 epochs=${CT_BENCH_EPOCHS:-1}
 rounds=${CT_BENCH_ROUNDS:-3}
-all=(ops train collectives ddp)
+all=(ops train collectives ddp checkpoint)
 
 usage() {
-    sed -n '2,20s/^# \{0,1\}//p' "$0"
+    sed -n '2,24s/^# \{0,1\}//p' "$0"
 }
 
 names=()
@@ -90,6 +94,7 @@ for name in "${names[@]}"; do
         fi
         ;;
     ddp) targets+=(fmnist_mlp ctlaunch bench_ddp) ;;
+    checkpoint) targets+=(bench_checkpoint ctlaunch) ;;
     *) targets+=("bench_$name") ;;
     esac
 done
@@ -417,8 +422,306 @@ ddp_nocomm() {
     rm -f "$a" "$b"
 }
 
+# Checkpoints of a 1 GiB state: 16 float32 tensors of 64 MiB, each sharded
+# by rows over the ranks (docs/bench-checkpoint.md). Each round runs, back to
+# back, dd's sequential write and read of 1 GiB, ct's save and load on 1 rank
+# and on 2 (ctlaunch), torch.save and torch.load of the same tensors, and a
+# training loop on 1 rank that saves asynchronously beside a synchronous
+# save, in an order that rotates from round to round: the disk's speed, too,
+# moves with the host and its other tenants. Before the rounds, a
+# single-thread memcpy and XXH3 of 1 GiB measure the machine's own limits.
+# Every load reads the disk: the page cache of the files it reads is dropped
+# first; a warm load follows. Each run's files are removed after it, then
+# `sync` (untimed) lets the file system finish the removal (with the discard
+# mount option, the freed blocks' discards) before the next timed write. At
+# most 2 GiB are on the disk at once (the async loop's newest checkpoint and
+# the one it replaces). The summary sets each run's best round beside the
+# others and checks the targets.
+run_checkpoint() {
+    local bench=$build/bench/bench_checkpoint
+    local ctlaunch=("$build/launcher/ctlaunch" -np 2)
+    local parent=${CT_BENCH_CKPT_DIR:-$build/ckpt-bench}
+    local bytes=$((1 << 30)) tensors=16
+    local state=(--bytes "$bytes" --tensors "$tensors")
+    local have_torch=false torch_failed=false started=$SECONDS load_start round free_k fs
+    mkdir -p "$parent"
+    ckpt_dir=$(mktemp -d "$parent/run.XXXXXX")
+    # 2 GiB at most at once, and room to spare for the rest of the disk's
+    # users.
+    free_k=$(df -Pk "$ckpt_dir" | awk 'NR == 2 { print $4 }')
+    fs=$(stat -f -c %T "$ckpt_dir")
+    echo "ci/bench.sh: checkpoint: in $ckpt_dir ($fs, $((free_k >> 20)) GiB free)" >&2
+    if ((free_k < 3 << 20)); then
+        echo "ci/bench.sh: checkpoint: fewer than 3 GiB free in $parent; set CT_BENCH_CKPT_DIR" \
+            "to a directory with more" >&2
+        return 1
+    fi
+    if [[ $fs == tmpfs ]]; then
+        echo "ci/bench.sh: checkpoint: $parent is in memory (tmpfs): the figures are no" \
+            "disk's" >&2
+    fi
+    load_start=$(cut -d' ' -f1-3 /proc/loadavg)
+    echo "ci/bench.sh: checkpoint: load average $load_start" >&2
+    # checkpoint_torch.py exits 1 without torch, as it does when torch fails:
+    # only the second should fail the run.
+    if [[ -x $python ]] && "$python" -c "import torch" 2>/dev/null; then
+        have_torch=true
+    else
+        echo "ci/bench.sh: no torch for $python; skipping torch.save and torch.load" \
+            "(bash ci/setup.sh --bench installs python3-torch)" >&2
+    fi
+    "$bench" memcpy --bytes "$bytes" | json_lines '"run": "memcpy", ' | tee -a "$tmp"
+    # Round r starts at run r of the list, so that no run follows the same
+    # one in every round: a write ran slower right after some runs than
+    # after others (docs/bench-checkpoint.md, "Rounds").
+    local runs=(dd ct_1rank ct_2ranks torch ct_async_1rank) i run
+    for ((round = 1; round <= rounds; round++)); do
+        echo "ci/bench.sh: checkpoint round $round of $rounds" >&2
+        for ((i = 0; i < ${#runs[@]}; i++)); do
+            run=${runs[(i + round - 1) % ${#runs[@]}]}
+            case $run in
+            dd) ckpt_dd "$round" "$bench" "$ckpt_dir/dd.bin" "$bytes" ;;
+            ct_1rank) ckpt_ct ct_1rank "$round" "$bench" ;;
+            ct_2ranks) ckpt_ct ct_2ranks "$round" "${ctlaunch[@]}" "$bench" ;;
+            torch)
+                if $have_torch; then
+                    run_peer checkpoint_torch.py --dir "$ckpt_dir" "${state[@]}" |
+                        json_lines "\"run\": \"torch\", \"round\": $round, " |
+                        tee -a "$tmp" || torch_failed=true
+                    sync
+                fi
+                ;;
+            ct_async_1rank)
+                "$bench" async --dir "$ckpt_dir" "${state[@]}" |
+                    json_lines "\"run\": \"ct_async_1rank\", \"round\": $round, " |
+                    tee -a "$tmp"
+                sync
+                ;;
+            esac
+        done
+    done
+    rm -rf "$ckpt_dir"
+    ckpt_dir=
+    run_summary "$tmp" "$parent" "$fs" "$load_start" "$(cut -d' ' -f1-3 /proc/loadavg)" \
+        $((SECONDS - started)) <<'EOF'
+"""The checkpoint benchmark's summary, from ci/bench.sh checkpoint's lines."""
+import json
+import sys
+
+path, where, fs, load_start, load_end, seconds = sys.argv[1:]
+# (run, op, cache): what the table calls it.
+ROWS = [
+    (("dd", "write", None), "dd write (64 MiB blocks, conv=fsync)"),
+    (("ct_1rank", "save", None), "ct save, 1 rank"),
+    (("ct_2ranks", "save", None), "ct save, 2 ranks (ctlaunch)"),
+    (("torch", "save", None), "torch.save + fsync"),
+    (("dd", "read", "cold"), "dd read, cache dropped"),
+    (("ct_1rank", "load", "cold"), "ct load, 1 rank, cache dropped"),
+    (("ct_2ranks", "load", "cold"), "ct load, 2 ranks, cache dropped"),
+    (("torch", "load", "cold"), "torch.load, cache dropped"),
+    (("ct_1rank", "load", "warm"), "ct load, 1 rank, warm"),
+    (("ct_2ranks", "load", "warm"), "ct load, 2 ranks, warm"),
+    (("torch", "load", "warm"), "torch.load, warm"),
+]
+NAMES = dict(ROWS)
+# (target name or None, run, against, target ratio or None): run's GB/s over
+# against's; a target holds when the ratio is at least (or, with ">", above)
+# its value.
+RATIOS = [
+    ("ct_save_1rank_vs_dd_write", ("ct_1rank", "save", None), ("dd", "write", None), 0.7),
+    ("ct_save_2ranks_vs_dd_write", ("ct_2ranks", "save", None), ("dd", "write", None), 0.7),
+    ("ct_load_1rank_vs_dd_read", ("ct_1rank", "load", "cold"), ("dd", "read", "cold"), 0.7),
+    ("ct_load_2ranks_vs_dd_read", ("ct_2ranks", "load", "cold"), ("dd", "read", "cold"), 0.7),
+    ("ct_save_vs_torch_save", ("ct_1rank", "save", None), ("torch", "save", None), ">1"),
+    ("ct_load_vs_torch_load", ("ct_1rank", "load", "cold"), ("torch", "load", "cold"), ">1"),
+    (None, ("ct_2ranks", "save", None), ("ct_1rank", "save", None), None),
+    (None, ("ct_2ranks", "load", "cold"), ("ct_1rank", "load", "cold"), None),
+    (None, ("ct_1rank", "load", "warm"), ("torch", "load", "warm"), None),
+]
+ASYNC_TARGET = 0.1
+
+
+def log(text=""):
+    print(text, file=sys.stderr)
+
+
+def emit(record):
+    print(json.dumps(dict({"bench": "checkpoint"}, **record)), flush=True)
+
+
+def held(ratio, target):
+    return ratio > 1 if target == ">1" else ratio >= target
+
+
+def rounds_text(values):
+    return " ".join("%.2f" % x for x in values)
+
+
+gbps, hw, runs_async = {}, {}, {}
+with open(path) as f:
+    for r in (json.loads(line) for line in f if line.startswith("{")):
+        if r.get("bench") != "checkpoint" or "summary" in r or "run" not in r:
+            continue
+        if r["run"] == "memcpy":
+            hw[r["impl"]] = r["gbps"]
+        elif r["op"] == "async":
+            runs_async[r["round"]] = r
+        else:
+            key = (r["run"], r["op"], r.get("cache"))
+            gbps.setdefault(key, {})[r["round"]] = r["gbps"]
+rounds = sorted({n for by in gbps.values() for n in by} | set(runs_async))
+best = {key: max(by.values()) for key, by in gbps.items()}
+
+log("\nsummary: checkpoints of a 1 GiB state (16 float32 tensors of 64 MiB) under %s (%s); "
+    "GB/s (10^9 bytes/s of the whole state), the best of the rounds, then each round" % (where, fs))
+log("%-40s %8s" % ("run", "best") + "".join(" %8s" % ("round %d" % n) for n in rounds))
+for key, what in ROWS:
+    if key not in gbps:
+        log("%-40s %8s" % (what, "-"))
+        continue
+    log("%-40s %8.3f" % (what, best[key]) + "".join(
+        " %8s" % ("%.3f" % gbps[key][n] if n in gbps[key] else "-") for n in rounds))
+    emit({"summary": "gbps", "run": key[0], "op": key[1], "cache": key[2], "best": best[key],
+          "rounds": [gbps[key].get(n) for n in rounds]})
+if hw:
+    log("the machine, 1 thread over 1 GiB: memcpy %.2f GB/s copied, XXH3-64 %.2f GB/s"
+        % (hw.get("memcpy", float("nan")), hw.get("xxh3", float("nan"))))
+    emit({"summary": "hardware", "memcpy_gbps": hw.get("memcpy"), "xxh3_gbps": hw.get("xxh3")})
+
+targets = []
+log("ratios on the best figures [each round's own]:")
+for name, run, against, target in RATIOS:
+    what = "%s / %s" % (NAMES[run], NAMES[against])
+    if run not in best or against not in best:
+        log("  %s: not measured" % what)
+        if name:
+            targets.append("target: %s: not measured" % what)
+        continue
+    ratio = best[run] / best[against]
+    by_round = [gbps[run][n] / gbps[against][n] for n in rounds
+                if n in gbps[run] and n in gbps[against]]
+    log("  %-66s %5.2f [%s]" % (what, ratio, rounds_text(by_round)))
+    record = {"summary": "ratio", "run": list(run), "against": list(against),
+              "ratio": round(ratio, 3), "round_ratios": [round(x, 3) for x in by_round]}
+    if name:
+        met = held(ratio, target)
+        bar = "> 1" if target == ">1" else ">= %g" % target
+        targets.append("target: %s %s: %s (ratio %.2f; per round %s; met in %d of %d rounds)"
+                       % (what, bar, "met" if met else "missed", ratio, rounds_text(by_round),
+                          sum(held(x, target) for x in by_round), len(by_round)))
+        record = dict(record, summary="target", target=name, target_ratio=target, met=met,
+                      rounds=len(by_round), rounds_met=sum(held(x, target) for x in by_round))
+    emit(record)
+
+if runs_async:
+    a = [runs_async[n] for n in rounds if n in runs_async]
+    blocked, sync = min(r["blocked_ms"] for r in a), min(r["sync_save_ms"] for r in a)
+    by_round = [r["blocked_ms"] / r["sync_save_ms"] for r in a]
+    ratio = blocked / sync
+
+    def each(field, form="%.0f"):
+        return " ".join(form % r[field] for r in a)
+
+    log("async save, 1 rank, a %dx%d matmul per step; per round: a step took %s ms alone and "
+        "%s ms with saves in flight; a save every %s steps; ct_checkpointer_save blocked %s ms "
+        "(the longest call after the first; the first: %s ms); a synchronous save took %s ms; "
+        "before a save the loop waited %s ms for the one before; the last save drained %s ms "
+        "after the loop"
+        % (a[0]["matmul"], a[0]["matmul"], each("step_ms_idle", "%.1f"),
+           each("step_ms_loop", "%.1f"), each("every", "%d"), each("blocked_ms"),
+           each("blocked_first_ms"), each("sync_save_ms"), each("waited_ms"), each("drain_ms")))
+    staging_ok = not any(r["staging_grew"] for r in a)
+    rss_ok = not any(r["rss_grew"] for r in a)
+    log("async save: staging %s across saves (%s bytes); RSS after the second save, then at "
+        "the end: %s"
+        % ("constant" if staging_ok else "GREW", "/".join(
+            str(x) for x in sorted({s for r in a for s in r["staging_bytes"]})),
+           "; ".join("%.0f -> %.0f MiB" % (r["rss_bytes"][1] / 2**20, r["rss_bytes_end"] / 2**20)
+                     for r in a)) + ("" if rss_ok else " (GREW)"))
+    met = ratio < ASYNC_TARGET
+    targets.append("target: async save blocking < %g x synchronous save: %s (ratio %.3f; per "
+                   "round %s; met in %d of %d rounds)"
+                   % (ASYNC_TARGET, "met" if met else "missed", ratio,
+                      " ".join("%.3f" % x for x in by_round),
+                      sum(x < ASYNC_TARGET for x in by_round), len(by_round)))
+    emit({"summary": "async", "blocked_ms": [r["blocked_ms"] for r in a],
+          "blocked_first_ms": [r["blocked_first_ms"] for r in a],
+          "sync_save_ms": [r["sync_save_ms"] for r in a],
+          "waited_ms": [r["waited_ms"] for r in a],
+          "drain_ms": [r["drain_ms"] for r in a], "staging_constant": staging_ok,
+          "rss_constant": rss_ok,
+          "rss_growth_after_save2": [r["rss_growth_after_save2"] for r in a]})
+    emit({"summary": "target", "target": "async_blocked_vs_sync", "ratio": round(ratio, 4),
+          "round_ratios": [round(x, 4) for x in by_round], "target_ratio": ASYNC_TARGET,
+          "met": met, "rounds": len(by_round),
+          "rounds_met": sum(x < ASYNC_TARGET for x in by_round)})
+else:
+    targets.append("target: async save blocking < %g x synchronous save: not measured"
+                   % ASYNC_TARGET)
+
+for line in targets:
+    log(line)
+log("load average %s at the start, %s at the end; %s s" % (load_start, load_end, seconds))
+emit({"summary": "load", "start": [float(x) for x in load_start.split()],
+      "end": [float(x) for x in load_end.split()], "seconds": int(seconds)})
+EOF
+    if $torch_failed; then
+        return 1
+    fi
+}
+
+# Runs ct's save of run_checkpoint's $state, then its load (cold, then warm)
+# of the checkpoint the save made, with the command in the rest of the
+# arguments (bench_checkpoint, maybe under ctlaunch); tags the lines with
+# "run": $1, "round": $2, and removes the checkpoint.
+ckpt_ct() {
+    local tag="\"run\": \"$1\", \"round\": $2, "
+    shift 2
+    "$@" save --dir "$ckpt_dir" "${state[@]}" | json_lines "$tag" | tee -a "$tmp"
+    "$@" load --dir "$ckpt_dir" "${state[@]}" | json_lines "$tag" | tee -a "$tmp"
+    rm -rf "$ckpt_dir/ct"
+    sync
+}
+
+# dd's sequential write of $4 bytes to the file $3 in 64 MiB blocks,
+# conv=fsync (the data on the disk when it returns, as after a ct save), and
+# its read back with the file's page cache dropped first (by $2, i.e.
+# bench_checkpoint drop), as JSON lines tagged "run": "dd", "round": $1. The
+# timing is taken here, since dd's own report changes with its locale and
+# version; it includes starting dd, about a millisecond.
+ckpt_dd() {
+    local round=$1 bench=$2 file=$3 bytes=$4 t0 t1 cached
+    t0=$(date +%s%N)
+    dd if=/dev/zero of="$file" bs=64M count=$((bytes >> 26)) conv=fsync status=none
+    t1=$(date +%s%N)
+    dd_line "$round" write "" "" "$bytes" $((t1 - t0))
+    cached=$("$bench" drop "$file")
+    t0=$(date +%s%N)
+    dd if="$file" of=/dev/null bs=64M status=none
+    t1=$(date +%s%N)
+    dd_line "$round" read cold "$cached" "$bytes" $((t1 - t0))
+    rm -f "$file"
+    sync
+}
+
+# One dd JSON line: round, op, cache and the share cached (or empty), bytes,
+# nanoseconds.
+dd_line() {
+    awk -v round="$1" -v op="$2" -v cache="$3" -v cached="$4" -v bytes="$5" -v ns="$6" 'BEGIN {
+        printf "{\"bench\": \"checkpoint\", \"run\": \"dd\", \"round\": %d, \"impl\": \"dd\", " \
+            "\"op\": \"%s\", ", round, op
+        if (cache != "")
+            printf "\"cache\": \"%s\", \"cached_share\": %s, ", cache, cached
+        printf "\"ranks\": 1, \"bytes\": %.0f, \"seconds\": %.4f, \"gbps\": %.4f}\n", bytes,
+            ns / 1e9, bytes / ns
+    }' | tee -a "$tmp"
+}
+
 tmp=$(mktemp)
-trap 'rm -f "$tmp"' EXIT
+# run_checkpoint's directory holds files of a GiB each: gone however the run
+# ends.
+ckpt_dir=
+trap 'rm -f "$tmp"; if [[ -n $ckpt_dir ]]; then rm -rf "$ckpt_dir"; fi' EXIT
 for name in "${names[@]}"; do
     "run_$name"
 done
