@@ -450,25 +450,19 @@ int ct__save_plan(ct_state *st, ct_comm *comm, const ct_checkpoint_options *o, c
 
 /* ---------------------------------------------------------------- write */
 
-static char *join(const char *a, const char *b) {
-    size_t n = strlen(a) + strlen(b) + 2;
+/* a, sep and b in one new string; NULL with CT_ENOMEM. */
+static char *concat(const char *a, const char *sep, const char *b) {
+    size_t n = strlen(a) + strlen(sep) + strlen(b) + 1;
     char *s = malloc(n);
     if (s)
-        snprintf(s, n, "%s/%s", a, b);
+        snprintf(s, n, "%s%s%s", a, sep, b);
     else
         ct__seterr(CT_ENOMEM, "checkpoint: out of memory");
     return s;
 }
 
-static char *with_suffix(const char *path, const char *suffix) {
-    size_t n = strlen(path) + strlen(suffix) + 1;
-    char *s = malloc(n);
-    if (s)
-        snprintf(s, n, "%s%s", path, suffix);
-    else
-        ct__seterr(CT_ENOMEM, "checkpoint: out of memory");
-    return s;
-}
+static char *join(const char *dir, const char *name) { return concat(dir, "/", name); }
+static char *with_suffix(const char *path, const char *suffix) { return concat(path, "", suffix); }
 
 static bool ends_with(const char *s, const char *suffix) {
     size_t n = strlen(s), k = strlen(suffix);
