@@ -93,29 +93,65 @@ int64_t ct_checkpointer_staging_bytes(const ct_checkpointer *ck) {
     return rc ? rc : ck->staging ? (int64_t)ct_storage_nbytes(ck->staging) : 0;
 }
 
-/* Copies each chunk this rank writes into the staging memory (grown, never
- * shrunk) and points the plan at the copies. */
-static int stage(ct_checkpointer *ck) {
-    ck_plan *plan = &ck->plan;
+/* Bytes of staging the plan's chunks take. */
+static int64_t staging_need(const ck_plan *plan) {
     int64_t need = 0;
     for (int i = 0; i < plan->nsources; i++)
         need += (ct_numel(plan->sources[i].t) * (int64_t)ct__esize(plan->sources[i].t->dtype) +
                  CK_ALIGN - 1) /
                 CK_ALIGN * CK_ALIGN;
-    if (!ck->staging || (int64_t)ct_storage_nbytes(ck->staging) < need) {
-        ct_storage_free(ck->staging);
-        ck->staging = ct_storage_new((size_t)need, CT_DEVICE_CPU);
-        if (!ck->staging)
-            return ct_errcode();
-        /* The first copy into fresh memory takes a page fault per 4 KiB
-         * page, a quarter million per GiB, and most of that save's time;
-         * huge pages take 512 times fewer. Only a hint: without them the
-         * copy is as correct. */
-        uintptr_t lo = ((uintptr_t)ct_storage_data(ck->staging) + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1);
-        uintptr_t hi = ((uintptr_t)ct_storage_data(ck->staging) + (size_t)need) & ~(HUGE_PAGE - 1);
-        if (hi > lo)
-            madvise((void *)lo, hi - lo, MADV_HUGEPAGE);
-    }
+    return need;
+}
+
+/* Makes the staging hold at least need bytes (it grows, never shrinks);
+ * touch faults its pages in now. */
+static int grow_staging(ct_checkpointer *ck, int64_t need, bool touch) {
+    if (ck->staging && (int64_t)ct_storage_nbytes(ck->staging) >= need)
+        return 0;
+    ct_storage_free(ck->staging);
+    ck->staging = ct_storage_new((size_t)need, CT_DEVICE_CPU);
+    if (!ck->staging)
+        return ct_errcode();
+    /* The first write to fresh memory takes a page fault per 4 KiB page, a
+     * quarter million per GiB; huge pages take 512 times fewer. Only a
+     * hint: without them everything is as correct. */
+    char *data = ct_storage_data(ck->staging);
+    uintptr_t lo = ((uintptr_t)data + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1);
+    uintptr_t hi = ((uintptr_t)data + (size_t)need) & ~(HUGE_PAGE - 1);
+    if (hi > lo)
+        madvise((void *)lo, hi - lo, MADV_HUGEPAGE);
+    if (touch)
+        memset(data, 0, (size_t)need);
+    return 0;
+}
+
+int ct_checkpointer_reserve(ct_checkpointer *ck, ct_state *st) {
+    const char *fn = "ct_checkpointer_reserve";
+    int rc = check(ck, fn);
+    if (rc)
+        return rc;
+    rc = ct_checkpointer_wait(ck);
+    if (!rc)
+        rc = ct__state_check(st, fn);
+    if (rc)
+        return rc;
+    ck_plan plan;
+    ct_checkpoint_options o = ct_checkpoint_defaults();
+    rc = ct__save_plan(st, ck->comm, &o, &plan);
+    if (rc)
+        return rc;
+    rc = ct__agree(ck->comm, grow_staging(ck, staging_need(&plan), true), NULL, 0, NULL);
+    ct__plan_free(&plan);
+    return rc;
+}
+
+/* Copies each chunk this rank writes into the staging memory and points the
+ * plan at the copies. */
+static int stage(ct_checkpointer *ck) {
+    ck_plan *plan = &ck->plan;
+    int rc = grow_staging(ck, staging_need(plan), false);
+    if (rc)
+        return rc;
     int64_t at = 0;
     for (int i = 0; i < plan->nsources; i++) {
         ct_tensor *src = plan->sources[i].t;

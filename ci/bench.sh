@@ -624,7 +624,7 @@ if runs_async:
 
     log("async save, 1 rank, a %dx%d matmul per step; per round: a step took %s ms alone and "
         "%s ms with saves in flight; a save every %s steps; ct_checkpointer_save blocked %s ms "
-        "(the longest call after the first; the first: %s ms); a synchronous save took %s ms; "
+        "(the longest call; the first: %s ms); a synchronous save took %s ms; "
         "before a save the loop waited %s ms for the one before; the last save drained %s ms "
         "after the loop"
         % (a[0]["matmul"], a[0]["matmul"], each("step_ms_idle", "%.1f"),

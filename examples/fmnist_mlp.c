@@ -263,6 +263,9 @@ static int resumable_init(resumable *r, const ct_param_list *params, ct_optim *o
     rc = rc ? rc : ct_state_add_i64(r->st, "data.epoch", &r->epoch, CT_STATE_REPLICATED);
     rc = rc ? rc : ct_state_add_i64(r->st, "data.offset", &r->offset, CT_STATE_REPLICATED);
     rc = rc ? rc : ct_state_add_generator(r->st, "rng", ct_default_generator(), CT_STATE_PER_RANK);
+    /* The staging memory of background saves, faulted in now rather than
+     * in the first save. */
+    rc = rc ? rc : ct_checkpointer_reserve(r->ck, r->st);
     return rc ? -1 : 0;
 }
 
