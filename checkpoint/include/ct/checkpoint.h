@@ -114,8 +114,9 @@ typedef enum ct_state_kind {
 /* "replicated", "sharded", "per_rank". */
 CT_API const char *ct_state_kind_name(ct_state_kind kind);
 
-/* A named list of what to save and where to load it. It borrows the tensors
- * and variables it points at: they must outlive it (or its last use). */
+/* A named list of what to save and where to load it. It retains the tensors
+ * added to it, and borrows the variables its scalars and generators point
+ * at: those must outlive it (or its last use). */
 typedef struct ct_state ct_state;
 
 /* NULL with CT_ENOMEM. */
@@ -177,7 +178,8 @@ CT_API int ct_checkpoint_save(const char *path, ct_state *st, ct_comm *comm,
 /* Loads every entry of st from the checkpoint at path, in place. Entries the
  * checkpoint has but st lacks are not read. Collective over comm (NULL: this
  * process alone). Every chunk a rank reads whole is checked against its
- * checksum; ct_checkpoint_reader_verify() checks all of them. */
+ * checksum; ct_checkpoint_reader_verify() checks all of them. After an
+ * error the state may be partly loaded: load again, or start afresh. */
 CT_API int ct_checkpoint_load(const char *path, ct_state *st, ct_comm *comm);
 /* Finds the committed checkpoint with the highest step among the
  * directories in dir and writes its path to out (cap bytes). Returns 1 when
