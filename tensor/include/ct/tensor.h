@@ -114,6 +114,10 @@ CT_API const char *ct_errmsg(void);
 CT_API int ct_errcode(void);
 /* Forgets this thread's last error. */
 CT_API void ct_errclear(void);
+/* Records code and a formatted message as this thread's last error, as
+ * ct's own functions do, and returns code: how a callback that ct runs (a
+ * remote function, a loader transform) reports what went wrong. */
+CT_API int ct_seterr(int code, const char *fmt, ...) CT_PRINTF(2, 3);
 
 /* ---------------------------------------------------------------- dtypes */
 
@@ -498,7 +502,8 @@ CT_API bool ct_in_parallel_region(void);
 #define CT_OP_MAP(X)                                                                               \
     X(EMPTY)                                                                                       \
     X(VIEW)                                                                                        \
-    X(EXPAND) X(PERMUTE) X(SLICE) X(SELECT) X(SQUEEZE) X(UNSQUEEZE) X(CONTIGUOUS) X(CLONE) X(COPY) \
+    X(EXPAND)                                                                                      \
+    X(PERMUTE) X(SLICE) X(SELECT) X(SQUEEZE) X(UNSQUEEZE) X(CONTIGUOUS) X(CLONE) X(COPY)           \
         X(TO_DTYPE) X(NEG) X(ABS) X(EXP) X(LOG) X(LOG1P) X(SQRT) X(RSQRT) X(SIN) X(COS) X(TANH)    \
             X(SIGMOID) X(RELU) X(GELU) X(GELU_TANH) X(SILU) X(POW_SCALAR) X(CLAMP) X(ADD) X(SUB)   \
                 X(MUL) X(DIV) X(POW) X(MAXIMUM) X(MINIMUM) X(EQ) X(NE) X(LT) X(LE) X(GT) X(GE)     \

@@ -1,0 +1,170 @@
+/* ct/dist_autograd.h: remote procedure calls between the ranks of a job,
+ * over libzmq, and (to come) distributed autograd on top of them.
+ *
+ * Every rank runs one RPC agent: a worker with a name and an id (its world
+ * rank). Functions are registered by name on the workers that serve them;
+ * a call names the worker and the function and passes arguments (tensors,
+ * int64, double and strings) that come back as results the same way.
+ * Nothing executable crosses the wire. Tensors travel without extra
+ * copies: a contiguous tensor is sent from its own memory, and a received
+ * one lives in the message's buffer.
+ *
+ * Every rank runs the example below, under `ctlaunch -np 2`; alone, it is a
+ * world of one whose worker calls itself.
+ *
+ * Example:
+ *
+ *     #include <ct/dist_autograd.h>
+ *     #include <stdio.h>
+ *
+ *     static int twice(void *ctx, const ct_rpc_args *in, ct_rpc_args *out) {
+ *         (void)ctx;
+ *         return ct_rpc_args_add_tensor(out, ct_mul_scalar(ct_rpc_args_tensor(in, 0), 2));
+ *     }
+ *
+ *     int main(void) {
+ *         if (ct_dist_init(NULL) || ct_rpc_register("twice", twice, NULL) ||
+ *             ct_rpc_init(NULL)) {
+ *             fprintf(stderr, "%s\n", ct_errmsg());
+ *             return 1;
+ *         }
+ *         int me = ct_rpc_self(), next = (me + 1) % ct_rpc_num_workers();
+ *         ct_scope_begin();
+ *         ct_rpc_args *in = ct_rpc_args_new(), *out = NULL;
+ *         ct_rpc_args_add_tensor(in, ct_arange(0, 4, 1, CT_FLOAT32));
+ *         int rc = ct_rpc_sync(ct_rpc_worker_name(next), "twice", in, 10.0, &out);
+ *         if (rc)
+ *             fprintf(stderr, "%s\n", ct_errmsg());
+ *         else
+ *             printf("worker %d: %g\n", me, ct_item(ct_sum(ct_rpc_args_tensor(out, 0), NULL, 0,
+ *                                                         false)));
+ *         ct_rpc_args_free(in);
+ *         ct_rpc_args_free(out);
+ *         ct_scope_end();
+ *         rc = rc ? rc : ct_rpc_shutdown();
+ *         ct_dist_finalize();
+ *         return rc != 0;
+ *     }
+ *
+ * Errors. Functions that return int return 0 or a negative CT_E* code with
+ * a message (ct_errmsg()). A remote function's error comes back with its
+ * code and its message, prefixed with the worker and the function. A call
+ * past its timeout fails with CT_ETIMEDOUT; a call to a worker that died
+ * fails with CT_EPEER as soon as the agent sees the connection drop. User
+ * calls are never retried: a failed call may or may not have run.
+ *
+ * Threads. The agent runs its own threads: one owns the sockets, and a pool
+ * runs registered functions (which may make calls themselves). Calls,
+ * futures and argument lists may be used from any thread; one ct_rpc_args
+ * or ct_future from one thread at a time.
+ */
+#ifndef CT_DIST_AUTOGRAD_H
+#define CT_DIST_AUTOGRAD_H
+
+#include <ct/dist.h>
+#include <ct/tensor.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------ arguments */
+
+typedef enum ct_rpc_type {
+    CT_RPC_TENSOR,
+    CT_RPC_INT,
+    CT_RPC_FLOAT,
+    CT_RPC_STRING,
+} ct_rpc_type;
+
+/* An ordered list of values: a call's arguments or its results. It retains
+ * the tensors added to it and copies strings. */
+typedef struct ct_rpc_args ct_rpc_args;
+
+/* NULL with CT_ENOMEM. */
+CT_API ct_rpc_args *ct_rpc_args_new(void);
+/* Accepts NULL. */
+CT_API void ct_rpc_args_free(ct_rpc_args *a);
+/* Each add returns 0, CT_EINVAL (a bad handle, a NULL tensor or string, a
+ * tensor not on the CPU) or CT_ENOMEM. */
+CT_API int ct_rpc_args_add_tensor(ct_rpc_args *a, ct_tensor *t);
+CT_API int ct_rpc_args_add_int(ct_rpc_args *a, int64_t v);
+CT_API int ct_rpc_args_add_float(ct_rpc_args *a, double v);
+CT_API int ct_rpc_args_add_string(ct_rpc_args *a, const char *s);
+/* The number of values, or a negative CT_E* code for a bad handle. */
+CT_API int ct_rpc_args_count(const ct_rpc_args *a);
+/* The type of value i, or -1 with CT_ERANGE. */
+CT_API int ct_rpc_args_type(const ct_rpc_args *a, int i);
+/* Value i (borrowed from a). A wrong type or index: NULL / 0 / NAN with
+ * CT_EINVAL or CT_ERANGE naming what value i is. */
+CT_API ct_tensor *ct_rpc_args_tensor(const ct_rpc_args *a, int i);
+CT_API int64_t ct_rpc_args_int(const ct_rpc_args *a, int i);
+CT_API double ct_rpc_args_float(const ct_rpc_args *a, int i);
+CT_API const char *ct_rpc_args_string(const ct_rpc_args *a, int i);
+
+/* ---------------------------------------------------------------- agent */
+
+/* A registered function: reads in, adds its results to out, and returns 0
+ * or a CT_E* code with ct_errmsg() set, which the caller gets back. It runs
+ * on one of the agent's handler threads, inside a scope of that thread,
+ * possibly at the same time as other calls: it must be thread-safe. */
+typedef int (*ct_rpc_fn)(void *ctx, const ct_rpc_args *in, ct_rpc_args *out);
+
+typedef struct ct_rpc_options {
+    /* This worker's name; NULL: "worker<rank>". At most 64 bytes. */
+    const char *name;
+    /* Default timeout of a call, and of init and shutdown; 0: 60 s. */
+    double timeout_s;
+    /* Threads that run registered functions; 0: 4. */
+    int handler_threads;
+} ct_rpc_options;
+
+/* Registers fn under name on this worker; do it before ct_rpc_init() so
+ * that no call arrives first. CT_EINVAL for an empty or taken name. */
+CT_API int ct_rpc_register(const char *name, ct_rpc_fn fn, void *ctx);
+/* Starts this rank's agent, after ct_dist_init(); collective: returns once
+ * every rank's agent is reachable, or CT_ETIMEDOUT naming the missing
+ * ranks. opts NULL: the defaults. CT_ESTATE before ct_dist_init or when
+ * already started; CT_EINVAL for names that are taken twice. */
+CT_API int ct_rpc_init(const ct_rpc_options *opts);
+/* Collective and graceful: waits until no call of this worker is pending
+ * and no handler runs, and until every worker has got that far, then stops
+ * the agent. Calls made after it fail with CT_ESTATE. */
+CT_API int ct_rpc_shutdown(void);
+
+/* This worker's id, the number of workers, and the names: valid between
+ * init and shutdown (-1 / NULL otherwise, or for a bad id). */
+CT_API int ct_rpc_self(void);
+CT_API int ct_rpc_num_workers(void);
+CT_API const char *ct_rpc_worker_name(int id);
+/* The id of the worker named name, or -1 with CT_EINVAL. */
+CT_API int ct_rpc_worker_id(const char *name);
+
+/* ---------------------------------------------------------------- calls */
+
+/* The result of a call, to wait on. */
+typedef struct ct_future ct_future;
+
+/* Calls fn on worker `to` (a name) with args, which may be freed (and its
+ * tensors changed) once this returns. timeout_s <= 0: the agent's default.
+ * The caller owns the future. NULL with CT_EINVAL (no such worker) or
+ * CT_ESTATE (no agent); every other failure comes through the future. */
+CT_API ct_future *ct_rpc_async(const char *to, const char *fn, const ct_rpc_args *args,
+                               double timeout_s);
+/* Waits for the call; 0 and the results in *out (owned by the caller;
+ * out may be NULL to drop them), or the call's error. May be called again:
+ * the same outcome each time. */
+CT_API int ct_future_wait(ct_future *f, ct_rpc_args **out);
+/* Whether the call has finished (successfully or not). */
+CT_API bool ct_future_done(ct_future *f);
+/* Accepts NULL. A pending call is not cancelled: its outcome is dropped. */
+CT_API void ct_future_free(ct_future *f);
+/* ct_rpc_async and ct_future_wait in one. */
+CT_API int ct_rpc_sync(const char *to, const char *fn, const ct_rpc_args *args, double timeout_s,
+                       ct_rpc_args **out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,274 @@
+/* The program each rank of test_rpc runs under ctlaunch. The scenario is
+ * named on the command line:
+ *
+ *   calls      every worker calls every worker, itself included: values of
+ *              every type round-trip (a transposed view, an 8 MiB tensor),
+ *              and 64 calls in flight at once each get their own answer
+ *   errors     a remote function's error comes back with its code, the
+ *              worker and the function; an unknown function names what the
+ *              worker has; a call past its timeout fails promptly, and the
+ *              agent works on; shutdown waits for the slow handler
+ *   peer_dies  the last worker SIGKILLs itself inside a call: the caller's
+ *              future fails with CT_EPEER naming it, promptly
+ *   garbage    rank 0 sends noise and a malformed request straight to
+ *              rank 1's socket: the malformed request gets an error reply,
+ *              and rank 1 goes on serving calls
+ *
+ * Every rank prints "pid=<pid>" first (tt_rank.c). */
+#include "ct_test.h"
+#include "tt_rank.h"
+
+#include <ct/dist_autograd.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#define TIMEOUT 10.0
+
+static int rank_, size_;
+
+static bool join(void) {
+    if (!tt_rank_join(TIMEOUT, &rank_, &size_))
+        return false;
+    if (ct_rpc_init(&(ct_rpc_options){.timeout_s = TIMEOUT})) {
+        tt_fail(__FILE__, __LINE__, "ct_rpc_init: %s", ct_errmsg());
+        return false;
+    }
+    return true;
+}
+
+static void leave(void) {
+    if (ct_rpc_shutdown())
+        tt_fail(__FILE__, __LINE__, "ct_rpc_shutdown: %s", ct_errmsg());
+    ct_dist_finalize();
+}
+
+/* --------------------------------------------------------------- functions */
+
+/* Returns its arguments, then this worker's id. */
+static int echo(void *ctx, const ct_rpc_args *in, ct_rpc_args *out) {
+    (void)ctx;
+    int rc = 0;
+    for (int i = 0; !rc && i < ct_rpc_args_count(in); i++) {
+        switch (ct_rpc_args_type(in, i)) {
+        case CT_RPC_TENSOR: rc = ct_rpc_args_add_tensor(out, ct_rpc_args_tensor(in, i)); break;
+        case CT_RPC_INT: rc = ct_rpc_args_add_int(out, ct_rpc_args_int(in, i)); break;
+        case CT_RPC_FLOAT: rc = ct_rpc_args_add_float(out, ct_rpc_args_float(in, i)); break;
+        default: rc = ct_rpc_args_add_string(out, ct_rpc_args_string(in, i)); break;
+        }
+    }
+    return rc ? rc : ct_rpc_args_add_int(out, ct_rpc_self());
+}
+
+static int fail(void *ctx, const ct_rpc_args *in, ct_rpc_args *out) {
+    (void)ctx;
+    (void)in;
+    (void)out;
+    return ct_seterr(CT_ESHAPE, "the shapes [2, 3] and [4] do not match");
+}
+
+static int slow(void *ctx, const ct_rpc_args *in, ct_rpc_args *out) {
+    (void)ctx;
+    (void)out;
+    nanosleep(&(struct timespec){(time_t)ct_rpc_args_float(in, 0), 0}, NULL);
+    return 0;
+}
+
+static int die(void *ctx, const ct_rpc_args *in, ct_rpc_args *out) {
+    (void)ctx;
+    (void)in;
+    (void)out;
+    raise(SIGKILL);
+    return 0;
+}
+
+__attribute__((constructor)) static void register_all(void) {
+    ct_rpc_register("echo", echo, NULL);
+    ct_rpc_register("fail", fail, NULL);
+    ct_rpc_register("slow", slow, NULL);
+    ct_rpc_register("die", die, NULL);
+}
+
+/* ---------------------------------------------------------------- scenarios */
+
+static void check_rc(const char *what, int rc) {
+    if (rc)
+        tt_fail(__FILE__, __LINE__, "%s: %s: %s", what, ct_errname(rc), ct_errmsg());
+}
+
+static bool holds(const char *what, const char *const *subs) {
+    for (int i = 0; subs[i]; i++)
+        if (!strstr(ct_errmsg(), subs[i])) {
+            tt_fail(__FILE__, __LINE__, "%s: '%s' does not say '%s'", what, ct_errmsg(), subs[i]);
+            return false;
+        }
+    printf("rank %d: %s: %s\n", rank_, what, ct_errmsg());
+    return true;
+}
+
+static bool same(ct_tensor *a, ct_tensor *b) {
+    ct_tensor *ca = ct_contiguous(a), *cb = ct_contiguous(b);
+    return ca && cb && ct_numel(a) == ct_numel(b) && ct_tensor_dtype(a) == ct_tensor_dtype(b) &&
+           !memcmp(ct_data_ptr(ca), ct_data_ptr(cb),
+                   (size_t)ct_numel(a) * ct_dtype_size(ct_tensor_dtype(a)));
+}
+
+TEST(calls) {
+    if (!join())
+        return;
+    ct_tensor *small = ct_transpose(tt_rand(CT_SHAPE(3, 4), CT_FLOAT64, 7), 0, 1);
+    ct_tensor *big = tt_rand(CT_SHAPE(2 << 20), CT_FLOAT32, 8);
+    ct_rpc_args *in = ct_rpc_args_new();
+    ct_rpc_args_add_tensor(in, small);
+    ct_rpc_args_add_int(in, -5);
+    ct_rpc_args_add_float(in, 0.25);
+    ct_rpc_args_add_string(in, "hello");
+    ct_rpc_args_add_tensor(in, big);
+    for (int w = 0; w < size_ && !tt_failed(); w++) {
+        ct_rpc_args *out = NULL;
+        check_rc("echo", ct_rpc_sync(ct_rpc_worker_name(w), "echo", in, 0, &out));
+        if (tt_failed())
+            break;
+        if (ct_rpc_args_count(out) != 6 || !same(ct_rpc_args_tensor(out, 0), small) ||
+            ct_rpc_args_int(out, 1) != -5 || ct_rpc_args_float(out, 2) != 0.25 ||
+            strcmp(ct_rpc_args_string(out, 3), "hello") || !same(ct_rpc_args_tensor(out, 4), big) ||
+            ct_rpc_args_int(out, 5) != w)
+            tt_fail(__FILE__, __LINE__, "echo on worker %d did not give back what it got", w);
+        ct_rpc_args_free(out);
+    }
+    ct_rpc_args_free(in);
+    /* Many calls in flight at once, each answered on its own. */
+    enum { N = 64 };
+    ct_future *f[N];
+    const char *next = ct_rpc_worker_name((rank_ + 1) % size_);
+    for (int i = 0; i < N; i++) {
+        ct_rpc_args *a = ct_rpc_args_new();
+        ct_rpc_args_add_tensor(a, ct_full(CT_SHAPE(i + 1), i, CT_INT32));
+        f[i] = ct_rpc_async(next, "echo", a, 0);
+        ct_rpc_args_free(a);
+    }
+    for (int i = 0; i < N; i++) {
+        ct_rpc_args *out = NULL;
+        check_rc("echo in flight", ct_future_wait(f[i], &out));
+        ct_tensor *t = out ? ct_rpc_args_tensor(out, 0) : NULL;
+        if (!tt_failed() && (!t || ct_numel(t) != i + 1 || ct_get(t, (int64_t[]){i}) != i))
+            tt_fail(__FILE__, __LINE__, "call %d got another call's answer", i);
+        ct_rpc_args_free(out);
+        ct_future_free(f[i]);
+    }
+    leave();
+}
+
+TEST(errors) {
+    if (!join())
+        return;
+    if (rank_ == 0) {
+        ct_rpc_args *none = ct_rpc_args_new(), *secs = ct_rpc_args_new();
+        int rc = ct_rpc_sync("worker1", "fail", none, 0, NULL);
+        if (rc != CT_ESHAPE)
+            tt_fail(__FILE__, __LINE__, "fail gave %s, not CT_ESHAPE", ct_errname(rc));
+        else
+            holds("a remote error",
+                  (const char *const[]){"worker 'worker1'", "'fail'", "[2, 3] and [4]", NULL});
+        rc = ct_rpc_sync("worker1", "nope", none, 0, NULL);
+        if (rc != CT_EINVAL)
+            tt_fail(__FILE__, __LINE__, "nope gave %s, not CT_EINVAL", ct_errname(rc));
+        else
+            holds("an unknown function", (const char *const[]){"'nope'", "echo", NULL});
+        if (ct_rpc_async("nobody", "echo", none, 0) || ct_errcode() != CT_EINVAL)
+            tt_fail(__FILE__, __LINE__, "a call to no such worker did not fail at once");
+        ct_rpc_args_add_float(secs, 2);
+        double t0 = tt_now();
+        rc = ct_rpc_sync("worker1", "slow", secs, 0.3, NULL);
+        double took = tt_now() - t0;
+        if (rc != CT_ETIMEDOUT || took > 1.5)
+            tt_fail(__FILE__, __LINE__, "slow gave %s after %.2f s, not CT_ETIMEDOUT at 0.3 s",
+                    ct_errname(rc), took);
+        else
+            holds("a timeout", (const char *const[]){"'slow'", "worker1", "0.3", NULL});
+        ct_rpc_args *out = NULL;
+        check_rc("echo after the timeout", ct_rpc_sync("worker1", "echo", none, 0, &out));
+        ct_rpc_args_free(out);
+        ct_rpc_args_free(none);
+        ct_rpc_args_free(secs);
+    }
+    leave();
+}
+
+TEST(peer_dies) {
+    signal(SIGTERM, SIG_IGN);
+    if (!join())
+        return;
+    if (rank_ == 0) {
+        ct_rpc_args *none = ct_rpc_args_new();
+        double t0 = tt_now();
+        int rc = ct_rpc_sync(ct_rpc_worker_name(size_ - 1), "die", none, 0, NULL);
+        double took = tt_now() - t0;
+        char name[32];
+        snprintf(name, sizeof name, "worker%d", size_ - 1);
+        if (rc != CT_EPEER || took > TIMEOUT / 2)
+            tt_fail(__FILE__, __LINE__, "die gave %s after %.2f s, not CT_EPEER at once",
+                    ct_errname(rc), took);
+        else
+            holds("a worker that died in a call", (const char *const[]){name, "'die'", NULL});
+        ct_rpc_args_free(none);
+    } else if (rank_ != size_ - 1) {
+        nanosleep(&(struct timespec){1, 0}, NULL);
+    } else {
+        nanosleep(&(struct timespec){TIMEOUT, 0}, NULL);
+    }
+    ct_dist_finalize();
+}
+
+/* The header of a request as docs/rpc-design.md lays it out: magic "ctR1",
+ * version 1, kind 1 (request), id, reply-to, context, status, tensors. */
+static void request_header(unsigned char h[40]) {
+    memset(h, 0, 40);
+    memcpy(h, "ctR1", 4);
+    h[4] = 1;
+    h[6] = 1;
+    h[8] = 42;
+}
+
+TEST(garbage) {
+    if (!join())
+        return;
+    if (rank_ == 0) {
+        void *store_value = NULL;
+        size_t len = 0;
+        check_rc("reading rank 1's address",
+                 ct_store_get(ct_dist_store(), "rpc/0/1", &store_value, &len, TIMEOUT));
+        char text[400] = "";
+        snprintf(text, sizeof text, "%.*s", (int)len, (const char *)store_value);
+        free(store_value);
+        const char *endpoint = strchr(text, ' ');
+        void *ctx = zmq_ctx_new(), *s = zmq_socket(ctx, ZMQ_DEALER);
+        int linger = 0, wait_ms = 5000;
+        zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
+        zmq_setsockopt(s, ZMQ_RCVTIMEO, &wait_ms, sizeof wait_ms);
+        if (!endpoint || zmq_connect(s, endpoint + 1))
+            tt_fail(__FILE__, __LINE__, "connecting to '%s'", text);
+        zmq_send(s, "hello", 5, 0);
+        zmq_send(s, "\x01\x02", 2, ZMQ_SNDMORE);
+        zmq_send(s, "noise", 5, ZMQ_SNDMORE);
+        zmq_send(s, "", 0, 0);
+        unsigned char h[40], desc[3] = {200, 'x', 'y'};
+        request_header(h);
+        zmq_send(s, h, sizeof h, ZMQ_SNDMORE);
+        zmq_send(s, desc, sizeof desc, 0);
+        unsigned char reply[64];
+        int got = zmq_recv(s, reply, sizeof reply, 0);
+        /* The reply's header: kind 3 (error), answering id 42. */
+        if (got != 40 || reply[6] != 3 || reply[16] != 42)
+            tt_fail(__FILE__, __LINE__, "the malformed request got no error reply (%d bytes)", got);
+        zmq_close(s);
+        zmq_ctx_term(ctx);
+        ct_rpc_args *none = ct_rpc_args_new(), *out = NULL;
+        check_rc("echo after the noise", ct_rpc_sync("worker1", "echo", none, 0, &out));
+        ct_rpc_args_free(out);
+        ct_rpc_args_free(none);
+    }
+    leave();
+}

@@ -1,0 +1,32 @@
+/* RPC across real processes: rpc_rank under ctlaunch. Calls of every kind,
+ * remote errors, unknown functions, timeouts, a worker that dies inside a
+ * call, and noise sent straight to a worker's socket. Each run has a
+ * deadline, and every rank (each prints pid=N) is checked to be gone
+ * afterwards. */
+#include "ct_test.h"
+
+#include <signal.h>
+
+/* Far above what a run takes, and above rpc_rank's timeout (10 s). */
+#define DEADLINE 60
+
+static void runs(int np, const char *scenario, int code, int skip) {
+    static tt_job j;
+    char npstr[16];
+    snprintf(npstr, sizeof npstr, "%d", np);
+    tt_run_job(&j,
+               (const char *const[]){CTLAUNCH_PATH, "-np", npstr, "--grace", "20", RPC_RANK_PATH,
+                                     scenario, NULL},
+               (const char *const[]){"CT_BACKEND", NULL}, DEADLINE);
+    TT_ASSERT_JOB(&j, tt_job_no_rank_left(&j));
+    TT_ASSERT_JOB(&j, tt_job_exit_code(&j) == code);
+    TT_ASSERT_JOB(&j, tt_job_ranks_passed(&j, scenario, np, skip, true));
+    printf("  %s on %d ranks: %.1f s\n", scenario, np, j.seconds);
+}
+
+TEST(values_of_every_type_round_trip_between_3_workers) { runs(3, "calls", 0, -1); }
+TEST(remote_errors_unknown_functions_and_timeouts_are_reported) { runs(2, "errors", 0, -1); }
+TEST(a_worker_dying_inside_a_call_fails_the_caller_naming_it) {
+    runs(2, "peer_dies", 128 + SIGKILL, 1);
+}
+TEST(noise_sent_to_a_worker_does_not_stop_it) { runs(2, "garbage", 0, -1); }
