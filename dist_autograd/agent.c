@@ -33,7 +33,7 @@ static double now_s(void) {
 
 struct ct_future {
     uint32_t magic;
-    atomic_int refs; /* the caller's, and the agent's while it is pending */
+    atomic_int refs; /* the caller's, the pending list's, and its request's until sent */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     bool done;
@@ -243,23 +243,28 @@ static void fail_future(ct_future *f, int rc, const char *fmt, ...) {
     future_complete(f, rc, msg, NULL);
 }
 
-/* Takes f off the pending list (under g.mu) and drops the agent's
- * reference. */
-static void unpend(ct_future *f) {
+/* Takes f off the pending list (under g.mu); whether it was on it. */
+static bool unpend(ct_future *f) {
+    bool found = false;
     for (ct_future **p = &g.pending; *p; p = &(*p)->next_pending)
         if (*p == f) {
             *p = f->next_pending;
             g.npending--;
+            found = true;
             break;
         }
     pthread_cond_broadcast(&g.idle_cv);
+    return found;
 }
 
+/* Takes f off the pending list, if a timeout has not already, and drops
+ * the list's reference. */
 static void finish(ct_future *f) {
     pthread_mutex_lock(&g.mu);
-    unpend(f);
+    bool was = unpend(f);
     pthread_mutex_unlock(&g.mu);
-    future_unref(f);
+    if (was)
+        future_unref(f);
 }
 
 static int connect_peer(peer *p, int id) {
@@ -289,22 +294,22 @@ static void send_outgoing(outgoing *o) {
     }
     ct_future *f = o->f;
     peer *p = &g.peers[f->to];
-    if (p->dead) {
+    if (ct_future_done(f)) {
+        /* Timed out before it could be sent: it is not sent at all. */
+    } else if (p->dead) {
         fail_future(f, CT_EPEER, "rpc: worker '%s' (id %d) is gone; '%s' was not called", p->name,
                     f->to, f->fn);
         finish(f);
-        return;
-    }
-    if (!p->dealer && connect_peer(p, f->to)) {
+    } else if (!p->dealer && connect_peer(p, f->to)) {
         future_complete(f, ct_errcode(), ct_errmsg(), NULL);
         finish(f);
-        return;
-    }
-    if (send_msg(p->dealer, &o->msg, NULL) < 0) {
+    } else if (send_msg(p->dealer, &o->msg, NULL) < 0) {
         fail_future(f, CT_EPEER, "rpc: sending '%s' to worker '%s' (id %d): %s", f->fn, p->name,
                     f->to, zmq_strerror(zmq_errno()));
         finish(f);
     }
+    /* The request's own reference. */
+    future_unref(f);
 }
 
 /* ----------------------------------------------------------- receiving */
@@ -945,7 +950,7 @@ ct_future *ct_rpc_async(const char *to, const char *fn, const ct_rpc_args *args,
         return NULL;
     }
     f->magic = FUTURE_MAGIC;
-    atomic_init(&f->refs, 2);
+    atomic_init(&f->refs, 3);
     pthread_mutex_init(&f->mu, NULL);
     pthread_cond_init(&f->cv, NULL);
     f->id = ((uint64_t)g.self << 48) | (atomic_fetch_add(&g.counter, 1) & 0xffffffffffffull);

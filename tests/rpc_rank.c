@@ -6,7 +6,8 @@
  *              and 64 calls in flight at once each get their own answer
  *   errors     a remote function's error comes back with its code, the
  *              worker and the function; an unknown function names what the
- *              worker has; a call past its timeout fails promptly, and the
+ *              worker has; a call past its timeout fails promptly, calls
+ *              that time out before they are sent end cleanly, and the
  *              agent works on; shutdown waits for the slow handler
  *   peer_dies  the last worker SIGKILLs itself inside a call: the caller's
  *              future fails with CT_EPEER naming it, promptly
@@ -188,6 +189,15 @@ TEST(errors) {
                     ct_errname(rc), took);
         else
             holds("a timeout", (const char *const[]){"'slow'", "worker1", "0.3", NULL});
+        /* Calls that time out before they are even sent, their futures
+         * freed at once: each ends, as a timeout or a success. */
+        for (int i = 0; i < 50; i++) {
+            ct_future *f = ct_rpc_async("worker1", "echo", none, 1e-9);
+            rc = ct_future_wait(f, NULL);
+            if (rc && rc != CT_ETIMEDOUT)
+                tt_fail(__FILE__, __LINE__, "a hurried call gave %s", ct_errname(rc));
+            ct_future_free(f);
+        }
         ct_rpc_args *out = NULL;
         check_rc("echo after the timeout", ct_rpc_sync("worker1", "echo", none, 0, &out));
         ct_rpc_args_free(out);
