@@ -2,8 +2,8 @@
 # Builds ct's benchmarks (Release, in build-bench/) and runs them with their
 # peers in the same run.
 #
-#   ci/bench.sh [NAME...]     NAME: ops, train, collectives, ddp, checkpoint;
-#                             with none, every benchmark
+#   ci/bench.sh [NAME...]     NAME: ops, train, collectives, ddp, checkpoint,
+#                             rpc; with none, every benchmark
 #
 # stdout: one JSON object per result. stderr: build output, notes, and a
 # ratio line per comparison. CT_BENCH_THREADS (default "1,2") lists the thread
@@ -18,7 +18,8 @@
 # loads a 1 GiB state with ct on 1 and 2 ranks, dd and torch in as many
 # rounds, in a fresh directory under CT_BENCH_CKPT_DIR (default
 # $build/ckpt-bench: the build's disk), and times an async save's blocking
-# (docs/bench-checkpoint.md); PYTHON (default /usr/bin/python3, Debian's,
+# (docs/bench-checkpoint.md); rpc times RPC round trips on 2 workers beside
+# plain zmq, in as many rounds (docs/rpc-design.md); PYTHON (default /usr/bin/python3, Debian's,
 # with python3-torch) runs the PyTorch peers and the summaries;
 # CT_BENCH_BUILD_DIR moves the build.
 set -euo pipefail
@@ -32,7 +33,7 @@ build=${CT_BENCH_BUILD_DIR:-$root/build-bench}
 python=${PYTHON:-/usr/bin/python3}
 epochs=${CT_BENCH_EPOCHS:-1}
 rounds=${CT_BENCH_ROUNDS:-3}
-all=(ops train collectives ddp checkpoint)
+all=(ops train collectives ddp checkpoint rpc)
 
 usage() {
     sed -n '2,24s/^# \{0,1\}//p' "$0"
@@ -94,6 +95,7 @@ for name in "${names[@]}"; do
         fi
         ;;
     ddp) targets+=(fmnist_mlp ctlaunch bench_ddp) ;;
+    rpc) targets+=(bench_rpc ctlaunch) ;;
     checkpoint) targets+=(bench_checkpoint ctlaunch) ;;
     *) targets+=("bench_$name") ;;
     esac
@@ -715,6 +717,48 @@ dd_line() {
         printf "\"ranks\": 1, \"bytes\": %.0f, \"seconds\": %.4f, \"gbps\": %.4f}\n", bytes,
             ns / 1e9, bytes / ns
     }' | tee -a "$tmp"
+}
+
+# RPC round trips on 2 workers (ctlaunch), beside the same round trips
+# through a plain zmq socket pair in the same program (bench/rpc.c), in
+# CT_BENCH_ROUNDS rounds; the summary takes each figure's best round. The
+# torch.distributed.rpc peer is not measured yet.
+run_rpc() {
+    for ((round = 1; round <= rounds; round++)); do
+        "$build/launcher/ctlaunch" -np 2 "$build/bench/bench_rpc" 2>&1 |
+            grep '^\[rank 0\] {' | json_lines "\"round\": $round, " | tee -a "$tmp"
+    done
+    run_summary "$tmp" <<'EOF'
+import json, sys
+best = {}
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    if r.get("bench") != "rpc" or "us" not in r:
+        continue
+    key = (r["impl"], r["bytes"])
+    if key not in best or r["us"] < best[key]["us"]:
+        best[key] = r
+def log(s):
+    print(s, file=sys.stderr)
+def emit(d):
+    print(json.dumps(dict({"bench": "rpc"}, **d)))
+log("summary: round trips between 2 workers on loopback, the best of the rounds")
+log("%-10s %12s %12s %10s %10s" % ("bytes", "ct us", "zmq us", "ct GB/s", "zmq GB/s"))
+for b in sorted({k[1] for k in best}):
+    c, z = best[("ct", b)], best[("zmq", b)]
+    log("%-10d %12.1f %12.1f %10.3f %10.3f" % (b, c["us"], z["us"], c["gbps"], z["gbps"]))
+empty = best[("ct", 0)]["us"]
+met = empty < 50
+log("target: ct empty-call round trip < 50 us: %s (%.1f us; plain zmq %.1f us)"
+    % ("met" if met else "missed", empty, best[("zmq", 0)]["us"]))
+emit({"summary": "target", "target": "empty_call_us", "us": empty, "target_us": 50, "met": met})
+big = max(k[1] for k in best)
+ratio = best[("ct", big)]["gbps"] / best[("zmq", big)]["gbps"]
+log("target: ct %d-byte echo >= 0.5 x plain zmq's bandwidth: %s (ratio %.2f)"
+    % (big, "met" if ratio >= 0.5 else "missed", ratio))
+emit({"summary": "target", "target": "large_tensor_vs_zmq", "bytes": big,
+      "ratio": round(ratio, 3), "target_ratio": 0.5, "met": ratio >= 0.5})
+EOF
 }
 
 tmp=$(mktemp)
