@@ -167,6 +167,10 @@ static int decode_tensor(reader *r, rpc_frame *frames, uint32_t nframes, uint32_
     for (int d = 0; d < ndim; d++)
         if (sizes[d] < 0 || __builtin_mul_overflow(bytes, sizes[d], &bytes))
             return bad("a tensor size that is negative or overflows", r->at);
+    /* Sizes that multiply out within the frame may still make a shape ct
+     * refuses (a zero beside a huge one). */
+    if (ct__check_shape("rpc", ndim, sizes, (ct_dtype)dtype))
+        return bad("a tensor shape ct cannot hold", r->at);
     if (*next >= nframes)
         return bad("more tensors than frames", r->at);
     rpc_frame *f = &frames[(*next)++];

@@ -286,16 +286,20 @@ int ct__check_shape(const char *op, int ndim, const int64_t *sizes, ct_dtype dty
         return ct__seterr(CT_EINVAL, "%s: ndim %d is outside [0, %d]", op, ndim, CT_MAX_DIMS);
     if (ndim > 0 && !sizes)
         return ct__seterr(CT_EINVAL, "%s: sizes is NULL for ndim %d", op, ndim);
-    int64_t numel = 1;
+    /* numel bounds the bytes; extent, the product of the non-zero sizes,
+     * bounds the strides, which must not overflow in an empty tensor
+     * either. */
+    int64_t numel = 1, extent = 1;
     for (int i = 0; i < ndim; i++) {
         if (sizes[i] < 0) {
             char buf[CT__SHAPE_STR];
             return ct__seterr(CT_EINVAL, "%s: negative size in %s", op,
                               ct__shape_str(buf, ndim, sizes));
         }
-        if (sizes[i] > 0 && numel > INT64_MAX / 16 / sizes[i])
+        if (sizes[i] > 0 && (numel > INT64_MAX / 16 / sizes[i] || extent > INT64_MAX / sizes[i]))
             return ct__seterr(CT_EINVAL, "%s: shape is too large", op);
         numel *= sizes[i];
+        extent *= sizes[i] > 0 ? sizes[i] : 1;
     }
     return 0;
 }

@@ -151,6 +151,12 @@ TEST(shape_errors_name_the_factory) {
                  "ndim 9");
     ASSERT_FAILS(ct_zeros(CT_SHAPE(2), (ct_dtype)-1), CT_EINVAL, "zeros", "dtype");
     ASSERT_FAILS(ct_ones(CT_SHAPE(INT64_MAX / 4, 8), CT_FLOAT32), CT_EINVAL, "ones", "too large");
+    /* Empty, but its strides would overflow (found by fuzz_rpc). */
+    ASSERT_FAILS(ct_empty(CT_SHAPE(0, INT64_C(1) << 56, (INT64_C(1) << 32) + 1), CT_FLOAT32),
+                 CT_EINVAL, "too large");
+    ct_tensor *empty = ct_empty(CT_SHAPE(0, 1 << 20, 1 << 20), CT_FLOAT32);
+    ASSERT_TRUE(empty);
+    ASSERT_EQ(ct_numel(empty), 0);
 }
 
 static int recorded_op = -1, recorded_inputs = -1;
