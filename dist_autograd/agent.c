@@ -728,7 +728,12 @@ static int meet(const char *endpoint, double timeout_s) {
         snprintf(key, sizeof key, "rpc/%d/%d", w->restart_count, r);
         rc = ct_store_get(store, key, &got, &len, timeout_s);
         if (!rc) {
-            char *text = strndup(got, len), *space = text ? strchr(text, ' ') : NULL;
+            char *text = malloc(len + 1), *space = NULL;
+            if (text) {
+                memcpy(text, got, len);
+                text[len] = '\0';
+                space = strchr(text, ' ');
+            }
             if (!space || space - text > NAME_MAX_LEN)
                 rc = ct__seterr(CT_ECORRUPT, "ct_rpc_init: rank %d published '%.*s'", r, (int)len,
                                 (const char *)got);

@@ -229,13 +229,17 @@ int ct__rpc_decode_call(const void *desc, size_t desc_len, rpc_frame *frames, ui
                 rc = bad("a string is cut short", r.at);
                 break;
             }
-            char *s = strndup((const char *)r.p + r.at, len);
-            if (!s || strlen(s) != len) {
+            /* The bytes need not end in a NUL: copied, then terminated. */
+            const char *src = (const char *)r.p + r.at;
+            char *s = malloc((size_t)len + 1);
+            if (!s || memchr(src, '\0', len)) {
                 rc = s ? bad("a string holds a NUL byte", r.at)
                        : ct__seterr(CT_ENOMEM, "rpc: out of memory");
                 free(s);
                 break;
             }
+            memcpy(s, src, len);
+            s[len] = '\0';
             r.at += len;
             rc = ct_rpc_args_add_string(a, s);
             free(s);
@@ -269,6 +273,10 @@ int ct__rpc_decode_error(const void *desc, size_t desc_len, char **text) {
     uint32_t len;
     if (!take(&r, &len, 4) || len != desc_len - 4)
         return bad("an error reply's text is cut short", r.at);
-    *text = strndup((const char *)r.p + 4, len);
+    *text = malloc((size_t)len + 1);
+    if (*text) {
+        memcpy(*text, r.p + 4, len);
+        (*text)[len] = '\0';
+    }
     return *text ? 0 : ct__seterr(CT_ENOMEM, "rpc: out of memory");
 }
