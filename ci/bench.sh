@@ -720,45 +720,142 @@ dd_line() {
 }
 
 # RPC round trips on 2 workers (ctlaunch), beside the same round trips
-# through a plain zmq socket pair in the same program (bench/rpc.c), in
-# CT_BENCH_ROUNDS rounds; the summary takes each figure's best round. The
-# torch.distributed.rpc peer is not measured yet.
+# through a plain zmq socket pair in the same program (bench/rpc.c), then
+# torch.distributed.rpc's (bench/rpc_torch.py: TensorPipe with its own
+# choice of transport on one host, then with TCP only, the path ct and zmq
+# take), in CT_BENCH_ROUNDS rounds; the summary takes each figure's best
+# round, sets ct beside torch per size (round-trip time and bandwidth,
+# ct / torch, on the best figures and round by round) and checks ct's
+# targets (docs/rpc-design.md, "First figures").
 run_rpc() {
+    local have_torch=false torch_failed=false round transport
+    # rpc_torch.py skips itself (exit 0) without torch.distributed.rpc, and
+    # exits 1 when a run fails: only the second should fail the run.
+    if [[ -x $python ]] && "$python" -c "import torch" 2>/dev/null; then
+        have_torch=true
+    else
+        echo "ci/bench.sh: no torch for $python; skipping torch.distributed.rpc" \
+            "(bash ci/setup.sh --bench installs python3-torch)" >&2
+    fi
     for ((round = 1; round <= rounds; round++)); do
+        echo "ci/bench.sh: rpc round $round of $rounds" >&2
         "$build/launcher/ctlaunch" -np 2 "$build/bench/bench_rpc" 2>&1 |
             grep '^\[rank 0\] {' | json_lines "\"round\": $round, " | tee -a "$tmp"
+        if $have_torch; then
+            for transport in default tcp; do
+                run_peer rpc_torch.py --transport "$transport" |
+                    json_lines "\"round\": $round, " | tee -a "$tmp" || torch_failed=true
+            done
+        fi
     done
     run_summary "$tmp" <<'EOF'
-import json, sys
-best = {}
+"""The RPC benchmark's summary, from ci/bench.sh rpc's lines."""
+import json
+import sys
+
+IMPLS = ["ct", "zmq", "torch", "torch_tcp"]
+# What the ratios set ct against: torch as it runs by default, and over TCP.
+PEERS = ["torch", "torch_tcp"]
+
+# (impl, bytes) -> {round: the line}
+runs = {}
+skipped = {}
 for line in open(sys.argv[1]):
     r = json.loads(line)
-    if r.get("bench") != "rpc" or "us" not in r:
+    if r.get("bench") != "rpc" or "summary" in r:
         continue
-    key = (r["impl"], r["bytes"])
-    if key not in best or r["us"] < best[key]["us"]:
-        best[key] = r
+    if "skipped" in r:
+        skipped[r["impl"]] = r["skipped"]
+    elif "us" in r:
+        runs.setdefault((r["impl"], r["bytes"]), {})[r.get("round", 1)] = r
+best = {key: min(by.values(), key=lambda r: r["us"]) for key, by in runs.items()}
+rounds = sorted({n for by in runs.values() for n in by})
+sizes = sorted({k[1] for k in best})
+
+
 def log(s):
     print(s, file=sys.stderr)
+
+
 def emit(d):
-    print(json.dumps(dict({"bench": "rpc"}, **d)))
-log("summary: round trips between 2 workers on loopback, the best of the rounds")
-log("%-10s %12s %12s %10s %10s" % ("bytes", "ct us", "zmq us", "ct GB/s", "zmq GB/s"))
-for b in sorted({k[1] for k in best}):
-    c, z = best[("ct", b)], best[("zmq", b)]
-    log("%-10d %12.1f %12.1f %10.3f %10.3f" % (b, c["us"], z["us"], c["gbps"], z["gbps"]))
-empty = best[("ct", 0)]["us"]
-met = empty < 50
-log("target: ct empty-call round trip < 50 us: %s (%.1f us; plain zmq %.1f us)"
-    % ("met" if met else "missed", empty, best[("zmq", 0)]["us"]))
-emit({"summary": "target", "target": "empty_call_us", "us": empty, "target_us": 50, "met": met})
-big = max(k[1] for k in best)
-ratio = best[("ct", big)]["gbps"] / best[("zmq", big)]["gbps"]
-log("target: ct %d-byte echo >= 0.5 x plain zmq's bandwidth: %s (ratio %.2f)"
-    % (big, "met" if ratio >= 0.5 else "missed", ratio))
-emit({"summary": "target", "target": "large_tensor_vs_zmq", "bytes": big,
-      "ratio": round(ratio, 3), "target_ratio": 0.5, "met": ratio >= 0.5})
+    print(json.dumps(dict({"bench": "rpc"}, **d)), flush=True)
+
+
+def cell(impl, b, field, form):
+    r = best.get((impl, b))
+    return form % r[field] if r else "-"
+
+
+log("summary: round trips between 2 workers on loopback, the best of the rounds; torch is "
+    "torch.distributed.rpc (TensorPipe), torch_tcp the same over TCP only")
+columns = [(i, "us", "%.1f", i + " us") for i in IMPLS] + [
+    (i, "gbps", "%.3f", i + " GB/s") for i in IMPLS]
+log("%-10s" % "bytes" + "".join(" %*s" % (max(9, len(h)), h) for _, _, _, h in columns))
+for b in sizes:
+    log("%-10d" % b + "".join(" %*s" % (max(9, len(h)), cell(i, b, f, form))
+                              for i, f, form, h in columns))
+    for i in IMPLS:
+        if (i, b) in best:
+            emit({"summary": "round_trip", "impl": i, "bytes": b, "us": best[(i, b)]["us"],
+                  "gbps": best[(i, b)]["gbps"],
+                  "round_us": [runs[(i, b)][n]["us"] if n in runs[(i, b)] else None
+                               for n in rounds]})
+for impl, reason in sorted(skipped.items()):
+    log("%s: skipped: %s" % (impl, reason))
+
+# Time over time: above 1, ct's round trip is the slower. Bandwidth over
+# bandwidth (the same bytes): above 1, ct moves them faster.
+log("ct / torch on the best figures [each round's own]: round-trip time, then bandwidth")
+for peer in PEERS:
+    if not any(k[0] == peer for k in best):
+        log("  ct / %s: not measured" % peer)
+        continue
+    for b in sizes:
+        if ("ct", b) not in best or (peer, b) not in best:
+            log("  ct / %s, %d bytes: not measured" % (peer, b))
+            continue
+        c, t = best[("ct", b)], best[(peer, b)]
+        both = [n for n in rounds if n in runs[("ct", b)] and n in runs[(peer, b)]]
+        us_ratio = c["us"] / t["us"]
+        by_round = [runs[("ct", b)][n]["us"] / runs[(peer, b)][n]["us"] for n in both]
+        record = {"summary": "ratio", "run": "ct", "against": peer, "bytes": b,
+                  "us_ratio": round(us_ratio, 3),
+                  "round_us_ratios": [round(x, 3) for x in by_round]}
+        line = "  ct / %-9s %10d bytes: time %5.2f [%s]" % (
+            peer, b, us_ratio, " ".join("%.2f" % x for x in by_round))
+        if b:
+            gbps_ratio = c["gbps"] / t["gbps"]
+            gbps_by_round = [runs[("ct", b)][n]["gbps"] / runs[(peer, b)][n]["gbps"]
+                             for n in both]
+            record.update(gbps_ratio=round(gbps_ratio, 3),
+                          round_gbps_ratios=[round(x, 3) for x in gbps_by_round])
+            line += ", bandwidth %5.2f [%s]" % (
+                gbps_ratio, " ".join("%.2f" % x for x in gbps_by_round))
+        log(line)
+        emit(record)
+
+if ("ct", 0) in best and ("zmq", 0) in best:
+    empty = best[("ct", 0)]["us"]
+    met = empty < 50
+    log("target: ct empty-call round trip < 50 us: %s (%.1f us; plain zmq %.1f us)"
+        % ("met" if met else "missed", empty, best[("zmq", 0)]["us"]))
+    emit({"summary": "target", "target": "empty_call_us", "us": empty, "target_us": 50,
+          "met": met})
+else:
+    log("target: ct empty-call round trip < 50 us: not measured")
+big = max((k[1] for k in best if k[0] == "ct"), default=None)
+if big and ("zmq", big) in best:
+    ratio = best[("ct", big)]["gbps"] / best[("zmq", big)]["gbps"]
+    log("target: ct %d-byte echo >= 0.5 x plain zmq's bandwidth: %s (ratio %.2f)"
+        % (big, "met" if ratio >= 0.5 else "missed", ratio))
+    emit({"summary": "target", "target": "large_tensor_vs_zmq", "bytes": big,
+          "ratio": round(ratio, 3), "target_ratio": 0.5, "met": ratio >= 0.5})
+else:
+    log("target: ct's largest echo >= 0.5 x plain zmq's bandwidth: not measured")
 EOF
+    if $torch_failed; then
+        return 1
+    fi
 }
 
 tmp=$(mktemp)
