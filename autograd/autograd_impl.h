@@ -204,8 +204,23 @@ typedef struct ct__run {
     int ncaptures;
     bool retain_graph;
     bool create_graph;
+    /* When set, leaves hand their gradients (after their hooks) to sink
+     * instead of accumulating into .grad: distributed autograd keeps them
+     * per context. A non-zero return aborts the backward. */
+    int (*sink)(void *ctx, ct_tensor *leaf, ct_tensor *grad);
+    void *sink_ctx;
 } ct__run;
 int ct__engine_run(const ct__run *run);
+/* Gives outputs (float, without history) a custom node with no inputs: a
+ * source of gradients that flow elsewhere, as distributed autograd's recv
+ * node. The node owns ctx (freed with def->free_ctx, also on failure).
+ * Returns 0 or CT_ENOMEM. */
+int ct__function_record_source(const ct_function_def *def, void *ctx, ct_tensor *const *outputs,
+                               int noutputs);
+/* ct_backward from one-element outputs, keeping the graph, with leaves'
+ * gradients going to sink (ct__run). */
+int ct__backward_sink(ct_tensor *const *outputs, int n,
+                      int (*sink)(void *, ct_tensor *, ct_tensor *), void *sink_ctx);
 /* True inside a ct_grad (capturing) backward on this thread. */
 bool ct__engine_capturing(void);
 

@@ -335,12 +335,13 @@ static int run_grad_hooks(ct_node *n, const ct__hook *h, int output_nr, ct_tenso
 }
 
 /* AccumulateGrad: the leaf's hooks, then .grad += g, then post hooks. */
-static int accumulate_leaf(ct_node *n, ct_tensor *in, bool create_graph) {
+static int accumulate_leaf(ct_node *n, ct_tensor *in, const ct__run *run) {
     ct_tensor *leaf = n->leaf, *g = in;
     ct__meta *m = ct__meta_of(leaf);
+    bool create_graph = run->create_graph;
     int rc = run_grad_hooks(n, m->hooks, 0, &g, &n->out_meta[0]);
-    if (rc)
-        return rc;
+    if (rc || run->sink)
+        return rc ? rc : run->sink(run->sink_ctx, leaf, g);
     pthread_mutex_lock(&m->lock);
     if (!m->grad) {
         /* Steal the incoming gradient when nothing else can see it, as
@@ -421,7 +422,7 @@ static int execute(task *t, int si) {
         any = any || in[o];
     if (!rc && s->exec && any) {
         if (n->kind == CT__NODE_ACCUMULATE) {
-            rc = accumulate_leaf(n, in[0], run->create_graph);
+            rc = accumulate_leaf(n, in[0], run);
         } else {
             ct_tensor *out[n->nnext > 0 ? n->nnext : 1];
             bool needs[n->nnext > 0 ? n->nnext : 1];
@@ -740,8 +741,9 @@ static int check_count(const char *op, const char *what, int n) {
     return n > 0 ? 0 : ct__seterr(CT_EINVAL, "%s: %d %s given; expected at least one", op, n, what);
 }
 
-int ct_backward(ct_tensor *const *outputs, int n, ct_tensor *const *grad_outputs,
-                bool retain_graph) {
+static int backward(ct_tensor *const *outputs, int n, ct_tensor *const *grad_outputs,
+                    bool retain_graph, int (*sink)(void *, ct_tensor *, ct_tensor *),
+                    void *sink_ctx) {
     int rc = check_count("backward", "outputs", n);
     if (rc || (rc = outputs ? 0 : ct__seterr(CT_EINVAL, "backward: NULL outputs")))
         return rc;
@@ -753,12 +755,26 @@ int ct_backward(ct_tensor *const *outputs, int n, ct_tensor *const *grad_outputs
     rc = make_roots("backward", outputs, n, grad_outputs, roots, grads);
     ct_scope_end();
     if (!rc) {
-        ct__run run = {
-            .roots = roots, .root_grads = grads, .nroots = n, .retain_graph = retain_graph};
+        ct__run run = {.roots = roots,
+                       .root_grads = grads,
+                       .nroots = n,
+                       .retain_graph = retain_graph,
+                       .sink = sink,
+                       .sink_ctx = sink_ctx};
         rc = ct__engine_run(&run);
     }
     free_roots(roots, grads, n);
     return rc;
+}
+
+int ct_backward(ct_tensor *const *outputs, int n, ct_tensor *const *grad_outputs,
+                bool retain_graph) {
+    return backward(outputs, n, grad_outputs, retain_graph, NULL, NULL);
+}
+
+int ct__backward_sink(ct_tensor *const *outputs, int n,
+                      int (*sink)(void *, ct_tensor *, ct_tensor *), void *sink_ctx) {
+    return backward(outputs, n, NULL, true, sink, sink_ctx);
 }
 
 int ct_tensor_backward(ct_tensor *loss) { return ct_backward(&loss, 1, NULL, false); }

@@ -61,3 +61,21 @@ int ct_function_record(const ct_function_def *def, void *ctx, ct_tensor *const *
     ct__node_release(n);
     return rc;
 }
+
+int ct__function_record_source(const ct_function_def *def, void *ctx, ct_tensor *const *outputs,
+                               int noutputs) {
+    ct_node *n = ct__node_new(CT__NODE_CUSTOM, 0, noutputs, 0);
+    if (!n) {
+        def->free_ctx(ctx);
+        return CT_ENOMEM;
+    }
+    n->def = def;
+    n->ctx = ctx;
+    int rc = 0;
+    for (int i = 0; i < noutputs && !rc; i++) {
+        ct__shape_of(&n->out_meta[i], outputs[i]);
+        rc = ct__set_history(outputs[i], n, i);
+    }
+    ct__node_release(n);
+    return rc;
+}

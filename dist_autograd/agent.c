@@ -23,13 +23,19 @@
 /* Tensors in one message. */
 #define MAX_TENSOR_FRAMES 256
 
-static double now_s(void) {
+double ct__rpc_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 /* -------------------------------------------------------------- futures */
+
+typedef struct then_cb {
+    ct_future_fn fn;
+    void *ctx;
+    struct then_cb *next;
+} then_cb;
 
 struct ct_future {
     uint32_t magic;
@@ -40,8 +46,9 @@ struct ct_future {
     int rc;
     char *message;
     ct_rpc_args *result;
+    then_cb *then; /* run once, when done */
     /* The call, for messages and for the pending list. */
-    uint64_t id;
+    uint64_t id, context;
     int to;
     char fn[RPC_NAME_MAX + 1];
     double deadline, timeout_s;
@@ -59,7 +66,8 @@ static void future_unref(ct_future *f) {
     free(f);
 }
 
-/* Completes f once: with result (taken), or with rc and message. */
+/* Completes f once: with result (taken), or with rc and message. Its
+ * callbacks run here, so the caller must hold no agent lock. */
 static void future_complete(ct_future *f, int rc, const char *message, ct_rpc_args *result) {
     pthread_mutex_lock(&f->mu);
     if (f->done) {
@@ -71,8 +79,18 @@ static void future_complete(ct_future *f, int rc, const char *message, ct_rpc_ar
     f->rc = rc;
     f->message = message ? strdup(message) : NULL;
     f->result = result;
+    then_cb *cbs = f->then;
+    f->then = NULL;
+    atomic_fetch_add(&f->refs, 1);
     pthread_cond_broadcast(&f->cv);
     pthread_mutex_unlock(&f->mu);
+    while (cbs) {
+        then_cb *next = cbs->next;
+        cbs->fn(f, cbs->ctx);
+        free(cbs);
+        cbs = next;
+    }
+    future_unref(f);
 }
 
 /* ----------------------------------------------------------- the agent */
@@ -95,11 +113,18 @@ typedef struct outgoing {
 /* Work for a handler: a request that arrived. */
 typedef struct job {
     zmq_msg_t route;
+    int from; /* the caller's worker id, -1 if it is no worker */
     rpc_header h;
     char fn[RPC_NAME_MAX + 1];
     ct_rpc_args *in;
     struct job *next;
 } job;
+
+/* A request being served: where its answer goes. */
+struct rpc_reply {
+    zmq_msg_t route;
+    uint64_t id, context; /* the request's */
+};
 
 typedef struct fn_entry {
     char name[RPC_NAME_MAX + 1];
@@ -142,6 +167,8 @@ int ct_rpc_register(const char *name, ct_rpc_fn fn, void *ctx) {
     if (!name || !*name || strlen(name) > RPC_NAME_MAX || !fn)
         return ct__seterr(CT_EINVAL, "%s: the name is NULL, empty or over %d bytes, or fn is NULL",
                           f, RPC_NAME_MAX);
+    if (!strncmp(name, "ct.", 3))
+        return ct__seterr(CT_EINVAL, "%s: '%s': names beginning 'ct.' are ct's own", f, name);
     pthread_mutex_lock(&fns_mu);
     int rc = 0;
     for (int i = 0; i < nfns && !rc; i++)
@@ -185,6 +212,8 @@ static void list_fns(char *buf, size_t cap) {
 
 static void wake_io(void) {
     uint64_t one = 1;
+    if (g.wake_fd < 0)
+        return;
     if (write(g.wake_fd, &one, sizeof one) < 0 && errno != EAGAIN)
         fprintf(stderr, "ct rpc: waking the I/O thread: %s\n", strerror(errno));
 }
@@ -373,23 +402,18 @@ static void align_frames(rpc_frame *frames, int n) {
     }
 }
 
-static void reply_error(zmq_msg_t *route, const rpc_header *req, int code, const char *message) {
-    outgoing *o = calloc(1, sizeof *o);
-    zmq_msg_t *r = malloc(sizeof *r);
-    if (!o || !r || zmq_msg_init(r) || zmq_msg_copy(r, route) ||
-        ct__rpc_encode_error(&o->msg, message)) {
-        free(o);
-        free(r);
+static void send_reply(rpc_reply *r, int rc, const ct_rpc_args *out, bool grads, uint64_t id);
+
+/* Answers a request that could not be taken with the error set. */
+static void reply_error(zmq_msg_t *route, const rpc_header *req, int code) {
+    rpc_reply *r = malloc(sizeof *r);
+    if (!r)
         return;
-    }
-    o->msg.h = (rpc_header){.magic = RPC_MAGIC,
-                            .version = RPC_VERSION,
-                            .kind = RPC_ERROR,
-                            .id = ((uint64_t)g.self << 48) | atomic_fetch_add(&g.counter, 1),
-                            .reply_to = req->id,
-                            .status = code};
-    o->route = r;
-    enqueue(o);
+    zmq_msg_init(&r->route);
+    zmq_msg_copy(&r->route, route);
+    r->id = req->id;
+    r->context = 0;
+    send_reply(r, code, NULL, false, ct__rpc_next_id());
 }
 
 static void drain(void *sock, bool more) {
@@ -425,7 +449,7 @@ static void on_request(void) {
                 ct_errmsg());
         /* A sender that speaks the protocol gets told; noise does not. */
         if (h.magic == RPC_MAGIC && h.kind == RPC_REQUEST)
-            reply_error(&route, &h, rc, ct_errmsg());
+            reply_error(&route, &h, rc);
         zmq_msg_close(&route);
         return;
     }
@@ -447,12 +471,18 @@ static void on_request(void) {
         free_frames(frames, n > MAX_TENSOR_FRAMES ? MAX_TENSOR_FRAMES : n);
     zmq_msg_close(&desc);
     if (rc) {
-        reply_error(&route, &h, rc, ct_errmsg());
+        reply_error(&route, &h, rc);
         zmq_msg_close(&route);
         free(j);
         return;
     }
     j->h = h;
+    uint16_t from = 0;
+    j->from = -1;
+    if (zmq_msg_size(&route) == sizeof from) {
+        memcpy(&from, zmq_msg_data(&route), sizeof from);
+        j->from = from < g.n ? from : -1;
+    }
     zmq_msg_init(&j->route);
     zmq_msg_move(&j->route, &route);
     pthread_mutex_lock(&g.mu);
@@ -515,15 +545,41 @@ static void on_reply(peer *p, int id) {
         ct_rpc_args *out = NULL;
         rc = ct__rpc_decode_call(zmq_msg_data(&desc), zmq_msg_size(&desc), frames, (uint32_t)n, fn,
                                  &out);
-        if (rc)
+        if (!rc && f->context)
+            rc = ct__dist_on_receive(f->context, id, h.id, out);
+        if (rc) {
             fail_future(f, rc, "rpc: the reply of worker '%s' to '%s': %s", p->name, f->fn,
                         ct_errmsg());
-        else
+            ct_rpc_args_free(out);
+        } else {
             future_complete(f, 0, NULL, out);
+        }
     }
     free_frames(frames, n);
     zmq_msg_close(&desc);
     finish(f);
+}
+
+/* Takes off the pending list the calls to worker `to` (to >= 0) or those
+ * past their deadline at now (to < 0), chained through next_pending, so
+ * that they are failed outside g.mu: completing runs callbacks. */
+static ct_future *take_pending(int to, double now) {
+    ct_future *taken = NULL;
+    pthread_mutex_lock(&g.mu);
+    for (ct_future **p = &g.pending; *p;) {
+        ct_future *f = *p;
+        if (to >= 0 ? f->to == to : now >= f->deadline) {
+            *p = f->next_pending;
+            g.npending--;
+            f->next_pending = taken;
+            taken = f;
+        } else {
+            p = &f->next_pending;
+        }
+    }
+    pthread_cond_broadcast(&g.idle_cv);
+    pthread_mutex_unlock(&g.mu);
+    return taken;
 }
 
 /* A connection to p dropped after it was up: p is gone, and so is every
@@ -546,43 +602,41 @@ static void on_monitor(peer *p, int id) {
     if (event != ZMQ_EVENT_DISCONNECTED || !p->connected || p->dead)
         return;
     p->dead = true;
-    pthread_mutex_lock(&g.mu);
-    ct_future *f = g.pending;
-    while (f) {
-        ct_future *next = f->next_pending;
-        if (f->to == id) {
-            fail_future(f, CT_EPEER,
-                        "rpc: worker '%s' (id %d) went away during '%s' (its connection "
-                        "dropped): the call may or may not have run",
-                        p->name, id, f->fn);
-            unpend(f);
-            future_unref(f);
-        }
-        f = next;
+    ct_future *gone = take_pending(id, 0);
+    while (gone) {
+        ct_future *f = gone;
+        gone = f->next_pending;
+        fail_future(f, CT_EPEER,
+                    "rpc: worker '%s' (id %d) went away during '%s' (its connection "
+                    "dropped): the call may or may not have run",
+                    p->name, id, f->fn);
+        future_unref(f);
     }
-    pthread_mutex_unlock(&g.mu);
+    ct__dist_peer_died(id);
+    ct__rref_peer_died(id);
 }
 
 static void expire(double now) {
-    pthread_mutex_lock(&g.mu);
-    ct_future *f = g.pending;
-    while (f) {
-        ct_future *next = f->next_pending;
-        if (now >= f->deadline) {
-            fail_future(f, CT_ETIMEDOUT, "rpc: '%s' on worker '%s' (id %d) gave no answer in %g s",
-                        f->fn, g.peers[f->to].name, f->to, f->timeout_s);
-            unpend(f);
-            future_unref(f);
-        }
-        f = next;
+    ct_future *late = take_pending(-1, now);
+    while (late) {
+        ct_future *f = late;
+        late = f->next_pending;
+        fail_future(f, CT_ETIMEDOUT, "rpc: '%s' on worker '%s' (id %d) gave no answer in %g s",
+                    f->fn, g.peers[f->to].name, f->to, f->timeout_s);
+        future_unref(f);
     }
-    pthread_mutex_unlock(&g.mu);
 }
 
 static void *io_main(void *arg) {
     (void)arg;
     zmq_pollitem_t *items = calloc((size_t)(2 + 2 * g.n), sizeof *items);
     int *who = calloc((size_t)(2 + 2 * g.n), sizeof *who);
+    /* Every peer is connected from the start, so that the death of any of
+     * them is seen (its connection drops) even by a worker that only ever
+     * answered it: that fails the contexts they share. */
+    for (int i = 0; i < g.n; i++)
+        if (i != g.self && connect_peer(&g.peers[i], i))
+            fprintf(stderr, "ct rpc: %s\n", ct_errmsg());
     for (;;) {
         pthread_mutex_lock(&g.mu);
         bool stop = g.stop_io;
@@ -623,7 +677,9 @@ static void *io_main(void *arg) {
                 on_reply(&g.peers[who[k]], who[k]);
             else if (items[k].revents)
                 on_monitor(&g.peers[-1 - who[k]], -1 - who[k]);
-        expire(now_s());
+        double now = ct__rpc_now();
+        expire(now);
+        ct__dist_tick(now);
     }
     free(items);
     free(who);
@@ -632,48 +688,112 @@ static void *io_main(void *arg) {
 
 /* ------------------------------------------------------------- handlers */
 
-static void run_job(job *j) {
-    fn_entry e;
+/* Sends the answer to r as message id; with grads, tensors that need grad
+ * are marked, for the caller's recv node. */
+static void send_reply(rpc_reply *r, int rc, const ct_rpc_args *out, bool grads, uint64_t id) {
     outgoing *o = calloc(1, sizeof *o);
     zmq_msg_t *route = malloc(sizeof *route);
-    if (!o || !route) {
+    ct_rpc_args *empty = out ? NULL : ct_rpc_args_new();
+    if (!o || !route || (!out && !empty)) {
+        fprintf(stderr, "ct rpc: worker '%s': out of memory answering a call\n",
+                g.peers[g.self].name);
         free(o);
         free(route);
+        zmq_msg_close(&r->route);
+        free(r);
         return;
     }
-    zmq_msg_init(route);
-    zmq_msg_move(route, &j->route);
-    int rc;
-    if (!find_fn(j->fn, &e)) {
-        char list[512];
-        list_fns(list, sizeof list);
-        rc =
-            ct__seterr(CT_EINVAL, "no function '%s' is registered there (it has: %s)", j->fn, list);
-    } else {
-        ct_rpc_args *out = ct_rpc_args_new();
-        ct_scope_begin();
-        rc = out ? e.fn(e.ctx, j->in, out) : ct_errcode();
-        if (!rc)
-            rc = ct__rpc_encode_call(&o->msg, NULL, out);
-        ct_scope_end();
-        ct_rpc_args_free(out);
-    }
-    if (rc && ct__rpc_encode_error(&o->msg, ct_errmsg())) {
-        free(o);
-        zmq_msg_close(route);
-        free(route);
-        return;
-    }
+    if (!rc)
+        rc = ct__rpc_encode_call(&o->msg, NULL, out ? out : empty, grads);
+    if (rc && ct__rpc_encode_error(&o->msg, ct_errmsg()))
+        ct__rpc_encode_error(&o->msg, "out of memory");
+    ct_rpc_args_free(empty);
     o->msg.h = (rpc_header){.magic = RPC_MAGIC,
                             .version = RPC_VERSION,
                             .kind = rc ? RPC_ERROR : RPC_RESPONSE,
-                            .id = ((uint64_t)g.self << 48) | atomic_fetch_add(&g.counter, 1),
-                            .reply_to = j->h.id,
-                            .context = j->h.context,
+                            .id = id,
+                            .reply_to = r->id,
+                            .context = r->context,
                             .status = rc,
                             .ntensors = o->msg.ntensors};
+    zmq_msg_init(route);
+    zmq_msg_move(route, &r->route);
     o->route = route;
+    free(r);
     enqueue(o);
+}
+
+void ct__rpc_reply(rpc_reply *r, int rc, const ct_rpc_args *out) {
+    send_reply(r, rc, out, false, ct__rpc_next_id());
+}
+
+static const struct {
+    const char *name;
+    rpc_internal_fn fn;
+} internal_fns[] = {
+    {"ct.backward", ct__dist_on_backward}, {"ct.release", ct__dist_on_release},
+    {"ct.rref_new", ct__rref_on_new},      {"ct.rref_fetch", ct__rref_on_fetch},
+    {"ct.rref_call", ct__rref_on_call},    {"ct.rref_del", ct__rref_on_del},
+    {"ct.optim_step", ct__optim_on_step},
+};
+
+int ct__rpc_run_fn(const char *name, const ct_rpc_args *in, ct_rpc_args *out) {
+    fn_entry e;
+    if (!find_fn(name, &e)) {
+        char list[512];
+        list_fns(list, sizeof list);
+        return ct__seterr(CT_EINVAL, "no function '%s' is registered there (it has: %s)", name,
+                          list);
+    }
+    return e.fn(e.ctx, in, out);
+}
+
+/* Runs a user function in the caller's context: received tensors that
+ * needed grad get a recv node, and results that need grad a send node. */
+static void run_user(const job *j, rpc_reply *r) {
+    ct_rpc_args *out = ct_rpc_args_new();
+    uint64_t reply_id = ct__rpc_next_id();
+    int rc = out ? 0 : ct_errcode();
+    ct_scope_begin();
+    if (!rc && j->h.context)
+        rc = ct__dist_on_receive(j->h.context, j->from, j->h.id, j->in);
+    if (!rc) {
+        uint64_t saved = ct__dist_enter(j->h.context);
+        rc = ct__rpc_run_fn(j->fn, j->in, out);
+        if (!rc && j->h.context)
+            rc = ct__dist_record_send(j->h.context, j->from, reply_id, out);
+        ct__dist_leave(saved);
+    }
+    send_reply(r, rc, out, j->h.context != 0, reply_id);
+    ct_scope_end();
+    ct_rpc_args_free(out);
+}
+
+static void run_job(job *j) {
+    rpc_reply *r = malloc(sizeof *r);
+    if (!r)
+        return;
+    zmq_msg_init(&r->route);
+    zmq_msg_move(&r->route, &j->route);
+    r->id = j->h.id;
+    r->context = j->h.context;
+    if (strncmp(j->fn, "ct.", 3) != 0) {
+        run_user(j, r);
+        return;
+    }
+    for (size_t i = 0; i < sizeof internal_fns / sizeof *internal_fns; i++)
+        if (!strcmp(internal_fns[i].name, j->fn)) {
+            rpc_call c = {.from = j->from, .id = j->h.id, .context = j->h.context};
+            ct_rpc_args *in = j->in;
+            j->in = NULL;
+            ct_errclear();
+            ct_scope_begin();
+            internal_fns[i].fn(&c, in, r);
+            ct_scope_end();
+            return;
+        }
+    ct__rpc_reply(r, ct__seterr(CT_EINVAL, "no internal function '%s' (a newer ct's?)", j->fn),
+                  NULL);
 }
 
 static void *handler_main(void *arg) {
@@ -769,6 +889,29 @@ static void stop_threads(void) {
 }
 
 static void teardown(void) {
+    /* What no one will answer now fails, so that no waiter hangs; the
+     * callbacks that runs may queue messages, which are dropped below. */
+    while (g.pending) {
+        ct_future *f = g.pending;
+        g.pending = f->next_pending;
+        fail_future(f, CT_ESTATE, "rpc: the agent shut down before '%s' was answered", f->fn);
+        future_unref(f);
+    }
+    ct__dist_shutdown();
+    ct__rref_shutdown();
+    while (g.out_head) {
+        outgoing *o = g.out_head;
+        g.out_head = o->next;
+        if (o->f)
+            future_unref(o->f);
+        if (o->route) {
+            zmq_msg_close(o->route);
+            free(o->route);
+        }
+        ct__rpc_out_free(&o->msg);
+        free(o);
+    }
+    g.out_tail = NULL;
     for (int i = 0; g.peers && i < g.n; i++) {
         if (g.peers[i].dealer)
             zmq_close(g.peers[i].dealer);
@@ -781,13 +924,6 @@ static void teardown(void) {
         zmq_ctx_term(g.zctx);
     if (g.wake_fd >= 0)
         close(g.wake_fd);
-    /* What no one will answer now fails, so that no waiter hangs. */
-    while (g.pending) {
-        ct_future *f = g.pending;
-        g.pending = f->next_pending;
-        fail_future(f, CT_ESTATE, "rpc: the agent shut down before '%s' was answered", f->fn);
-        future_unref(f);
-    }
     free(g.peers);
     free(g.handlers);
     g.peers = NULL;
@@ -811,6 +947,8 @@ int ct_rpc_init(const ct_rpc_options *opts) {
         g.o.timeout_s = 60;
     if (g.o.handler_threads <= 0)
         g.o.handler_threads = 4;
+    if (!(g.o.context_timeout_s > 0))
+        g.o.context_timeout_s = 600;
     if (w->size > 65536)
         return ct__seterr(CT_EINVAL, "%s: %d ranks; worker ids have 16 bits", fn, w->size);
     if (g.o.name && (!*g.o.name || strlen(g.o.name) > NAME_MAX_LEN || strchr(g.o.name, ' ')))
@@ -875,9 +1013,9 @@ int ct_rpc_shutdown(void) {
     if (rc)
         return rc;
     /* This worker's own calls and handlers first. */
-    double deadline = now_s() + g.o.timeout_s;
+    double deadline = ct__rpc_now() + g.o.timeout_s;
     pthread_mutex_lock(&g.mu);
-    while ((g.npending || g.busy || g.jobs_head) && now_s() < deadline) {
+    while ((g.npending || g.busy || g.jobs_head) && ct__rpc_now() < deadline) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_nsec += 20000000;
@@ -899,7 +1037,7 @@ int ct_rpc_shutdown(void) {
     if (!rc && g.n > 1)
         rc = ct_store_add(ct_dist_store(), key, 1, &arrived, g.o.timeout_s);
     while (!rc && arrived < g.n) {
-        if (now_s() > deadline) {
+        if (ct__rpc_now() > deadline) {
             rc = ct__seterr(CT_ETIMEDOUT, "%s: %lld of %d workers arrived in %g s", fn,
                             (long long)arrived, g.n, g.o.timeout_s);
             break;
@@ -931,12 +1069,24 @@ int ct_rpc_worker_id(const char *name) {
 
 /* ---------------------------------------------------------------- calls */
 
-ct_future *ct_rpc_async(const char *to, const char *fn, const ct_rpc_args *args, double timeout_s) {
-    if (agent_check("ct_rpc_async"))
-        return NULL;
-    int id = ct_rpc_worker_id(to);
-    if (id < 0)
-        return NULL;
+uint64_t ct__rpc_next_id(void) {
+    return ((uint64_t)g.self << 48) | (atomic_fetch_add(&g.counter, 1) & 0xffffffffffffull);
+}
+
+double ct__rpc_timeout(void) { return g.o.timeout_s; }
+double ct__rpc_context_timeout(void) { return g.o.context_timeout_s; }
+
+bool ct__rpc_peer_dead(int id) {
+    pthread_mutex_lock(&g.mu);
+    bool dead = g.peers[id].dead;
+    pthread_mutex_unlock(&g.mu);
+    return dead;
+}
+
+/* A call to worker `to`: user calls record autograd (user), internal ones
+ * name their context. */
+static ct_future *call(int to, const char *fn, const ct_rpc_args *args, double timeout_s, bool user,
+                       uint64_t context) {
     if (!fn || !*fn || strlen(fn) > RPC_NAME_MAX) {
         ct__seterr(CT_EINVAL, "ct_rpc_async: the function name is NULL, empty or too long");
         return NULL;
@@ -949,7 +1099,11 @@ ct_future *ct_rpc_async(const char *to, const char *fn, const ct_rpc_args *args,
         ct__seterr(CT_ENOMEM, "ct_rpc_async: out of memory");
         return NULL;
     }
-    if (ct__rpc_encode_call(&o->msg, fn, args)) {
+    f->id = ct__rpc_next_id();
+    bool grads = false;
+    if (user)
+        context = ct__dist_on_send(to, f->id, args, &grads);
+    if (ct__rpc_encode_call(&o->msg, fn, args, grads)) {
         free(f);
         free(o);
         return NULL;
@@ -958,15 +1112,16 @@ ct_future *ct_rpc_async(const char *to, const char *fn, const ct_rpc_args *args,
     atomic_init(&f->refs, 3);
     pthread_mutex_init(&f->mu, NULL);
     pthread_cond_init(&f->cv, NULL);
-    f->id = ((uint64_t)g.self << 48) | (atomic_fetch_add(&g.counter, 1) & 0xffffffffffffull);
-    f->to = id;
+    f->to = to;
+    f->context = context;
     snprintf(f->fn, sizeof f->fn, "%s", fn);
     f->timeout_s = timeout_s > 0 ? timeout_s : g.o.timeout_s;
-    f->deadline = now_s() + f->timeout_s;
+    f->deadline = ct__rpc_now() + f->timeout_s;
     o->msg.h = (rpc_header){.magic = RPC_MAGIC,
                             .version = RPC_VERSION,
                             .kind = RPC_REQUEST,
                             .id = f->id,
+                            .context = context,
                             .ntensors = o->msg.ntensors};
     o->f = f;
     pthread_mutex_lock(&g.mu);
@@ -976,6 +1131,24 @@ ct_future *ct_rpc_async(const char *to, const char *fn, const ct_rpc_args *args,
     pthread_mutex_unlock(&g.mu);
     enqueue(o);
     return f;
+}
+
+ct_future *ct__rpc_call(int to, const char *fn, const ct_rpc_args *args, double timeout_s,
+                        uint64_t context) {
+    return call(to, fn, args, timeout_s, false, context);
+}
+
+ct_future *ct_rpc_async(const char *to, const char *fn, const ct_rpc_args *args, double timeout_s) {
+    if (agent_check("ct_rpc_async"))
+        return NULL;
+    int id = ct_rpc_worker_id(to);
+    if (id < 0)
+        return NULL;
+    if (fn && !strncmp(fn, "ct.", 3)) {
+        ct__seterr(CT_EINVAL, "ct_rpc_async: '%s': names beginning 'ct.' are ct's own", fn);
+        return NULL;
+    }
+    return call(id, fn, args, timeout_s, true, 0);
 }
 
 static int check_future(const ct_future *f, const char *fn) {
@@ -1002,20 +1175,34 @@ int ct_future_wait(ct_future *f, ct_rpc_args **out) {
         return 0;
     /* Each wait hands out its own list with the same values. */
     ct_rpc_args *copy = ct_rpc_args_new();
-    for (int i = 0; copy && !rc && i < f->result->n; i++) {
-        const rpc_value *v = &f->result->v[i];
-        switch (v->type) {
-        case CT_RPC_TENSOR: rc = ct_rpc_args_add_tensor(copy, v->t); break;
-        case CT_RPC_INT: rc = ct_rpc_args_add_int(copy, v->i); break;
-        case CT_RPC_FLOAT: rc = ct_rpc_args_add_float(copy, v->f); break;
-        case CT_RPC_STRING: rc = ct_rpc_args_add_string(copy, v->s); break;
-        }
-    }
-    if (!copy || rc) {
+    if (!copy || (rc = ct__rpc_args_extend(copy, f->result, 0))) {
         ct_rpc_args_free(copy);
-        return rc ? rc : ct_errcode();
+        return copy ? rc : ct_errcode();
     }
     *out = copy;
+    return 0;
+}
+
+int ct_future_then(ct_future *f, ct_future_fn fn, void *ctx) {
+    int rc = check_future(f, "ct_future_then");
+    if (rc)
+        return rc;
+    then_cb *cb = fn ? malloc(sizeof *cb) : NULL;
+    if (!cb)
+        return ct__seterr(fn ? CT_ENOMEM : CT_EINVAL, "ct_future_then: %s",
+                          fn ? "out of memory" : "fn is NULL");
+    *cb = (then_cb){fn, ctx, NULL};
+    pthread_mutex_lock(&f->mu);
+    bool done = f->done;
+    if (!done) {
+        cb->next = f->then;
+        f->then = cb;
+    }
+    pthread_mutex_unlock(&f->mu);
+    if (done) {
+        fn(f, ctx);
+        free(cb);
+    }
     return 0;
 }
 

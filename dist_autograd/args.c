@@ -154,3 +154,17 @@ const char *ct_rpc_args_string(const ct_rpc_args *a, int i) {
     const rpc_value *v = get(a, i, CT_RPC_STRING, "ct_rpc_args_string");
     return v ? v->s : NULL;
 }
+
+int ct__rpc_args_extend(ct_rpc_args *dst, const ct_rpc_args *src, int first) {
+    int rc = ct__rpc_args_check(src, "rpc");
+    for (int i = first; !rc && i < src->n; i++) {
+        const rpc_value *v = &src->v[i];
+        switch (v->type) {
+        case CT_RPC_TENSOR: rc = ct_rpc_args_add_tensor(dst, v->t); break;
+        case CT_RPC_INT: rc = ct_rpc_args_add_int(dst, v->i); break;
+        case CT_RPC_FLOAT: rc = ct_rpc_args_add_float(dst, v->f); break;
+        case CT_RPC_STRING: rc = ct_rpc_args_add_string(dst, v->s); break;
+        }
+    }
+    return rc;
+}

@@ -4,7 +4,7 @@
 
 #include <ct/dist_autograd.h>
 
-#include "tensor_impl.h"
+#include "autograd_impl.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "ct's RPC wire format is little-endian; this host is not"
@@ -12,6 +12,9 @@
 
 typedef struct rpc_value {
     ct_rpc_type type;
+    /* A tensor that required grad at its sender, inside a context: the
+     * receiver gives it a recv node (context.c). */
+    bool grad;
     union {
         ct_tensor *t; /* retained */
         int64_t i;
@@ -27,6 +30,9 @@ struct ct_rpc_args {
 };
 
 int ct__rpc_args_check(const ct_rpc_args *a, const char *fn);
+/* Appends the values of src from index first on to dst (tensors retained,
+ * strings copied). */
+int ct__rpc_args_extend(ct_rpc_args *dst, const ct_rpc_args *src, int first);
 
 /* ------------------------------------------------------------------ wire */
 
@@ -35,6 +41,8 @@ int ct__rpc_args_check(const ct_rpc_args *a, const char *fn);
 #define RPC_MAGIC    0x31527463u /* "ctR1" */
 #define RPC_VERSION  1
 #define RPC_NAME_MAX 255
+/* A tensor's flags on the wire. */
+#define RPC_TENSOR_GRAD 1
 
 typedef enum rpc_kind {
     RPC_REQUEST = 1,
@@ -64,8 +72,9 @@ typedef struct rpc_out {
 } rpc_out;
 
 void ct__rpc_out_free(rpc_out *m);
-/* A request (fn: the function) or a response (fn NULL: results). */
-int ct__rpc_encode_call(rpc_out *m, const char *fn, const ct_rpc_args *args);
+/* A request (fn: the function) or a response (fn NULL: results). With
+ * grads, tensors that need grad (in grad mode) are marked as such. */
+int ct__rpc_encode_call(rpc_out *m, const char *fn, const ct_rpc_args *args, bool grads);
 /* An error reply: the message's text. */
 int ct__rpc_encode_error(rpc_out *m, const char *message);
 
@@ -91,5 +100,71 @@ int ct__rpc_decode_call(const void *desc, size_t desc_len, rpc_frame *frames, ui
                         char fn[RPC_NAME_MAX + 1], ct_rpc_args **out);
 /* The text of an error reply's description (malloc'd). */
 int ct__rpc_decode_error(const void *desc, size_t desc_len, char **text);
+
+/* ----------------------------------------------------- the agent, inside */
+
+/* The calling worker, and the ids of a request being served. */
+typedef struct rpc_call {
+    int from;
+    uint64_t id, context;
+} rpc_call;
+
+/* A request being served, to be answered once (ct__rpc_reply). */
+typedef struct rpc_reply rpc_reply;
+
+/* Answers r and frees it: rc 0 with out (may be NULL: no values), or rc
+ * with ct_errmsg() as the error's text. Any thread. */
+void ct__rpc_reply(rpc_reply *r, int rc, const ct_rpc_args *out);
+
+/* Internal functions, named "ct.*": they run on a handler thread and answer
+ * whenever they choose, so that one may wait for other calls without
+ * holding a thread. in is theirs to free. */
+typedef void (*rpc_internal_fn)(const rpc_call *c, ct_rpc_args *in, rpc_reply *r);
+void ct__dist_on_backward(const rpc_call *c, ct_rpc_args *in, rpc_reply *r);
+void ct__dist_on_release(const rpc_call *c, ct_rpc_args *in, rpc_reply *r);
+void ct__rref_on_new(const rpc_call *c, ct_rpc_args *in, rpc_reply *r);
+void ct__rref_on_fetch(const rpc_call *c, ct_rpc_args *in, rpc_reply *r);
+void ct__rref_on_call(const rpc_call *c, ct_rpc_args *in, rpc_reply *r);
+void ct__rref_on_del(const rpc_call *c, ct_rpc_args *in, rpc_reply *r);
+void ct__optim_on_step(const rpc_call *c, ct_rpc_args *in, rpc_reply *r);
+
+/* Runs a registered function by name, as a call from c would. */
+int ct__rpc_run_fn(const char *fn, const ct_rpc_args *in, ct_rpc_args *out);
+
+/* A call from ct internals: to a worker id, in context (0: none), never
+ * recorded for autograd. NULL with the error. */
+ct_future *ct__rpc_call(int to, const char *fn, const ct_rpc_args *args, double timeout_s,
+                        uint64_t context);
+/* The agent's state, for the layers above it. */
+double ct__rpc_timeout(void);
+double ct__rpc_context_timeout(void);
+/* Whether worker id has been seen to die. */
+bool ct__rpc_peer_dead(int id);
+uint64_t ct__rpc_next_id(void);
+double ct__rpc_now(void);
+
+/* -------------------------------------------- distributed autograd hooks */
+
+/* A call about to be sent to worker `to` as message id: records a send
+ * node for the tensors of args that need grad, when this thread has a
+ * context. Returns the context id for the header (0: none) and whether
+ * tensors are to be marked. */
+uint64_t ct__dist_on_send(int to, uint64_t id, const ct_rpc_args *args, bool *grads);
+/* A message that arrived in context from worker `from` as message id:
+ * gives its marked tensors a recv node. Then, for a request, the handler
+ * runs in the context (ct__dist_enter), and its results are sent as
+ * message reply_id (ct__dist_leave, which records their send node). */
+int ct__dist_on_receive(uint64_t context, int from, uint64_t id, ct_rpc_args *args);
+uint64_t ct__dist_enter(uint64_t context);
+void ct__dist_leave(uint64_t saved);
+int ct__dist_record_send(uint64_t context, int to, uint64_t id, const ct_rpc_args *args);
+/* The agent saw worker id die; every context it touched fails. */
+void ct__dist_peer_died(int id);
+/* Ticks of the I/O thread (about every 50 ms): releases idle contexts. */
+void ct__dist_tick(double now);
+/* The agent stops: everything is released. */
+void ct__dist_shutdown(void);
+void ct__rref_peer_died(int id);
+void ct__rref_shutdown(void);
 
 #endif

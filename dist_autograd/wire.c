@@ -44,7 +44,7 @@ static void put(buf *b, const void *data, size_t n) {
 static void put_u8(buf *b, uint8_t v) { put(b, &v, 1); }
 static void put_u32(buf *b, uint32_t v) { put(b, &v, 4); }
 
-int ct__rpc_encode_call(rpc_out *m, const char *fn, const ct_rpc_args *args) {
+int ct__rpc_encode_call(rpc_out *m, const char *fn, const ct_rpc_args *args, bool grads) {
     int rc = ct__rpc_args_check(args, "rpc");
     if (rc)
         return rc;
@@ -74,6 +74,7 @@ int ct__rpc_encode_call(rpc_out *m, const char *fn, const ct_rpc_args *args) {
         case CT_RPC_TENSOR: {
             const ct_tensor *t = v->t;
             put_u8(&b, (uint8_t)t->dtype);
+            put_u8(&b, grads && ct_grad_enabled() && ct_requires_grad(t) ? RPC_TENSOR_GRAD : 0);
             put_u8(&b, (uint8_t)t->ndim);
             put(&b, t->sizes, sizeof(int64_t) * (size_t)t->ndim);
             /* A contiguous tensor is sent from its own memory; another is
@@ -152,12 +153,15 @@ static int bad(const char *what, size_t at) {
 }
 
 static int decode_tensor(reader *r, rpc_frame *frames, uint32_t nframes, uint32_t *next,
-                         ct_tensor **out) {
-    uint8_t dtype, ndim;
-    if (!take(r, &dtype, 1) || !take(r, &ndim, 1))
+                         ct_tensor **out, bool *grad) {
+    uint8_t dtype, flags, ndim;
+    if (!take(r, &dtype, 1) || !take(r, &flags, 1) || !take(r, &ndim, 1))
         return bad("a tensor's description is cut short", r->at);
     if (dtype >= CT_NDTYPES)
         return bad("an unknown dtype", r->at);
+    if (flags & ~RPC_TENSOR_GRAD || (flags && !ct_dtype_is_float((ct_dtype)dtype)))
+        return bad("unknown tensor flags, or grad on a tensor that is not float", r->at);
+    *grad = flags != 0;
     if (ndim > CT_MAX_DIMS)
         return bad("a tensor of more than 8 dims", r->at);
     int64_t sizes[CT_MAX_DIMS];
@@ -247,9 +251,10 @@ int ct__rpc_decode_call(const void *desc, size_t desc_len, rpc_frame *frames, ui
         }
         case CT_RPC_TENSOR: {
             ct_tensor *t = NULL;
-            rc = decode_tensor(&r, frames, nframes, &next, &t);
-            if (!rc)
-                rc = ct_rpc_args_add_tensor(a, t);
+            bool grad = false;
+            rc = decode_tensor(&r, frames, nframes, &next, &t, &grad);
+            if (!rc && !(rc = ct_rpc_args_add_tensor(a, t)))
+                a->v[a->n - 1].grad = grad;
             ct_tensor_free(t);
             break;
         }

@@ -1,5 +1,6 @@
 /* ct/dist_autograd.h: remote procedure calls between the ranks of a job,
- * over libzmq, and (to come) distributed autograd on top of them.
+ * over libzmq, remote references, and distributed autograd on top of them
+ * (docs/rpc.md is the guide).
  *
  * Every rank runs one RPC agent: a worker with a name and an id (its world
  * rank). Functions are registered by name on the workers that serve them;
@@ -62,6 +63,7 @@
 #define CT_DIST_AUTOGRAD_H
 
 #include <ct/dist.h>
+#include <ct/optim.h>
 #include <ct/tensor.h>
 
 #ifdef __cplusplus
@@ -117,6 +119,9 @@ typedef struct ct_rpc_options {
     double timeout_s;
     /* Threads that run registered functions; 0: 4. */
     int handler_threads;
+    /* A distributed autograd context unused this long on a worker is
+     * released there; 0: 600 s. */
+    double context_timeout_s;
 } ct_rpc_options;
 
 /* Registers fn under name on this worker; do it before ct_rpc_init() so
@@ -159,9 +164,97 @@ CT_API int ct_future_wait(ct_future *f, ct_rpc_args **out);
 CT_API bool ct_future_done(ct_future *f);
 /* Accepts NULL. A pending call is not cancelled: its outcome is dropped. */
 CT_API void ct_future_free(ct_future *f);
+/* Runs fn(f, ctx) once when f is done: at once, on this thread, if it is
+ * done already; otherwise on the thread that completes it, which is the
+ * agent's own, so fn must be quick and must not wait on other calls. f stays
+ * valid while fn runs. CT_EINVAL for a bad future or a NULL fn. */
+typedef void (*ct_future_fn)(ct_future *f, void *ctx);
+CT_API int ct_future_then(ct_future *f, ct_future_fn fn, void *ctx);
 /* ct_rpc_async and ct_future_wait in one. */
 CT_API int ct_rpc_sync(const char *to, const char *fn, const ct_rpc_args *args, double timeout_s,
                        ct_rpc_args **out);
+
+/* ------------------------------------------------------ remote references */
+
+/* A reference to values held by their owner, a worker. The handle belongs
+ * to the worker that made it; the owner keeps the values while the handle
+ * lives, and drops them when it is freed or when its holder dies. */
+typedef struct ct_rref ct_rref;
+
+/* Runs fn on worker `to` with args and leaves its results there, returning
+ * a reference to them (owned by the caller) once the owner holds them.
+ * NULL with the call's error. */
+CT_API ct_rref *ct_rpc_remote(const char *to, const char *fn, const ct_rpc_args *args,
+                              double timeout_s);
+/* The owner's worker id, or -1 for a bad handle. */
+CT_API int ct_rref_owner(const ct_rref *r);
+/* Copies the values to this worker (*out, owned by the caller). */
+CT_API int ct_rref_fetch(ct_rref *r, double timeout_s, ct_rpc_args **out);
+/* Runs fn on the owner with the referenced values first, then args; the
+ * results come back as from ct_rpc_sync. */
+CT_API int ct_rref_call(ct_rref *r, const char *fn, const ct_rpc_args *args, double timeout_s,
+                        ct_rpc_args **out);
+/* Accepts NULL. Tells the owner, without waiting. */
+CT_API void ct_rref_free(ct_rref *r);
+
+/* ------------------------------------------------- distributed autograd */
+
+/* A context is the scope of one distributed forward and backward. Inside
+ * it, a call whose arguments or results include tensors that require grad
+ * links the graphs of the two workers, and ct_dist_backward() runs
+ * backward across them. Gradients accumulate in the context, per worker,
+ * never in .grad, so contexts running at once never mix.
+ *
+ * Begins a context and makes it this thread's current one; returns its id
+ * (> 0), or 0 with CT_ESTATE when no agent runs or a context is current
+ * already. */
+CT_API int64_t ct_dist_autograd_begin(void);
+/* The thread's current context, 0 if none. A registered function runs in
+ * the context of the call that invoked it. */
+CT_API int64_t ct_dist_autograd_current(void);
+/* Ends context id (which must have begun on this worker): releases it here
+ * and on every worker it touched, and clears it as the current context.
+ * Releasing is idempotent: a context that failed or expired ends with 0. */
+CT_API int ct_dist_autograd_end(int64_t id);
+
+/* Computes the gradients of roots[0..n-1] (one-element tensors) across
+ * every worker the context's calls reached, and returns when all of it is
+ * done. Graph buffers are kept until the context ends, since gradients
+ * from several workers may reach the same nodes. On the first error
+ * anywhere (a remote backward, a dead worker, a timeout) it fails with that
+ * error, and the context is released everywhere. */
+CT_API int ct_dist_backward(int64_t id, ct_tensor *const *roots, int n);
+/* The gradient this worker accumulated for leaf in context id: owned by the
+ * current scope; NULL without an error when the leaf got none. NULL with
+ * CT_EINVAL naming the context when it is unknown, released or failed. */
+CT_API ct_tensor *ct_dist_autograd_grad(int64_t id, const ct_tensor *leaf);
+/* Every (leaf, gradient) pair of context id on this worker: returns the
+ * count, and malloc'd arrays (freed with free()) of tensors owned by the
+ * current scope, or a negative CT_E* code as ct_dist_autograd_grad. */
+CT_API int ct_dist_autograd_get_gradients(int64_t id, ct_tensor ***leaves, ct_tensor ***grads);
+/* Contexts alive on this worker, for leak checks. */
+CT_API int ct_dist_autograd_num_contexts(void);
+
+/* ------------------------------------------------ distributed optimizer */
+
+/* On a worker that owns parameters: serves opt (borrowed; it must outlive
+ * the agent) under name, so that distributed optimizers can step it.
+ * CT_EINVAL for a taken name. */
+CT_API int ct_dist_optim_serve(const char *name, ct_optim *opt);
+
+/* Steps, on every one of its workers, the optimizer served there under one
+ * name, with the gradients that a context accumulated on that worker. */
+typedef struct ct_dist_optim ct_dist_optim;
+
+/* NULL with CT_EINVAL for an unknown worker, CT_ENOMEM. */
+CT_API ct_dist_optim *ct_dist_optim_new(const char *name, const char *const *workers, int n);
+/* Steps every worker's optimizer at once, with context's gradients there
+ * (parameters without a gradient in the context are left alone); returns
+ * when all are done, with the first error. Steps from several trainers on
+ * one owner are applied one at a time. */
+CT_API int ct_dist_optim_step(ct_dist_optim *o, int64_t context);
+/* Accepts NULL. */
+CT_API void ct_dist_optim_free(ct_dist_optim *o);
 
 #ifdef __cplusplus
 }
