@@ -1085,8 +1085,8 @@ bool ct__rpc_peer_dead(int id) {
 
 /* A call to worker `to`: user calls record autograd (user), internal ones
  * name their context. */
-static ct_future *call(int to, const char *fn, const ct_rpc_args *args, double timeout_s, bool user,
-                       uint64_t context) {
+static ct_future *call(int to, const char *fn, const char *label, const ct_rpc_args *args,
+                       double timeout_s, bool user, uint64_t context) {
     if (!fn || !*fn || strlen(fn) > RPC_NAME_MAX) {
         ct__seterr(CT_EINVAL, "ct_rpc_async: the function name is NULL, empty or too long");
         return NULL;
@@ -1114,7 +1114,7 @@ static ct_future *call(int to, const char *fn, const ct_rpc_args *args, double t
     pthread_cond_init(&f->cv, NULL);
     f->to = to;
     f->context = context;
-    snprintf(f->fn, sizeof f->fn, "%s", fn);
+    snprintf(f->fn, sizeof f->fn, "%s", label);
     f->timeout_s = timeout_s > 0 ? timeout_s : g.o.timeout_s;
     f->deadline = ct__rpc_now() + f->timeout_s;
     o->msg.h = (rpc_header){.magic = RPC_MAGIC,
@@ -1133,9 +1133,9 @@ static ct_future *call(int to, const char *fn, const ct_rpc_args *args, double t
     return f;
 }
 
-ct_future *ct__rpc_call(int to, const char *fn, const ct_rpc_args *args, double timeout_s,
-                        uint64_t context) {
-    return call(to, fn, args, timeout_s, false, context);
+ct_future *ct__rpc_call(int to, const char *fn, const char *label, const ct_rpc_args *args,
+                        double timeout_s, uint64_t context) {
+    return call(to, fn, label, args, timeout_s, false, context);
 }
 
 ct_future *ct_rpc_async(const char *to, const char *fn, const ct_rpc_args *args, double timeout_s) {
@@ -1148,7 +1148,7 @@ ct_future *ct_rpc_async(const char *to, const char *fn, const ct_rpc_args *args,
         ct__seterr(CT_EINVAL, "ct_rpc_async: '%s': names beginning 'ct.' are ct's own", fn);
         return NULL;
     }
-    return call(id, fn, args, timeout_s, true, 0);
+    return call(id, fn, fn, args, timeout_s, true, 0);
 }
 
 static int check_future(const ct_future *f, const char *fn) {

@@ -200,7 +200,7 @@ static void release(dctx *c, int rc, int except, bool forward, const char *fmt, 
     if (a && !ct_rpc_args_add_int(a, rc) && !ct_rpc_args_add_string(a, why))
         for (int w = 0; w < c->nworkers; w++)
             if (c->touched[w] && w != except && w != ct_rpc_self() && !ct__rpc_peer_dead(w))
-                ct_future_free(ct__rpc_call(w, "ct.release", a, 0, c->id));
+                ct_future_free(ct__rpc_call(w, "ct.release", "releasing a context", a, 0, c->id));
     ct_rpc_args_free(a);
 }
 
@@ -312,7 +312,9 @@ static int recv_backward(const ct_backward_args *a) {
             g = ct_zeros(r->shapes[i].ndim, r->shapes[i].sizes, r->shapes[i].dtype);
         rc = g ? ct_rpc_args_add_tensor(args, g) : ct_errcode();
     }
-    ct_future *f = rc ? NULL : ct__rpc_call(r->peer, "ct.backward", args, 0, r->context);
+    ct_future *f =
+        rc ? NULL
+           : ct__rpc_call(r->peer, "ct.backward", "distributed backward", args, 0, r->context);
     ct_rpc_args_free(args);
     if (!f)
         return ct_errcode();

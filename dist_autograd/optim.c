@@ -116,7 +116,9 @@ int ct_dist_optim_step(ct_dist_optim *o, int64_t context) {
     int rc = a ? ct_rpc_args_add_string(a, o->name) : ct_errcode();
     ct_future *f[o->n];
     for (int i = 0; i < o->n; i++)
-        f[i] = rc ? NULL : ct__rpc_call(o->workers[i], "ct.optim_step", a, 0, (uint64_t)context);
+        f[i] = rc ? NULL
+                  : ct__rpc_call(o->workers[i], "ct.optim_step", "ct_dist_optim_step", a, 0,
+                                 (uint64_t)context);
     ct_rpc_args_free(a);
     for (int i = 0; i < o->n; i++) {
         int r = f[i] ? ct_future_wait(f[i], NULL) : ct_errcode();

@@ -132,9 +132,10 @@ void ct__optim_on_step(const rpc_call *c, ct_rpc_args *in, rpc_reply *r);
 int ct__rpc_run_fn(const char *fn, const ct_rpc_args *in, ct_rpc_args *out);
 
 /* A call from ct internals: to a worker id, in context (0: none), never
- * recorded for autograd. NULL with the error. */
-ct_future *ct__rpc_call(int to, const char *fn, const ct_rpc_args *args, double timeout_s,
-                        uint64_t context);
+ * recorded for autograd; errors name it by label (what the user asked
+ * for), not by fn. NULL with the error. */
+ct_future *ct__rpc_call(int to, const char *fn, const char *label, const ct_rpc_args *args,
+                        double timeout_s, uint64_t context);
 /* The agent's state, for the layers above it. */
 double ct__rpc_timeout(void);
 double ct__rpc_context_timeout(void);

@@ -147,12 +147,12 @@ void ct__rref_shutdown(void) { drop_held_by(-1); }
 /* ------------------------------------------------------------ the holder */
 
 /* Calls the owner's internal function fn with (head..., args...). */
-static int owner_call(int owner, const char *fn, ct_rpc_args *head, const ct_rpc_args *args,
-                      double timeout_s, ct_rpc_args **out) {
+static int owner_call(int owner, const char *fn, const char *label, ct_rpc_args *head,
+                      const ct_rpc_args *args, double timeout_s, ct_rpc_args **out) {
     int rc = head ? 0 : ct_errcode();
     if (!rc && args)
         rc = ct__rpc_args_extend(head, args, 0);
-    ct_future *f = rc ? NULL : ct__rpc_call(owner, fn, head, timeout_s, 0);
+    ct_future *f = rc ? NULL : ct__rpc_call(owner, fn, label, head, timeout_s, 0);
     ct_rpc_args_free(head);
     if (!f)
         return ct_errcode();
@@ -180,7 +180,7 @@ ct_rref *ct_rpc_remote(const char *to, const char *fn, const ct_rpc_args *args, 
         ct__seterr(CT_EINVAL, "ct_rpc_remote: fn is NULL");
         return NULL;
     }
-    int rc = owner_call(owner, "ct.rref_new", head, args, timeout_s, &out);
+    int rc = owner_call(owner, "ct.rref_new", fn, head, args, timeout_s, &out);
     ct_rref *r = rc ? NULL : malloc(sizeof *r);
     if (r)
         *r = (ct_rref){RREF_MAGIC, owner, ct_rpc_args_int(out, 0)};
@@ -200,7 +200,9 @@ int ct_rref_owner(const ct_rref *r) { return check(r, "ct_rref_owner") ? -1 : r-
 
 int ct_rref_fetch(ct_rref *r, double timeout_s, ct_rpc_args **out) {
     int rc = check(r, "ct_rref_fetch");
-    return rc ? rc : owner_call(r->owner, "ct.rref_fetch", head_int(r->id), NULL, timeout_s, out);
+    return rc ? rc
+              : owner_call(r->owner, "ct.rref_fetch", "ct_rref_fetch", head_int(r->id), NULL,
+                           timeout_s, out);
 }
 
 int ct_rref_call(ct_rref *r, const char *fn, const ct_rpc_args *args, double timeout_s,
@@ -213,7 +215,7 @@ int ct_rref_call(ct_rref *r, const char *fn, const ct_rpc_args *args, double tim
         ct_rpc_args_free(head);
         head = NULL;
     }
-    return rc ? rc : owner_call(r->owner, "ct.rref_call", head, args, timeout_s, out);
+    return rc ? rc : owner_call(r->owner, "ct.rref_call", fn, head, args, timeout_s, out);
 }
 
 void ct_rref_free(ct_rref *r) {
@@ -222,7 +224,7 @@ void ct_rref_free(ct_rref *r) {
     CT_ASSERT(r->magic == RREF_MAGIC && "ct_rref_free: not a live ct_rref");
     ct_rpc_args *a = ct_rpc_self() >= 0 ? head_int(r->id) : NULL;
     if (a)
-        ct_future_free(ct__rpc_call(r->owner, "ct.rref_del", a, 0, 0));
+        ct_future_free(ct__rpc_call(r->owner, "ct.rref_del", "ct_rref_free", a, 0, 0));
     ct_rpc_args_free(a);
     r->magic = 0;
     free(r);

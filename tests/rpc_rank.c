@@ -1,6 +1,9 @@
 /* The program each rank of test_rpc runs under ctlaunch. The scenario is
  * named on the command line:
  *
+ *   rrefs      every worker leaves values on the next one through
+ *              ct_rpc_remote, fetches them and runs a function on them there;
+ *              failures name the function and the worker
  *   calls      every worker calls every worker, itself included: values of
  *              every type round-trip (a transposed view, an 8 MiB tensor),
  *              and 64 calls in flight at once each get their own answer
@@ -159,6 +162,44 @@ TEST(calls) {
         ct_rpc_args_free(out);
         ct_future_free(f[i]);
     }
+    leave();
+}
+
+TEST(rrefs) {
+    if (!join())
+        return;
+    /* Every worker leaves values on the next one and works on them there. */
+    const char *next = ct_rpc_worker_name((rank_ + 1) % size_);
+    ct_tensor *t = tt_rand(CT_SHAPE(5), CT_FLOAT32, 11 + (uint64_t)rank_);
+    ct_rpc_args *in = ct_rpc_args_new(), *more = ct_rpc_args_new(), *out = NULL;
+    ct_rpc_args_add_tensor(in, t);
+    ct_rpc_args_add_int(in, rank_);
+    ct_rpc_args_add_string(more, "more");
+    ct_rref *r = ct_rpc_remote(next, "echo", in, 0);
+    check_rc("ct_rpc_remote", r ? 0 : ct_errcode());
+    if (r) {
+        if (ct_rref_owner(r) != (rank_ + 1) % size_)
+            tt_fail(__FILE__, __LINE__, "the reference names owner %d", ct_rref_owner(r));
+        /* echo left (t, rank, owner) there. */
+        check_rc("ct_rref_fetch", ct_rref_fetch(r, 0, &out));
+        if (out && (ct_rpc_args_count(out) != 3 || !same(ct_rpc_args_tensor(out, 0), t) ||
+                    ct_rpc_args_int(out, 1) != rank_ ||
+                    ct_rpc_args_int(out, 2) != ct_rref_owner(r)))
+            tt_fail(__FILE__, __LINE__, "the fetched values are not what echo left");
+        ct_rpc_args_free(out);
+        out = NULL;
+        check_rc("ct_rref_call", ct_rref_call(r, "echo", more, 0, &out));
+        if (out && (ct_rpc_args_count(out) != 5 || strcmp(ct_rpc_args_string(out, 3), "more")))
+            tt_fail(__FILE__, __LINE__, "echo on the reference did not get its values first");
+        ct_rpc_args_free(out);
+        out = NULL;
+        ASSERT_RC(ct_rref_call(r, "nope", more, 0, &out), CT_EINVAL, "'nope'", next);
+    }
+    ct_rref_free(r);
+    ASSERT_FAILS(ct_rpc_remote(next, "fail", in, 0), CT_ESHAPE, "'fail'", "do not match", next);
+    ASSERT_FAILS(ct_rpc_remote("nobody", "echo", in, 0), CT_EINVAL, "nobody");
+    ct_rpc_args_free(in);
+    ct_rpc_args_free(more);
     leave();
 }
 

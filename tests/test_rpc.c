@@ -25,6 +25,7 @@ static void runs(int np, const char *scenario, int code, int skip) {
 }
 
 TEST(values_of_every_type_round_trip_between_3_workers) { runs(3, "calls", 0, -1); }
+TEST(remote_references_hold_values_on_their_owner) { runs(3, "rrefs", 0, -1); }
 TEST(remote_errors_unknown_functions_and_timeouts_are_reported) { runs(2, "errors", 0, -1); }
 TEST(a_worker_dying_inside_a_call_fails_the_caller_naming_it) {
     runs(2, "peer_dies", 128 + SIGKILL, 1);
