@@ -422,9 +422,11 @@ static void pass_part_done(pass *p, int rc, const char *message) {
         p->message = strdup(message ? message : "failed");
     }
     bool last = --p->outstanding == 0;
+    /* The initiator frees p as soon as it sees the count reach zero. */
+    bool answer = last && p->reply;
     pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);
-    if (!last || !p->reply)
+    if (!answer)
         return;
     if (p->rc)
         ct__seterr(p->rc, "%s", p->message ? p->message : "failed");
