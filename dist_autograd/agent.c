@@ -322,10 +322,16 @@ static int connect_peer(peer *p, int id) {
     p->dealer = zmq_socket(g.zctx, ZMQ_DEALER);
     uint16_t me = (uint16_t)g.self;
     int linger = 1000;
+    /* zmq's own heartbeats: a peer whose process is alive answers them
+     * from zmq's thread whatever its own threads do, so one that stays
+     * silent for the timeout is hung or gone, and the connection drops. */
+    int timeout_ms = (int)(g.o.heartbeat_timeout_s * 1000), ivl_ms = timeout_ms / 5;
     char mon[64];
     snprintf(mon, sizeof mon, "inproc://ct-rpc-monitor-%d", id);
     if (!p->dealer || zmq_setsockopt(p->dealer, ZMQ_ROUTING_ID, &me, sizeof me) ||
         zmq_setsockopt(p->dealer, ZMQ_LINGER, &linger, sizeof linger) ||
+        zmq_setsockopt(p->dealer, ZMQ_HEARTBEAT_IVL, &ivl_ms, sizeof ivl_ms) ||
+        zmq_setsockopt(p->dealer, ZMQ_HEARTBEAT_TIMEOUT, &timeout_ms, sizeof timeout_ms) ||
         zmq_socket_monitor(p->dealer, mon, ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED) ||
         !(p->monitor = zmq_socket(g.zctx, ZMQ_PAIR)) || zmq_connect(p->monitor, mon) ||
         zmq_connect(p->dealer, p->endpoint))
@@ -630,8 +636,9 @@ static void on_monitor(peer *p, int id) {
         gone = f->next_pending;
         fail_future(f, CT_EPEER,
                     "rpc: worker '%s' (id %d) went away during '%s' (its connection "
-                    "dropped): the call may or may not have run",
-                    p->name, id, f->fn);
+                    "dropped, or it answered no heartbeat for %g s): the call may or may "
+                    "not have run",
+                    p->name, id, f->fn, g.o.heartbeat_timeout_s);
         future_unref(f);
     }
     ct__dist_peer_died(id);
@@ -971,6 +978,8 @@ int ct_rpc_init(const ct_rpc_options *opts) {
         g.o.handler_threads = 4;
     if (!(g.o.context_timeout_s > 0))
         g.o.context_timeout_s = 600;
+    if (!(g.o.heartbeat_timeout_s > 0))
+        g.o.heartbeat_timeout_s = 5;
     if (w->size > 65536)
         return ct__seterr(CT_EINVAL, "%s: %d ranks; worker ids have 16 bits", fn, w->size);
     if (g.o.name && (!*g.o.name || strlen(g.o.name) > NAME_MAX_LEN || strchr(g.o.name, ' ')))

@@ -14,6 +14,9 @@
  *              agent works on; shutdown waits for the slow handler
  *   peer_dies  the last worker SIGKILLs itself inside a call: the caller's
  *              future fails with CT_EPEER naming it, promptly
+ *   peer_hangs the last worker stops itself (SIGSTOP) inside a call: alive but
+ *              silent, it answers no heartbeat, and the caller's future
+ *              fails with CT_EPEER naming it after the heartbeat timeout
  *   garbage    rank 0 sends noise and a malformed request straight to
  *              rank 1's socket: the malformed request gets an error reply,
  *              and rank 1 goes on serving calls
@@ -32,11 +35,12 @@
 #define TIMEOUT 10.0
 
 static int rank_, size_;
+static double heartbeat_s; /* 0: the default */
 
 static bool join(void) {
     if (!tt_rank_join(TIMEOUT, &rank_, &size_))
         return false;
-    if (ct_rpc_init(&(ct_rpc_options){.timeout_s = TIMEOUT})) {
+    if (ct_rpc_init(&(ct_rpc_options){.timeout_s = TIMEOUT, .heartbeat_timeout_s = heartbeat_s})) {
         tt_fail(__FILE__, __LINE__, "ct_rpc_init: %s", ct_errmsg());
         return false;
     }
@@ -88,7 +92,20 @@ static int die(void *ctx, const ct_rpc_args *in, ct_rpc_args *out) {
     return 0;
 }
 
+/* Publishes this process's pid, then stops it: alive, but silent. */
+static int stop(void *ctx, const ct_rpc_args *in, ct_rpc_args *out) {
+    (void)ctx;
+    (void)in;
+    (void)out;
+    char pid[32];
+    snprintf(pid, sizeof pid, "%d", (int)getpid());
+    ct_store_set(ct_dist_store(), "stopped", pid, strlen(pid), TIMEOUT);
+    raise(SIGSTOP);
+    return 0;
+}
+
 __attribute__((constructor)) static void register_all(void) {
+    ct_rpc_register("stop", stop, NULL);
     ct_rpc_register("echo", echo, NULL);
     ct_rpc_register("fail", fail, NULL);
     ct_rpc_register("slow", slow, NULL);
@@ -182,9 +199,9 @@ TEST(rrefs) {
             tt_fail(__FILE__, __LINE__, "the reference names owner %d", ct_rref_owner(r));
         /* echo left (t, rank, owner) there. */
         check_rc("ct_rref_fetch", ct_rref_fetch(r, 0, &out));
-        if (out && (ct_rpc_args_count(out) != 3 || !same(ct_rpc_args_tensor(out, 0), t) ||
-                    ct_rpc_args_int(out, 1) != rank_ ||
-                    ct_rpc_args_int(out, 2) != ct_rref_owner(r)))
+        if (out &&
+            (ct_rpc_args_count(out) != 3 || !same(ct_rpc_args_tensor(out, 0), t) ||
+             ct_rpc_args_int(out, 1) != rank_ || ct_rpc_args_int(out, 2) != ct_rref_owner(r)))
             tt_fail(__FILE__, __LINE__, "the fetched values are not what echo left");
         ct_rpc_args_free(out);
         out = NULL;
@@ -267,6 +284,36 @@ TEST(peer_dies) {
         ct_rpc_args_free(none);
     } else if (rank_ != size_ - 1) {
         nanosleep(&(struct timespec){1, 0}, NULL);
+    } else {
+        nanosleep(&(struct timespec){TIMEOUT, 0}, NULL);
+    }
+    ct_dist_finalize();
+}
+
+TEST(peer_hangs) {
+    signal(SIGTERM, SIG_IGN);
+    heartbeat_s = 1;
+    if (!join())
+        return;
+    if (rank_ == 0) {
+        ct_rpc_args *none = ct_rpc_args_new();
+        double t0 = tt_now();
+        int rc = ct_rpc_sync("worker1", "stop", none, 0, NULL);
+        double took = tt_now() - t0;
+        if (rc != CT_EPEER || took > TIMEOUT / 2)
+            tt_fail(__FILE__, __LINE__, "stop gave %s after %.2f s, not CT_EPEER in about 1 s",
+                    ct_errname(rc), took);
+        else
+            holds("a worker that stopped answering",
+                  (const char *const[]){"worker1", "'stop'", "heartbeat", NULL});
+        void *pid = NULL;
+        size_t len = 0;
+        check_rc("reading the stopped pid",
+                 ct_store_get(ct_dist_store(), "stopped", &pid, &len, TIMEOUT));
+        if (pid)
+            kill((pid_t)strtol(pid, NULL, 10), SIGKILL);
+        free(pid);
+        ct_rpc_args_free(none);
     } else {
         nanosleep(&(struct timespec){TIMEOUT, 0}, NULL);
     }

@@ -30,4 +30,7 @@ TEST(remote_errors_unknown_functions_and_timeouts_are_reported) { runs(2, "error
 TEST(a_worker_dying_inside_a_call_fails_the_caller_naming_it) {
     runs(2, "peer_dies", 128 + SIGKILL, 1);
 }
+TEST(a_worker_that_hangs_is_declared_dead_by_its_silence) {
+    runs(2, "peer_hangs", 128 + SIGKILL, 1);
+}
 TEST(noise_sent_to_a_worker_does_not_stop_it) { runs(2, "garbage", 0, -1); }

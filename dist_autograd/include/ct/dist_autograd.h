@@ -122,6 +122,10 @@ typedef struct ct_rpc_options {
     /* A distributed autograd context unused this long on a worker is
      * released there; 0: 600 s. */
     double context_timeout_s;
+    /* A peer that answers no heartbeat for this long is taken for dead
+     * (its calls fail with CT_EPEER); 0: 5 s. A peer whose process ends
+     * is seen at once, as its connection drops. */
+    double heartbeat_timeout_s;
 } ct_rpc_options;
 
 /* Registers fn under name on this worker; do it before ct_rpc_init() so
