@@ -43,7 +43,8 @@ typedef struct dctx {
 
 /* Contexts released recently, so that a late message or call about one
  * gets the reason, not "unknown". */
-#define RING 256
+#define RING     256
+#define RING_WHY 200
 
 static struct {
     pthread_mutex_t mu;
@@ -51,7 +52,7 @@ static struct {
     struct {
         uint64_t id;
         int rc;
-        char why[200];
+        char why[RING_WHY];
     } ring[RING];
     int ring_at;
     atomic_uint_fast64_t counter;
@@ -98,16 +99,18 @@ static const char *why_released(uint64_t id, int *rc) {
     return NULL;
 }
 
-/* The live context id (a new reference), made if create and unknown; NULL
- * with an error naming why otherwise. */
-static dctx *ctx_get(uint64_t id, bool create) {
+/* The live context id (a new reference), made if create and unknown;
+ * NULL otherwise, with the reason it was released in why ("" if it was not
+ * released, or long ago). Sets no error. */
+static dctx *ctx_lookup(uint64_t id, bool create, int *rc, char why[RING_WHY]) {
     pthread_mutex_lock(&T.mu);
     dctx *c = T.live;
     while (c && c->id != id)
         c = c->next;
-    int rc = 0;
-    const char *why = c ? NULL : why_released(id, &rc);
-    if (!c && !why && create && (c = calloc(1, sizeof *c))) {
+    *rc = 0;
+    const char *reason = c ? NULL : why_released(id, rc);
+    snprintf(why, RING_WHY, "%s", reason ? reason : "");
+    if (!c && !reason && create && (c = calloc(1, sizeof *c))) {
         c->id = id;
         c->refs = 1;
         c->nworkers = ct_rpc_num_workers();
@@ -122,8 +125,16 @@ static dctx *ctx_get(uint64_t id, bool create) {
         c->last_used = ct__rpc_now();
     }
     pthread_mutex_unlock(&T.mu);
+    return c;
+}
+
+/* ctx_lookup, with an error naming why there is no context. */
+static dctx *ctx_get(uint64_t id, bool create) {
+    int rc;
+    char why[RING_WHY];
+    dctx *c = ctx_lookup(id, create, &rc, why);
     int worker = (int)(id >> 48);
-    if (!c && why)
+    if (!c && *why)
         ct__seterr(rc ? rc : CT_EINVAL, "context %d:%" PRIu64 " was released: %s", worker,
                    id & LOW48, why);
     else if (!c && create)
@@ -612,14 +623,16 @@ int ct_dist_autograd_end(int64_t id) {
             CT_EINVAL,
             "ct_dist_autograd_end: context %d:%" PRIu64 " began on worker %d; it ends there",
             (int)((uint64_t)id >> 48), (uint64_t)id & LOW48, (int)((uint64_t)id >> 48));
-    dctx *c = ctx_get((uint64_t)id, false);
-    if (!c) {
-        int rc = 0;
-        pthread_mutex_lock(&T.mu);
-        bool known = why_released((uint64_t)id, &rc) != NULL;
-        pthread_mutex_unlock(&T.mu);
-        return known ? (ct_errclear(), 0) : ct_errcode();
-    }
+    int rc;
+    char why[RING_WHY];
+    dctx *c = ctx_lookup((uint64_t)id, false, &rc, why);
+    /* One that failed or expired ends quietly: the caller is likely about
+     * to report the error that released it. */
+    if (!c && *why)
+        return 0;
+    if (!c)
+        return ct__seterr(CT_EINVAL, "ct_dist_autograd_end: context %d:%" PRIu64 " is not known",
+                          (int)((uint64_t)id >> 48), (uint64_t)id & LOW48);
     release(c, 0, -1, true, "ended by its owner");
     ctx_unref(c);
     return 0;

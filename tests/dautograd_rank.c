@@ -371,7 +371,10 @@ TEST(fails) {
         expect_contexts(0, 0);
         expect_contexts(1, 0);
         ASSERT_RC(ct_dist_backward(ctx, &loss, 1), CT_ESHAPE, "released", "backward failed");
+        /* Ending it keeps the error the caller is about to report. */
+        ct_seterr(CT_EIO, "the error being reported");
         check_rc("ending a failed context", ct_dist_autograd_end(ctx));
+        ASSERT_STR_CONTAINS(ct_errmsg(), "the error being reported");
 
         /* Worker 1 forgets a context unused for a second. */
         ctx = ct_dist_autograd_begin();
