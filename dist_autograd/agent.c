@@ -134,7 +134,8 @@ typedef struct fn_entry {
 
 static struct {
     pthread_mutex_t mu; /* everything below that threads share */
-    bool up;
+    /* Read by handlers too: set before the threads start. */
+    atomic_bool up;
     ct_rpc_options o;
     int self, n;
     peer *peers;
@@ -1018,6 +1019,7 @@ int ct_rpc_init(const ct_rpc_options *opts) {
         rc = ct__seterr(CT_EFOREIGN, "%s: eventfd: %s", fn, strerror(errno));
     if (!rc)
         rc = meet(endpoint, g.o.timeout_s);
+    g.up = !rc;
     if (!rc && pthread_create(&g.io, NULL, io_main, NULL)) {
         close(g.wake_fd);
         g.wake_fd = -1;
@@ -1034,7 +1036,6 @@ int ct_rpc_init(const ct_rpc_options *opts) {
         teardown();
         return rc;
     }
-    g.up = true;
     return 0;
 }
 
