@@ -70,11 +70,6 @@ static const char *ckpt_dir(void) {
     return d;
 }
 
-static void check_rc(const char *what, int rc) {
-    if (rc)
-        tt_fail(__FILE__, __LINE__, "%s: %s: %s", what, ct_errname(rc), ct_errmsg());
-}
-
 /* Expects rc to be code with a message holding each of subs (NULL-ended). */
 static bool check_fails(const char *what, int rc, int code, const char *const *subs) {
     if (rc != code) {
@@ -167,7 +162,7 @@ static bool reshard_build(reshard_state *s, bool cols, bool fill, bool per_rank)
         rc = rc ? rc : ct_state_add_tensor(s->st, "own", s->own, CT_STATE_PER_RANK);
         rc = rc ? rc : ct_state_add_generator(s->st, "rng", &s->gen, CT_STATE_PER_RANK);
     }
-    check_rc("building the state", rc);
+    TT_CHECK_RC("building the state", rc);
     return rc == 0;
 }
 
@@ -214,7 +209,7 @@ TEST(reshard_save) {
         char path[512];
         checkpoint_path(path, sizeof path, "reshard");
         ct_state_set_meta(s.st, "saved_by", "ckpt_rank");
-        check_rc("ct_checkpoint_save", ct_checkpoint_save(path, s.st, comm_, NULL));
+        TT_CHECK_RC("ct_checkpoint_save", ct_checkpoint_save(path, s.st, comm_, NULL));
     }
     reshard_free(&s);
     ct_dist_finalize();
@@ -239,7 +234,7 @@ TEST(reshard_load) {
     }
     bool per_rank = saved_ranks == size_;
     if (!tt_failed() && reshard_build(&s, cols, false, per_rank)) {
-        check_rc("ct_checkpoint_load", ct_checkpoint_load(path, s.st, comm_));
+        TT_CHECK_RC("ct_checkpoint_load", ct_checkpoint_load(path, s.st, comm_));
         if (!tt_failed())
             reshard_check(&s, cols, per_rank);
         if (!tt_failed() && strcmp(ct_state_meta(s.st, "saved_by"), "ckpt_rank"))
@@ -254,7 +249,7 @@ TEST(disagree) {
         return;
     ct_state *st = ct_state_new();
     ct_tensor *w = ct_zeros(CT_SHAPE(4), rank_ == 1 ? CT_FLOAT64 : CT_FLOAT32);
-    check_rc("adding w", ct_state_add_tensor(st, "w", w, CT_STATE_REPLICATED));
+    TT_CHECK_RC("adding w", ct_state_add_tensor(st, "w", w, CT_STATE_REPLICATED));
     char path[512];
     checkpoint_path(path, sizeof path, "disagree");
     check_fails("saving tensors the ranks disagree on", ct_checkpoint_save(path, st, comm_, NULL),
@@ -268,8 +263,8 @@ TEST(overlap) {
         return;
     ct_state *st = ct_state_new();
     ct_tensor *w = ct_zeros(CT_SHAPE(3), CT_FLOAT32);
-    check_rc("adding w",
-             ct_state_add_shard(st, "w", w, 1, (int64_t[]){3 * (int64_t)size_}, (int64_t[]){0}));
+    TT_CHECK_RC("adding w",
+                ct_state_add_shard(st, "w", w, 1, (int64_t[]){3 * (int64_t)size_}, (int64_t[]){0}));
     char path[512];
     checkpoint_path(path, sizeof path, "overlap");
     check_fails("saving overlapping blocks", ct_checkpoint_save(path, st, comm_, NULL), CT_EINVAL,
@@ -286,8 +281,8 @@ TEST(peer_dies) {
         return;
     ct_state *st = ct_state_new();
     ct_tensor *w = ct_zeros(CT_SHAPE(1000), CT_FLOAT32);
-    check_rc("adding w", ct_state_add_tensor(st, "w", w, CT_STATE_REPLICATED));
-    check_rc("barrier", ct_comm_barrier(comm_, NULL));
+    TT_CHECK_RC("adding w", ct_state_add_tensor(st, "w", w, CT_STATE_REPLICATED));
+    TT_CHECK_RC("barrier", ct_comm_barrier(comm_, NULL));
     if (rank_ == size_ - 1)
         raise(SIGKILL);
     char path[512], rank[32];
@@ -378,7 +373,7 @@ static bool run_init(run *r) {
     rc = rc ? rc : ct_state_add_i64(r->st, "data.offset", &r->offset, CT_STATE_REPLICATED);
     rc = rc ? rc : ct_state_add_generator(r->st, "rng", ct_default_generator(), CT_STATE_PER_RANK);
     ct_param_list_free(&params);
-    check_rc("building the run", rc);
+    TT_CHECK_RC("building the run", rc);
     return rc == 0;
 }
 
@@ -434,7 +429,7 @@ TEST(resume) {
     run r;
     ct_checkpointer *ck = ct_checkpointer_new(comm_);
     if (!ck)
-        check_rc("ct_checkpointer_new", ct_errcode());
+        TT_CHECK_RC("ct_checkpointer_new", ct_errcode());
     if (!ck || !run_init(&r)) {
         ct_checkpointer_free(ck);
         return;
@@ -444,24 +439,24 @@ TEST(resume) {
         if (found != 1)
             tt_fail(__FILE__, __LINE__, "no checkpoint to resume from in %s", dir);
         else
-            check_rc("resuming", resume_from(&r, path));
+            TT_CHECK_RC("resuming", resume_from(&r, path));
         printf("rank %d: resumed from %s at step %lld\n", rank_, path, (long long)r.step);
     }
-    check_rc("ct_checkpointer_reserve", ct_checkpointer_reserve(ck, r.st));
+    TT_CHECK_RC("ct_checkpointer_reserve", ct_checkpointer_reserve(ck, r.st));
     int64_t staged = ct_checkpointer_staging_bytes(ck);
     if (staged <= 0)
         tt_fail(__FILE__, __LINE__, "ct_checkpointer_reserve reserved %lld bytes",
                 (long long)staged);
     while (!tt_failed() && r.step < TOTAL) {
         if (!restarted && r.step == CRASH_AT) {
-            check_rc("the last save", ct_checkpointer_wait(ck));
+            TT_CHECK_RC("the last save", ct_checkpointer_wait(ck));
             if (rank_ == size_ - 1) {
                 printf("rank %d: dying at step %d\n", rank_, CRASH_AT);
                 fflush(stdout);
                 _exit(1);
             }
         }
-        check_rc("a training step", train_step(&r));
+        TT_CHECK_RC("a training step", train_step(&r));
         if (r.step % SAVE_EVERY)
             continue;
         ct_loader_position(r.loader, &r.epoch, &r.offset);
@@ -469,19 +464,19 @@ TEST(resume) {
         o.step = r.step;
         o.keep_last = 2;
         snprintf(path, sizeof path, "%s/step-%03lld", dir, (long long)r.step);
-        check_rc("ct_checkpointer_save", ct_checkpointer_save(ck, path, r.st, &o));
+        TT_CHECK_RC("ct_checkpointer_save", ct_checkpointer_save(ck, path, r.st, &o));
         /* The staging reserved is reused: no save grows it. */
         int64_t now = ct_checkpointer_staging_bytes(ck);
         if (now != staged)
             tt_fail(__FILE__, __LINE__, "staging grew from %lld to %lld bytes", (long long)staged,
                     (long long)now);
     }
-    check_rc("the last save", ct_checkpointer_wait(ck));
+    TT_CHECK_RC("the last save", ct_checkpointer_wait(ck));
     ct_checkpointer_free(ck);
     run ref;
     if (!tt_failed() && run_init(&ref)) {
         while (!tt_failed() && ref.step < TOTAL)
-            check_rc("a reference step", train_step(&ref));
+            TT_CHECK_RC("a reference step", train_step(&ref));
         if (!tt_failed() && same_params(r.net, ref.net))
             printf("rank %d: %d steps with a restart equal %d without, bit for bit\n", rank_, TOTAL,
                    TOTAL);

@@ -395,3 +395,18 @@ const char *tt_tmp_path(char path[static 256], const char *name) {
     snprintf(path, 256, "%s/%s", tmpdir_, name);
     return path;
 }
+
+void tt_ctlaunch_scenario(const char *launcher, const char *rank_path, int np, const char *scenario,
+                          int code, int skip, double deadline) {
+    static tt_job j;
+    char npstr[16];
+    snprintf(npstr, sizeof npstr, "%d", np);
+    tt_run_job(
+        &j,
+        (const char *const[]){launcher, "-np", npstr, "--grace", "20", rank_path, scenario, NULL},
+        (const char *const[]){"CT_BACKEND", NULL}, deadline);
+    TT_ASSERT_JOB(&j, tt_job_no_rank_left(&j));
+    TT_ASSERT_JOB(&j, tt_job_exit_code(&j) == code);
+    TT_ASSERT_JOB(&j, tt_job_ranks_passed(&j, scenario, np, skip, true));
+    printf("  %s on %d ranks: %.1f s\n", scenario, np, j.seconds);
+}

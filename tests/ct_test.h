@@ -186,6 +186,13 @@ bool tt_job_no_rank_left(const tt_job *j);
  * ctlaunch's "[rank R] " in front when tagged, else (mpirun) just that many
  * of them. */
 bool tt_job_ranks_passed(const tt_job *j, const char *scenario, int nranks, int skip, bool tagged);
+/* Runs rank_path's scenario on np ranks under the ctlaunch at launcher
+ * (with a 20 s grace, so that survivors report before they are stopped,
+ * and CT_BACKEND unset), within deadline seconds, and fails the test unless
+ * it exits with code, every rank is gone, and every rank but skip (-1:
+ * none) passed. */
+void tt_ctlaunch_scenario(const char *launcher, const char *rank_path, int np, const char *scenario,
+                          int code, int skip, double deadline);
 /* The last few thousand characters of s, which hold the first failure when
  * a run goes wrong. */
 const char *tt_tail(const char *s);

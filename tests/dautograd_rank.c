@@ -180,21 +180,6 @@ __attribute__((constructor)) static void register_all(void) {
 
 /* ------------------------------------------------------------------ helpers */
 
-static void check_rc(const char *what, int rc) {
-    if (rc)
-        tt_fail(__FILE__, __LINE__, "%s: %s: %s", what, ct_errname(rc), ct_errmsg());
-}
-
-static bool holds(const char *what, const char *const *subs) {
-    for (int i = 0; subs[i]; i++)
-        if (!strstr(ct_errmsg(), subs[i])) {
-            tt_fail(__FILE__, __LINE__, "%s: '%s' does not say '%s'", what, ct_errmsg(), subs[i]);
-            return false;
-        }
-    printf("rank %d: %s: %s\n", rank_, what, ct_errmsg());
-    return true;
-}
-
 /* Calls fn on worker w with one tensor; its one result, or NULL. */
 static ct_tensor *call1(int w, const char *fn, ct_tensor *t) {
     ct_rpc_args *in = ct_rpc_args_new(), *out = NULL;
@@ -210,7 +195,7 @@ static ct_tensor *grad_on(int w, int64_t context) {
     ct_rpc_args *in = ct_rpc_args_new(), *out = NULL;
     ct_rpc_args_add_int(in, context);
     int rc = ct_rpc_sync(ct_rpc_worker_name(w), "grad", in, 0, &out);
-    check_rc("asking for a gradient", rc);
+    TT_CHECK_RC("asking for a gradient", rc);
     ct_rpc_args_free(in);
     if (rc)
         return NULL;
@@ -277,18 +262,18 @@ TEST(exact) {
         for (int k = 0; k < size_; k++)
             ref[k] = weight(k);
         ct_tensor *want_loss = model(x, ref, false);
-        check_rc("local backward", ct_tensor_backward(want_loss));
+        TT_CHECK_RC("local backward", ct_tensor_backward(want_loss));
 
         int64_t ctx = ct_dist_autograd_begin();
         ct_tensor *loss = model(x, W, true);
         if (!ctx || !loss) {
-            check_rc("the distributed forward", ct_errcode());
+            TT_CHECK_RC("the distributed forward", ct_errcode());
             leave();
             return;
         }
         ASSERT_CLOSE(loss, want_loss, 1e-12, 0);
         expect_contexts(size_ - 1, 1);
-        check_rc("ct_dist_backward", ct_dist_backward(ctx, &loss, 1));
+        TT_CHECK_RC("ct_dist_backward", ct_dist_backward(ctx, &loss, 1));
         if (ct_tensor_grad(W[0]))
             tt_fail(__FILE__, __LINE__, "the backward wrote W[0].grad");
         for (int k = 0; k < size_ && !tt_failed(); k++) {
@@ -304,7 +289,7 @@ TEST(exact) {
         for (int k = 0; k < size_; k++)
             workers[k] = ct_rpc_worker_name(k);
         ct_dist_optim *opt = ct_dist_optim_new("sgd", workers, size_);
-        check_rc("ct_dist_optim_step", ct_dist_optim_step(opt, ctx));
+        TT_CHECK_RC("ct_dist_optim_step", ct_dist_optim_step(opt, ctx));
         ct_dist_optim_free(opt);
         ct_tensor *after = call1(1, "weight", x);
         if (after)
@@ -313,7 +298,7 @@ TEST(exact) {
         ASSERT_CLOSE(W[0], ct_sub(ref[0], ct_mul_scalar(ct_tensor_grad(ref[0]), 0.5)), 1e-12,
                      1e-12);
 
-        check_rc("ct_dist_autograd_end", ct_dist_autograd_end(ctx));
+        TT_CHECK_RC("ct_dist_autograd_end", ct_dist_autograd_end(ctx));
         for (int k = 0; k < size_; k++)
             expect_contexts(k, 0);
         ASSERT_RC(ct_dist_backward(ctx, &loss, 1), CT_EINVAL, "released", "ended by its owner");
@@ -331,17 +316,18 @@ TEST(concurrent) {
             ct_scope_begin();
             ct_tensor *x = tt_rand(CT_SHAPE(4, DIM), CT_FLOAT64, 1000 * (uint64_t)rank_ + step);
             ct_tensor *r = tt_rand(CT_SHAPE(4, DIM), CT_FLOAT64, 7 + (uint64_t)rank_);
-            check_rc("local backward",
-                     ct_tensor_backward(ct_sum(ct_mul(stage(x, ref), r), NULL, 0, false)));
+            TT_CHECK_RC("local backward",
+                        ct_tensor_backward(ct_sum(ct_mul(stage(x, ref), r), NULL, 0, false)));
             int64_t ctx = ct_dist_autograd_begin();
             ct_tensor *y = call1(0, "stage", ct_requires_grad_(ct_clone(x), true));
             ct_tensor *loss = y ? ct_sum(ct_mul(y, r), NULL, 0, false) : NULL;
-            check_rc("forward and backward", loss ? ct_dist_backward(ctx, &loss, 1) : ct_errcode());
+            TT_CHECK_RC("forward and backward",
+                        loss ? ct_dist_backward(ctx, &loss, 1) : ct_errcode());
             ct_tensor *g = tt_failed() ? NULL : grad_on(0, ctx);
             if (g && !tt_close(__FILE__, __LINE__, g, ct_tensor_grad(ref), 1e-9, 1e-12))
                 tt_fail(__FILE__, __LINE__, "trainer %d, step %d: gradients mixed", rank_, step);
             ct_tensor_set_grad(ref, NULL);
-            check_rc("ct_dist_autograd_end", ct_dist_autograd_end(ctx));
+            TT_CHECK_RC("ct_dist_autograd_end", ct_dist_autograd_end(ctx));
             drop_outs();
             ct_scope_end();
         }
@@ -359,7 +345,7 @@ TEST(fails) {
         ct_tensor *y = call1(1, "bad", x);
         ct_tensor *loss = y ? ct_sum(y, NULL, 0, false) : NULL;
         if (!loss) {
-            check_rc("forward", ct_errcode());
+            TT_CHECK_RC("forward", ct_errcode());
             leave();
             return;
         }
@@ -373,7 +359,7 @@ TEST(fails) {
         ASSERT_RC(ct_dist_backward(ctx, &loss, 1), CT_ESHAPE, "released", "backward failed");
         /* Ending it keeps the error the caller is about to report. */
         ct_seterr(CT_EIO, "the error being reported");
-        check_rc("ending a failed context", ct_dist_autograd_end(ctx));
+        TT_CHECK_RC("ending a failed context", ct_dist_autograd_end(ctx));
         ASSERT_STR_CONTAINS(ct_errmsg(), "the error being reported");
 
         /* Worker 1 forgets a context unused for a second. */
@@ -386,7 +372,7 @@ TEST(fails) {
         if (loss)
             ASSERT_RC(ct_dist_backward(ctx, &loss, 1), CT_ETIMEDOUT, "worker1", "released",
                       "unused for 1 s");
-        check_rc("ct_dist_autograd_end", ct_dist_autograd_end(ctx));
+        TT_CHECK_RC("ct_dist_autograd_end", ct_dist_autograd_end(ctx));
         ASSERT_RC(ct_dist_autograd_end(ct_dist_autograd_begin() + 999), CT_EINVAL, "not known");
         ASSERT_RC(ct_dist_backward(ctx, &x, 1), CT_EINVAL, "elements");
     }
@@ -409,7 +395,8 @@ static void dies(const char *fn) {
                 tt_fail(__FILE__, __LINE__, "a call to a dying worker gave %s",
                         ct_errname(ct_errcode()));
             else
-                holds("a worker killed during forward", (const char *const[]){name, "'die'", NULL});
+                tt_message_holds(rank_, "a worker killed during forward",
+                                 (const char *const[]){name, "'die'", NULL});
         } else {
             ct_tensor *loss = y ? ct_sum(y, NULL, 0, false) : NULL;
             ASSERT_RC(loss ? ct_dist_backward(ctx, &loss, 1) : ct_errcode(), CT_EPEER, name,
@@ -422,7 +409,7 @@ static void dies(const char *fn) {
             nanosleep(&(struct timespec){0, 20000000}, NULL);
         if (ct_dist_autograd_num_contexts())
             tt_fail(__FILE__, __LINE__, "the dead worker's context is still held");
-        check_rc("ending the failed context", ct_dist_autograd_end(ctx));
+        TT_CHECK_RC("ending the failed context", ct_dist_autograd_end(ctx));
     } else if (rank_ != size_ - 1) {
         nanosleep(&(struct timespec){1, 0}, NULL);
     } else {

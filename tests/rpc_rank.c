@@ -114,21 +114,6 @@ __attribute__((constructor)) static void register_all(void) {
 
 /* ---------------------------------------------------------------- scenarios */
 
-static void check_rc(const char *what, int rc) {
-    if (rc)
-        tt_fail(__FILE__, __LINE__, "%s: %s: %s", what, ct_errname(rc), ct_errmsg());
-}
-
-static bool holds(const char *what, const char *const *subs) {
-    for (int i = 0; subs[i]; i++)
-        if (!strstr(ct_errmsg(), subs[i])) {
-            tt_fail(__FILE__, __LINE__, "%s: '%s' does not say '%s'", what, ct_errmsg(), subs[i]);
-            return false;
-        }
-    printf("rank %d: %s: %s\n", rank_, what, ct_errmsg());
-    return true;
-}
-
 static bool same(ct_tensor *a, ct_tensor *b) {
     ct_tensor *ca = ct_contiguous(a), *cb = ct_contiguous(b);
     return ca && cb && ct_numel(a) == ct_numel(b) && ct_tensor_dtype(a) == ct_tensor_dtype(b) &&
@@ -149,7 +134,7 @@ TEST(calls) {
     ct_rpc_args_add_tensor(in, big);
     for (int w = 0; w < size_ && !tt_failed(); w++) {
         ct_rpc_args *out = NULL;
-        check_rc("echo", ct_rpc_sync(ct_rpc_worker_name(w), "echo", in, 0, &out));
+        TT_CHECK_RC("echo", ct_rpc_sync(ct_rpc_worker_name(w), "echo", in, 0, &out));
         if (tt_failed())
             break;
         if (ct_rpc_args_count(out) != 6 || !same(ct_rpc_args_tensor(out, 0), small) ||
@@ -172,7 +157,7 @@ TEST(calls) {
     }
     for (int i = 0; i < N; i++) {
         ct_rpc_args *out = NULL;
-        check_rc("echo in flight", ct_future_wait(f[i], &out));
+        TT_CHECK_RC("echo in flight", ct_future_wait(f[i], &out));
         ct_tensor *t = out ? ct_rpc_args_tensor(out, 0) : NULL;
         if (!tt_failed() && (!t || ct_numel(t) != i + 1 || ct_get(t, (int64_t[]){i}) != i))
             tt_fail(__FILE__, __LINE__, "call %d got another call's answer", i);
@@ -193,19 +178,19 @@ TEST(rrefs) {
     ct_rpc_args_add_int(in, rank_);
     ct_rpc_args_add_string(more, "more");
     ct_rref *r = ct_rpc_remote(next, "echo", in, 0);
-    check_rc("ct_rpc_remote", r ? 0 : ct_errcode());
+    TT_CHECK_RC("ct_rpc_remote", r ? 0 : ct_errcode());
     if (r) {
         if (ct_rref_owner(r) != (rank_ + 1) % size_)
             tt_fail(__FILE__, __LINE__, "the reference names owner %d", ct_rref_owner(r));
         /* echo left (t, rank, owner) there. */
-        check_rc("ct_rref_fetch", ct_rref_fetch(r, 0, &out));
+        TT_CHECK_RC("ct_rref_fetch", ct_rref_fetch(r, 0, &out));
         if (out &&
             (ct_rpc_args_count(out) != 3 || !same(ct_rpc_args_tensor(out, 0), t) ||
              ct_rpc_args_int(out, 1) != rank_ || ct_rpc_args_int(out, 2) != ct_rref_owner(r)))
             tt_fail(__FILE__, __LINE__, "the fetched values are not what echo left");
         ct_rpc_args_free(out);
         out = NULL;
-        check_rc("ct_rref_call", ct_rref_call(r, "echo", more, 0, &out));
+        TT_CHECK_RC("ct_rref_call", ct_rref_call(r, "echo", more, 0, &out));
         if (out && (ct_rpc_args_count(out) != 5 || strcmp(ct_rpc_args_string(out, 3), "more")))
             tt_fail(__FILE__, __LINE__, "echo on the reference did not get its values first");
         ct_rpc_args_free(out);
@@ -229,13 +214,15 @@ TEST(errors) {
         if (rc != CT_ESHAPE)
             tt_fail(__FILE__, __LINE__, "fail gave %s, not CT_ESHAPE", ct_errname(rc));
         else
-            holds("a remote error",
-                  (const char *const[]){"worker 'worker1'", "'fail'", "[2, 3] and [4]", NULL});
+            tt_message_holds(
+                rank_, "a remote error",
+                (const char *const[]){"worker 'worker1'", "'fail'", "[2, 3] and [4]", NULL});
         rc = ct_rpc_sync("worker1", "nope", none, 0, NULL);
         if (rc != CT_EINVAL)
             tt_fail(__FILE__, __LINE__, "nope gave %s, not CT_EINVAL", ct_errname(rc));
         else
-            holds("an unknown function", (const char *const[]){"'nope'", "echo", NULL});
+            tt_message_holds(rank_, "an unknown function",
+                             (const char *const[]){"'nope'", "echo", NULL});
         if (ct_rpc_async("nobody", "echo", none, 0) || ct_errcode() != CT_EINVAL)
             tt_fail(__FILE__, __LINE__, "a call to no such worker did not fail at once");
         ct_rpc_args_add_float(secs, 2);
@@ -246,7 +233,8 @@ TEST(errors) {
             tt_fail(__FILE__, __LINE__, "slow gave %s after %.2f s, not CT_ETIMEDOUT at 0.3 s",
                     ct_errname(rc), took);
         else
-            holds("a timeout", (const char *const[]){"'slow'", "worker1", "0.3", NULL});
+            tt_message_holds(rank_, "a timeout",
+                             (const char *const[]){"'slow'", "worker1", "0.3", NULL});
         /* Calls that time out before they are even sent, their futures
          * freed at once: each ends, as a timeout or a success. */
         for (int i = 0; i < 50; i++) {
@@ -257,7 +245,7 @@ TEST(errors) {
             ct_future_free(f);
         }
         ct_rpc_args *out = NULL;
-        check_rc("echo after the timeout", ct_rpc_sync("worker1", "echo", none, 0, &out));
+        TT_CHECK_RC("echo after the timeout", ct_rpc_sync("worker1", "echo", none, 0, &out));
         ct_rpc_args_free(out);
         ct_rpc_args_free(none);
         ct_rpc_args_free(secs);
@@ -280,7 +268,8 @@ TEST(peer_dies) {
             tt_fail(__FILE__, __LINE__, "die gave %s after %.2f s, not CT_EPEER at once",
                     ct_errname(rc), took);
         else
-            holds("a worker that died in a call", (const char *const[]){name, "'die'", NULL});
+            tt_message_holds(rank_, "a worker that died in a call",
+                             (const char *const[]){name, "'die'", NULL});
         ct_rpc_args_free(none);
     } else if (rank_ != size_ - 1) {
         nanosleep(&(struct timespec){1, 0}, NULL);
@@ -304,12 +293,12 @@ TEST(peer_hangs) {
             tt_fail(__FILE__, __LINE__, "stop gave %s after %.2f s, not CT_EPEER in about 1 s",
                     ct_errname(rc), took);
         else
-            holds("a worker that stopped answering",
-                  (const char *const[]){"worker1", "'stop'", "heartbeat", NULL});
+            tt_message_holds(rank_, "a worker that stopped answering",
+                             (const char *const[]){"worker1", "'stop'", "heartbeat", NULL});
         void *pid = NULL;
         size_t len = 0;
-        check_rc("reading the stopped pid",
-                 ct_store_get(ct_dist_store(), "stopped", &pid, &len, TIMEOUT));
+        TT_CHECK_RC("reading the stopped pid",
+                    ct_store_get(ct_dist_store(), "stopped", &pid, &len, TIMEOUT));
         if (pid)
             kill((pid_t)strtol(pid, NULL, 10), SIGKILL);
         free(pid);
@@ -336,8 +325,8 @@ TEST(garbage) {
     if (rank_ == 0) {
         void *store_value = NULL;
         size_t len = 0;
-        check_rc("reading rank 1's address",
-                 ct_store_get(ct_dist_store(), "rpc/0/1", &store_value, &len, TIMEOUT));
+        TT_CHECK_RC("reading rank 1's address",
+                    ct_store_get(ct_dist_store(), "rpc/0/1", &store_value, &len, TIMEOUT));
         char text[400] = "";
         snprintf(text, sizeof text, "%.*s", (int)len, (const char *)store_value);
         free(store_value);
@@ -364,7 +353,7 @@ TEST(garbage) {
         zmq_close(s);
         zmq_ctx_term(ctx);
         ct_rpc_args *none = ct_rpc_args_new(), *out = NULL;
-        check_rc("echo after the noise", ct_rpc_sync("worker1", "echo", none, 0, &out));
+        TT_CHECK_RC("echo after the noise", ct_rpc_sync("worker1", "echo", none, 0, &out));
         ct_rpc_args_free(out);
         ct_rpc_args_free(none);
     }

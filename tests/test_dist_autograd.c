@@ -11,17 +11,7 @@
 #define DEADLINE 60
 
 static void runs(int np, const char *scenario, int code, int skip) {
-    static tt_job j;
-    char npstr[16];
-    snprintf(npstr, sizeof npstr, "%d", np);
-    tt_run_job(&j,
-               (const char *const[]){CTLAUNCH_PATH, "-np", npstr, "--grace", "20",
-                                     DAUTOGRAD_RANK_PATH, scenario, NULL},
-               (const char *const[]){"CT_BACKEND", NULL}, DEADLINE);
-    TT_ASSERT_JOB(&j, tt_job_no_rank_left(&j));
-    TT_ASSERT_JOB(&j, tt_job_exit_code(&j) == code);
-    TT_ASSERT_JOB(&j, tt_job_ranks_passed(&j, scenario, np, skip, true));
-    printf("  %s on %d ranks: %.1f s\n", scenario, np, j.seconds);
+    tt_ctlaunch_scenario(CTLAUNCH_PATH, DAUTOGRAD_RANK_PATH, np, scenario, code, skip, DEADLINE);
 }
 
 TEST(gradients_across_2_workers_equal_the_local_model_s) { runs(2, "exact", 0, -1); }

@@ -21,3 +21,18 @@ ct_comm *tt_rank_join(double timeout_s, int *rank, int *size) {
     *size = ct_comm_size(c);
     return c;
 }
+
+void tt_check_rc_(const char *file, int line, const char *what, int rc) {
+    if (rc)
+        tt_fail(file, line, "%s: %s: %s", what, ct_errname(rc), ct_errmsg());
+}
+
+bool tt_message_holds(int rank, const char *what, const char *const *subs) {
+    for (int i = 0; subs[i]; i++)
+        if (!strstr(ct_errmsg(), subs[i])) {
+            tt_fail(__FILE__, __LINE__, "%s: '%s' does not say '%s'", what, ct_errmsg(), subs[i]);
+            return false;
+        }
+    printf("rank %d: %s: %s\n", rank, what, ct_errmsg());
+    return true;
+}

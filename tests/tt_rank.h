@@ -11,4 +11,14 @@
  * *size, or NULL with the failure recorded. */
 ct_comm *tt_rank_join(double timeout_s, int *rank, int *size);
 
+/* Records a failure at the caller's line naming what, when rc is an
+ * error. */
+#define TT_CHECK_RC(what, rc) tt_check_rc_(__FILE__, __LINE__, (what), (rc))
+void tt_check_rc_(const char *file, int line, const char *what, int rc);
+
+/* Whether ct_errmsg() holds every string of subs (NULL-ended). Records a
+ * failure naming the first it lacks; otherwise prints the message as
+ * "rank R: what: message", for the job's log. */
+bool tt_message_holds(int rank, const char *what, const char *const *subs);
+
 #endif
