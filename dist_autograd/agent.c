@@ -1136,10 +1136,8 @@ static ct_future *call(int to, const char *fn, const char *label, const ct_rpc_a
         return NULL;
     }
     f->id = ct__rpc_next_id();
-    bool grads = false;
-    if (user)
-        context = ct__dist_on_send(to, f->id, args, &grads);
-    if (ct__rpc_encode_call(&o->msg, fn, args, grads)) {
+    if ((user && ct__dist_on_send(to, f->id, args, &context)) ||
+        ct__rpc_encode_call(&o->msg, fn, args, user && context)) {
         free(f);
         free(o);
         return NULL;

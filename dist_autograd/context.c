@@ -261,17 +261,15 @@ static int record(dctx *c, int to, uint64_t id, const ct_rpc_args *args) {
     return rc;
 }
 
-uint64_t ct__dist_on_send(int to, uint64_t id, const ct_rpc_args *args, bool *grads) {
-    *grads = false;
-    dctx *c = current ? ctx_get(current, false) : NULL;
-    if (!c) {
-        ct_errclear();
-        return current;
-    }
-    /* A tensor that cannot be recorded is sent without grad. */
-    *grads = record(c, to, id, args) == 0;
-    ctx_unref(c);
-    return current;
+int ct__dist_on_send(int to, uint64_t id, const ct_rpc_args *args, uint64_t *context) {
+    *context = current;
+    if (!current)
+        return 0;
+    dctx *c = ctx_get(current, false);
+    int rc = c ? record(c, to, id, args) : ct_errcode();
+    if (c)
+        ctx_unref(c);
+    return rc;
 }
 
 int ct__dist_record_send(uint64_t context, int to, uint64_t id, const ct_rpc_args *args) {

@@ -146,11 +146,12 @@ double ct__rpc_now(void);
 
 /* -------------------------------------------- distributed autograd hooks */
 
-/* A call about to be sent to worker `to` as message id: records a send
- * node for the tensors of args that need grad, when this thread has a
- * context. Returns the context id for the header (0: none) and whether
- * tensors are to be marked. */
-uint64_t ct__dist_on_send(int to, uint64_t id, const ct_rpc_args *args, bool *grads);
+/* A call about to be sent to worker `to` as message id: when this thread
+ * has a context, records a send node for the tensors of args that need
+ * grad. *context gets the id for the header (0: none). An error (the
+ * context was released, out of memory) fails the call: sent without its
+ * gradients, it would lose them silently. */
+int ct__dist_on_send(int to, uint64_t id, const ct_rpc_args *args, uint64_t *context);
 /* A message that arrived in context from worker `from` as message id:
  * gives its marked tensors a recv node. Then, for a request, the handler
  * runs in the context (ct__dist_enter), and its results are sent as

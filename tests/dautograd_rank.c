@@ -357,6 +357,8 @@ TEST(fails) {
         expect_contexts(0, 0);
         expect_contexts(1, 0);
         ASSERT_RC(ct_dist_backward(ctx, &loss, 1), CT_ESHAPE, "released", "backward failed");
+        /* A call that outlives its context fails at once, never hangs. */
+        ASSERT_FAILS(call1(1, "stage", x), CT_ESHAPE, "released", "backward failed");
         /* Ending it keeps the error the caller is about to report. */
         ct_seterr(CT_EIO, "the error being reported");
         TT_CHECK_RC("ending a failed context", ct_dist_autograd_end(ctx));
