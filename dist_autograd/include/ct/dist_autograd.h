@@ -51,13 +51,23 @@
  * a message (ct_errmsg()). A remote function's error comes back with its
  * code and its message, prefixed with the worker and the function. A call
  * past its timeout fails with CT_ETIMEDOUT; a call to a worker that died
- * fails with CT_EPEER as soon as the agent sees the connection drop. User
- * calls are never retried: a failed call may or may not have run.
+ * fails with CT_EPEER as soon as the agent sees the connection drop, or
+ * the worker stops answering heartbeats. User calls are never retried: a
+ * failed call may or may not have run. A distributed backward fails with
+ * the first error of any worker, and a context that failed, ended or
+ * expired makes every later use of it fail with the reason, never hang.
+ *
+ * Ownership. Argument lists, futures, references and optimizers belong to
+ * whoever made them (freed with their _free). Tensors given to a call are
+ * retained while the call needs them; received ones belong to the result
+ * list. A context's graph pieces and gradients belong to the agent and go
+ * when the context is released on that worker.
  *
  * Threads. The agent runs its own threads: one owns the sockets, and a pool
  * runs registered functions (which may make calls themselves). Calls,
  * futures and argument lists may be used from any thread; one ct_rpc_args
- * or ct_future from one thread at a time.
+ * or ct_future from one thread at a time. The current context is per
+ * thread. Contexts may run backward at once, from any threads and workers.
  */
 #ifndef CT_DIST_AUTOGRAD_H
 #define CT_DIST_AUTOGRAD_H
