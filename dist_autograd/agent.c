@@ -170,6 +170,9 @@ int ct_rpc_register(const char *name, ct_rpc_fn fn, void *ctx) {
                           f, RPC_NAME_MAX);
     if (!strncmp(name, "ct.", 3))
         return ct__seterr(CT_EINVAL, "%s: '%s': names beginning 'ct.' are ct's own", f, name);
+    for (const char *c = name; *c; c++)
+        if (*c < 0x20 || *c > 0x7e)
+            return ct__seterr(CT_EINVAL, "%s: the name must be printable ASCII", f);
     pthread_mutex_lock(&fns_mu);
     int rc = 0;
     for (int i = 0; i < nfns && !rc; i++)
@@ -394,7 +397,7 @@ static int recv_rest(void *sock, zmq_msg_t *desc, rpc_frame *frames, int cap) {
             return -1;
         }
         more = zmq_msg_more(m);
-        if (n == cap) {
+        if (n >= cap) {
             zmq_msg_close(m);
             free(m);
             n = cap + 1; /* too many: drained and refused */
@@ -468,7 +471,7 @@ static void on_request(void) {
     bool more = zmq_msg_more(&route);
     if (more && zmq_msg_recv(&head, g.router, 0) >= 0)
         more = zmq_msg_more(&head);
-    rpc_header h;
+    rpc_header h = {0};
     int rc = ct__rpc_header_parse(zmq_msg_data(&head), zmq_msg_size(&head), &h);
     zmq_msg_close(&head);
     if (!rc && h.kind != RPC_REQUEST)
@@ -540,7 +543,7 @@ static void on_reply(peer *p, int id) {
     zmq_msg_init(&head);
     if (zmq_msg_recv(&head, p->dealer, 0) < 0)
         return;
-    rpc_header h;
+    rpc_header h = {0};
     int rc = ct__rpc_header_parse(zmq_msg_data(&head), zmq_msg_size(&head), &h);
     bool more = zmq_msg_more(&head);
     zmq_msg_close(&head);

@@ -44,7 +44,7 @@ typedef struct dctx {
 /* Contexts released recently, so that a late message or call about one
  * gets the reason, not "unknown". */
 #define RING     256
-#define RING_WHY 200
+#define RING_WHY 400
 
 static struct {
     pthread_mutex_t mu;
@@ -182,7 +182,7 @@ static void release(dctx *c, int rc, int except, bool forward, const char *fmt, 
     if (!was) {
         T.ring[T.ring_at].id = c->id;
         T.ring[T.ring_at].rc = rc;
-        snprintf(T.ring[T.ring_at].why, sizeof T.ring[T.ring_at].why, "%.199s", why);
+        snprintf(T.ring[T.ring_at].why, sizeof T.ring[T.ring_at].why, "%.399s", why);
         T.ring_at = (T.ring_at + 1) % RING;
     }
     pthread_mutex_unlock(&T.mu);

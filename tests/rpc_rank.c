@@ -244,6 +244,13 @@ TEST(errors) {
                 tt_fail(__FILE__, __LINE__, "a hurried call gave %s", ct_errname(rc));
             ct_future_free(f);
         }
+        /* More tensors than a message may hold: refused, and the worker
+         * goes on. */
+        ct_rpc_args *many = ct_rpc_args_new();
+        for (int i = 0; i < 300; i++)
+            ct_rpc_args_add_tensor(many, ct_full(CT_SHAPE(2), i, CT_FLOAT32));
+        ASSERT_RC(ct_rpc_sync("worker1", "echo", many, 0, NULL), CT_ECORRUPT, "too many");
+        ct_rpc_args_free(many);
         ct_rpc_args *out = NULL;
         TT_CHECK_RC("echo after the timeout", ct_rpc_sync("worker1", "echo", none, 0, &out));
         ct_rpc_args_free(out);

@@ -97,8 +97,9 @@ typedef struct ct_rpc_args ct_rpc_args;
 CT_API ct_rpc_args *ct_rpc_args_new(void);
 /* Accepts NULL. */
 CT_API void ct_rpc_args_free(ct_rpc_args *a);
-/* Each add returns 0, CT_EINVAL (a bad handle, a NULL tensor or string, a
- * tensor not on the CPU) or CT_ENOMEM. */
+/* Each add returns 0, CT_EINVAL (a bad handle, a NULL tensor or string),
+ * CT_EDEVICE (a tensor not on the CPU) or CT_ENOMEM. A message holds at most
+ * 256 tensors. */
 CT_API int ct_rpc_args_add_tensor(ct_rpc_args *a, ct_tensor *t);
 CT_API int ct_rpc_args_add_int(ct_rpc_args *a, int64_t v);
 CT_API int ct_rpc_args_add_float(ct_rpc_args *a, double v);
@@ -142,8 +143,8 @@ typedef struct ct_rpc_options {
  * that no call arrives first. CT_EINVAL for an empty or taken name. */
 CT_API int ct_rpc_register(const char *name, ct_rpc_fn fn, void *ctx);
 /* Starts this rank's agent, after ct_dist_init(); collective: returns once
- * every rank's agent is reachable, or CT_ETIMEDOUT naming the missing
- * ranks. opts NULL: the defaults. CT_ESTATE before ct_dist_init or when
+ * every rank's agent is reachable, or CT_ETIMEDOUT naming a rank that did
+ * not come. opts NULL: the defaults. CT_ESTATE before ct_dist_init or when
  * already started; CT_EINVAL for names that are taken twice. */
 CT_API int ct_rpc_init(const ct_rpc_options *opts);
 /* Collective and graceful: waits until no call of this worker is pending
@@ -164,8 +165,10 @@ CT_API int ct_rpc_worker_id(const char *name);
 /* The result of a call, to wait on. */
 typedef struct ct_future ct_future;
 
-/* Calls fn on worker `to` (a name) with args, which may be freed (and its
- * tensors changed) once this returns. timeout_s <= 0: the agent's default.
+/* Calls fn on worker `to` (a name) with args, which may be freed once this
+ * returns. A contiguous tensor is sent from its own memory: leave its bytes
+ * alone until the future is done (or send a ct_clone()). timeout_s <= 0:
+ * the agent's default.
  * The caller owns the future. NULL with CT_EINVAL (no such worker) or
  * CT_ESTATE (no agent); every other failure comes through the future. */
 CT_API ct_future *ct_rpc_async(const char *to, const char *fn, const ct_rpc_args *args,
@@ -181,7 +184,8 @@ CT_API void ct_future_free(ct_future *f);
 /* Runs fn(f, ctx) once when f is done: at once, on this thread, if it is
  * done already; otherwise on the thread that completes it, which is the
  * agent's own, so fn must be quick and must not wait on other calls. f stays
- * valid while fn runs. CT_EINVAL for a bad future or a NULL fn. */
+ * valid while fn runs, but a waiter may wake before fn has run; callbacks
+ * run in no promised order. CT_EINVAL for a bad future or a NULL fn. */
 typedef void (*ct_future_fn)(ct_future *f, void *ctx);
 CT_API int ct_future_then(ct_future *f, ct_future_fn fn, void *ctx);
 /* ct_rpc_async and ct_future_wait in one. */
@@ -220,7 +224,7 @@ CT_API void ct_rref_free(ct_rref *r);
  * never in .grad, so contexts running at once never mix.
  *
  * Begins a context and makes it this thread's current one; returns its id
- * (> 0), or 0 with CT_ESTATE when no agent runs or a context is current
+ * (never 0), or 0 with CT_ESTATE when no agent runs or a context is current
  * already. */
 CT_API int64_t ct_dist_autograd_begin(void);
 /* The thread's current context, 0 if none. A registered function runs in
@@ -238,9 +242,11 @@ CT_API int ct_dist_autograd_end(int64_t id);
  * anywhere (a remote backward, a dead worker, a timeout) it fails with that
  * error, and the context is released everywhere. */
 CT_API int ct_dist_backward(int64_t id, ct_tensor *const *roots, int n);
-/* The gradient this worker accumulated for leaf in context id: owned by the
- * current scope; NULL without an error when the leaf got none. NULL with
- * CT_EINVAL naming the context when it is unknown, released or failed. */
+/* The gradient this worker accumulated for leaf in context id (the
+ * context's running sum, not a copy), owned by the current scope. NULL
+ * when the leaf got none, leaving the error as it was (clear it first to
+ * tell); NULL with CT_EINVAL for an unknown context, or with the code that
+ * released it. */
 CT_API ct_tensor *ct_dist_autograd_grad(int64_t id, const ct_tensor *leaf);
 /* Every (leaf, gradient) pair of context id on this worker: returns the
  * count, and malloc'd arrays (freed with free()) of tensors owned by the
