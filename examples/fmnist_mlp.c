@@ -32,14 +32,12 @@
  */
 #define _POSIX_C_SOURCE 200809L
 
-#include <ct/ct.h>
+#include "example_common.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
 
 typedef struct recipe {
     const char *name;
@@ -56,112 +54,74 @@ static const recipe recipes[] = {
 };
 
 typedef struct options {
-    recipe r;
-    int threads, max_steps, warmup_steps;
-    uint64_t seed;
-    const char *data, *metrics;
+    example_options common; /* epochs, batch, hidden and lr: r's unless flags say otherwise */
+    const recipe *r;
+    int warmup_steps;
+    const char *metrics;
     const char *checkpoint_dir; /* NULL: no checkpoints */
     int save_every, stop_at_step;
 } options;
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+static void use_recipe(options *o, const recipe *r) {
+    o->r = r;
+    o->common.epochs = r->epochs;
+    o->common.batch = r->batch;
+    o->common.hidden = r->hidden;
+    o->common.lr = r->lr;
 }
 
-static void usage(FILE *f) {
-    fprintf(f, "usage: fmnist_mlp [--recipe sgd|adamw] [--epochs N] [--batch N] [--lr X]\n"
-               "                  [--hidden N] [--threads N] [--seed N] [--data DIR]\n"
-               "                  [--metrics FILE] [--max-steps N] [--warmup-steps N]\n"
-               "                  [--checkpoint-dir DIR] [--save-every N] [--stop-at-step N]\n");
+static const char usage[] =
+    "usage: fmnist_mlp [--recipe sgd|adamw] [--epochs N] [--batch N] [--lr X]\n"
+    "                  [--hidden N] [--threads N] [--seed N] [--data DIR]\n"
+    "                  [--metrics FILE] [--max-steps N] [--warmup-steps N]\n"
+    "                  [--checkpoint-dir DIR] [--save-every N] [--stop-at-step N]\n";
+
+static int parse_flag(void *ctx, const char *flag, const char *v) {
+    options *o = ctx;
+    if (!strcmp(flag, "--recipe")) {
+        size_t k = 0;
+        while (k < sizeof recipes / sizeof *recipes && strcmp(recipes[k].name, v))
+            k++;
+        if (k == sizeof recipes / sizeof *recipes) {
+            fprintf(stderr, "fmnist_mlp: unknown recipe '%s' (sgd, adamw)\n", v);
+            return -1;
+        }
+        use_recipe(o, &recipes[k]);
+    } else if (!strcmp(flag, "--metrics"))
+        o->metrics = v;
+    else if (!strcmp(flag, "--warmup-steps"))
+        o->warmup_steps = atoi(v);
+    else if (!strcmp(flag, "--checkpoint-dir"))
+        o->checkpoint_dir = v;
+    else if (!strcmp(flag, "--save-every"))
+        o->save_every = atoi(v);
+    else if (!strcmp(flag, "--stop-at-step"))
+        o->stop_at_step = atoi(v);
+    else
+        return 0;
+    return 1;
 }
 
 static int parse(int argc, char **argv, options *o) {
-    *o = (options){recipes[0], 1, 0, 50, 1, NULL, "fmnist_mlp.metrics.jsonl", NULL, 0, 0};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout);
-            exit(0);
-        }
-        if (!v) {
-            fprintf(stderr, "fmnist_mlp: %s needs a value\n", a);
-            return -1;
-        }
-        i++;
-        if (!strcmp(a, "--recipe")) {
-            size_t k = 0;
-            while (k < sizeof recipes / sizeof *recipes && strcmp(recipes[k].name, v))
-                k++;
-            if (k == sizeof recipes / sizeof *recipes) {
-                fprintf(stderr, "fmnist_mlp: unknown recipe '%s' (sgd, adamw)\n", v);
-                return -1;
-            }
-            o->r = recipes[k];
-        } else if (!strcmp(a, "--epochs"))
-            o->r.epochs = atoi(v);
-        else if (!strcmp(a, "--batch"))
-            o->r.batch = atoll(v);
-        else if (!strcmp(a, "--lr"))
-            o->r.lr = atof(v);
-        else if (!strcmp(a, "--hidden"))
-            o->r.hidden = atoll(v);
-        else if (!strcmp(a, "--threads"))
-            o->threads = atoi(v);
-        else if (!strcmp(a, "--seed"))
-            o->seed = strtoull(v, NULL, 10);
-        else if (!strcmp(a, "--data"))
-            o->data = v;
-        else if (!strcmp(a, "--metrics"))
-            o->metrics = v;
-        else if (!strcmp(a, "--max-steps"))
-            o->max_steps = atoi(v);
-        else if (!strcmp(a, "--warmup-steps"))
-            o->warmup_steps = atoi(v);
-        else if (!strcmp(a, "--checkpoint-dir"))
-            o->checkpoint_dir = v;
-        else if (!strcmp(a, "--save-every"))
-            o->save_every = atoi(v);
-        else if (!strcmp(a, "--stop-at-step"))
-            o->stop_at_step = atoi(v);
-        else {
-            fprintf(stderr, "fmnist_mlp: unknown option %s\n", a);
-            usage(stderr);
-            return -1;
-        }
-    }
-    if (o->r.epochs < 1 || o->r.batch < 1 || o->r.hidden < 1 || !(o->r.lr > 0) || o->threads < 1 ||
-        o->max_steps < 0 || o->warmup_steps < 0 || o->save_every < 0 || o->stop_at_step < 0) {
+    *o = (options){.common = example_options_defaults(),
+                   .warmup_steps = 50,
+                   .metrics = "fmnist_mlp.metrics.jsonl"};
+    use_recipe(o, &recipes[0]);
+    example_cli cli = {"fmnist_mlp", usage, parse_flag, o};
+    if (example_parse(argc, argv, &cli, &o->common))
+        return -1;
+    if (!example_options_valid(&o->common) || o->warmup_steps < 0 || o->save_every < 0 ||
+        o->stop_at_step < 0) {
         fprintf(stderr, "fmnist_mlp: epochs, batch, hidden, lr and threads must be positive\n");
         return -1;
     }
     return 0;
 }
 
-static ct_module *build_model(const options *o) {
-    ct_module *net = ct_sequential_new();
-    ct_sequential_append(net, ct_linear_new(784, o->r.hidden, true));
-    ct_sequential_append(net, ct_relu_new());
-    if (o->r.dropout > 0)
-        ct_sequential_append(net, ct_dropout_new(o->r.dropout));
-    ct_sequential_append(net, ct_linear_new(o->r.hidden, o->r.hidden, true));
-    ct_sequential_append(net, ct_relu_new());
-    if (o->r.dropout > 0)
-        ct_sequential_append(net, ct_dropout_new(o->r.dropout));
-    ct_sequential_append(net, ct_linear_new(o->r.hidden, 10, true));
-    /* One flat parameter buffer: the optimizer updates it in one pass. */
-    if (ct_module_flatten(net, false)) {
-        ct_module_free(net);
-        return NULL;
-    }
-    return net;
-}
-
 /* Weight decay applies to matrices, not to biases (1-D). */
 static ct_optim *build_optimizer(const options *o, const ct_param_list *pl) {
-    if (!o->r.adamw) {
-        ct_optim_options opts = ct_optim_defaults(CT_OPTIM_SGD, o->r.lr);
+    if (!o->r->adamw) {
+        ct_optim_options opts = ct_optim_defaults(CT_OPTIM_SGD, o->common.lr);
         opts.momentum = 0.9;
         return ct_optim_new(&opts, pl->tensors, pl->n);
     }
@@ -173,66 +133,35 @@ static ct_optim *build_optimizer(const options *o, const ct_param_list *pl) {
         else
             plain[np++] = pl->tensors[i];
     }
-    ct_param_group groups[2] = {{decay, nd, o->r.weight_decay, 1}, {plain, np, 0, 1}};
-    ct_optim_options opts = ct_optim_defaults(CT_OPTIM_ADAMW, o->r.lr);
+    ct_param_group groups[2] = {{decay, nd, o->r->weight_decay, 1}, {plain, np, 0, 1}};
+    ct_optim_options opts = ct_optim_defaults(CT_OPTIM_ADAMW, o->common.lr);
     return ct_optim_new_groups(&opts, groups, 2);
 }
 
 /* Warmup takes at most a fifth of a short run (--max-steps), so that the
  * cosine decay always has steps left. */
 static ct_lr_schedule schedule(const options *o, int64_t total_steps) {
-    if (!o->r.adamw)
-        return (ct_lr_schedule){.kind = CT_LR_CONSTANT, .base_lr = o->r.lr};
-    int64_t warmup = o->r.warmup_steps < total_steps / 5 ? o->r.warmup_steps : total_steps / 5;
+    if (!o->r->adamw)
+        return (ct_lr_schedule){.kind = CT_LR_CONSTANT, .base_lr = o->common.lr};
+    int64_t warmup = o->r->warmup_steps < total_steps / 5 ? o->r->warmup_steps : total_steps / 5;
     return (ct_lr_schedule){.kind = CT_LR_COSINE,
-                            .base_lr = o->r.lr,
+                            .base_lr = o->common.lr,
                             .warmup_steps = warmup,
                             .warmup_start_factor = 0.01,
                             .total_steps = total_steps - warmup,
-                            .eta_min = o->r.lr * 0.01};
+                            .eta_min = o->common.lr * 0.01};
 }
 
-/* Test accuracy in batches, in evaluation mode and without a graph. */
-static double evaluate(ct_module *net, ct_tensor *images, ct_tensor *labels) {
+static ct_tensor *predict(void *net, ct_tensor *images) {
+    return ct_argmax(ct_module_forward(net, images), 1, false);
+}
+
+/* Test accuracy in evaluation mode (no dropout). */
+static int evaluate(ct_module *net, ct_tensor *images, ct_tensor *labels, double *acc) {
     ct_module_train(net, false);
-    bool prev = ct_set_grad_enabled(false);
-    int64_t n = ct_size(images, 0), correct = 0;
-    for (int64_t at = 0; at < n; at += 1000) {
-        ct_scope_begin();
-        int64_t len = n - at < 1000 ? n - at : 1000;
-        ct_tensor *pred =
-            ct_argmax(ct_module_forward(net, ct_narrow(images, 0, at, len)), 1, false);
-        ct_tensor *hits = ct_sum(ct_eq(pred, ct_narrow(labels, 0, at, len)), NULL, 0, false);
-        correct += hits ? ct_item_int64(hits) : 0;
-        ct_scope_end();
-    }
-    ct_set_grad_enabled(prev);
+    int rc = example_evaluate(predict, net, images, labels, acc);
     ct_module_train(net, true);
-    return (double)correct / (double)n;
-}
-
-static void format_eta(char *buf, size_t cap, double seconds) {
-    int s = seconds > 0 && seconds < 1e6 ? (int)(seconds + 0.5) : 0;
-    snprintf(buf, cap, "%d:%02d:%02d", s / 3600, s / 60 % 60, s % 60);
-}
-
-typedef struct progress {
-    bool tty;
-    double last_print;
-} progress;
-
-static void show(progress *p, bool force, int epoch, int epochs, int64_t step, int64_t steps,
-                 double loss, double rate, double eta) {
-    double t = now();
-    if (!force && t - p->last_print < (p->tty ? 0.2 : 5))
-        return;
-    p->last_print = t;
-    char e[32];
-    format_eta(e, sizeof e, eta);
-    fprintf(stderr, "%sepoch %d/%d  step %4lld/%lld  loss %.4f  %8.0f samples/s  ETA %s%s",
-            p->tty ? "\r" : "", epoch, epochs, (long long)step, (long long)steps, loss, rate, e,
-            p->tty ? "   " : "\n");
-    fflush(stderr);
+    return rc;
 }
 
 /* What a checkpoint holds: the parameters, the optimizer's state, the step
@@ -311,17 +240,15 @@ static int save(resumable *r, const char *dir, int64_t step, ct_loader *loader) 
 static int train(const options *o, FILE *metrics) {
     ct_comm *world = ct_dist_comm();
     int ranks = ct_comm_size(world), rank = ct_comm_rank(world);
-    if (o->r.batch % ranks) {
+    if (o->common.batch % ranks) {
         fprintf(stderr, "fmnist_mlp: the batch (%lld) must divide among the %d ranks\n",
-                (long long)o->r.batch, ranks);
+                (long long)o->common.batch, ranks);
         return 2;
     }
-    ct_tensor *train_x = NULL, *train_y = NULL, *test_x = NULL, *test_y = NULL;
-    if (ct_fmnist_load(o->data, true, &train_x, &train_y) ||
-        ct_fmnist_load(o->data, false, &test_x, &test_y))
+    example_data d;
+    if (example_data_load(&d, o->common.data, true))
         return -1;
-    ct_manual_seed(o->seed);
-    ct_module *net = build_model(o);
+    ct_module *net = example_mlp_new(&o->common, o->r->dropout);
     ct_param_list params;
     ct_param_list_init(&params);
     if (!net || ct_module_named_parameters(net, &params))
@@ -332,20 +259,20 @@ static int train(const options *o, FILE *metrics) {
         return -1;
     ct_optim *opt = build_optimizer(o, &params);
     ct_sampler sampler;
-    ct_sampler_options so = {.size = ct_size(train_x, 0),
+    ct_sampler_options so = {.size = ct_size(d.train_x, 0),
                              .shuffle = true,
-                             .seed = o->seed,
+                             .seed = o->common.seed,
                              .num_replicas = ranks,
                              .rank = rank};
-    ct_loader_options lo = {.batch_size = o->r.batch / ranks, .sampler = &sampler};
+    ct_loader_options lo = {.batch_size = o->common.batch / ranks, .sampler = &sampler};
     ct_loader *loader =
-        opt && !ct_sampler_init(&sampler, &so) ? ct_loader_new(train_x, train_y, &lo) : NULL;
+        opt && !ct_sampler_init(&sampler, &so) ? ct_loader_new(d.train_x, d.train_y, &lo) : NULL;
     if (!loader)
         return -1;
     int64_t steps_per_epoch = ct_loader_num_batches(loader);
-    int64_t total = steps_per_epoch * o->r.epochs;
-    if (o->max_steps > 0 && o->max_steps < total)
-        total = o->max_steps;
+    int64_t total = steps_per_epoch * o->common.epochs;
+    if (o->common.max_steps > 0 && o->common.max_steps < total)
+        total = o->common.max_steps;
     ct_lr_schedule sched = schedule(o, total);
     resumable ckpt = {0};
     int64_t step = 0;
@@ -355,29 +282,32 @@ static int train(const options *o, FILE *metrics) {
     if (rank == 0)
         printf("fmnist_mlp: recipe %s, 784-%lld-%lld-10, %lld parameters, batch %lld, %d epochs, "
                "%d rank%s, %d thread%s each\n",
-               o->r.name, (long long)o->r.hidden, (long long)o->r.hidden,
-               (long long)ct_param_list_numel(&params), (long long)o->r.batch, o->r.epochs, ranks,
-               ranks > 1 ? "s" : "", o->threads, o->threads > 1 ? "s" : "");
+               o->r->name, (long long)o->common.hidden, (long long)o->common.hidden,
+               (long long)ct_param_list_numel(&params), (long long)o->common.batch,
+               o->common.epochs, ranks, ranks > 1 ? "s" : "", o->common.threads,
+               o->common.threads > 1 ? "s" : "");
     fflush(stdout);
     if (rank != 0)
         metrics = NULL;
 
-    progress prog = {isatty(STDERR_FILENO) != 0, 0};
+    example_progress prog;
+    example_progress_init(&prog, o->common.epochs, steps_per_epoch);
     int64_t timed_samples = 0, timed_steps = 0;
-    double timed = 0, start = now(), loss_sum = 0, acc = 0, last_loss = NAN, epoch_loss = NAN;
+    double timed = 0, start = example_now(), loss_sum = 0, acc = 0, last_loss = NAN,
+           epoch_loss = NAN;
     int rc = 0;
     int epochs_run = 0; /* begun, the last one possibly cut short by --max-steps */
     bool stopped = false;
     int64_t first_epoch = 0, first_offset = 0;
     ct_loader_position(loader, &first_epoch, &first_offset);
-    for (int epoch = (int)first_epoch + 1; epoch <= o->r.epochs && step < total && !rc && !stopped;
-         epoch++) {
+    for (int epoch = (int)first_epoch + 1;
+         epoch <= o->common.epochs && step < total && !rc && !stopped; epoch++) {
         epochs_run = epoch;
         int64_t in_epoch = epoch == first_epoch + 1 ? first_offset / lo.batch_size : 0;
         int64_t epoch_count = 0;
         loss_sum = 0;
         for (; step < total && !rc; step++) {
-            double t0 = now();
+            double t0 = example_now();
             ct_scope_begin();
             ct_tensor *x, *y;
             int got = ct_loader_next(loader, &x, &y);
@@ -405,15 +335,14 @@ static int train(const options *o, FILE *metrics) {
             if (got != 1)
                 break;
             if (step >= o->warmup_steps) {
-                timed += now() - t0;
+                timed += example_now() - t0;
                 timed_samples += rows;
                 timed_steps++;
             }
             double rate = timed > 0 ? (double)timed_samples / timed : 0;
-            double eta = rate > 0 ? (double)(total - step - 1) * (double)o->r.batch / rate : 0;
+            double eta = rate > 0 ? (double)(total - step - 1) * (double)o->common.batch / rate : 0;
             if (rank == 0)
-                show(&prog, false, epoch, o->r.epochs, in_epoch, steps_per_epoch, last_loss, rate,
-                     eta);
+                example_progress_show(&prog, epoch, in_epoch, last_loss, rate, eta);
             if (metrics && step % 100 == 0)
                 fprintf(metrics, "{\"step\":%lld,\"epoch\":%d,\"loss\":%.6f,\"lr\":%.6g}\n",
                         (long long)step, epoch, last_loss, ct_optim_lr(opt));
@@ -434,30 +363,27 @@ static int train(const options *o, FILE *metrics) {
         if (rank != 0)
             continue;
         double rate = timed > 0 ? (double)timed_samples / timed : 0;
-        show(&prog, true, epoch, o->r.epochs, in_epoch, steps_per_epoch, last_loss, rate, 0);
-        if (prog.tty)
-            fputc('\n', stderr);
-        acc = evaluate(net, test_x, test_y);
+        example_progress_end_epoch(&prog, epoch, in_epoch, last_loss, rate);
+        if ((rc = evaluate(net, d.test_x, d.test_y, &acc)))
+            break;
         double mean_loss = epoch_count ? loss_sum / (double)epoch_count : NAN;
         epoch_loss = mean_loss;
-        printf("epoch %2d  train loss %.4f  test accuracy %.2f%%  (%.0f samples/s, %.1f s)\n",
-               epoch, mean_loss, 100 * acc, rate, now() - start);
-        fflush(stdout);
+        example_print_epoch(epoch, mean_loss, acc, rate, example_now() - start);
         if (metrics) {
             fprintf(metrics,
                     "{\"epoch\":%d,\"step\":%lld,\"train_loss\":%.6f,\"test_acc\":%.6f,"
                     "\"samples_per_s\":%.1f,\"time_s\":%.3f}\n",
-                    epoch, (long long)step, mean_loss, acc, rate, now() - start);
+                    epoch, (long long)step, mean_loss, acc, rate, example_now() - start);
             fflush(metrics);
         }
     }
-    if (!rc && rank == 0)
-        printf("{\"bench\": \"train\", \"impl\": \"ct\", \"ranks\": %d, \"threads\": %d, "
-               "\"batch\": %lld, \"epochs\": %d, \"steps\": %lld, \"timed_steps\": %lld, "
-               "\"samples_per_s\": %.1f, \"test_acc\": %.4f, \"final_loss\": %.4f}\n",
-               ranks, o->threads, (long long)o->r.batch, epochs_run, (long long)step,
-               (long long)timed_steps, timed > 0 ? (double)timed_samples / timed : 0, acc,
-               epoch_loss);
+    if (!rc && rank == 0) {
+        char head[64], more[48];
+        snprintf(head, sizeof head, "\"bench\": \"train\", \"impl\": \"ct\", \"ranks\": %d", ranks);
+        snprintf(more, sizeof more, "\"timed_steps\": %lld, ", (long long)timed_steps);
+        example_print_summary(head, more, &o->common, epochs_run, step,
+                              timed > 0 ? (double)timed_samples / timed : 0, acc, epoch_loss);
+    }
     if (o->checkpoint_dir) {
         if (ct_checkpointer_wait(ckpt.ck) && !rc)
             rc = -1;
@@ -471,10 +397,7 @@ static int train(const options *o, FILE *metrics) {
     ct_optim_free(opt);
     ct_param_list_free(&params);
     ct_module_free(net);
-    ct_tensor_free(train_x);
-    ct_tensor_free(train_y);
-    ct_tensor_free(test_x);
-    ct_tensor_free(test_y);
+    example_data_free(&d);
     return rc;
 }
 
@@ -482,15 +405,8 @@ int main(int argc, char **argv) {
     options o;
     if (parse(argc, argv, &o))
         return 2;
-    if (ct_set_num_threads(o.threads)) {
-        fprintf(stderr, "fmnist_mlp: %s\n", ct_errmsg());
-        return 2;
-    }
-    /* A world of one without a launcher; the launcher's world with one. */
-    if (ct_dist_init(NULL)) {
-        fprintf(stderr, "fmnist_mlp: %s\n", ct_errmsg());
+    if (example_init("fmnist_mlp", &o.common))
         return 1;
-    }
     FILE *metrics = NULL;
     if (ct_comm_rank(ct_dist_comm()) == 0 && *o.metrics && !(metrics = fopen(o.metrics, "w"))) {
         perror(o.metrics);

@@ -29,7 +29,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 
-#include <ct/ct.h>
+#include "example_common.h"
 
 #include <math.h>
 #include <stdatomic.h>
@@ -37,77 +37,35 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 
 typedef struct options {
-    int epochs, threads, max_steps;
-    int64_t batch, hidden;
-    double lr, momentum, timeout_s; /* timeout_s: of every call, and of the ps's wait */
-    uint64_t seed;
-    const char *data;
+    example_options common;
+    double momentum, timeout_s; /* timeout_s: of every call, and of the ps's wait */
 } options;
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
+static const char usage[] =
+    "usage: ctlaunch -np 3 param_server [--epochs N] [--batch N] [--lr X] [--momentum X]\n"
+    "                                   [--hidden N] [--threads N] [--seed N]\n"
+    "                                   [--data DIR] [--max-steps N] [--timeout S]\n";
 
-static void usage(FILE *f) {
-    fprintf(f,
-            "usage: ctlaunch -np 3 param_server [--epochs N] [--batch N] [--lr X] [--momentum X]\n"
-            "                                   [--hidden N] [--threads N] [--seed N]\n"
-            "                                   [--data DIR] [--max-steps N] [--timeout S]\n");
+static int parse_flag(void *ctx, const char *flag, const char *v) {
+    options *o = ctx;
+    if (!strcmp(flag, "--momentum"))
+        o->momentum = atof(v);
+    else if (!strcmp(flag, "--timeout"))
+        o->timeout_s = atof(v);
+    else
+        return 0;
+    return 1;
 }
 
 static int parse(int argc, char **argv, options *o) {
-    *o = (options){.epochs = 10,
-                   .threads = 1,
-                   .batch = 64,
-                   .hidden = 256,
-                   .lr = 0.05,
-                   .momentum = 0.9,
-                   .timeout_s = 60,
-                   .seed = 1};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout);
-            exit(0);
-        }
-        if (!v) {
-            fprintf(stderr, "param_server: %s needs a value\n", a);
-            return -1;
-        }
-        i++;
-        if (!strcmp(a, "--epochs"))
-            o->epochs = atoi(v);
-        else if (!strcmp(a, "--batch"))
-            o->batch = atoll(v);
-        else if (!strcmp(a, "--lr"))
-            o->lr = atof(v);
-        else if (!strcmp(a, "--momentum"))
-            o->momentum = atof(v);
-        else if (!strcmp(a, "--hidden"))
-            o->hidden = atoll(v);
-        else if (!strcmp(a, "--threads"))
-            o->threads = atoi(v);
-        else if (!strcmp(a, "--seed"))
-            o->seed = strtoull(v, NULL, 10);
-        else if (!strcmp(a, "--data"))
-            o->data = v;
-        else if (!strcmp(a, "--max-steps"))
-            o->max_steps = atoi(v);
-        else if (!strcmp(a, "--timeout"))
-            o->timeout_s = atof(v);
-        else {
-            fprintf(stderr, "param_server: unknown option %s\n", a);
-            usage(stderr);
-            return -1;
-        }
-    }
-    if (o->epochs < 1 || o->batch < 1 || o->hidden < 1 || !(o->lr > 0) || o->threads < 1 ||
-        o->max_steps < 0 || !(o->timeout_s > 0) || !(o->momentum >= 0 && o->momentum < 1)) {
+    *o = (options){.common = example_options_defaults(), .momentum = 0.9, .timeout_s = 60};
+    example_cli cli = {"param_server", usage, parse_flag, o};
+    if (example_parse(argc, argv, &cli, &o->common))
+        return -1;
+    if (!example_options_valid(&o->common) || !(o->timeout_s > 0) ||
+        !(o->momentum >= 0 && o->momentum < 1)) {
         fprintf(stderr, "param_server: epochs, batch, hidden, lr, threads and timeout must be "
                         "positive, and momentum in [0, 1)\n");
         return -1;
@@ -178,13 +136,13 @@ static int done(void *ctx, const ct_rpc_args *in, ct_rpc_args *out) {
  * that the ps never waits forever. */
 static int serve(server *s, double timeout_s) {
     long long seen = -1;
-    double quiet_since = now();
+    double quiet_since = example_now();
     while (atomic_load(&s->training) > 0) {
         long long calls = atomic_load(&s->calls);
         if (calls != seen) {
             seen = calls;
-            quiet_since = now();
-        } else if (now() - quiet_since > timeout_s) {
+            quiet_since = example_now();
+        } else if (example_now() - quiet_since > timeout_s) {
             return ct_seterr(CT_ETIMEDOUT,
                              "ps: no call from the trainers for %.0f s (--timeout), with %d of "
                              "them not done",
@@ -196,22 +154,13 @@ static int serve(server *s, double timeout_s) {
 }
 
 static int run_server(const options *o, int trainers) {
-    /* fmnist_mlp's model and seed, so its initial weights. */
-    ct_manual_seed(o->seed);
-    ct_module *net = ct_sequential_new();
-    ct_sequential_append(net, ct_linear_new(784, o->hidden, true));
-    ct_sequential_append(net, ct_relu_new());
-    ct_sequential_append(net, ct_linear_new(o->hidden, o->hidden, true));
-    ct_sequential_append(net, ct_relu_new());
-    ct_sequential_append(net, ct_linear_new(o->hidden, 10, true));
+    ct_module *net = example_mlp_new(&o->common, 0);
     server s = {.training = trainers};
     ct_param_list_init(&s.params);
-    /* One flat parameter buffer: the optimizer updates it in one pass. */
-    int rc = ct_module_flatten(net, false);
-    rc = rc ? rc : ct_module_named_parameters(net, &s.params);
+    int rc = net ? ct_module_named_parameters(net, &s.params) : ct_errcode();
     ct_optim *opt = NULL;
     if (!rc) {
-        ct_optim_options oo = ct_optim_defaults(CT_OPTIM_SGD, o->lr);
+        ct_optim_options oo = ct_optim_defaults(CT_OPTIM_SGD, o->common.lr);
         oo.momentum = o->momentum;
         rc = (opt = ct_optim_new(&oo, s.params.tensors, s.params.n)) ? 0 : ct_errcode();
     }
@@ -222,7 +171,7 @@ static int run_server(const options *o, int trainers) {
         !rc && !(rc = ct_rpc_init(&(ct_rpc_options){.name = "ps", .timeout_s = o->timeout_s}));
     if (started) {
         printf("ps: 784-%lld-%lld-10, %lld parameters, serving %d trainer%s\n",
-               (long long)o->hidden, (long long)o->hidden,
+               (long long)o->common.hidden, (long long)o->common.hidden,
                (long long)ct_param_list_numel(&s.params), trainers, trainers > 1 ? "s" : "");
         fflush(stdout);
         rc = serve(&s, o->timeout_s);
@@ -240,7 +189,7 @@ static int run_server(const options *o, int trainers) {
 /* ----------------------------------------------------------- the trainers */
 
 /* One step in its own context; *loss is the batch's mean loss. */
-static int train_step(ct_dist_optim *opt, ct_tensor *x, ct_tensor *y, double *loss) {
+static int train_step(void *opt, ct_tensor *x, ct_tensor *y, double *loss) {
     int64_t context = ct_dist_autograd_begin();
     if (!context)
         return ct_errcode();
@@ -257,159 +206,68 @@ static int train_step(ct_dist_optim *opt, ct_tensor *x, ct_tensor *y, double *lo
     return rc ? rc : end;
 }
 
-/* Test accuracy through the ps's forward, in batches of 1000 images. */
-static int evaluate(ct_tensor *images, ct_tensor *labels, double *acc) {
-    int64_t n = ct_size(images, 0), correct = 0;
-    int rc = 0;
-    for (int64_t at = 0; at < n && !rc; at += 1000) {
-        ct_scope_begin();
-        int64_t len = n - at < 1000 ? n - at : 1000;
-        ct_rpc_args *in = ct_rpc_args_new(), *out = NULL;
-        rc = in ? ct_rpc_args_add_tensor(in, ct_narrow(images, 0, at, len)) : ct_errcode();
-        rc = rc ? rc : ct_rpc_sync("ps", "forward", in, 0, &out);
-        ct_tensor *pred = rc ? NULL : ct_argmax(ct_rpc_args_tensor(out, 0), 1, false);
-        ct_tensor *hits =
-            pred ? ct_sum(ct_eq(pred, ct_narrow(labels, 0, at, len)), NULL, 0, false) : NULL;
-        rc = rc ? rc : hits ? 0 : ct_errcode();
-        correct += hits ? ct_item_int64(hits) : 0;
-        ct_rpc_args_free(in);
-        ct_rpc_args_free(out);
-        ct_scope_end();
-    }
-    *acc = (double)correct / (double)n;
-    return rc;
-}
-
-/* The trainers meet at every epoch's end and sum v[0..n-1] across them. */
-static int meet(ct_comm *trainers, double *v, int n) {
-    ct_scope_begin();
-    ct_tensor *t = ct_from_data(v, CT_SHAPE(n), CT_FLOAT64);
-    int rc = t ? ct_comm_allreduce(trainers, t, CT_REDUCE_SUM, NULL) : ct_errcode();
-    if (!rc)
-        memcpy(v, ct_data_ptr(t), sizeof *v * (size_t)n);
-    ct_scope_end();
-    return rc;
-}
-
-typedef struct progress {
-    bool tty;
-    double last_print;
-} progress;
-
-static void show(progress *p, bool force, int epoch, int epochs, int64_t step, int64_t steps,
-                 double loss, double rate, double eta) {
-    double t = now();
-    if (!force && t - p->last_print < (p->tty ? 0.2 : 5))
-        return;
-    p->last_print = t;
-    int s = eta > 0 && eta < 1e6 ? (int)(eta + 0.5) : 0;
-    fprintf(stderr,
-            "%sepoch %d/%d  step %4lld/%lld  loss %.4f  %8.0f samples/s  ETA %d:%02d:%02d%s",
-            p->tty ? "\r" : "", epoch, epochs, (long long)step, (long long)steps, loss, rate,
-            s / 3600, s / 60 % 60, s % 60, p->tty ? "   " : "\n");
-    fflush(stderr);
+/* The classes the ps's forward gives, outside any context. */
+static ct_tensor *predict(void *ctx, ct_tensor *images) {
+    (void)ctx;
+    ct_rpc_args *in = ct_rpc_args_new(), *out = NULL;
+    int rc = in ? ct_rpc_args_add_tensor(in, images) : ct_errcode();
+    rc = rc ? rc : ct_rpc_sync("ps", "forward", in, 0, &out);
+    ct_tensor *pred = rc ? NULL : ct_argmax(ct_rpc_args_tensor(out, 0), 1, false);
+    ct_rpc_args_free(in);
+    ct_rpc_args_free(out);
+    return pred;
 }
 
 /* Trains trainer's share (of trainers) of the data; trainer 0 reports. */
-static int train(const options *o, int trainer, int trainers, ct_comm *group, ct_tensor *train_x,
-                 ct_tensor *train_y, ct_tensor *test_x, ct_tensor *test_y) {
+static int train(const options *o, int trainer, int trainers, ct_comm *group,
+                 const example_data *d) {
     ct_sampler sampler;
-    ct_sampler_options so = {.size = ct_size(train_x, 0),
+    ct_sampler_options so = {.size = ct_size(d->train_x, 0),
                              .shuffle = true,
-                             .seed = o->seed,
+                             .seed = o->common.seed,
                              .num_replicas = trainers,
                              .rank = trainer};
-    ct_loader_options lo = {.batch_size = o->batch, .sampler = &sampler};
+    ct_loader_options lo = {.batch_size = o->common.batch, .sampler = &sampler};
     ct_loader *loader = NULL;
     ct_dist_optim *opt = ct_dist_optim_new("sgd", (const char *const[]){"ps"}, 1);
     int rc = opt ? ct_sampler_init(&sampler, &so) : ct_errcode();
-    rc = rc ? rc : (loader = ct_loader_new(train_x, train_y, &lo)) ? 0 : ct_errcode();
-    int64_t per_epoch = rc ? 0 : ct_loader_num_batches(loader), total = per_epoch * o->epochs;
-    if (o->max_steps > 0 && o->max_steps < total)
-        total = o->max_steps;
-    bool report = trainer == 0;
-    if (!rc && report)
+    rc = rc ? rc : (loader = ct_loader_new(d->train_x, d->train_y, &lo)) ? 0 : ct_errcode();
+    if (!rc && trainer == 0)
         printf("param_server: 784-%lld-%lld-10 on ps, batch %lld, %d epochs, %d trainer%s, %d "
                "thread%s each\n",
-               (long long)o->hidden, (long long)o->hidden, (long long)o->batch, o->epochs, trainers,
-               trainers > 1 ? "s" : "", o->threads, o->threads > 1 ? "s" : "");
+               (long long)o->common.hidden, (long long)o->common.hidden, (long long)o->common.batch,
+               o->common.epochs, trainers, trainers > 1 ? "s" : "", o->common.threads,
+               o->common.threads > 1 ? "s" : "");
     fflush(stdout);
-
-    progress prog = {isatty(STDERR_FILENO) != 0, 0};
-    double start = now(), busy = 0, acc = NAN, mean_loss = NAN, rate = 0;
-    int64_t step = 0, samples = 0;
-    int epoch = 0;
-    while (!rc && step < total) {
-        epoch++;
-        double loss_sum = 0, loss = NAN;
-        int64_t in_epoch = 0;
-        for (; step < total && !rc; step++) {
-            double t0 = now();
-            ct_scope_begin();
-            ct_tensor *x, *y;
-            int got = ct_loader_next(loader, &x, &y);
-            if (got == 1) {
-                rc = train_step(opt, x, y, &loss);
-                samples += ct_size(x, 0);
-            }
-            ct_scope_end();
-            if (got < 0)
-                rc = got;
-            if (rc || got == 0)
-                break;
-            busy += now() - t0;
-            loss_sum += loss;
-            in_epoch++;
-            /* Every trainer goes at about this one's pace. */
-            double mine = (double)samples / busy;
-            if (report)
-                show(&prog, false, epoch, o->epochs, in_epoch, per_epoch, loss, mine * trainers,
-                     (double)(total - step - 1) * (double)o->batch / mine);
-        }
-        double sums[3] = {loss_sum, (double)in_epoch, busy > 0 ? (double)samples / busy : 0};
-        rc = rc ? rc : meet(group, sums, 3);
-        if (rc || !report)
-            continue;
-        mean_loss = sums[0] / sums[1];
-        rate = sums[2];
-        show(&prog, true, epoch, o->epochs, in_epoch, per_epoch, loss, rate, 0);
-        if (prog.tty)
-            fputc('\n', stderr);
-        rc = evaluate(test_x, test_y, &acc);
-        if (!rc)
-            printf("epoch %2d  train loss %.4f  test accuracy %.2f%%  (%.0f samples/s, %.1f s)\n",
-                   epoch, mean_loss, 100 * acc, rate, now() - start);
-        fflush(stdout);
-    }
-    if (!rc && report)
-        printf(
-            "{\"example\": \"param_server\", \"trainers\": %d, \"threads\": %d, \"batch\": %lld, "
-            "\"epochs\": %d, \"steps\": %lld, \"samples_per_s\": %.1f, \"test_acc\": %.4f, "
-            "\"final_loss\": %.4f}\n",
-            trainers, o->threads, (long long)o->batch, epoch, (long long)step, rate, acc,
-            mean_loss);
+    char head[64];
+    snprintf(head, sizeof head, "\"example\": \"param_server\", \"trainers\": %d", trainers);
+    example_trainer t = {.o = &o->common,
+                         .loader = loader,
+                         .step = train_step,
+                         .predict = predict,
+                         .ctx = opt,
+                         .group = group,
+                         .summary_head = head,
+                         .test_x = d->test_x,
+                         .test_y = d->test_y};
+    rc = rc ? rc : example_train(&t);
     ct_loader_free(loader);
     ct_dist_optim_free(opt);
     return rc;
 }
 
 static int run_trainer(const options *o, int rank, int ranks, ct_comm *group) {
-    ct_tensor *train_x = NULL, *train_y = NULL, *test_x = NULL, *test_y = NULL;
-    int rc = ct_fmnist_load(o->data, true, &train_x, &train_y);
-    if (!rc && rank == 1)
-        rc = ct_fmnist_load(o->data, false, &test_x, &test_y);
+    example_data d;
+    int rc = example_data_load(&d, o->common.data, rank == 1);
     char name[32];
     snprintf(name, sizeof name, "trainer%d", rank);
     rc = rc ? rc : ct_rpc_init(&(ct_rpc_options){.name = name, .timeout_s = o->timeout_s});
-    rc = rc ? rc : train(o, rank - 1, ranks - 1, group, train_x, train_y, test_x, test_y);
+    rc = rc ? rc : train(o, rank - 1, ranks - 1, group, &d);
     ct_rpc_args *none = rc ? NULL : ct_rpc_args_new();
     rc = rc ? rc : none ? ct_rpc_sync("ps", "done", none, 0, NULL) : ct_errcode();
     rc = rc ? rc : ct_rpc_shutdown();
     ct_rpc_args_free(none);
-    ct_tensor_free(train_x);
-    ct_tensor_free(train_y);
-    ct_tensor_free(test_x);
-    ct_tensor_free(test_y);
+    example_data_free(&d);
     return rc;
 }
 
@@ -417,10 +275,8 @@ int main(int argc, char **argv) {
     options o;
     if (parse(argc, argv, &o))
         return 2;
-    if (ct_set_num_threads(o.threads) || ct_dist_init(NULL)) {
-        fprintf(stderr, "param_server: %s\n", ct_errmsg());
+    if (example_init("param_server", &o.common))
         return 1;
-    }
     int rank = ct_comm_rank(ct_dist_comm()), ranks = ct_comm_size(ct_dist_comm());
     if (ranks < 2) {
         fprintf(stderr, "param_server: needs a parameter server and trainers: run it as "

@@ -24,7 +24,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 
-#include <ct/ct.h>
+#include "example_common.h"
 
 #include <math.h>
 #include <stdatomic.h>
@@ -32,73 +32,32 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 
 typedef struct options {
-    int epochs, threads, max_steps;
-    int64_t batch, hidden;
-    double lr, timeout_s; /* timeout_s: of every call, and of worker 1's wait for worker 0 */
-    uint64_t seed;
-    const char *data;
+    example_options common;
+    double timeout_s; /* of every call, and of worker 1's wait for worker 0 */
 } options;
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
+static const char usage[] =
+    "usage: ctlaunch -np 2 two_stage [--epochs N] [--batch N] [--lr X] [--hidden N]\n"
+    "                                [--threads N] [--seed N] [--data DIR]\n"
+    "                                [--max-steps N] [--timeout S]\n";
 
-static void usage(FILE *f) {
-    fprintf(f, "usage: ctlaunch -np 2 two_stage [--epochs N] [--batch N] [--lr X] [--hidden N]\n"
-               "                                [--threads N] [--seed N] [--data DIR]\n"
-               "                                [--max-steps N] [--timeout S]\n");
+static int parse_flag(void *ctx, const char *flag, const char *v) {
+    options *o = ctx;
+    if (strcmp(flag, "--timeout"))
+        return 0;
+    o->timeout_s = atof(v);
+    return 1;
 }
 
 static int parse(int argc, char **argv, options *o) {
-    *o = (options){.epochs = 2,
-                   .threads = 1,
-                   .batch = 64,
-                   .hidden = 256,
-                   .lr = 0.05,
-                   .timeout_s = 60,
-                   .seed = 1};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout);
-            exit(0);
-        }
-        if (!v) {
-            fprintf(stderr, "two_stage: %s needs a value\n", a);
-            return -1;
-        }
-        i++;
-        if (!strcmp(a, "--epochs"))
-            o->epochs = atoi(v);
-        else if (!strcmp(a, "--batch"))
-            o->batch = atoll(v);
-        else if (!strcmp(a, "--lr"))
-            o->lr = atof(v);
-        else if (!strcmp(a, "--hidden"))
-            o->hidden = atoll(v);
-        else if (!strcmp(a, "--threads"))
-            o->threads = atoi(v);
-        else if (!strcmp(a, "--seed"))
-            o->seed = strtoull(v, NULL, 10);
-        else if (!strcmp(a, "--data"))
-            o->data = v;
-        else if (!strcmp(a, "--max-steps"))
-            o->max_steps = atoi(v);
-        else if (!strcmp(a, "--timeout"))
-            o->timeout_s = atof(v);
-        else {
-            fprintf(stderr, "two_stage: unknown option %s\n", a);
-            usage(stderr);
-            return -1;
-        }
-    }
-    if (o->epochs < 1 || o->batch < 1 || o->hidden < 1 || !(o->lr > 0) || o->threads < 1 ||
-        o->max_steps < 0 || !(o->timeout_s > 0)) {
+    *o = (options){.common = example_options_defaults(), .timeout_s = 60};
+    o->common.epochs = 2;
+    example_cli cli = {"two_stage", usage, parse_flag, o};
+    if (example_parse(argc, argv, &cli, &o->common))
+        return -1;
+    if (!example_options_valid(&o->common) || !(o->timeout_s > 0)) {
         fprintf(stderr, "two_stage: epochs, batch, hidden, lr, threads and timeout must be "
                         "positive\n");
         return -1;
@@ -118,17 +77,17 @@ typedef struct stage {
 } stage;
 
 static int stage_init(stage *s, const options *o, int worker) {
-    ct_manual_seed(o->seed);
+    ct_manual_seed(o->common.seed);
     s->net = ct_sequential_new();
-    ct_module *first = ct_linear_new(784, o->hidden, true);
+    ct_module *first = ct_linear_new(784, o->common.hidden, true);
     if (worker == 0) {
         ct_sequential_append(s->net, first);
         ct_sequential_append(s->net, ct_relu_new());
     } else {
         ct_module_free(first);
-        ct_sequential_append(s->net, ct_linear_new(o->hidden, o->hidden, true));
+        ct_sequential_append(s->net, ct_linear_new(o->common.hidden, o->common.hidden, true));
         ct_sequential_append(s->net, ct_relu_new());
-        ct_sequential_append(s->net, ct_linear_new(o->hidden, 10, true));
+        ct_sequential_append(s->net, ct_linear_new(o->common.hidden, 10, true));
     }
     ct_param_list params;
     ct_param_list_init(&params);
@@ -136,7 +95,7 @@ static int stage_init(stage *s, const options *o, int worker) {
     int rc = ct_module_flatten(s->net, false);
     rc = rc ? rc : ct_module_named_parameters(s->net, &params);
     if (!rc) {
-        ct_optim_options oo = ct_optim_defaults(CT_OPTIM_SGD, o->lr);
+        ct_optim_options oo = ct_optim_defaults(CT_OPTIM_SGD, o->common.lr);
         oo.momentum = 0.9;
         rc = (s->opt = ct_optim_new(&oo, params.tensors, params.n)) ? 0 : ct_errcode();
     }
@@ -176,13 +135,13 @@ static int done(void *ctx, const ct_rpc_args *in, ct_rpc_args *out) {
  * that worker 1 never waits forever. */
 static int serve(stage *s, double timeout_s) {
     long long seen = -1;
-    double quiet_since = now();
+    double quiet_since = example_now();
     while (atomic_load(&s->driving)) {
         long long calls = atomic_load(&s->calls);
         if (calls != seen) {
             seen = calls;
-            quiet_since = now();
-        } else if (now() - quiet_since > timeout_s) {
+            quiet_since = example_now();
+        } else if (example_now() - quiet_since > timeout_s) {
             return ct_seterr(CT_ETIMEDOUT, "worker1: no call from worker0 for %.0f s (--timeout)",
                              timeout_s);
         }
@@ -208,19 +167,24 @@ static int run_stage2(const options *o) {
 
 /* ------------------------------------------------------------- worker 0 */
 
+typedef struct driver {
+    ct_module *stage1;
+    ct_dist_optim *opt; /* steps both workers' "sgd" */
+} driver;
+
 /* One step in its own context; *loss is the batch's mean loss. */
-static int train_step(ct_module *stage1, ct_dist_optim *opt, ct_tensor *x, ct_tensor *y,
-                      double *loss) {
+static int train_step(void *ctx, ct_tensor *x, ct_tensor *y, double *loss) {
+    driver *dr = ctx;
     int64_t context = ct_dist_autograd_begin();
     if (!context)
         return ct_errcode();
     ct_rpc_args *in = ct_rpc_args_new(), *out = NULL;
-    ct_tensor *h = ct_module_forward(stage1, x);
+    ct_tensor *h = ct_module_forward(dr->stage1, x);
     int rc = in && h ? ct_rpc_args_add_tensor(in, h) : ct_errcode();
     rc = rc ? rc : ct_rpc_sync("worker1", "stage2", in, 0, &out);
     ct_tensor *l = rc ? NULL : ct_cross_entropy(ct_rpc_args_tensor(out, 0), y, NULL);
     rc = rc ? rc : l ? ct_dist_backward(context, &l, 1) : ct_errcode();
-    rc = rc ? rc : ct_dist_optim_step(opt, context);
+    rc = rc ? rc : ct_dist_optim_step(dr->opt, context);
     *loss = rc ? NAN : ct_item(l);
     int end = ct_dist_autograd_end(context);
     ct_rpc_args_free(in);
@@ -228,129 +192,55 @@ static int train_step(ct_module *stage1, ct_dist_optim *opt, ct_tensor *x, ct_te
     return rc ? rc : end;
 }
 
-/* Test accuracy in batches of 1000 images, without a graph. */
-static int evaluate(ct_module *stage1, ct_tensor *images, ct_tensor *labels, double *acc) {
-    bool prev = ct_set_grad_enabled(false);
-    int64_t n = ct_size(images, 0), correct = 0;
-    int rc = 0;
-    for (int64_t at = 0; at < n && !rc; at += 1000) {
-        ct_scope_begin();
-        int64_t len = n - at < 1000 ? n - at : 1000;
-        ct_rpc_args *in = ct_rpc_args_new(), *out = NULL;
-        ct_tensor *h = ct_module_forward(stage1, ct_narrow(images, 0, at, len));
-        rc = in && h ? ct_rpc_args_add_tensor(in, h) : ct_errcode();
-        rc = rc ? rc : ct_rpc_sync("worker1", "stage2", in, 0, &out);
-        ct_tensor *pred = rc ? NULL : ct_argmax(ct_rpc_args_tensor(out, 0), 1, false);
-        ct_tensor *hits =
-            pred ? ct_sum(ct_eq(pred, ct_narrow(labels, 0, at, len)), NULL, 0, false) : NULL;
-        rc = rc ? rc : hits ? 0 : ct_errcode();
-        correct += hits ? ct_item_int64(hits) : 0;
-        ct_rpc_args_free(in);
-        ct_rpc_args_free(out);
-        ct_scope_end();
-    }
-    ct_set_grad_enabled(prev);
-    *acc = (double)correct / (double)n;
-    return rc;
+/* The classes stage 2 gives for stage 1's output, outside any context. */
+static ct_tensor *predict(void *ctx, ct_tensor *images) {
+    driver *dr = ctx;
+    ct_rpc_args *in = ct_rpc_args_new(), *out = NULL;
+    ct_tensor *h = ct_module_forward(dr->stage1, images);
+    int rc = in && h ? ct_rpc_args_add_tensor(in, h) : ct_errcode();
+    rc = rc ? rc : ct_rpc_sync("worker1", "stage2", in, 0, &out);
+    ct_tensor *pred = rc ? NULL : ct_argmax(ct_rpc_args_tensor(out, 0), 1, false);
+    ct_rpc_args_free(in);
+    ct_rpc_args_free(out);
+    return pred;
 }
 
-typedef struct progress {
-    bool tty;
-    double last_print;
-} progress;
-
-static void show(progress *p, bool force, int epoch, int epochs, int64_t step, int64_t steps,
-                 double loss, double rate, double eta) {
-    double t = now();
-    if (!force && t - p->last_print < (p->tty ? 0.2 : 5))
-        return;
-    p->last_print = t;
-    int s = eta > 0 && eta < 1e6 ? (int)(eta + 0.5) : 0;
-    fprintf(stderr,
-            "%sepoch %d/%d  step %4lld/%lld  loss %.4f  %8.0f samples/s  ETA %d:%02d:%02d%s",
-            p->tty ? "\r" : "", epoch, epochs, (long long)step, (long long)steps, loss, rate,
-            s / 3600, s / 60 % 60, s % 60, p->tty ? "   " : "\n");
-    fflush(stderr);
-}
-
-static int train(const options *o, stage *s, ct_tensor *train_x, ct_tensor *train_y,
-                 ct_tensor *test_x, ct_tensor *test_y) {
+static int train(const options *o, ct_module *stage1, const example_data *d) {
     ct_sampler sampler;
-    ct_sampler_options so = {.size = ct_size(train_x, 0), .shuffle = true, .seed = o->seed};
-    ct_loader_options lo = {.batch_size = o->batch, .sampler = &sampler};
+    ct_sampler_options so = {
+        .size = ct_size(d->train_x, 0), .shuffle = true, .seed = o->common.seed};
+    ct_loader_options lo = {.batch_size = o->common.batch, .sampler = &sampler};
     ct_loader *loader = NULL;
-    ct_dist_optim *opt = ct_dist_optim_new("sgd", (const char *const[]){"worker0", "worker1"}, 2);
-    int rc = opt ? ct_sampler_init(&sampler, &so) : ct_errcode();
-    rc = rc ? rc : (loader = ct_loader_new(train_x, train_y, &lo)) ? 0 : ct_errcode();
-    int64_t per_epoch = rc ? 0 : ct_loader_num_batches(loader), total = per_epoch * o->epochs;
-    if (o->max_steps > 0 && o->max_steps < total)
-        total = o->max_steps;
+    driver dr = {stage1, ct_dist_optim_new("sgd", (const char *const[]){"worker0", "worker1"}, 2)};
+    int rc = dr.opt ? ct_sampler_init(&sampler, &so) : ct_errcode();
+    rc = rc ? rc : (loader = ct_loader_new(d->train_x, d->train_y, &lo)) ? 0 : ct_errcode();
     if (!rc)
         printf("two_stage: 784-%lld | %lld-10 on worker0 | worker1, batch %lld, %d epochs, %d "
                "thread%s each\n",
-               (long long)o->hidden, (long long)o->hidden, (long long)o->batch, o->epochs,
-               o->threads, o->threads > 1 ? "s" : "");
+               (long long)o->common.hidden, (long long)o->common.hidden, (long long)o->common.batch,
+               o->common.epochs, o->common.threads, o->common.threads > 1 ? "s" : "");
     fflush(stdout);
-
-    progress prog = {isatty(STDERR_FILENO) != 0, 0};
-    double start = now(), busy = 0, acc = NAN, mean_loss = NAN, rate = 0;
-    int64_t step = 0, samples = 0;
-    int epoch = 0;
-    while (!rc && step < total) {
-        epoch++;
-        double loss_sum = 0, loss = NAN;
-        int64_t in_epoch = 0;
-        for (; step < total && !rc; step++) {
-            double t0 = now();
-            ct_scope_begin();
-            ct_tensor *x, *y;
-            int got = ct_loader_next(loader, &x, &y);
-            if (got == 1) {
-                rc = train_step(s->net, opt, x, y, &loss);
-                samples += ct_size(x, 0);
-            }
-            ct_scope_end();
-            if (got < 0)
-                rc = got;
-            if (rc || got == 0)
-                break;
-            busy += now() - t0;
-            loss_sum += loss;
-            in_epoch++;
-            rate = (double)samples / busy;
-            show(&prog, false, epoch, o->epochs, in_epoch, per_epoch, loss, rate,
-                 (double)(total - step - 1) * (double)o->batch / rate);
-        }
-        if (rc)
-            break;
-        mean_loss = loss_sum / (double)in_epoch;
-        show(&prog, true, epoch, o->epochs, in_epoch, per_epoch, loss, rate, 0);
-        if (prog.tty)
-            fputc('\n', stderr);
-        rc = evaluate(s->net, test_x, test_y, &acc);
-        if (!rc)
-            printf("epoch %2d  train loss %.4f  test accuracy %.2f%%  (%.0f samples/s, %.1f s)\n",
-                   epoch, mean_loss, 100 * acc, rate, now() - start);
-        fflush(stdout);
-    }
-    if (!rc)
-        printf("{\"example\": \"two_stage\", \"threads\": %d, \"batch\": %lld, \"epochs\": %d, "
-               "\"steps\": %lld, \"samples_per_s\": %.1f, \"test_acc\": %.4f, \"final_loss\": "
-               "%.4f}\n",
-               o->threads, (long long)o->batch, epoch, (long long)step, rate, acc, mean_loss);
+    example_trainer t = {.o = &o->common,
+                         .loader = loader,
+                         .step = train_step,
+                         .predict = predict,
+                         .ctx = &dr,
+                         .summary_head = "\"example\": \"two_stage\"",
+                         .test_x = d->test_x,
+                         .test_y = d->test_y};
+    rc = rc ? rc : example_train(&t);
     ct_loader_free(loader);
-    ct_dist_optim_free(opt);
+    ct_dist_optim_free(dr.opt);
     return rc;
 }
 
 static int run_stage1(const options *o) {
-    ct_tensor *train_x = NULL, *train_y = NULL, *test_x = NULL, *test_y = NULL;
+    example_data d;
     stage s = {0};
-    int rc = ct_fmnist_load(o->data, true, &train_x, &train_y);
-    rc = rc ? rc : ct_fmnist_load(o->data, false, &test_x, &test_y);
+    int rc = example_data_load(&d, o->common.data, true);
     rc = rc ? rc : stage_init(&s, o, 0);
     bool started = !rc && !(rc = ct_rpc_init(&(ct_rpc_options){.timeout_s = o->timeout_s}));
-    rc = rc ? rc : train(o, &s, train_x, train_y, test_x, test_y);
+    rc = rc ? rc : train(o, s.net, &d);
     ct_rpc_args *none = rc ? NULL : ct_rpc_args_new();
     rc = rc ? rc : none ? ct_rpc_sync("worker1", "done", none, 0, NULL) : ct_errcode();
     rc = rc ? rc : ct_rpc_shutdown();
@@ -358,10 +248,7 @@ static int run_stage1(const options *o) {
     if (started && rc)
         return rc; /* as run_stage2 */
     stage_free(&s);
-    ct_tensor_free(train_x);
-    ct_tensor_free(train_y);
-    ct_tensor_free(test_x);
-    ct_tensor_free(test_y);
+    example_data_free(&d);
     return rc;
 }
 
@@ -369,10 +256,8 @@ int main(int argc, char **argv) {
     options o;
     if (parse(argc, argv, &o))
         return 2;
-    if (ct_set_num_threads(o.threads) || ct_dist_init(NULL)) {
-        fprintf(stderr, "two_stage: %s\n", ct_errmsg());
+    if (example_init("two_stage", &o.common))
         return 1;
-    }
     int rank = ct_comm_rank(ct_dist_comm()), ranks = ct_comm_size(ct_dist_comm());
     if (ranks != 2) {
         fprintf(stderr,

@@ -1,0 +1,159 @@
+/* examples internal header: what fmnist_mlp, param_server and two_stage
+ * share, so that the two RPC examples train fmnist_mlp's MLP from its flags,
+ * its initial weights and its data, and print what it prints.
+ *
+ *   - example_parse(): the flags all three take (--epochs --batch --lr
+ *     --hidden --threads --seed --data --max-steps), -h/--help, and a
+ *     callback for each example's own;
+ *   - example_mlp_new(): the 784-H-H-10 MLP with fmnist_mlp's weights;
+ *   - example_data_load(): Fashion-MNIST;
+ *   - example_evaluate(): the test accuracy, in batches of 1000 images;
+ *   - example_progress_*(): the progress line on stderr;
+ *   - example_print_epoch(), example_print_summary(): the line after every
+ *     epoch, and the JSON summary that ends stdout;
+ *   - example_train(): the RPC examples' training loop, around a step
+ *     callback (fmnist_mlp keeps its own: it resumes mid-epoch, leaves
+ *     warmup steps out of its timing and saves checkpoints).
+ *
+ * Ownership. Every function borrows what it is passed (example_train()
+ * too, all that its example_trainer points to). example_mlp_new() and
+ * example_data_load() hand what they make to the caller, who frees it with
+ * ct_module_free() and example_data_free().
+ *
+ * Errors. As in ct: 0 or a negative CT_E* code, or NULL, with ct_errmsg()
+ * saying why. example_parse() prints its own messages instead, as a command
+ * line tool does.
+ *
+ * Threads. Nothing here is thread-safe; call it from the thread that trains
+ * (the progress line is one per process).
+ */
+#ifndef EXAMPLE_COMMON_H
+#define EXAMPLE_COMMON_H
+
+#include <ct/ct.h>
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* Seconds on the monotonic clock. */
+double example_now(void);
+
+/* ------------------------------------------------------------------ flags */
+
+typedef struct example_options {
+    int epochs, threads, max_steps; /* max_steps 0: all the epochs' steps */
+    int64_t batch, hidden;
+    double lr;
+    uint64_t seed;    /* of the initial weights and of the shuffle */
+    const char *data; /* Fashion-MNIST's directory; NULL: CT_FMNIST_DIR */
+} example_options;
+
+/* fmnist_mlp's reference recipe (10 epochs, batch 64, hidden 256, lr 0.05)
+ * on one thread, with seed 1. */
+example_options example_options_defaults(void);
+
+/* An example's own flag: 1 when it took flag and its value, 0 when flag is
+ * not one of its own, -1 after printing why value is wrong. */
+typedef int (*example_flag_fn)(void *ctx, const char *flag, const char *value);
+
+typedef struct example_cli {
+    const char *name;  /* the program, at the start of every message */
+    const char *usage; /* printed by --help, and after an unknown flag */
+    example_flag_fn flag;
+    void *ctx; /* flag's */
+} example_cli;
+
+/* Parses argv into o, which holds the defaults. --help prints the usage and
+ * exits 0; a flag without a value, an unknown flag or a callback's error:
+ * -1, the message printed. The values are not checked: see
+ * example_options_valid(). */
+int example_parse(int argc, char **argv, const example_cli *cli, example_options *o);
+/* Epochs, batch, hidden, lr and threads positive; max_steps not negative. */
+bool example_options_valid(const example_options *o);
+
+/* Gives ct o->threads threads and joins the launcher's world (a world of
+ * one without a launcher). On error: -1, "<name>: <why>" printed. */
+int example_init(const char *name, const example_options *o);
+
+/* ------------------------------------------------------- model and data */
+
+/* 784-H-H-10 with ReLU (and dropout after each ReLU when dropout > 0), its
+ * parameters in one flat buffer (so that an optimizer updates them in one
+ * pass). It seeds the default generator with o->seed first, so that every
+ * example starts from fmnist_mlp's weights. NULL on error. */
+ct_module *example_mlp_new(const example_options *o, double dropout);
+
+typedef struct example_data {
+    ct_tensor *train_x, *train_y; /* [60000, 784] float32 in [0, 1], [60000] int64 */
+    ct_tensor *test_x, *test_y;   /* [10000, 784], [10000]; NULL unless loaded */
+} example_data;
+
+/* Loads the training split into *d, and the test split too if test. On
+ * error *d may hold the tensors that did load: free it either way. */
+int example_data_load(example_data *d, const char *dir, bool test);
+/* Accepts a zeroed *d. */
+void example_data_free(example_data *d);
+
+/* ------------------------------------------------------------- reporting */
+
+/* The class of each image: images [n, 784] -> int64 [n], owned by the
+ * current scope; NULL on error. */
+typedef ct_tensor *(*example_predict_fn)(void *ctx, ct_tensor *images);
+
+/* *acc = the fraction of images [N, 784] whose predicted class is their
+ * label [N], predicted 1000 at a time without a graph. The first error
+ * stops it (*acc counts the batches before it). */
+int example_evaluate(example_predict_fn predict, void *ctx, ct_tensor *images, ct_tensor *labels,
+                     double *acc);
+
+/* On a terminal one line, redrawn at most 5 times a second; elsewhere a
+ * line every 5 seconds, so that logs stay short. */
+typedef struct example_progress {
+    int epochs;
+    int64_t steps; /* per epoch */
+    bool tty;
+    double last_print;
+} example_progress;
+
+void example_progress_init(example_progress *p, int epochs, int64_t steps);
+/* step counts from 1 in each epoch; samples/s and eta (s) as estimated. */
+void example_progress_show(example_progress *p, int epoch, int64_t step, double loss, double rate,
+                           double eta);
+/* Shows the epoch's last step even if one was shown just now, and ends the
+ * line on a terminal, so that the epoch's result goes below it. */
+void example_progress_end_epoch(example_progress *p, int epoch, int64_t step, double loss,
+                                double rate);
+
+/* "epoch  E  train loss L  test accuracy A%  (R samples/s, T s)". */
+void example_print_epoch(int epoch, double loss, double acc, double rate, double seconds);
+/* {<head>, "threads": .., "batch": .., "epochs": epochs, "steps": steps,
+ * <more>"samples_per_s": rate, "test_acc": acc, "final_loss": loss}: head,
+ * the example's first fields; more, "" or fields that end in ", ". */
+void example_print_summary(const char *head, const char *more, const example_options *o, int epochs,
+                           int64_t steps, double rate, double acc, double loss);
+
+/* ------------------------------------------------------ the training loop */
+
+/* One training step on images x [b, 784] and labels y [b]; *loss, the
+ * batch's mean loss. */
+typedef int (*example_step_fn)(void *ctx, ct_tensor *x, ct_tensor *y, double *loss);
+
+typedef struct example_trainer {
+    const example_options *o; /* epochs and max_steps; batch and threads as printed */
+    ct_loader *loader;        /* this trainer's batches */
+    example_step_fn step;
+    example_predict_fn predict;
+    void *ctx;                  /* step's and predict's */
+    ct_comm *group;             /* the trainers that train side by side; NULL: this one alone */
+    const char *summary_head;   /* example_print_summary()'s head */
+    ct_tensor *test_x, *test_y; /* read by the reporter only */
+} example_trainer;
+
+/* Steps through o->epochs epochs of t->loader, or o->max_steps steps. The
+ * trainers meet at every epoch's end (an allreduce over t->group) to sum
+ * their losses and samples/s, and then the reporter, the group's rank 0,
+ * prints what fmnist_mlp prints: progress, the test accuracy after every
+ * epoch, and the summary. Stops at the first error. */
+int example_train(const example_trainer *t);
+
+#endif /* EXAMPLE_COMMON_H */
