@@ -222,13 +222,19 @@ static void wake_io(void) {
         fprintf(stderr, "ct rpc: waking the I/O thread: %s\n", strerror(errno));
 }
 
+/* Appends item to the singly linked queue (head, tail), under its lock. */
+#define QUEUE_PUSH(head, tail, item)                                                               \
+    do {                                                                                           \
+        if (tail)                                                                                  \
+            (tail)->next = (item);                                                                 \
+        else                                                                                       \
+            (head) = (item);                                                                       \
+        (tail) = (item);                                                                           \
+    } while (0)
+
 static void enqueue(outgoing *o) {
     pthread_mutex_lock(&g.mu);
-    if (g.out_tail)
-        g.out_tail->next = o;
-    else
-        g.out_head = o;
-    g.out_tail = o;
+    QUEUE_PUSH(g.out_head, g.out_tail, o);
     pthread_mutex_unlock(&g.mu);
     wake_io();
 }
@@ -522,11 +528,7 @@ static void on_request(void) {
     zmq_msg_init(&j->route);
     zmq_msg_move(&j->route, &route);
     pthread_mutex_lock(&g.mu);
-    if (g.jobs_tail)
-        g.jobs_tail->next = j;
-    else
-        g.jobs_head = j;
-    g.jobs_tail = j;
+    QUEUE_PUSH(g.jobs_head, g.jobs_tail, j);
     pthread_cond_signal(&g.jobs_cv);
     pthread_mutex_unlock(&g.mu);
 }
