@@ -19,8 +19,9 @@
 # rounds, in a fresh directory under CT_BENCH_CKPT_DIR (default
 # $build/ckpt-bench: the build's disk), and times an async save's blocking
 # (docs/bench-checkpoint.md); rpc times RPC round trips on 2 workers beside
-# plain zmq, in as many rounds (docs/rpc-design.md); PYTHON (default /usr/bin/python3, Debian's,
-# with python3-torch) runs the PyTorch peers and the summaries;
+# plain zmq and torch.distributed.rpc, in as many rounds
+# (docs/rpc-design.md); PYTHON (default /usr/bin/python3, Debian's, with
+# python3-torch) runs the PyTorch peers and the summaries;
 # CT_BENCH_BUILD_DIR moves the build.
 set -euo pipefail
 
