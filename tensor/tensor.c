@@ -1,4 +1,5 @@
 /* Storage, tensor objects, scopes, accessors and the autograd hook. */
+#include "cuda_impl.h"
 #include "tensor_impl.h"
 
 #include <math.h>
@@ -85,9 +86,10 @@ static ct_storage *storage_new_in_block(size_t nbytes, size_t prefix) {
 }
 
 ct_storage *ct_storage_new(size_t nbytes, ct_device device) {
+    if (device.type == CT_CUDA)
+        return ct__cuda_storage_new(nbytes, device.index);
     if (device.type != CT_CPU) {
-        ct__seterr(CT_ENOTSUP, "storage_new: device type %d is not available in this build",
-                   (int)device.type);
+        ct__seterr(CT_EDEVICE, "storage_new: unknown device type %d", (int)device.type);
         return NULL;
     }
     return storage_new_in_block(nbytes, 0);

@@ -1,5 +1,6 @@
 /* Errors, dtypes, storage, tensor lifetime, scopes and the autograd hook. */
 #include "ct_test.h"
+#include <ct/cuda.h>
 
 #include <stdlib.h>
 
@@ -86,7 +87,10 @@ TEST(storage_bounds_are_checked) {
     ASSERT_TRUE(ct_tensor_from_storage(s, 5, CT_SHAPE(0, 9), NULL, CT_FLOAT32) != NULL);
     ct_storage_free(s);
     ASSERT_FAILS(ct_storage_from_blob(NULL, 8, CT_DEVICE_CPU, NULL, NULL), CT_EINVAL, "NULL");
-    ASSERT_FAILS(ct_storage_new(8, (ct_device){CT_CUDA, 0}), CT_ENOTSUP, "storage_new");
+    ASSERT_FAILS(ct_storage_new(8, (ct_device){CT_CUDA, 1000}), CT_EDEVICE, "storage_new",
+                 "cuda:1000");
+    ASSERT_FAILS(ct_storage_new(8, (ct_device){(ct_device_type)7, 0}), CT_EDEVICE,
+                 "unknown device type 7");
 }
 
 TEST(storage_is_aligned_to_64_bytes) {
@@ -335,4 +339,23 @@ TEST(errclear_forgets_the_message_too) {
     ASSERT_EQ(strlen(ct_errmsg()), 0);
     ASSERT_TRUE(ct_log(NULL) == NULL);
     ASSERT_STR_CONTAINS(ct_errmsg(), "log: input 0 is NULL");
+}
+
+/* Runs anywhere: a device that is not there is a clear CT_EDEVICE, whether
+ * the machine has no device (this one) or fewer than asked for. */
+TEST(cuda_devices_that_are_not_there_are_named) {
+    int n = ct_cuda_device_count();
+    ASSERT_TRUE(n >= 0);
+    ASSERT_TRUE(n > 0 || strlen(ct_cuda_unavailable_reason()) > 0);
+    ASSERT_RC(ct_cuda_set_device(n), CT_EDEVICE, "ct_cuda_set_device");
+    ASSERT_RC(ct_cuda_synchronize(-1), CT_EDEVICE, "cuda:-1");
+    ct_cuda_memory_stats st;
+    ASSERT_RC(ct_cuda_memory_stats_get(n, &st), CT_EDEVICE,
+              n ? "no such device" : "there is no CUDA device");
+    ct_tensor *x = ct_ones(CT_SHAPE(2, 3), CT_FLOAT32);
+    ASSERT_FAILS(ct_to(x, (ct_device){CT_CUDA, n}), CT_EDEVICE, "ct_to");
+    /* To where it is already: the same tensor. */
+    ct_tensor *same = ct_to(x, CT_DEVICE_CPU);
+    ASSERT_TRUE(same != NULL && ct_data_ptr(same) == ct_data_ptr(x));
+    ASSERT_FAILS(ct_to(NULL, CT_DEVICE_CPU), CT_EINVAL, "ct_to");
 }

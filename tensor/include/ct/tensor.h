@@ -166,8 +166,10 @@ typedef struct ct_storage ct_storage;
  * thread-safe. */
 typedef void (*ct_free_fn)(void *data, void *ctx);
 
-/* New uninitialised storage of nbytes, 64-byte aligned. The caller owns the
- * returned reference. NULL with CT_ENOMEM or CT_ENOTSUP (device). */
+/* New uninitialised storage of nbytes, 64-byte aligned on the CPU. The
+ * caller owns the returned reference. NULL with CT_ENOMEM, or CT_EDEVICE for
+ * a device that is not there. CUDA memory comes from the device's caching
+ * allocator (ct/cuda.h). */
 CT_API ct_storage *ct_storage_new(size_t nbytes, ct_device device);
 /* Wraps memory ct did not allocate. The storage takes ownership of data and
  * calls free_fn(data, ctx) when the last reference goes (free_fn may be NULL

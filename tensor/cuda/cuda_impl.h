@@ -1,0 +1,35 @@
+/* ct's CUDA device layer, internal: what tensor/ needs of a GPU.
+ *
+ * runtime.c implements it over the CUDA runtime when ct is built with CUDA;
+ * none.c, when it is not, reports no device. device.c builds the public API
+ * (ct/cuda.h) and device storage on top of either.
+ *
+ * Errors: 0 or a negative CT_E* code with a message naming the device and
+ * the CUDA error. Threads: every function may be called from any thread. */
+#ifndef CT_CUDA_IMPL_H
+#define CT_CUDA_IMPL_H
+
+#include "caching_allocator.h"
+#include "tensor_impl.h"
+
+/* Devices present (0 when there is no driver or no device; *why, if not
+ * NULL, then says which, in static storage). */
+int ct__cuda_count(const char **why);
+/* Makes device the calling thread's CUDA device. */
+int ct__cuda_use(int device);
+/* The device's compute stream, made on first use (device current). */
+int ct__cuda_stream(int device, void **stream);
+/* The memory backend of device, for its caching allocator. */
+int ct__cuda_devmem(int device, ct__devmem *mem);
+/* Copies n bytes on device's compute stream, from and to device memory or
+ * host memory (to_device/from_device say which), and waits for it. */
+int ct__cuda_copy(int device, void *dst, const void *src, size_t n, bool to_device,
+                  bool from_device);
+/* Waits until device's compute stream is idle. */
+int ct__cuda_sync(int device);
+
+/* device.c: device storage through the device's caching allocator, freed
+ * back to it. NULL with the error. */
+ct_storage *ct__cuda_storage_new(size_t nbytes, int device);
+
+#endif
