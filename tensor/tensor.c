@@ -372,7 +372,7 @@ void ct_tensor_free(ct_tensor *t) {
         tensor_drop(t);
 }
 
-int ct__check_inputs(const char *op, ct_tensor *const *ts, int n) {
+int ct__check_handles(const char *op, ct_tensor *const *ts, int n) {
     for (int i = 0; i < n; i++) {
         if (!ts[i]) {
             /* Keep the first failure's message: it says what went wrong. */
@@ -383,12 +383,21 @@ int ct__check_inputs(const char *op, ct_tensor *const *ts, int n) {
         if (ts[i]->magic != CT__TENSOR_MAGIC)
             return ct__seterr(CT_EINVAL, "%s: input %d is not a live tensor (freed or foreign)", op,
                               i);
-        if (ts[i]->storage->device.type != CT_CPU)
-            return ct__seterr(CT_EDEVICE,
-                              "%s: input %d is on device type %d; this build runs ops on CPU", op,
-                              i, (int)ts[i]->storage->device.type);
     }
     return 0;
+}
+
+int ct__check_inputs(const char *op, ct_tensor *const *ts, int n) {
+    int rc = ct__check_handles(op, ts, n);
+    for (int i = 0; i < n && !rc; i++) {
+        ct_device d = ts[i]->storage->device;
+        if (d.type != CT_CPU)
+            rc = ct__seterr(CT_EDEVICE,
+                            "%s: input %d is on cuda:%d, and ct has no CUDA kernel for %s yet "
+                            "(ct_to(t, CT_DEVICE_CPU) brings it to the host)",
+                            op, i, d.index, op);
+    }
+    return rc;
 }
 
 int ct__wrap_dim(const char *op, int dim, int ndim) {

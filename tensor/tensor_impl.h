@@ -27,6 +27,8 @@ const char *ct__desc(char *buf, const ct_tensor *t);
  * handle, a non-CPU device. Returns 0 or a CT_E* code with the message
  * set. */
 int ct__check_inputs(const char *op, ct_tensor *const *ts, int n);
+/* The same, on any device. */
+int ct__check_handles(const char *op, ct_tensor *const *ts, int n);
 #define CT__CHECK(op, ...)                                                                         \
     ct__check_inputs(op, (ct_tensor *const[]){__VA_ARGS__},                                        \
                      (int)(sizeof((ct_tensor *const[]){__VA_ARGS__}) / sizeof(ct_tensor *)))

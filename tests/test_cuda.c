@@ -29,9 +29,18 @@ TEST(copies_to_the_device_and_back_keep_every_value) {
     ASSERT_EQ(ct_numel(ct_to(ct_to(e, cuda0), CT_DEVICE_CPU)), 0);
 }
 
-TEST(a_strided_device_tensor_is_refused_until_the_copy_kernel_exists) {
+TEST(ops_without_a_cuda_kernel_say_so) {
     ct_tensor *on = ct_to(tt_rand(CT_SHAPE(4, 6), CT_FLOAT32, 9), cuda0);
-    ASSERT_FAILS(ct_to(ct_transpose(on, 0, 1), CT_DEVICE_CPU), CT_ENOTSUP, "non-contiguous");
+    ASSERT_FAILS(ct_add(on, on), CT_EDEVICE, "cuda:0", "no CUDA kernel", "ct_to");
+    /* A strided view of device memory cannot come back without the device
+     * copy kernel. */
+    ct_storage *s = ct_storage_new(24 * sizeof(float), cuda0);
+    ASSERT_TRUE(s != NULL);
+    ct_tensor *strided =
+        ct_tensor_from_storage(s, 0, CT_SHAPE(6, 4), (int64_t[]){1, 6}, CT_FLOAT32);
+    ct_storage_free(s);
+    ASSERT_TRUE(strided != NULL);
+    ASSERT_FAILS(ct_to(strided, CT_DEVICE_CPU), CT_ENOTSUP, "non-contiguous");
 }
 
 TEST(device_storage_comes_back_from_the_cache) {

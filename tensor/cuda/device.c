@@ -123,7 +123,7 @@ ct_storage *ct__cuda_storage_new(size_t nbytes, int device) {
 
 ct_tensor *ct_to(ct_tensor *t, ct_device device) {
     const char *fn = "ct_to";
-    if (CT__CHECK(fn, t))
+    if (ct__check_handles(fn, &t, 1))
         return NULL;
     ct_device from = ct_tensor_device(t);
     if (from.type == device.type && (device.type == CT_CPU || from.index == device.index))
