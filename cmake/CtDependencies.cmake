@@ -67,6 +67,12 @@ if(NOT CT_CUDA STREQUAL "OFF")
   find_package(CUDAToolkit QUIET)
   if(CMAKE_CUDA_COMPILER AND CUDAToolkit_FOUND)
     set(CT_HAVE_CUDA ON)
+    # Hopper (the H100 and H200) and Ampere as machine code, and Hopper's
+    # PTX for what comes later; -DCMAKE_CUDA_ARCHITECTURES=... overrides.
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+      set(CMAKE_CUDA_ARCHITECTURES 80-real 90-real 90-virtual)
+    endif()
+    enable_language(CUDA)
     ct_summary("CUDA ${CUDAToolkit_VERSION}: found; CUDA device support is built")
   elseif(CT_CUDA STREQUAL "ON")
     message(FATAL_ERROR "CT_CUDA=ON but nvcc or the CUDA Toolkit was not found")

@@ -13,10 +13,13 @@ option(CT_NATIVE "Compile kernels for this machine's CPU (-march=native)" ON)
 set(CT_SANITIZE "" CACHE STRING "Sanitizers: empty, 'address;undefined' or 'thread'")
 option(CT_FUZZ "Build the libFuzzer targets in tests/fuzz (clang; instruments the whole build)" OFF)
 
-add_compile_options(-Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes
-                    -Wno-unused-parameter)
+# C flags go to C sources only: nvcc takes its own (CUDA kernels, below).
+add_compile_options(
+  "$<$<COMPILE_LANGUAGE:C>:-Wall;-Wextra;-Wshadow;-Wstrict-prototypes;-Wmissing-prototypes;-Wno-unused-parameter>"
+  "$<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra>")
 if(CT_WERROR)
-  add_compile_options(-Werror)
+  add_compile_options("$<$<COMPILE_LANGUAGE:C>:-Werror>"
+                      "$<$<COMPILE_LANGUAGE:CUDA>:-Werror=all-warnings>")
 endif()
 
 # Kernels need the vector units; -ffp-contract=fast lets FMA fuse. Results
@@ -26,6 +29,8 @@ set(CT_KERNEL_FLAGS -O3 -ffp-contract=fast -fno-math-errno)
 if(CT_NATIVE)
   list(APPEND CT_KERNEL_FLAGS -march=native)
 endif()
+list(JOIN CT_KERNEL_FLAGS ";" _ct_kernel_flags)
+set(CT_KERNEL_FLAGS "$<$<COMPILE_LANGUAGE:C>:${_ct_kernel_flags}>" "$<$<COMPILE_LANGUAGE:CUDA>:-O3>")
 
 if(CT_SANITIZE)
   if(CT_SANITIZE STREQUAL "thread")
@@ -35,7 +40,8 @@ if(CT_SANITIZE)
   else()
     message(FATAL_ERROR "CT_SANITIZE must be empty, 'address;undefined' or 'thread' (got '${CT_SANITIZE}')")
   endif()
-  add_compile_options(${_ct_san} -fno-omit-frame-pointer -g)
+  list(JOIN _ct_san ";" _ct_san_flags)
+  add_compile_options("$<$<COMPILE_LANGUAGE:C>:${_ct_san_flags};-fno-omit-frame-pointer;-g>")
   add_link_options(${_ct_san})
 endif()
 
@@ -51,7 +57,7 @@ if(CT_FUZZ)
   if(CT_SANITIZE STREQUAL "thread")
     message(FATAL_ERROR "CT_FUZZ=ON builds with ASan, which cannot be combined with CT_SANITIZE=thread")
   endif()
-  add_compile_options(-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined
-                      -fno-omit-frame-pointer -g)
+  add_compile_options(
+    "$<$<COMPILE_LANGUAGE:C>:-fsanitize=fuzzer-no-link,address,undefined;-fno-sanitize-recover=undefined;-fno-omit-frame-pointer;-g>")
   add_link_options(-fsanitize=address,undefined)
 endif()

@@ -1,4 +1,5 @@
-/* Copies and dtype conversion. */
+/* Copies and dtype conversion, on the CPU and on a CUDA device. */
+#include "cuda_impl.h"
 #include "tensor_impl.h"
 
 typedef struct memcpy_job {
@@ -24,8 +25,17 @@ void ct__copy_into(ct_tensor *dst, ct_tensor *src) {
     ct__iter_run(&it, ct__cast_kernel(dst->dtype, src->dtype), NULL, CT__GRAIN_ELEMENTWISE);
 }
 
+int ct__copy_any(ct_tensor *dst, ct_tensor *src) {
+    if (dst->storage->device.type == CT_CPU && src->storage->device.type == CT_CPU) {
+        ct__copy_into(dst, src);
+        return 0;
+    }
+    return ct__cuda_copy_tensor(dst, src);
+}
+
 ct_tensor *ct_copy_(ct_tensor *dst, ct_tensor *src) {
-    if (CT__CHECK("copy_", dst, src))
+    if (CT__CHECK_ANY("copy_", dst, src) ||
+        ct__check_same_device("copy_", (ct_tensor *[]){dst, src}, 2))
         return NULL;
     int nd;
     int64_t shape[CT_MAX_DIMS];
@@ -40,25 +50,24 @@ ct_tensor *ct_copy_(ct_tensor *dst, ct_tensor *src) {
                    ct__desc(s, src), ct__desc(d, dst));
         return NULL;
     }
-    if (ct__check_inplace(CT_OP_COPY, "copy_", dst, (ct_tensor *[]){src}, 1))
+    if (ct__check_inplace(CT_OP_COPY, "copy_", dst, (ct_tensor *[]){src}, 1) ||
+        ct__copy_any(dst, src))
         return NULL;
-    ct__copy_into(dst, src);
     return ct__record(CT_OP_COPY, (ct_tensor *[]){dst, src}, 2, (ct_tensor *[]){dst}, 1, true,
                       NULL);
 }
 
 ct_tensor *ct_clone(ct_tensor *t) {
-    if (CT__CHECK("clone", t))
+    if (CT__CHECK_ANY("clone", t))
         return NULL;
-    ct_tensor *out = ct__new("clone", t->ndim, t->sizes, t->dtype);
-    if (!out)
+    ct_tensor *out = ct__new_on("clone", t->ndim, t->sizes, t->dtype, t->storage->device);
+    if (!out || ct__copy_any(out, t))
         return NULL;
-    ct__copy_into(out, t);
     return ct__record1(CT_OP_CLONE, out, (ct_tensor *[]){t}, 1, NULL);
 }
 
 ct_tensor *ct_contiguous(ct_tensor *t) {
-    if (CT__CHECK("contiguous", t))
+    if (CT__CHECK_ANY("contiguous", t))
         return NULL;
     if (ct_is_contiguous(t))
         return ct__scope_own(ct_tensor_retain(t));
@@ -66,7 +75,7 @@ ct_tensor *ct_contiguous(ct_tensor *t) {
 }
 
 ct_tensor *ct_to_dtype(ct_tensor *t, ct_dtype dtype) {
-    if (CT__CHECK("to_dtype", t))
+    if (CT__CHECK_ANY("to_dtype", t))
         return NULL;
     if ((unsigned)dtype >= CT_NDTYPES) {
         ct__seterr(CT_EINVAL, "to_dtype: invalid dtype %d", (int)dtype);
@@ -74,9 +83,8 @@ ct_tensor *ct_to_dtype(ct_tensor *t, ct_dtype dtype) {
     }
     if (t->dtype == dtype)
         return ct__scope_own(ct_tensor_retain(t));
-    ct_tensor *out = ct__new("to_dtype", t->ndim, t->sizes, dtype);
-    if (!out)
+    ct_tensor *out = ct__new_on("to_dtype", t->ndim, t->sizes, dtype, t->storage->device);
+    if (!out || ct__copy_any(out, t))
         return NULL;
-    ct__copy_into(out, t);
     return ct__record1(CT_OP_TO_DTYPE, out, (ct_tensor *[]){t}, 1, NULL);
 }

@@ -387,6 +387,30 @@ int ct__check_handles(const char *op, ct_tensor *const *ts, int n) {
     return 0;
 }
 
+int ct__check_same_device(const char *op, ct_tensor *const *ts, int n) {
+    for (int i = 1; i < n; i++) {
+        ct_device a = ts[0]->storage->device, b = ts[i]->storage->device;
+        if (a.type != b.type || (a.type == CT_CUDA && a.index != b.index))
+            return ct__seterr(CT_EDEVICE, "%s: input 0 is on %s:%d and input %d on %s:%d", op,
+                              a.type == CT_CPU ? "cpu" : "cuda", a.index, i,
+                              b.type == CT_CPU ? "cpu" : "cuda", b.index);
+    }
+    return 0;
+}
+
+ct_tensor *ct__new_on(const char *op, int ndim, const int64_t *sizes, ct_dtype dtype,
+                      ct_device device) {
+    if (device.type == CT_CPU)
+        return ct__new(op, ndim, sizes, dtype);
+    if (ct__check_shape(op, ndim, sizes, dtype))
+        return NULL;
+    ct_storage *s =
+        ct__cuda_storage_new((size_t)ct__numel(ndim, sizes) * ct__esize(dtype), device.index);
+    ct_tensor *t = s ? ct_tensor_from_storage(s, 0, ndim, sizes, NULL, dtype) : NULL;
+    ct_storage_free(s);
+    return t;
+}
+
 int ct__check_inputs(const char *op, ct_tensor *const *ts, int n) {
     int rc = ct__check_handles(op, ts, n);
     for (int i = 0; i < n && !rc; i++) {

@@ -27,8 +27,20 @@ const char *ct__desc(char *buf, const ct_tensor *t);
  * handle, a non-CPU device. Returns 0 or a CT_E* code with the message
  * set. */
 int ct__check_inputs(const char *op, ct_tensor *const *ts, int n);
-/* The same, on any device. */
+/* The same, on any device: views and copies, which need no kernel of the
+ * device's, or the CUDA ones that have one. */
 int ct__check_handles(const char *op, ct_tensor *const *ts, int n);
+#define CT__CHECK_ANY(op, ...)                                                                     \
+    ct__check_handles(op, (ct_tensor *const[]){__VA_ARGS__},                                       \
+                      (int)(sizeof((ct_tensor *const[]){__VA_ARGS__}) / sizeof(ct_tensor *)))
+/* CT_EDEVICE unless every input is on one device. */
+int ct__check_same_device(const char *op, ct_tensor *const *ts, int n);
+/* A new contiguous tensor on device, owned like ct__new's. */
+ct_tensor *ct__new_on(const char *op, int ndim, const int64_t *sizes, ct_dtype dtype,
+                      ct_device device);
+/* dst = src (broadcast, converted) on whichever device they share; CPU or
+ * CUDA. Returns 0 or a CT_E* code. */
+int ct__copy_any(ct_tensor *dst, ct_tensor *src);
 #define CT__CHECK(op, ...)                                                                         \
     ct__check_inputs(op, (ct_tensor *const[]){__VA_ARGS__},                                        \
                      (int)(sizeof((ct_tensor *const[]){__VA_ARGS__}) / sizeof(ct_tensor *)))

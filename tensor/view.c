@@ -88,7 +88,7 @@ static bool view_strides(const ct_tensor *t, int ndim, const int64_t *sizes, int
 }
 
 ct_tensor *ct_view(ct_tensor *t, int ndim, const int64_t *sizes) {
-    if (CT__CHECK("view", t))
+    if (CT__CHECK_ANY("view", t))
         return NULL;
     int64_t sz[CT_MAX_DIMS], st[CT_MAX_DIMS];
     if (infer_sizes("view", t, ndim, sizes, sz))
@@ -105,7 +105,7 @@ ct_tensor *ct_view(ct_tensor *t, int ndim, const int64_t *sizes) {
 }
 
 ct_tensor *ct_reshape(ct_tensor *t, int ndim, const int64_t *sizes) {
-    if (CT__CHECK("reshape", t))
+    if (CT__CHECK_ANY("reshape", t))
         return NULL;
     int64_t sz[CT_MAX_DIMS], st[CT_MAX_DIMS];
     if (infer_sizes("reshape", t, ndim, sizes, sz))
@@ -121,7 +121,7 @@ ct_tensor *ct_reshape(ct_tensor *t, int ndim, const int64_t *sizes) {
 }
 
 ct_tensor *ct_flatten(ct_tensor *t, int start_dim, int end_dim) {
-    if (CT__CHECK("flatten", t))
+    if (CT__CHECK_ANY("flatten", t))
         return NULL;
     int s = ct__wrap_dim("flatten", start_dim, t->ndim),
         e = ct__wrap_dim("flatten", end_dim, t->ndim);
@@ -144,7 +144,7 @@ ct_tensor *ct_flatten(ct_tensor *t, int start_dim, int end_dim) {
 }
 
 ct_tensor *ct_permute(ct_tensor *t, const int *dims) {
-    if (CT__CHECK("permute", t))
+    if (CT__CHECK_ANY("permute", t))
         return NULL;
     if (!dims && t->ndim > 0) {
         ct__seterr(CT_EINVAL, "permute: dims is NULL");
@@ -170,7 +170,7 @@ ct_tensor *ct_permute(ct_tensor *t, const int *dims) {
 }
 
 ct_tensor *ct_transpose(ct_tensor *t, int dim0, int dim1) {
-    if (CT__CHECK("transpose", t))
+    if (CT__CHECK_ANY("transpose", t))
         return NULL;
     int d0 = ct__wrap_dim("transpose", dim0, t->ndim),
         d1 = ct__wrap_dim("transpose", dim1, t->ndim);
@@ -185,7 +185,7 @@ ct_tensor *ct_transpose(ct_tensor *t, int dim0, int dim1) {
 }
 
 ct_tensor *ct_slice(ct_tensor *t, int dim, int64_t start, int64_t end, int64_t step) {
-    if (CT__CHECK("slice", t))
+    if (CT__CHECK_ANY("slice", t))
         return NULL;
     if (t->ndim == 0) {
         ct__seterr(CT_EINVAL, "slice: cannot slice a 0-d tensor");
@@ -220,7 +220,7 @@ ct_tensor *ct_slice(ct_tensor *t, int dim, int64_t start, int64_t end, int64_t s
 }
 
 ct_tensor *ct_narrow(ct_tensor *t, int dim, int64_t start, int64_t length) {
-    if (CT__CHECK("narrow", t))
+    if (CT__CHECK_ANY("narrow", t))
         return NULL;
     int d = ct__wrap_dim("narrow", dim, t->ndim);
     if (d < 0)
@@ -238,7 +238,7 @@ ct_tensor *ct_narrow(ct_tensor *t, int dim, int64_t start, int64_t length) {
 }
 
 ct_tensor *ct_select(ct_tensor *t, int dim, int64_t index) {
-    if (CT__CHECK("select", t))
+    if (CT__CHECK_ANY("select", t))
         return NULL;
     if (t->ndim == 0) {
         ct__seterr(CT_EINVAL, "select: cannot select from a 0-d tensor");
@@ -270,7 +270,7 @@ ct_tensor *ct_select(ct_tensor *t, int dim, int64_t index) {
 }
 
 ct_tensor *ct_expand(ct_tensor *t, int ndim, const int64_t *sizes) {
-    if (CT__CHECK("expand", t))
+    if (CT__CHECK_ANY("expand", t))
         return NULL;
     char have[CT__DESC_STR], want[CT__SHAPE_STR];
     if (ndim < t->ndim || ndim > CT_MAX_DIMS || (ndim > 0 && !sizes)) {
@@ -311,7 +311,7 @@ static ct_tensor *squeeze_dims(ct_tensor *t, const bool *drop, int dim_arg) {
 }
 
 ct_tensor *ct_squeeze(ct_tensor *t, int dim) {
-    if (CT__CHECK("squeeze", t))
+    if (CT__CHECK_ANY("squeeze", t))
         return NULL;
     int d = ct__wrap_dim("squeeze", dim, t->ndim);
     if (d < 0)
@@ -323,7 +323,7 @@ ct_tensor *ct_squeeze(ct_tensor *t, int dim) {
 }
 
 ct_tensor *ct_squeeze_all(ct_tensor *t) {
-    if (CT__CHECK("squeeze_all", t))
+    if (CT__CHECK_ANY("squeeze_all", t))
         return NULL;
     bool drop[CT_MAX_DIMS];
     for (int i = 0; i < t->ndim; i++)
@@ -332,7 +332,7 @@ ct_tensor *ct_squeeze_all(ct_tensor *t) {
 }
 
 ct_tensor *ct_unsqueeze(ct_tensor *t, int dim) {
-    if (CT__CHECK("unsqueeze", t))
+    if (CT__CHECK_ANY("unsqueeze", t))
         return NULL;
     if (t->ndim == CT_MAX_DIMS) {
         ct__seterr(CT_EINVAL, "unsqueeze: tensor already has the maximum of %d dims", CT_MAX_DIMS);
@@ -356,7 +356,7 @@ ct_tensor *ct_unsqueeze(ct_tensor *t, int dim) {
 }
 
 int ct_split(ct_tensor *t, int64_t split_size, int dim, ct_tensor **out, int cap) {
-    if (CT__CHECK("split", t))
+    if (CT__CHECK_ANY("split", t))
         return ct_errcode();
     if (t->ndim == 0)
         return ct__seterr(CT_EINVAL, "split: cannot split a 0-d tensor");

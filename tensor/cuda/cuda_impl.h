@@ -28,6 +28,10 @@ int ct__cuda_copy(int device, void *dst, const void *src, size_t n, bool to_devi
 /* Waits until device's compute stream is idle. */
 int ct__cuda_sync(int device);
 
+/* dst = src on their CUDA device (both on one), broadcast and converted as
+ * ct__copy_into does on the CPU; queued on the device's compute stream. */
+int ct__cuda_copy_tensor(ct_tensor *dst, ct_tensor *src);
+
 /* device.c: device storage through the device's caching allocator, freed
  * back to it. NULL with the error. */
 ct_storage *ct__cuda_storage_new(size_t nbytes, int device);

@@ -130,17 +130,10 @@ ct_tensor *ct_to(ct_tensor *t, ct_device device) {
         return ct__scope_own(ct_tensor_retain(t));
     if (device.type == CT_CUDA && check_device(fn, device.index))
         return NULL;
-    ct_tensor *src = from.type == CT_CPU ? ct_contiguous(t) : t;
+    /* A view is made contiguous where it is, on the host or the device. */
+    ct_tensor *src = ct_contiguous(t);
     if (!src)
         return NULL;
-    if (!ct_is_contiguous(src)) {
-        char desc[CT__DESC_STR];
-        ct__seterr(CT_ENOTSUP,
-                   "%s: %s is a non-contiguous CUDA tensor: copying it off the device needs the "
-                   "device copy kernel, which this ct does not have yet (docs/cuda-design.md)",
-                   fn, ct__desc(desc, t));
-        return NULL;
-    }
     size_t bytes = (size_t)ct_numel(src) * ct__esize(src->dtype);
     ct_storage *s = device.type == CT_CPU ? ct_storage_new(bytes, device)
                                           : ct__cuda_storage_new(bytes, device.index);

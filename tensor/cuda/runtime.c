@@ -1,5 +1,6 @@
 /* The CUDA device layer over the CUDA runtime API (cuda_impl.h). */
 #include "cuda_impl.h"
+#include "cuda_kernels.h"
 
 #include <cuda_runtime_api.h>
 #include <pthread.h>
@@ -148,4 +149,27 @@ int ct__cuda_sync(int device) {
     int rc = ct__cuda_stream(device, &stream);
     cudaError_t e = rc ? cudaSuccess : cudaStreamSynchronize(stream);
     return rc ? rc : e == cudaSuccess ? 0 : fail(e, device, "synchronizing");
+}
+
+/* ------------------------------------------------------------- kernels */
+
+int ct__cuda_copy_tensor(ct_tensor *dst, ct_tensor *src) {
+    int device = dst->storage->device.index;
+    if (dst->storage->device.type != CT_CUDA || src->storage->device.type != CT_CUDA ||
+        src->storage->device.index != device)
+        return ct__seterr(CT_EDEVICE, "copy: both tensors must be on one CUDA device");
+    ct__iter it;
+    ct__iter_init(&it, (ct_tensor *[]){dst, src}, 2, dst->ndim, dst->sizes);
+    ct__cuda_iter2 k = {.ndim = it.ndim, .numel = it.numel, .data = {it.data[0], it.data[1]}};
+    for (int d = 0; d < it.ndim; d++) {
+        k.shape[d] = it.shape[d];
+        k.strides[d][0] = it.strides[d][0];
+        k.strides[d][1] = it.strides[d][1];
+    }
+    void *stream;
+    int rc = ct__cuda_stream(device, &stream);
+    if (!rc)
+        rc = ct__cuda_use(device);
+    int e = rc ? 0 : ct__cuda_launch_copy(&k, (int)dst->dtype, (int)src->dtype, stream);
+    return rc ? rc : e ? fail((cudaError_t)e, device, "the copy kernel") : 0;
 }
