@@ -13,6 +13,8 @@
  * for the atomics ct_dist_heartbeat() and the heartbeat thread use. */
 #include "init_mpi.h"
 
+#include <ct/cuda.h>
+
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
@@ -447,6 +449,11 @@ int ct_dist_init(const ct_dist_options *opts) {
     }
     g.initialized = true;
     atomic_store(&live, true);
+    /* Each rank on a machine takes its own GPU, as a PyTorch program does
+     * with set_device(local_rank) by hand. */
+    int ndev = ct_cuda_device_count();
+    if (ndev > 0)
+        ct__cuda_set_default_device(w.local_rank % ndev);
     return 0;
 }
 

@@ -41,6 +41,9 @@ ct_tensor *ct__new_on(const char *op, int ndim, const int64_t *sizes, ct_dtype d
 /* dst = src (broadcast, converted) on whichever device they share; CPU or
  * CUDA. Returns 0 or a CT_E* code. */
 int ct__copy_any(ct_tensor *dst, ct_tensor *src);
+/* The current CUDA device of threads that set none (ct_dist_init: the
+ * local rank's). */
+void ct__cuda_set_default_device(int index);
 #define CT__CHECK(op, ...)                                                                         \
     ct__check_inputs(op, (ct_tensor *const[]){__VA_ARGS__},                                        \
                      (int)(sizeof((ct_tensor *const[]){__VA_ARGS__}) / sizeof(ct_tensor *)))

@@ -5,6 +5,7 @@
 #include "cuda_impl.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 
 #define MAX_DEVICES 64
 
@@ -16,7 +17,11 @@ static struct {
     ct__calloc *alloc[MAX_DEVICES]; /* made on first use, kept for the process */
 } D = {.lock = PTHREAD_MUTEX_INITIALIZER, .once = PTHREAD_ONCE_INIT};
 
-static _Thread_local int current;
+/* The thread's current device, or -1: the process's default. */
+static _Thread_local int current = -1;
+static atomic_int default_device;
+
+void ct__cuda_set_default_device(int index) { atomic_store(&default_device, index); }
 
 /* Asking the driver once: the answer does not change while a process runs. */
 static void count_once(void) { D.count = ct__cuda_count(&D.why); }
@@ -50,7 +55,7 @@ int ct_cuda_set_device(int index) {
     return rc;
 }
 
-int ct_cuda_current_device(void) { return current; }
+int ct_cuda_current_device(void) { return current >= 0 ? current : atomic_load(&default_device); }
 
 int ct_cuda_synchronize(int index) {
     int rc = check_device("ct_cuda_synchronize", index);

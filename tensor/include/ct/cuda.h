@@ -56,7 +56,9 @@ CT_API int ct_cuda_device_count(void);
 CT_API const char *ct_cuda_unavailable_reason(void);
 
 /* The calling thread's current device: where ops put new CUDA tensors when
- * no device index is given. 0 until set. CT_EDEVICE for no such device. */
+ * no device index is given. Until a thread sets one, it is the process's
+ * default: 0, or under ctlaunch and mpirun (ct_dist_init) the local rank's
+ * device, modulo the devices there are. CT_EDEVICE for no such device. */
 CT_API int ct_cuda_set_device(int index);
 CT_API int ct_cuda_current_device(void);
 /* Waits until the work queued on the device's compute stream is done. */
