@@ -77,6 +77,59 @@ TEST(views_on_the_device_copy_and_convert_as_on_the_cpu) {
                  ct_expand(ct_arange(0, 4, 1, CT_FLOAT64), CT_SHAPE(3, 4)), 0, 0);
 }
 
+typedef ct_tensor *(*binary_fn)(ct_tensor *, ct_tensor *);
+typedef ct_tensor *(*binary_scalar_fn)(ct_tensor *, double);
+
+/* Every binary op in every dtype the CPU takes, broadcast, on views, with a
+ * scalar and in place: the device's result is the CPU's. pow goes through
+ * each side's libm, so it may differ in the last bits. */
+TEST(binary_ops_on_the_device_match_the_cpu) {
+#define FN(name)  ct_##name,
+#define SFN(name) ct_##name##_scalar,
+    binary_fn fns[] = {CT_BINARY_OP_MAP(FN) ct_pow};
+    binary_scalar_fn sfns[] = {CT_BINARY_OP_MAP(SFN)};
+#undef FN
+#undef SFN
+    const int nfns = (int)(sizeof fns / sizeof *fns), nsfns = (int)(sizeof sfns / sizeof *sfns);
+    for (int d = 0; d < CT_NDTYPES; d++) {
+        ct_scope_begin();
+        ct_tensor *a = tt_rand(CT_SHAPE(3, 1, 5), (ct_dtype)d, 70 + (uint64_t)d);
+        ct_tensor *b = ct_transpose(tt_rand(CT_SHAPE(5, 4), (ct_dtype)d, 80 + (uint64_t)d), 0, 1);
+        /* db is a transposed view on the device, as b is on the host. */
+        ct_tensor *da = ct_to(a, cuda0);
+        ct_tensor *db = ct_transpose(ct_to(ct_transpose(b, 0, 1), cuda0), 0, 1);
+        for (int f = 0; f < nfns && !tt_failed(); f++) {
+            double rtol = f == nfns - 1 ? 1e-5 : 0;
+            ct_tensor *want = fns[f](a, b);
+            if (!want) {
+                /* Not defined for this dtype on the CPU: the same error here. */
+                int code = ct_errcode();
+                ct_errclear();
+                ASSERT_FAILS(fns[f](da, db), code, "");
+                continue;
+            }
+            ASSERT_CLOSE(ct_to(fns[f](da, db), CT_DEVICE_CPU), want, rtol, 0);
+        }
+        for (int f = 0; f < nsfns && !tt_failed(); f++) {
+            ct_tensor *want = sfns[f](a, 2.5);
+            if (!want) {
+                ct_errclear();
+                continue;
+            }
+            ASSERT_CLOSE(ct_to(sfns[f](da, 2.5), CT_DEVICE_CPU), want, 0, 0);
+        }
+        /* In place, into a copy of each. */
+        ct_tensor *ha = ct_clone(ct_expand(a, CT_SHAPE(3, 4, 5)));
+        ct_tensor *hd = ct_to(ha, cuda0);
+        if (ct_mul_(ha, b)) {
+            ASSERT_TRUE(ct_mul_(hd, db) != NULL);
+            ASSERT_CLOSE(ct_to(hd, CT_DEVICE_CPU), ha, 0, 0);
+        }
+        ct_errclear();
+        ct_scope_end();
+    }
+}
+
 TEST(device_storage_comes_back_from_the_cache) {
     ASSERT_EQ(ct_cuda_empty_cache(0), 0);
     ct_cuda_memory_stats a, b;

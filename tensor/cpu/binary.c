@@ -1,4 +1,7 @@
-/* Binary elementwise ops, comparisons, where and masked_fill. */
+/* Binary elementwise ops, comparisons, where and masked_fill. The binary
+ * ops run on a CUDA device too (tensor/cuda/kernels.cu). */
+#include "cuda_impl.h"
+#include "cuda_kernels.h"
 #include "tensor_impl.h"
 
 #include <tgmath.h>
@@ -140,6 +143,10 @@ enum {
     ARITH_OPS(BINARY_ENUM) COMPARE_OPS(BINARY_ENUM)
 #undef BINARY_ENUM
 };
+/* The device kernels take the op by this index. */
+_Static_assert((int)B_add == (int)CT__CUDA_ADD && (int)B_pow == (int)CT__CUDA_POW &&
+                   (int)B_eq == (int)CT__CUDA_EQ && (int)B_ge == (int)CT__CUDA_GE,
+               "binary ops and their CUDA kernels disagree on the order");
 
 #define NAMES(name)                                                                                \
     {                                                                                              \
@@ -180,8 +187,12 @@ static ct_tensor *binary(int which, ct_tensor *a, ct_tensor *b, double scalar, b
     bool has_b = b != NULL;
     const char *name = bo->names[!has_b][inplace];
     char da[CT__DESC_STR], db[CT__DESC_STR];
-    if (has_b ? CT__CHECK(name, a, b) : CT__CHECK(name, a))
+    if (has_b ? CT__CHECK_ANY(name, a, b) : CT__CHECK_ANY(name, a))
         return NULL;
+    if (has_b && ct__check_same_device(name, (ct_tensor *[]){a, b}, 2))
+        return NULL;
+    ct_device device = a->storage->device;
+    bool cuda = device.type == CT_CUDA;
     ct_dtype compute =
         has_b ? ct_promote_types(a->dtype, b->dtype) : scalar_dtype(a->dtype, scalar);
     if (which == B_div && !ct_dtype_is_float(compute))
@@ -221,24 +232,28 @@ static ct_tensor *binary(int which, ct_tensor *a, ct_tensor *b, double scalar, b
      * case needs none and skips it. */
     bool direct = inplace && result == a->dtype;
     bool temps = a->dtype != compute || (has_b && b->dtype != compute) || (inplace && !direct);
-    ct_tensor *out = inplace ? a : ct__new(name, nd, shape, result);
+    ct_tensor *out = inplace ? a : ct__new_on(name, nd, shape, result, device);
     if (!out)
         return NULL;
     if (temps)
         ct_scope_begin();
     ct__scalar_operand operand;
     ct_tensor *x = as_dtype(a, compute);
-    ct_tensor *y =
-        has_b ? as_dtype(b, compute) : ct__scalar_operand_init(&operand, scalar, compute);
-    ct_tensor *dst = inplace && !direct ? ct__new(name, nd, shape, result) : out;
-    bool ok = x && y && dst;
-    if (ok) {
+    /* The device kernel takes a scalar operand by value. */
+    ct_tensor *y = has_b  ? as_dtype(b, compute)
+                   : cuda ? NULL
+                          : ct__scalar_operand_init(&operand, scalar, compute);
+    ct_tensor *dst = inplace && !direct ? ct__new_on(name, nd, shape, result, device) : out;
+    bool ok = x && (y || (cuda && !has_b)) && dst;
+    if (ok && cuda) {
+        ok = ct__cuda_binary(which, dst, x, y, scalar, compute, nd, shape) == 0;
+    } else if (ok) {
         ct__iter it;
         ct__iter_init(&it, (ct_tensor *[]){dst, x, y}, 3, nd, shape);
         ct__iter_run(&it, bo->kernels[compute], NULL, CT__GRAIN_ELEMENTWISE);
-        if (dst != out)
-            ct__copy_into(out, dst);
     }
+    if (ok && dst != out)
+        ok = ct__copy_any(out, dst) == 0;
     if (temps)
         ct_scope_end();
     if (!ok) {

@@ -32,6 +32,12 @@ int ct__cuda_sync(int device);
  * ct__copy_into does on the CPU; queued on the device's compute stream. */
 int ct__cuda_copy_tensor(ct_tensor *dst, ct_tensor *src);
 
+/* dst = x (op) y on their device, op an index of the binary ops
+ * (cuda_kernels.h), every operand of dtype (dst bool for comparisons), all
+ * viewed with the broadcast shape (nd, shape). y NULL: the scalar. */
+int ct__cuda_binary(int op, ct_tensor *dst, ct_tensor *x, ct_tensor *y, double scalar,
+                    ct_dtype dtype, int nd, const int64_t *shape);
+
 /* device.c: device storage through the device's caching allocator, freed
  * back to it. NULL with the error. */
 ct_storage *ct__cuda_storage_new(size_t nbytes, int device);

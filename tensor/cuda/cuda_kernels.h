@@ -29,6 +29,39 @@ typedef struct ct__cuda_iter2 {
 /* dst = src, converted from src_dtype to dst_dtype (ct_dtype values). */
 int ct__cuda_launch_copy(const ct__cuda_iter2 *it, int dst_dtype, int src_dtype, void *stream);
 
+/* The same for three operands: out, a, b. */
+typedef struct ct__cuda_iter3 {
+    int ndim;
+    int64_t numel;
+    int64_t shape[CT__CUDA_MAX_DIMS];
+    int64_t strides[CT__CUDA_MAX_DIMS][3];
+    char *data[3];
+} ct__cuda_iter3;
+
+/* Binary ops, in the order of tensor/cpu/binary.c's table. */
+enum {
+    CT__CUDA_ADD,
+    CT__CUDA_SUB,
+    CT__CUDA_MUL,
+    CT__CUDA_DIV,
+    CT__CUDA_POW,
+    CT__CUDA_MAXIMUM,
+    CT__CUDA_MINIMUM,
+    CT__CUDA_EQ,
+    CT__CUDA_NE,
+    CT__CUDA_LT,
+    CT__CUDA_LE,
+    CT__CUDA_GT,
+    CT__CUDA_GE,
+    CT__CUDA_NBINARY
+};
+
+/* out = a (op) b, all of dtype (ct_dtype), except comparisons, whose out is
+ * bool. With scalar_b, b is the value scalar (converted to dtype first, as
+ * on the CPU) and it->data[2] is unused. */
+int ct__cuda_launch_binary(const ct__cuda_iter3 *it, int op, int dtype, int scalar_b, double scalar,
+                           void *stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -6,6 +6,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 namespace {
 
 // ct_dtype, in its order (ct/tensor.h): float32, float64, bfloat16, float16,
@@ -122,6 +124,172 @@ extern "C" int ct__cuda_launch_copy(const ct__cuda_iter2 *it, int dst_dtype, int
     case 5: return launch_copy_from<int32_t>(*it, src_dtype, s);
     case 6: return launch_copy_from<uint8_t>(*it, src_dtype, s);
     case 7: return launch_copy_from<Bool>(*it, src_dtype, s);
+    }
+    return static_cast<int>(cudaErrorInvalidValue);
+}
+
+// ------------------------------------------------------------- binary ops
+
+namespace {
+
+// The compute type, as on the CPU (tensor_impl.h's CT__ACC_*): float for the
+// 16- and 32-bit floats, double, and int64 for the integers and bool.
+template <typename T> struct Acc {
+    using type = int64_t;
+};
+template <> struct Acc<float> {
+    using type = float;
+};
+template <> struct Acc<double> {
+    using type = double;
+};
+template <> struct Acc<__half> {
+    using type = float;
+};
+template <> struct Acc<__nv_bfloat16> {
+    using type = float;
+};
+
+// Elements to the compute type and back. Integers never pass through
+// double, which would drop bits of an int64 above 2^53.
+template <typename T, bool Int = (sizeof(typename Acc<T>::type) == 8 &&
+                                  !std::is_floating_point<T>::value)>
+struct Elem {
+    using A = typename Acc<T>::type;
+    __device__ static A load(T v) { return static_cast<A>(Conv<T>::to(v)); }
+    __device__ static T store(A v) { return Conv<T>::from(static_cast<double>(v)); }
+};
+template <typename T> struct Elem<T, true> {
+    __device__ static int64_t load(T v) { return static_cast<int64_t>(v); }
+    __device__ static T store(int64_t v) { return static_cast<T>(v); }
+};
+
+// Integer arithmetic wraps like two's complement, as on the CPU.
+__device__ inline int64_t wrap(uint64_t v) { return static_cast<int64_t>(v); }
+
+__device__ inline int64_t int_pow(int64_t x, int64_t e) {
+    if (e < 0)
+        return x == 1 ? 1 : x == -1 ? (e & 1 ? -1 : 1) : 0;
+    uint64_t r = 1, b = static_cast<uint64_t>(x);
+    for (; e > 0; e >>= 1, b *= b)
+        if (e & 1)
+            r *= b;
+    return static_cast<int64_t>(r);
+}
+
+template <typename A> struct Arith {
+    __device__ static A apply(int op, A x, A y) {
+        switch (op) {
+        case CT__CUDA_ADD: return x + y;
+        case CT__CUDA_SUB: return x - y;
+        case CT__CUDA_MUL: return x * y;
+        case CT__CUDA_DIV: return x / y;
+        case CT__CUDA_POW: return pow(x, y);
+        case CT__CUDA_MAXIMUM: return x > y || x != x ? x : y; // NaN propagates
+        default: return x < y || x != x ? x : y;
+        }
+    }
+};
+template <> struct Arith<int64_t> {
+    __device__ static int64_t apply(int op, int64_t x, int64_t y) {
+        uint64_t ux = static_cast<uint64_t>(x), uy = static_cast<uint64_t>(y);
+        switch (op) {
+        case CT__CUDA_ADD: return wrap(ux + uy);
+        case CT__CUDA_SUB: return wrap(ux - uy);
+        case CT__CUDA_MUL: return wrap(ux * uy);
+        case CT__CUDA_POW: return int_pow(x, y);
+        case CT__CUDA_MAXIMUM: return x > y ? x : y;
+        default: return x < y ? x : y;
+        }
+    }
+};
+
+template <typename A> __device__ bool compare(int op, A x, A y) {
+    switch (op) {
+    case CT__CUDA_EQ: return x == y;
+    case CT__CUDA_NE: return x != y;
+    case CT__CUDA_LT: return x < y;
+    case CT__CUDA_LE: return x <= y;
+    case CT__CUDA_GT: return x > y;
+    default: return x >= y;
+    }
+}
+
+__device__ inline void offsets3(const ct__cuda_iter3 &it, int64_t i, int64_t o[3]) {
+    o[0] = o[1] = o[2] = 0;
+    for (int d = 0; d < it.ndim; d++) {
+        int64_t idx = i % it.shape[d];
+        i /= it.shape[d];
+        o[0] += idx * it.strides[d][0];
+        o[1] += idx * it.strides[d][1];
+        o[2] += idx * it.strides[d][2];
+    }
+}
+
+// The op is a kernel argument, not a template one: one kernel per dtype
+// keeps the build short, and the switch costs nothing beside the loads.
+template <typename T>
+__global__ void binary_kernel(ct__cuda_iter3 it, int op, bool scalar_b, T scalar) {
+    using A = typename Acc<T>::type;
+    int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+    bool cmp = op >= CT__CUDA_EQ;
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < it.numel;
+         i += step) {
+        int64_t o[3];
+        offsets3(it, i, o);
+        A x = Elem<T>::load(*reinterpret_cast<const T *>(it.data[1] + o[1]));
+        A y = Elem<T>::load(scalar_b ? scalar : *reinterpret_cast<const T *>(it.data[2] + o[2]));
+        if (cmp)
+            *reinterpret_cast<uint8_t *>(it.data[0] + o[0]) = compare<A>(op, x, y);
+        else
+            *reinterpret_cast<T *>(it.data[0] + o[0]) = Elem<T>::store(Arith<A>::apply(op, x, y));
+    }
+}
+
+// Bool arithmetic (add, mul, maximum, minimum) computes in int64 and stores
+// whether the result is non-zero; comparisons compare 0 and 1.
+template <>
+__global__ void binary_kernel<Bool>(ct__cuda_iter3 it, int op, bool scalar_b, Bool scalar) {
+    int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < it.numel;
+         i += step) {
+        int64_t o[3];
+        offsets3(it, i, o);
+        int64_t x = *reinterpret_cast<const uint8_t *>(it.data[1] + o[1]) != 0;
+        int64_t y = (scalar_b ? scalar.v : *reinterpret_cast<const uint8_t *>(it.data[2] + o[2]))
+                    != 0;
+        *reinterpret_cast<uint8_t *>(it.data[0] + o[0]) =
+            op >= CT__CUDA_EQ ? compare<int64_t>(op, x, y)
+                              : Arith<int64_t>::apply(op, x, y) != 0;
+    }
+}
+
+template <typename T>
+int launch_binary(const ct__cuda_iter3 &it, int op, bool scalar_b, double scalar, cudaStream_t s) {
+    T v = Conv<T>::from(scalar);
+    binary_kernel<T><<<blocks_for(it.numel), kThreads, 0, s>>>(it, op, scalar_b, v);
+    return static_cast<int>(cudaGetLastError());
+}
+
+} // namespace
+
+extern "C" int ct__cuda_launch_binary(const ct__cuda_iter3 *it, int op, int dtype, int scalar_b,
+                                      double scalar, void *stream) {
+    if (it->numel == 0)
+        return 0;
+    if (op < 0 || op >= CT__CUDA_NBINARY)
+        return static_cast<int>(cudaErrorInvalidValue);
+    cudaStream_t s = static_cast<cudaStream_t>(stream);
+    bool sb = scalar_b != 0;
+    switch (dtype) {
+    case 0: return launch_binary<float>(*it, op, sb, scalar, s);
+    case 1: return launch_binary<double>(*it, op, sb, scalar, s);
+    case 2: return launch_binary<__nv_bfloat16>(*it, op, sb, scalar, s);
+    case 3: return launch_binary<__half>(*it, op, sb, scalar, s);
+    case 4: return launch_binary<int64_t>(*it, op, sb, scalar, s);
+    case 5: return launch_binary<int32_t>(*it, op, sb, scalar, s);
+    case 6: return launch_binary<uint8_t>(*it, op, sb, scalar, s);
+    case 7: return launch_binary<Bool>(*it, op, sb, scalar, s);
     }
     return static_cast<int>(cudaErrorInvalidValue);
 }

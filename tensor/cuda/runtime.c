@@ -153,6 +153,28 @@ int ct__cuda_sync(int device) {
 
 /* ------------------------------------------------------------- kernels */
 
+/* Makes device current and runs launch (a kernel launch's cudaError_t) on
+ * its compute stream. */
+static int on_stream(int device, const char *what, int (*launch)(void *ctx, void *stream),
+                     void *ctx) {
+    void *stream;
+    int rc = ct__cuda_stream(device, &stream);
+    if (!rc)
+        rc = ct__cuda_use(device);
+    int e = rc ? 0 : launch(ctx, stream);
+    return rc ? rc : e ? fail((cudaError_t)e, device, what) : 0;
+}
+
+typedef struct copy_job {
+    ct__cuda_iter2 it;
+    int dst_dtype, src_dtype;
+} copy_job;
+
+static int launch_copy(void *ctx, void *stream) {
+    copy_job *j = ctx;
+    return ct__cuda_launch_copy(&j->it, j->dst_dtype, j->src_dtype, stream);
+}
+
 int ct__cuda_copy_tensor(ct_tensor *dst, ct_tensor *src) {
     int device = dst->storage->device.index;
     if (dst->storage->device.type != CT_CUDA || src->storage->device.type != CT_CUDA ||
@@ -160,16 +182,44 @@ int ct__cuda_copy_tensor(ct_tensor *dst, ct_tensor *src) {
         return ct__seterr(CT_EDEVICE, "copy: both tensors must be on one CUDA device");
     ct__iter it;
     ct__iter_init(&it, (ct_tensor *[]){dst, src}, 2, dst->ndim, dst->sizes);
-    ct__cuda_iter2 k = {.ndim = it.ndim, .numel = it.numel, .data = {it.data[0], it.data[1]}};
+    copy_job j = {.it = {.ndim = it.ndim, .numel = it.numel, .data = {it.data[0], it.data[1]}},
+                  .dst_dtype = (int)dst->dtype,
+                  .src_dtype = (int)src->dtype};
     for (int d = 0; d < it.ndim; d++) {
-        k.shape[d] = it.shape[d];
-        k.strides[d][0] = it.strides[d][0];
-        k.strides[d][1] = it.strides[d][1];
+        j.it.shape[d] = it.shape[d];
+        for (int k = 0; k < 2; k++)
+            j.it.strides[d][k] = it.strides[d][k];
     }
-    void *stream;
-    int rc = ct__cuda_stream(device, &stream);
-    if (!rc)
-        rc = ct__cuda_use(device);
-    int e = rc ? 0 : ct__cuda_launch_copy(&k, (int)dst->dtype, (int)src->dtype, stream);
-    return rc ? rc : e ? fail((cudaError_t)e, device, "the copy kernel") : 0;
+    return on_stream(device, "the copy kernel", launch_copy, &j);
+}
+
+typedef struct binary_job {
+    ct__cuda_iter3 it;
+    int op, dtype, scalar_b;
+    double scalar;
+} binary_job;
+
+static int launch_binary(void *ctx, void *stream) {
+    binary_job *j = ctx;
+    return ct__cuda_launch_binary(&j->it, j->op, j->dtype, j->scalar_b, j->scalar, stream);
+}
+
+int ct__cuda_binary(int op, ct_tensor *dst, ct_tensor *x, ct_tensor *y, double scalar,
+                    ct_dtype dtype, int nd, const int64_t *shape) {
+    /* A scalar's place in the iterator is held by x; the kernel ignores
+     * it. */
+    ct__iter it;
+    ct__iter_init(&it, (ct_tensor *[]){dst, x, y ? y : x}, 3, nd, shape);
+    binary_job j = {
+        .it = {.ndim = it.ndim, .numel = it.numel, .data = {it.data[0], it.data[1], it.data[2]}},
+        .op = op,
+        .dtype = (int)dtype,
+        .scalar_b = y == NULL,
+        .scalar = scalar};
+    for (int d = 0; d < it.ndim; d++) {
+        j.it.shape[d] = it.shape[d];
+        for (int k = 0; k < 3; k++)
+            j.it.strides[d][k] = it.strides[d][k];
+    }
+    return on_stream(dst->storage->device.index, "a binary kernel", launch_binary, &j);
 }
