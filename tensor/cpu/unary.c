@@ -1,4 +1,7 @@
-/* Unary elementwise ops. */
+/* Unary elementwise ops, on the CPU and on a CUDA device
+ * (tensor/cuda/kernels.cu). */
+#include "cuda_impl.h"
+#include "cuda_kernels.h"
 #include "tensor_impl.h"
 #include "vmath.h"
 
@@ -141,6 +144,9 @@ enum {
     UNARY_OPS(UNARY_ENUM)
 #undef UNARY_ENUM
 };
+_Static_assert((int)U_neg == (int)CT__CUDA_NEG && (int)U_silu == (int)CT__CUDA_SILU &&
+                   (int)U_clamp == (int)CT__CUDA_CLAMP,
+               "unary ops and their CUDA kernels disagree on the order");
 
 static const unary_op unary_ops[] = {
 #define UNARY_ROW(name, NAME, FEXPR, IEXPR)                                                        \
@@ -155,8 +161,9 @@ static const unary_op unary_ops[] = {
 static ct_tensor *unary(int which, ct_tensor *t, bool inplace, double p0, double p1) {
     const unary_op *u = &unary_ops[which];
     const char *name = u->names[inplace];
-    if (CT__CHECK(name, t))
+    if (CT__CHECK_ANY(name, t))
         return NULL;
+    ct_device device = t->storage->device;
     char desc[CT__DESC_STR];
     bool is_float = ct_dtype_is_float(t->dtype);
     /* Integer powers stay integral only for whole, non-negative exponents. */
@@ -180,7 +187,7 @@ static ct_tensor *unary(int which, ct_tensor *t, bool inplace, double p0, double
                        ? INT64_MAX
                        : (int64_t)(which == U_clamp && k == 0 ? ceil(prm.d[k]) : floor(prm.d[k]));
 
-    ct_tensor *out = inplace ? t : ct__new(name, t->ndim, t->sizes, out_dtype);
+    ct_tensor *out = inplace ? t : ct__new_on(name, t->ndim, t->sizes, out_dtype, device);
     if (!out || (inplace && ct__check_inplace(u->op, name, out, NULL, 0)))
         return NULL;
     /* An integer input of a float-valued op (never in place: refused above)
@@ -189,7 +196,10 @@ static ct_tensor *unary(int which, ct_tensor *t, bool inplace, double p0, double
     if (convert)
         ct_scope_begin();
     ct_tensor *src = convert ? ct_to_dtype(t, out_dtype) : t;
-    if (src) {
+    bool ok = src != NULL;
+    if (ok && device.type == CT_CUDA) {
+        ok = ct__cuda_unary(which, out, src, prm.d, prm.i) == 0;
+    } else if (ok) {
         ct__loop_fn fn =
             ct_dtype_is_float(out_dtype) ? u->floats[out_dtype] : u->ints[out_dtype - CT_INT64];
         ct__iter it;
@@ -198,8 +208,9 @@ static ct_tensor *unary(int which, ct_tensor *t, bool inplace, double p0, double
     }
     if (convert)
         ct_scope_end();
-    if (!src) {
-        ct__release(out);
+    if (!ok) {
+        if (!inplace)
+            ct__release(out);
         return NULL;
     }
 

@@ -38,6 +38,10 @@ int ct__cuda_copy_tensor(ct_tensor *dst, ct_tensor *src);
 int ct__cuda_binary(int op, ct_tensor *dst, ct_tensor *x, ct_tensor *y, double scalar,
                     ct_dtype dtype, int nd, const int64_t *shape);
 
+/* out = op(src) on their device, op an index of the unary ops
+ * (cuda_kernels.h), both of one dtype; p and ip the op's scalars. */
+int ct__cuda_unary(int op, ct_tensor *out, ct_tensor *src, const double p[2], const int64_t ip[2]);
+
 /* device.c: device storage through the device's caching allocator, freed
  * back to it. NULL with the error. */
 ct_storage *ct__cuda_storage_new(size_t nbytes, int device);

@@ -62,6 +62,34 @@ enum {
 int ct__cuda_launch_binary(const ct__cuda_iter3 *it, int op, int dtype, int scalar_b, double scalar,
                            void *stream);
 
+/* Unary ops, in the order of tensor/cpu/unary.c's table. */
+enum {
+    CT__CUDA_NEG,
+    CT__CUDA_ABS,
+    CT__CUDA_EXP,
+    CT__CUDA_LOG,
+    CT__CUDA_LOG1P,
+    CT__CUDA_SQRT,
+    CT__CUDA_RSQRT,
+    CT__CUDA_SIN,
+    CT__CUDA_COS,
+    CT__CUDA_TANH,
+    CT__CUDA_SIGMOID,
+    CT__CUDA_RELU,
+    CT__CUDA_GELU,
+    CT__CUDA_GELU_TANH,
+    CT__CUDA_SILU,
+    CT__CUDA_POW_SCALAR,
+    CT__CUDA_CLAMP,
+    CT__CUDA_NUNARY
+};
+
+/* out = op(in), both of dtype; p are the op's scalars (pow's exponent,
+ * clamp's bounds) as doubles, ip the same as integers, converted as the CPU
+ * does. */
+int ct__cuda_launch_unary(const ct__cuda_iter2 *it, int op, int dtype, const double p[2],
+                          const int64_t ip[2], void *stream);
+
 #ifdef __cplusplus
 }
 #endif

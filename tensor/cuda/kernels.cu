@@ -293,3 +293,99 @@ extern "C" int ct__cuda_launch_binary(const ct__cuda_iter3 *it, int op, int dtyp
     }
     return static_cast<int>(cudaErrorInvalidValue);
 }
+
+// -------------------------------------------------------------- unary ops
+
+namespace {
+
+template <typename A> struct Unary {
+    __device__ static A apply(int op, A x, A p0, A p1) {
+        const A half = A(0.5), one = A(1);
+        switch (op) {
+        case CT__CUDA_NEG: return -x;
+        case CT__CUDA_ABS: return fabs(x);
+        case CT__CUDA_EXP: return exp(x);
+        case CT__CUDA_LOG: return log(x);
+        case CT__CUDA_LOG1P: return log1p(x);
+        case CT__CUDA_SQRT: return sqrt(x);
+        case CT__CUDA_RSQRT: return one / sqrt(x);
+        case CT__CUDA_SIN: return sin(x);
+        case CT__CUDA_COS: return cos(x);
+        case CT__CUDA_TANH: return tanh(x);
+        case CT__CUDA_SIGMOID: return one / (one + exp(-x));
+        case CT__CUDA_RELU: return x > 0 || x != x ? x : A(0);
+        case CT__CUDA_GELU: return x * half * (one + erf(x * A(0.70710678118654752440)));
+        case CT__CUDA_GELU_TANH:
+            return half * x *
+                   (one + tanh(A(0.79788456080286535588) * (x + A(0.044715) * x * x * x)));
+        case CT__CUDA_SILU: return x / (one + exp(-x));
+        case CT__CUDA_POW_SCALAR: return p0 == A(2) ? x * x : pow(x, p0);
+        default: {
+            // min(max(x, lo), hi) as PyTorch: hi wins when lo > hi.
+            A lo = x < p0 ? p0 : x;
+            return lo > p1 ? p1 : lo;
+        }
+        }
+    }
+};
+
+// The integer forms: neg, abs, relu, pow_scalar, clamp, wrapping.
+template <> struct Unary<int64_t> {
+    __device__ static int64_t apply(int op, int64_t x, int64_t p0, int64_t p1) {
+        switch (op) {
+        case CT__CUDA_NEG: return wrap(0 - static_cast<uint64_t>(x));
+        case CT__CUDA_ABS: return x < 0 ? wrap(0 - static_cast<uint64_t>(x)) : x;
+        case CT__CUDA_RELU: return x > 0 ? x : 0;
+        case CT__CUDA_POW_SCALAR: return int_pow(x, p0);
+        default: {
+            int64_t lo = x < p0 ? p0 : x;
+            return lo > p1 ? p1 : lo;
+        }
+        }
+    }
+};
+
+template <typename T>
+__global__ void unary_kernel(ct__cuda_iter2 it, int op, double p0, double p1, int64_t i0,
+                             int64_t i1) {
+    using A = decltype(Elem<T>::load(T()));
+    constexpr bool ints = std::is_same<A, int64_t>::value;
+    A q0 = ints ? static_cast<A>(i0) : static_cast<A>(p0);
+    A q1 = ints ? static_cast<A>(i1) : static_cast<A>(p1);
+    int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < it.numel;
+         i += step) {
+        int64_t od, os;
+        offsets(it, i, &od, &os);
+        A x = Elem<T>::load(*reinterpret_cast<const T *>(it.data[1] + os));
+        *reinterpret_cast<T *>(it.data[0] + od) = Elem<T>::store(Unary<A>::apply(op, x, q0, q1));
+    }
+}
+
+template <typename T>
+int launch_unary(const ct__cuda_iter2 &it, int op, const double *p, const int64_t *ip,
+                 cudaStream_t s) {
+    unary_kernel<T><<<blocks_for(it.numel), kThreads, 0, s>>>(it, op, p[0], p[1], ip[0], ip[1]);
+    return static_cast<int>(cudaGetLastError());
+}
+
+} // namespace
+
+extern "C" int ct__cuda_launch_unary(const ct__cuda_iter2 *it, int op, int dtype,
+                                     const double p[2], const int64_t ip[2], void *stream) {
+    if (it->numel == 0)
+        return 0;
+    if (op < 0 || op >= CT__CUDA_NUNARY)
+        return static_cast<int>(cudaErrorInvalidValue);
+    cudaStream_t s = static_cast<cudaStream_t>(stream);
+    switch (dtype) {
+    case 0: return launch_unary<float>(*it, op, p, ip, s);
+    case 1: return launch_unary<double>(*it, op, p, ip, s);
+    case 2: return launch_unary<__nv_bfloat16>(*it, op, p, ip, s);
+    case 3: return launch_unary<__half>(*it, op, p, ip, s);
+    case 4: return launch_unary<int64_t>(*it, op, p, ip, s);
+    case 5: return launch_unary<int32_t>(*it, op, p, ip, s);
+    case 6: return launch_unary<uint8_t>(*it, op, p, ip, s);
+    }
+    return static_cast<int>(cudaErrorInvalidValue);
+}

@@ -54,3 +54,11 @@ int ct__cuda_binary(int op, ct_tensor *dst, ct_tensor *x, ct_tensor *y, double s
     (void)shape;
     return none(dst->storage->device.index);
 }
+
+int ct__cuda_unary(int op, ct_tensor *out, ct_tensor *src, const double p[2], const int64_t ip[2]) {
+    (void)op;
+    (void)src;
+    (void)p;
+    (void)ip;
+    return none(out->storage->device.index);
+}

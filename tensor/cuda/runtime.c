@@ -223,3 +223,31 @@ int ct__cuda_binary(int op, ct_tensor *dst, ct_tensor *x, ct_tensor *y, double s
     }
     return on_stream(dst->storage->device.index, "a binary kernel", launch_binary, &j);
 }
+
+typedef struct unary_job {
+    ct__cuda_iter2 it;
+    int op, dtype;
+    double p[2];
+    int64_t ip[2];
+} unary_job;
+
+static int launch_unary(void *ctx, void *stream) {
+    unary_job *j = ctx;
+    return ct__cuda_launch_unary(&j->it, j->op, j->dtype, j->p, j->ip, stream);
+}
+
+int ct__cuda_unary(int op, ct_tensor *out, ct_tensor *src, const double p[2], const int64_t ip[2]) {
+    ct__iter it;
+    ct__iter_init(&it, (ct_tensor *[]){out, src}, 2, out->ndim, out->sizes);
+    unary_job j = {.it = {.ndim = it.ndim, .numel = it.numel, .data = {it.data[0], it.data[1]}},
+                   .op = op,
+                   .dtype = (int)out->dtype,
+                   .p = {p[0], p[1]},
+                   .ip = {ip[0], ip[1]}};
+    for (int d = 0; d < it.ndim; d++) {
+        j.it.shape[d] = it.shape[d];
+        for (int k = 0; k < 2; k++)
+            j.it.strides[d][k] = it.strides[d][k];
+    }
+    return on_stream(out->storage->device.index, "a unary kernel", launch_unary, &j);
+}
