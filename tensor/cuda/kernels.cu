@@ -89,23 +89,25 @@ unsigned blocks_for(int64_t n) {
     return static_cast<unsigned>(b < 65536 ? (b > 0 ? b : 1) : 65536);
 }
 
+// Calls f with a value of the element type of ct_dtype dtype, in ct's
+// order: float32, float64, bfloat16, float16, int64, int32, uint8, bool.
+template <typename F> int by_dtype(int dtype, F &&f) {
+    switch (dtype) {
+    case 0: return f(float());
+    case 1: return f(double());
+    case 2: return f(__nv_bfloat16());
+    case 3: return f(__half());
+    case 4: return f(int64_t());
+    case 5: return f(int32_t());
+    case 6: return f(uint8_t());
+    case 7: return f(Bool());
+    }
+    return static_cast<int>(cudaErrorInvalidValue);
+}
+
 template <typename D, typename S> int launch_copy(const ct__cuda_iter2 &it, cudaStream_t stream) {
     copy_kernel<D, S><<<blocks_for(it.numel), kThreads, 0, stream>>>(it);
     return static_cast<int>(cudaGetLastError());
-}
-
-template <typename D> int launch_copy_from(const ct__cuda_iter2 &it, int src, cudaStream_t s) {
-    switch (src) {
-    case 0: return launch_copy<D, float>(it, s);
-    case 1: return launch_copy<D, double>(it, s);
-    case 2: return launch_copy<D, __nv_bfloat16>(it, s);
-    case 3: return launch_copy<D, __half>(it, s);
-    case 4: return launch_copy<D, int64_t>(it, s);
-    case 5: return launch_copy<D, int32_t>(it, s);
-    case 6: return launch_copy<D, uint8_t>(it, s);
-    case 7: return launch_copy<D, Bool>(it, s);
-    }
-    return static_cast<int>(cudaErrorInvalidValue);
 }
 
 } // namespace
@@ -115,17 +117,10 @@ extern "C" int ct__cuda_launch_copy(const ct__cuda_iter2 *it, int dst_dtype, int
     if (it->numel == 0)
         return 0;
     cudaStream_t s = static_cast<cudaStream_t>(stream);
-    switch (dst_dtype) {
-    case 0: return launch_copy_from<float>(*it, src_dtype, s);
-    case 1: return launch_copy_from<double>(*it, src_dtype, s);
-    case 2: return launch_copy_from<__nv_bfloat16>(*it, src_dtype, s);
-    case 3: return launch_copy_from<__half>(*it, src_dtype, s);
-    case 4: return launch_copy_from<int64_t>(*it, src_dtype, s);
-    case 5: return launch_copy_from<int32_t>(*it, src_dtype, s);
-    case 6: return launch_copy_from<uint8_t>(*it, src_dtype, s);
-    case 7: return launch_copy_from<Bool>(*it, src_dtype, s);
-    }
-    return static_cast<int>(cudaErrorInvalidValue);
+    return by_dtype(dst_dtype, [&](auto d) {
+        return by_dtype(src_dtype,
+                        [&](auto src) { return launch_copy<decltype(d), decltype(src)>(*it, s); });
+    });
 }
 
 // ------------------------------------------------------------- binary ops
@@ -134,26 +129,16 @@ namespace {
 
 // The compute type, as on the CPU (tensor_impl.h's CT__ACC_*): float for the
 // 16- and 32-bit floats, double, and int64 for the integers and bool.
-template <typename T> struct Acc {
-    using type = int64_t;
-};
-template <> struct Acc<float> {
-    using type = float;
-};
-template <> struct Acc<double> {
-    using type = double;
-};
-template <> struct Acc<__half> {
-    using type = float;
-};
-template <> struct Acc<__nv_bfloat16> {
-    using type = float;
-};
+template <typename T> struct Acc { using type = int64_t; };
+template <> struct Acc<float> { using type = float; };
+template <> struct Acc<double> { using type = double; };
+template <> struct Acc<__half> { using type = float; };
+template <> struct Acc<__nv_bfloat16> { using type = float; };
 
 // Elements to the compute type and back. Integers never pass through
 // double, which would drop bits of an int64 above 2^53.
-template <typename T, bool Int = (sizeof(typename Acc<T>::type) == 8 &&
-                                  !std::is_floating_point<T>::value)>
+template <typename T,
+          bool Int = (sizeof(typename Acc<T>::type) == 8 && !std::is_floating_point<T>::value)>
 struct Elem {
     using A = typename Acc<T>::type;
     __device__ static A load(T v) { return static_cast<A>(Conv<T>::to(v)); }
@@ -162,6 +147,10 @@ struct Elem {
 template <typename T> struct Elem<T, true> {
     __device__ static int64_t load(T v) { return static_cast<int64_t>(v); }
     __device__ static T store(int64_t v) { return static_cast<T>(v); }
+};
+template <> struct Elem<Bool, true> {
+    __device__ static int64_t load(Bool v) { return v.v != 0; }
+    __device__ static Bool store(int64_t v) { return Bool{static_cast<uint8_t>(v != 0)}; }
 };
 
 // Integer arithmetic wraps like two's complement, as on the CPU.
@@ -256,11 +245,10 @@ __global__ void binary_kernel<Bool>(ct__cuda_iter3 it, int op, bool scalar_b, Bo
         int64_t o[3];
         offsets3(it, i, o);
         int64_t x = *reinterpret_cast<const uint8_t *>(it.data[1] + o[1]) != 0;
-        int64_t y = (scalar_b ? scalar.v : *reinterpret_cast<const uint8_t *>(it.data[2] + o[2]))
-                    != 0;
+        int64_t y =
+            (scalar_b ? scalar.v : *reinterpret_cast<const uint8_t *>(it.data[2] + o[2])) != 0;
         *reinterpret_cast<uint8_t *>(it.data[0] + o[0]) =
-            op >= CT__CUDA_EQ ? compare<int64_t>(op, x, y)
-                              : Arith<int64_t>::apply(op, x, y) != 0;
+            op >= CT__CUDA_EQ ? compare<int64_t>(op, x, y) : Arith<int64_t>::apply(op, x, y) != 0;
     }
 }
 
@@ -280,18 +268,9 @@ extern "C" int ct__cuda_launch_binary(const ct__cuda_iter3 *it, int op, int dtyp
     if (op < 0 || op >= CT__CUDA_NBINARY)
         return static_cast<int>(cudaErrorInvalidValue);
     cudaStream_t s = static_cast<cudaStream_t>(stream);
-    bool sb = scalar_b != 0;
-    switch (dtype) {
-    case 0: return launch_binary<float>(*it, op, sb, scalar, s);
-    case 1: return launch_binary<double>(*it, op, sb, scalar, s);
-    case 2: return launch_binary<__nv_bfloat16>(*it, op, sb, scalar, s);
-    case 3: return launch_binary<__half>(*it, op, sb, scalar, s);
-    case 4: return launch_binary<int64_t>(*it, op, sb, scalar, s);
-    case 5: return launch_binary<int32_t>(*it, op, sb, scalar, s);
-    case 6: return launch_binary<uint8_t>(*it, op, sb, scalar, s);
-    case 7: return launch_binary<Bool>(*it, op, sb, scalar, s);
-    }
-    return static_cast<int>(cudaErrorInvalidValue);
+    return by_dtype(dtype, [&](auto t) {
+        return launch_binary<decltype(t)>(*it, op, scalar_b != 0, scalar, s);
+    });
 }
 
 // -------------------------------------------------------------- unary ops
@@ -371,21 +350,14 @@ int launch_unary(const ct__cuda_iter2 &it, int op, const double *p, const int64_
 
 } // namespace
 
-extern "C" int ct__cuda_launch_unary(const ct__cuda_iter2 *it, int op, int dtype,
-                                     const double p[2], const int64_t ip[2], void *stream) {
+extern "C" int ct__cuda_launch_unary(const ct__cuda_iter2 *it, int op, int dtype, const double p[2],
+                                     const int64_t ip[2], void *stream) {
     if (it->numel == 0)
         return 0;
     if (op < 0 || op >= CT__CUDA_NUNARY)
         return static_cast<int>(cudaErrorInvalidValue);
+    if (dtype == 7) /* bool has no unary op */
+        return static_cast<int>(cudaErrorInvalidValue);
     cudaStream_t s = static_cast<cudaStream_t>(stream);
-    switch (dtype) {
-    case 0: return launch_unary<float>(*it, op, p, ip, s);
-    case 1: return launch_unary<double>(*it, op, p, ip, s);
-    case 2: return launch_unary<__nv_bfloat16>(*it, op, p, ip, s);
-    case 3: return launch_unary<__half>(*it, op, p, ip, s);
-    case 4: return launch_unary<int64_t>(*it, op, p, ip, s);
-    case 5: return launch_unary<int32_t>(*it, op, p, ip, s);
-    case 6: return launch_unary<uint8_t>(*it, op, p, ip, s);
-    }
-    return static_cast<int>(cudaErrorInvalidValue);
+    return by_dtype(dtype, [&](auto t) { return launch_unary<decltype(t)>(*it, op, p, ip, s); });
 }
