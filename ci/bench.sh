@@ -124,6 +124,17 @@ run_summary() {
     fi
 }
 
+# The machine's load over a section, which the figures depend on: $1 the
+# section, $2 the load average when it began, $3 the seconds it took. A line
+# for the reader and a JSON line, as the summaries print theirs.
+report_load() {
+    local end
+    end=$(cut -d' ' -f1-3 /proc/loadavg)
+    echo "load average $2 at the start, $end at the end; $3 s" >&2
+    printf '{"bench": "%s", "summary": "load", "start": [%s], "end": [%s], "seconds": %d}\n' \
+        "$1" "${2// /, }" "${end// /, }" "$3"
+}
+
 run_ops() {
     "$build/bench/bench_ops" | tee "$tmp"
     run_peer ops_torch.py --compare "$tmp"
@@ -260,13 +271,12 @@ run_ddp() {
     "${ctlaunch[@]}" "$build/bench/bench_ddp" | json_lines '"run": "ct_buckets", ' | tee -a "$tmp"
     "${ctlaunch[@]}" "$build/bench/bench_ddp" "${one_bucket[@]}" |
         json_lines '"run": "ct_one_bucket", ' | tee -a "$tmp"
-    run_summary "$tmp" "$steps" "$warmup" "$acc_epochs" "$load_start" \
-        "$(cut -d' ' -f1-3 /proc/loadavg)" $((SECONDS - started)) <<'EOF'
+    run_summary "$tmp" "$steps" "$warmup" "$acc_epochs" <<'EOF'
 """The data-parallel benchmark's summary, from ci/bench.sh ddp's lines."""
 import json
 import sys
 
-path, steps, warmup, epochs, load_start, load_end, seconds = sys.argv[1:]
+path, steps, warmup, epochs = sys.argv[1:]
 RUNS = {
     "ct_1rank_1thread": "ct, 1 rank, 1 thread",
     "ct_1rank_2threads": "ct, 1 rank, 2 threads",
@@ -378,10 +388,8 @@ for r in overlap:
           "backward_nosync_us": r["backward_nosync_us"], "allreduce_us": r["allreduce_us"],
           "exposed_us": r["exposed_us"], "hidden": r["hidden"]})
 
-log("load average %s at the start, %s at the end; %s s" % (load_start, load_end, seconds))
-emit({"summary": "load", "start": [float(x) for x in load_start.split()],
-      "end": [float(x) for x in load_end.split()], "seconds": int(seconds)})
 EOF
+    report_load ddp "$load_start" $((SECONDS - started))
     if $torch_failed; then
         return 1
     fi
@@ -505,13 +513,12 @@ run_checkpoint() {
     done
     rm -rf "$ckpt_dir"
     ckpt_dir=
-    run_summary "$tmp" "$parent" "$fs" "$load_start" "$(cut -d' ' -f1-3 /proc/loadavg)" \
-        $((SECONDS - started)) <<'EOF'
+    run_summary "$tmp" "$parent" "$fs" <<'EOF'
 """The checkpoint benchmark's summary, from ci/bench.sh checkpoint's lines."""
 import json
 import sys
 
-path, where, fs, load_start, load_end, seconds = sys.argv[1:]
+path, where, fs = sys.argv[1:]
 # (run, op, cache): what the table calls it.
 ROWS = [
     (("dd", "write", None), "dd write (64 MiB blocks, conv=fsync)"),
@@ -664,10 +671,8 @@ else:
 
 for line in targets:
     log(line)
-log("load average %s at the start, %s at the end; %s s" % (load_start, load_end, seconds))
-emit({"summary": "load", "start": [float(x) for x in load_start.split()],
-      "end": [float(x) for x in load_end.split()], "seconds": int(seconds)})
 EOF
+    report_load checkpoint "$load_start" $((SECONDS - started))
     if $torch_failed; then
         return 1
     fi
