@@ -639,7 +639,10 @@ static void on_monitor(peer *p, int id) {
     }
     if (event != ZMQ_EVENT_DISCONNECTED || !p->connected || p->dead)
         return;
+    /* Under the lock: other threads ask (ct__rpc_peer_dead). */
+    pthread_mutex_lock(&g.mu);
     p->dead = true;
+    pthread_mutex_unlock(&g.mu);
     ct_future *gone = take_pending(id, 0);
     while (gone) {
         ct_future *f = gone;
