@@ -44,15 +44,11 @@ if [[ -f $build_dir/CMakeCache.txt ]]; then
     fi
 fi
 
-# The targets fuzz host parsers; CUDA stays out, since objects compiled by
-# nvcc would make the targets link through the CUDA toolchain, which has no
-# libFuzzer.
 step "configure $build_dir (CC=$cc, CT_FUZZ=ON)"
 cmake -S . -B "$build_dir" "${fresh[@]}" \
     -DCMAKE_C_COMPILER="$cc" \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DCT_FUZZ=ON \
-    -DCT_CUDA=OFF \
     -DCT_SANITIZE= \
     -DCT_BUILD_TESTS=ON \
     -DCT_BUILD_EXAMPLES=OFF \

@@ -37,13 +37,7 @@ read -r -a extra_args <<<"${CT_CMAKE_ARGS:-}"
 case $sanitize in
 "") san_flags="" ;;
 "address;undefined" | "address,undefined") san_flags="-fsanitize=address,undefined" ;;
-thread)
-    san_flags="-fsanitize=thread"
-    # The CUDA runtime crashes under ThreadSanitizer at its first call (a
-    # jump to address 0 from cudaGetDeviceCount): TSan builds leave CUDA
-    # out, and keep the caching allocator's test, which needs no runtime.
-    extra_args=(-DCT_CUDA=OFF "${extra_args[@]}")
-    ;;
+thread) san_flags="-fsanitize=thread" ;;
 *)
     echo "ci/test.sh: CT_SANITIZE must be empty, 'address;undefined' or 'thread' (got '$sanitize')" >&2
     exit 2

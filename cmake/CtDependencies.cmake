@@ -61,7 +61,21 @@ endif()
 # CUDA Toolkit (nvcc decides AUTO; the toolkit's CMake package gives cudart
 # and cuBLAS).
 set(CT_HAVE_CUDA OFF)
-if(NOT CT_CUDA STREQUAL "OFF")
+# Two builds cannot have CUDA: the CUDA runtime jumps to address 0 at its
+# first call under ThreadSanitizer, and objects nvcc compiled make programs
+# link through the CUDA toolchain, which has no libFuzzer.
+set(_ct_without_cuda "")
+if(CT_SANITIZE STREQUAL "thread")
+  set(_ct_without_cuda "ThreadSanitizer (CT_SANITIZE=thread)")
+elseif(CT_FUZZ)
+  set(_ct_without_cuda "fuzzing (CT_FUZZ=ON)")
+endif()
+if(_ct_without_cuda AND CT_CUDA STREQUAL "ON")
+  message(FATAL_ERROR "CT_CUDA=ON cannot be combined with ${_ct_without_cuda}")
+endif()
+if(_ct_without_cuda)
+  ct_summary("CUDA: off under ${_ct_without_cuda}; CUDA tensors and NCCL are turned off")
+elseif(NOT CT_CUDA STREQUAL "OFF")
   include(CheckLanguage)
   check_language(CUDA)
   find_package(CUDAToolkit QUIET)
