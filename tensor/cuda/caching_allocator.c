@@ -148,17 +148,23 @@ static int table_add(ct__calloc *a, block *b) {
     return 0;
 }
 
-static block *table_take(ct__calloc *a, const void *ptr) {
+/* The link that holds the live block at ptr, or NULL. */
+static block **table_find(ct__calloc *a, const void *ptr) {
     if (!a->nbuckets)
         return NULL;
-    for (block **p = &a->table[bucket(a, ptr)]; *p; p = &(*p)->hnext)
-        if ((*p)->ptr == ptr) {
-            block *b = *p;
-            *p = b->hnext;
-            a->nlive--;
-            return b;
-        }
-    return NULL;
+    block **p = &a->table[bucket(a, ptr)];
+    while (*p && (*p)->ptr != ptr)
+        p = &(*p)->hnext;
+    return *p ? p : NULL;
+}
+
+static block *table_take(ct__calloc *a, const void *ptr) {
+    block **p = table_find(a, ptr), *b = p ? *p : NULL;
+    if (b) {
+        *p = b->hnext;
+        a->nlive--;
+    }
+    return b;
 }
 
 /* ----------------------------------------------------------- the blocks */
@@ -469,9 +475,7 @@ int ct__calloc_release(ct__calloc *a, void *ptr) {
 
 int ct__calloc_record_stream(ct__calloc *a, void *ptr, void *stream) {
     pthread_mutex_lock(&a->lock);
-    block *b = NULL;
-    for (b = a->nbuckets ? a->table[bucket(a, ptr)] : NULL; b && b->ptr != ptr;)
-        b = b->hnext;
+    block **slot = table_find(a, ptr), *b = slot ? *slot : NULL;
     int rc = b ? 0
                : ct__seterr(CT_EINVAL,
                             "caching allocator: record_stream: %p on device %d is not a live "

@@ -16,27 +16,20 @@ extern "C" {
 
 #define CT__CUDA_MAX_DIMS 8
 
-/* ct's element iterator (tensor_impl.h), for two operands: the coalesced
- * shape, dim 0 innermost, and each operand's byte strides. */
-typedef struct ct__cuda_iter2 {
+/* ct's element iterator (tensor_impl.h) for up to three operands (out
+ * first): the coalesced shape, dim 0 innermost, and each operand's byte
+ * strides. */
+#define CT__CUDA_MAX_OPERANDS 3
+typedef struct ct__cuda_iter {
     int ndim;
     int64_t numel;
     int64_t shape[CT__CUDA_MAX_DIMS];
-    int64_t strides[CT__CUDA_MAX_DIMS][2];
-    char *data[2];
-} ct__cuda_iter2;
+    int64_t strides[CT__CUDA_MAX_DIMS][CT__CUDA_MAX_OPERANDS];
+    char *data[CT__CUDA_MAX_OPERANDS];
+} ct__cuda_iter;
 
 /* dst = src, converted from src_dtype to dst_dtype (ct_dtype values). */
-int ct__cuda_launch_copy(const ct__cuda_iter2 *it, int dst_dtype, int src_dtype, void *stream);
-
-/* The same for three operands: out, a, b. */
-typedef struct ct__cuda_iter3 {
-    int ndim;
-    int64_t numel;
-    int64_t shape[CT__CUDA_MAX_DIMS];
-    int64_t strides[CT__CUDA_MAX_DIMS][3];
-    char *data[3];
-} ct__cuda_iter3;
+int ct__cuda_launch_copy(const ct__cuda_iter *it, int dst_dtype, int src_dtype, void *stream);
 
 /* Binary ops, in the order of tensor/cpu/binary.c's table. */
 enum {
@@ -59,7 +52,7 @@ enum {
 /* out = a (op) b, all of dtype (ct_dtype), except comparisons, whose out is
  * bool. With scalar_b, b is the value scalar (converted to dtype first, as
  * on the CPU) and it->data[2] is unused. */
-int ct__cuda_launch_binary(const ct__cuda_iter3 *it, int op, int dtype, int scalar_b, double scalar,
+int ct__cuda_launch_binary(const ct__cuda_iter *it, int op, int dtype, int scalar_b, double scalar,
                            void *stream);
 
 /* Unary ops, in the order of tensor/cpu/unary.c's table. */
@@ -87,7 +80,7 @@ enum {
 /* out = op(in), both of dtype; p are the op's scalars (pow's exponent,
  * clamp's bounds) as doubles, ip the same as integers, converted as the CPU
  * does. */
-int ct__cuda_launch_unary(const ct__cuda_iter2 *it, int op, int dtype, const double p[2],
+int ct__cuda_launch_unary(const ct__cuda_iter *it, int op, int dtype, const double p[2],
                           const int64_t ip[2], void *stream);
 
 #ifdef __cplusplus

@@ -57,7 +57,7 @@ template <> struct Cast<int64_t, uint8_t> {
 };
 
 // The byte offsets of element i in each operand.
-__device__ inline void offsets(const ct__cuda_iter2 &it, int64_t i, int64_t *o0, int64_t *o1) {
+__device__ inline void offsets(const ct__cuda_iter &it, int64_t i, int64_t *o0, int64_t *o1) {
     int64_t a = 0, b = 0;
     for (int d = 0; d < it.ndim; d++) {
         int64_t idx = i % it.shape[d];
@@ -69,7 +69,7 @@ __device__ inline void offsets(const ct__cuda_iter2 &it, int64_t i, int64_t *o0,
     *o1 = b;
 }
 
-template <typename D, typename S> __global__ void copy_kernel(ct__cuda_iter2 it) {
+template <typename D, typename S> __global__ void copy_kernel(ct__cuda_iter it) {
     int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
     for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < it.numel;
          i += step) {
@@ -105,14 +105,14 @@ template <typename F> int by_dtype(int dtype, F &&f) {
     return static_cast<int>(cudaErrorInvalidValue);
 }
 
-template <typename D, typename S> int launch_copy(const ct__cuda_iter2 &it, cudaStream_t stream) {
+template <typename D, typename S> int launch_copy(const ct__cuda_iter &it, cudaStream_t stream) {
     copy_kernel<D, S><<<blocks_for(it.numel), kThreads, 0, stream>>>(it);
     return static_cast<int>(cudaGetLastError());
 }
 
 } // namespace
 
-extern "C" int ct__cuda_launch_copy(const ct__cuda_iter2 *it, int dst_dtype, int src_dtype,
+extern "C" int ct__cuda_launch_copy(const ct__cuda_iter *it, int dst_dtype, int src_dtype,
                                     void *stream) {
     if (it->numel == 0)
         return 0;
@@ -204,7 +204,7 @@ template <typename A> __device__ bool compare(int op, A x, A y) {
     }
 }
 
-__device__ inline void offsets3(const ct__cuda_iter3 &it, int64_t i, int64_t o[3]) {
+__device__ inline void offsets3(const ct__cuda_iter &it, int64_t i, int64_t o[3]) {
     o[0] = o[1] = o[2] = 0;
     for (int d = 0; d < it.ndim; d++) {
         int64_t idx = i % it.shape[d];
@@ -218,7 +218,7 @@ __device__ inline void offsets3(const ct__cuda_iter3 &it, int64_t i, int64_t o[3
 // The op is a kernel argument, not a template one: one kernel per dtype
 // keeps the build short, and the switch costs nothing beside the loads.
 template <typename T>
-__global__ void binary_kernel(ct__cuda_iter3 it, int op, bool scalar_b, T scalar) {
+__global__ void binary_kernel(ct__cuda_iter it, int op, bool scalar_b, T scalar) {
     using A = typename Acc<T>::type;
     int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
     bool cmp = op >= CT__CUDA_EQ;
@@ -238,7 +238,7 @@ __global__ void binary_kernel(ct__cuda_iter3 it, int op, bool scalar_b, T scalar
 // Bool arithmetic (add, mul, maximum, minimum) computes in int64 and stores
 // whether the result is non-zero; comparisons compare 0 and 1.
 template <>
-__global__ void binary_kernel<Bool>(ct__cuda_iter3 it, int op, bool scalar_b, Bool scalar) {
+__global__ void binary_kernel<Bool>(ct__cuda_iter it, int op, bool scalar_b, Bool scalar) {
     int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
     for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < it.numel;
          i += step) {
@@ -253,7 +253,7 @@ __global__ void binary_kernel<Bool>(ct__cuda_iter3 it, int op, bool scalar_b, Bo
 }
 
 template <typename T>
-int launch_binary(const ct__cuda_iter3 &it, int op, bool scalar_b, double scalar, cudaStream_t s) {
+int launch_binary(const ct__cuda_iter &it, int op, bool scalar_b, double scalar, cudaStream_t s) {
     T v = Conv<T>::from(scalar);
     binary_kernel<T><<<blocks_for(it.numel), kThreads, 0, s>>>(it, op, scalar_b, v);
     return static_cast<int>(cudaGetLastError());
@@ -261,7 +261,7 @@ int launch_binary(const ct__cuda_iter3 &it, int op, bool scalar_b, double scalar
 
 } // namespace
 
-extern "C" int ct__cuda_launch_binary(const ct__cuda_iter3 *it, int op, int dtype, int scalar_b,
+extern "C" int ct__cuda_launch_binary(const ct__cuda_iter *it, int op, int dtype, int scalar_b,
                                       double scalar, void *stream) {
     if (it->numel == 0)
         return 0;
@@ -325,7 +325,7 @@ template <> struct Unary<int64_t> {
 };
 
 template <typename T>
-__global__ void unary_kernel(ct__cuda_iter2 it, int op, double p0, double p1, int64_t i0,
+__global__ void unary_kernel(ct__cuda_iter it, int op, double p0, double p1, int64_t i0,
                              int64_t i1) {
     using A = decltype(Elem<T>::load(T()));
     constexpr bool ints = std::is_same<A, int64_t>::value;
@@ -342,7 +342,7 @@ __global__ void unary_kernel(ct__cuda_iter2 it, int op, double p0, double p1, in
 }
 
 template <typename T>
-int launch_unary(const ct__cuda_iter2 &it, int op, const double *p, const int64_t *ip,
+int launch_unary(const ct__cuda_iter &it, int op, const double *p, const int64_t *ip,
                  cudaStream_t s) {
     unary_kernel<T><<<blocks_for(it.numel), kThreads, 0, s>>>(it, op, p[0], p[1], ip[0], ip[1]);
     return static_cast<int>(cudaGetLastError());
@@ -350,7 +350,7 @@ int launch_unary(const ct__cuda_iter2 &it, int op, const double *p, const int64_
 
 } // namespace
 
-extern "C" int ct__cuda_launch_unary(const ct__cuda_iter2 *it, int op, int dtype, const double p[2],
+extern "C" int ct__cuda_launch_unary(const ct__cuda_iter *it, int op, int dtype, const double p[2],
                                      const int64_t ip[2], void *stream) {
     if (it->numel == 0)
         return 0;

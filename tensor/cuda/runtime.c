@@ -127,12 +127,16 @@ int ct__cuda_devmem(int device, ct__devmem *mem) {
 
 /* ------------------------------------------------------------- copies */
 
+/* Makes device current and gives its compute stream, for a copy or a launch. */
+static int launch_on(int device, void **stream) {
+    int rc = ct__cuda_stream(device, stream);
+    return rc ? rc : ct__cuda_use(device);
+}
+
 int ct__cuda_copy(int device, void *dst, const void *src, size_t n, bool to_device,
                   bool from_device) {
     void *stream;
-    int rc = ct__cuda_stream(device, &stream);
-    if (!rc)
-        rc = ct__cuda_use(device);
+    int rc = launch_on(device, &stream);
     if (rc || !n)
         return rc;
     enum cudaMemcpyKind kind =
@@ -153,26 +157,25 @@ int ct__cuda_sync(int device) {
 
 /* ------------------------------------------------------------- kernels */
 
-/* Makes device current and runs launch (a kernel launch's cudaError_t) on
- * its compute stream. */
-static int on_stream(int device, const char *what, int (*launch)(void *ctx, void *stream),
-                     void *ctx) {
-    void *stream;
-    int rc = ct__cuda_stream(device, &stream);
-    if (!rc)
-        rc = ct__cuda_use(device);
-    int e = rc ? 0 : launch(ctx, stream);
-    return rc ? rc : e ? fail((cudaError_t)e, device, what) : 0;
+/* A launch's cudaError_t as a ct error. */
+static int launched(int e, int device, const char *what) {
+    return e ? fail((cudaError_t)e, device, what) : 0;
 }
 
-typedef struct copy_job {
-    ct__cuda_iter2 it;
-    int dst_dtype, src_dtype;
-} copy_job;
-
-static int launch_copy(void *ctx, void *stream) {
-    copy_job *j = ctx;
-    return ct__cuda_launch_copy(&j->it, j->dst_dtype, j->src_dtype, stream);
+/* ct's element iterator over ts[0..n-1], viewed with shape (nd, sizes), in
+ * the kernels' form. */
+static void device_iter(ct__cuda_iter *k, ct_tensor *const *ts, int n, int nd,
+                        const int64_t *sizes) {
+    ct__iter it;
+    ct__iter_init(&it, ts, n, nd, sizes);
+    *k = (ct__cuda_iter){.ndim = it.ndim, .numel = it.numel};
+    for (int j = 0; j < n; j++)
+        k->data[j] = it.data[j];
+    for (int d = 0; d < it.ndim; d++) {
+        k->shape[d] = it.shape[d];
+        for (int j = 0; j < n; j++)
+            k->strides[d][j] = it.strides[d][j];
+    }
 }
 
 int ct__cuda_copy_tensor(ct_tensor *dst, ct_tensor *src) {
@@ -180,74 +183,36 @@ int ct__cuda_copy_tensor(ct_tensor *dst, ct_tensor *src) {
     if (dst->storage->device.type != CT_CUDA || src->storage->device.type != CT_CUDA ||
         src->storage->device.index != device)
         return ct__seterr(CT_EDEVICE, "copy: both tensors must be on one CUDA device");
-    ct__iter it;
-    ct__iter_init(&it, (ct_tensor *[]){dst, src}, 2, dst->ndim, dst->sizes);
-    copy_job j = {.it = {.ndim = it.ndim, .numel = it.numel, .data = {it.data[0], it.data[1]}},
-                  .dst_dtype = (int)dst->dtype,
-                  .src_dtype = (int)src->dtype};
-    for (int d = 0; d < it.ndim; d++) {
-        j.it.shape[d] = it.shape[d];
-        for (int k = 0; k < 2; k++)
-            j.it.strides[d][k] = it.strides[d][k];
-    }
-    return on_stream(device, "the copy kernel", launch_copy, &j);
-}
-
-typedef struct binary_job {
-    ct__cuda_iter3 it;
-    int op, dtype, scalar_b;
-    double scalar;
-} binary_job;
-
-static int launch_binary(void *ctx, void *stream) {
-    binary_job *j = ctx;
-    return ct__cuda_launch_binary(&j->it, j->op, j->dtype, j->scalar_b, j->scalar, stream);
+    ct__cuda_iter k;
+    device_iter(&k, (ct_tensor *[]){dst, src}, 2, dst->ndim, dst->sizes);
+    void *stream;
+    int rc = launch_on(device, &stream);
+    return rc ? rc
+              : launched(ct__cuda_launch_copy(&k, (int)dst->dtype, (int)src->dtype, stream), device,
+                         "the copy kernel");
 }
 
 int ct__cuda_binary(int op, ct_tensor *dst, ct_tensor *x, ct_tensor *y, double scalar,
                     ct_dtype dtype, int nd, const int64_t *shape) {
     /* A scalar's place in the iterator is held by x; the kernel ignores
      * it. */
-    ct__iter it;
-    ct__iter_init(&it, (ct_tensor *[]){dst, x, y ? y : x}, 3, nd, shape);
-    binary_job j = {
-        .it = {.ndim = it.ndim, .numel = it.numel, .data = {it.data[0], it.data[1], it.data[2]}},
-        .op = op,
-        .dtype = (int)dtype,
-        .scalar_b = y == NULL,
-        .scalar = scalar};
-    for (int d = 0; d < it.ndim; d++) {
-        j.it.shape[d] = it.shape[d];
-        for (int k = 0; k < 3; k++)
-            j.it.strides[d][k] = it.strides[d][k];
-    }
-    return on_stream(dst->storage->device.index, "a binary kernel", launch_binary, &j);
-}
-
-typedef struct unary_job {
-    ct__cuda_iter2 it;
-    int op, dtype;
-    double p[2];
-    int64_t ip[2];
-} unary_job;
-
-static int launch_unary(void *ctx, void *stream) {
-    unary_job *j = ctx;
-    return ct__cuda_launch_unary(&j->it, j->op, j->dtype, j->p, j->ip, stream);
+    ct__cuda_iter k;
+    device_iter(&k, (ct_tensor *[]){dst, x, y ? y : x}, 3, nd, shape);
+    int device = dst->storage->device.index;
+    void *stream;
+    int rc = launch_on(device, &stream);
+    return rc ? rc
+              : launched(ct__cuda_launch_binary(&k, op, (int)dtype, y == NULL, scalar, stream),
+                         device, "a binary kernel");
 }
 
 int ct__cuda_unary(int op, ct_tensor *out, ct_tensor *src, const double p[2], const int64_t ip[2]) {
-    ct__iter it;
-    ct__iter_init(&it, (ct_tensor *[]){out, src}, 2, out->ndim, out->sizes);
-    unary_job j = {.it = {.ndim = it.ndim, .numel = it.numel, .data = {it.data[0], it.data[1]}},
-                   .op = op,
-                   .dtype = (int)out->dtype,
-                   .p = {p[0], p[1]},
-                   .ip = {ip[0], ip[1]}};
-    for (int d = 0; d < it.ndim; d++) {
-        j.it.shape[d] = it.shape[d];
-        for (int k = 0; k < 2; k++)
-            j.it.strides[d][k] = it.strides[d][k];
-    }
-    return on_stream(out->storage->device.index, "a unary kernel", launch_unary, &j);
+    ct__cuda_iter k;
+    device_iter(&k, (ct_tensor *[]){out, src}, 2, out->ndim, out->sizes);
+    int device = out->storage->device.index;
+    void *stream;
+    int rc = launch_on(device, &stream);
+    return rc ? rc
+              : launched(ct__cuda_launch_unary(&k, op, (int)out->dtype, p, ip, stream), device,
+                         "a unary kernel");
 }
