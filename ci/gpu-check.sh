@@ -165,7 +165,8 @@ step "CUDA tests"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null ||
     echo "(nvidia-smi: no GPU visible)"
 results=()
-gpu_tests=(test_cuda_allocator test_cuda test_nccl example_cuda_h test_core)
+gpu_tests=(test_cuda_allocator test_cuda test_cuda_reduce test_cuda_index test_cuda_matmul test_nccl
+           example_cuda_h test_core)
 for t in "${gpu_tests[@]}"; do
     if (($(left) < 30)); then
         results+=("$t|not run (out of time)|0")

@@ -1,5 +1,5 @@
 /* Factories: tensors made from a value, a sequence or the caller's data. */
-#include "tensor_impl.h"
+#include "cuda_impl.h"
 
 #include <math.h>
 
@@ -34,13 +34,49 @@ static void fill_value(ct_tensor *t, double value) {
     ct_parallel_for(0, ct_numel(t), CT__GRAIN_ELEMENTWISE, fill_chunk, &j);
 }
 
+/* A new tensor on device, filled with value when fill is set. */
+static ct_tensor *make_on(const char *op, int ndim, const int64_t *sizes, bool fill, double value,
+                          ct_dtype dtype, ct_device device) {
+    if (device.type != CT_CPU && device.type != CT_CUDA) {
+        ct__seterr(CT_EDEVICE, "%s: unknown device type %d", op, (int)device.type);
+        return NULL;
+    }
+    ct_tensor *t = ct__new_on(op, ndim, sizes, dtype, device);
+    if (!t || !fill)
+        return t ? record_factory(t) : NULL;
+    if (device.type == CT_CPU)
+        fill_value(t, value);
+    else if (ct__cuda_fill(t, value)) {
+        ct__release(t);
+        return NULL;
+    }
+    return record_factory(t);
+}
+
 static ct_tensor *full(const char *op, int ndim, const int64_t *sizes, double value,
                        ct_dtype dtype) {
-    ct_tensor *t = ct__new(op, ndim, sizes, dtype);
-    if (!t)
+    return make_on(op, ndim, sizes, true, value, dtype, CT_DEVICE_CPU);
+}
+
+ct_tensor *ct_empty_on(int ndim, const int64_t *sizes, ct_dtype dtype, ct_device device) {
+    return make_on("empty_on", ndim, sizes, false, 0, dtype, device);
+}
+
+ct_tensor *ct_full_on(int ndim, const int64_t *sizes, double value, ct_dtype dtype,
+                      ct_device device) {
+    return make_on("full_on", ndim, sizes, true, value, dtype, device);
+}
+
+static ct_tensor *like(const char *op, const ct_tensor *t, bool fill, double value) {
+    if (ct__check_handles(op, (ct_tensor *const *)&t, 1))
         return NULL;
-    fill_value(t, value);
-    return record_factory(t);
+    return make_on(op, t->ndim, t->sizes, fill, value, t->dtype, t->storage->device);
+}
+
+ct_tensor *ct_empty_like(const ct_tensor *t) { return like("empty_like", t, false, 0); }
+ct_tensor *ct_zeros_like(const ct_tensor *t) { return like("zeros_like", t, true, 0); }
+ct_tensor *ct_full_like(const ct_tensor *t, double value) {
+    return like("full_like", t, true, value);
 }
 
 ct_tensor *ct_zeros(int ndim, const int64_t *sizes, ct_dtype dtype) {

@@ -1,6 +1,8 @@
 /* Printing tensors readably: nested brackets, abbreviated when large. */
 #include "tensor_impl.h"
 
+#include <ct/cuda.h>
+
 #include <math.h>
 
 #define EDGE         3    /* items shown at each end of an abbreviated dim */
@@ -95,11 +97,25 @@ static void emit(printer *p, int dim, int64_t off, int indent) {
     put(p, "]");
 }
 
+static int fprint_host(FILE *f, const ct_tensor *t, ct_device device);
+
 int ct_tensor_fprint(FILE *f, const ct_tensor *t) {
     if (!f)
         return ct__seterr(CT_EINVAL, "tensor_fprint: FILE is NULL");
-    if (CT__CHECK("tensor_fprint", (ct_tensor *)t))
+    if (CT__CHECK_ANY("tensor_fprint", (ct_tensor *)t))
         return ct_errcode();
+    if (t->storage->device.type == CT_CPU)
+        return fprint_host(f, t, CT_DEVICE_CPU);
+    /* A device tensor prints from a host copy, which its strides then
+     * describe. */
+    ct_scope_begin();
+    ct_tensor *host = ct_to((ct_tensor *)t, CT_DEVICE_CPU);
+    int rc = host ? fprint_host(f, host, t->storage->device) : ct_errcode();
+    ct_scope_end();
+    return rc;
+}
+
+static int fprint_host(FILE *f, const ct_tensor *t, ct_device device) {
     printer p = {.f = f, .t = t, .summarize = ct_numel(t) > SUMMARIZE_AT};
     static const char prefix[] = "tensor(";
     put(&p, prefix);
@@ -118,8 +134,11 @@ int ct_tensor_fprint(FILE *f, const ct_tensor *t) {
         put(&p, "[]");
     }
     char shape[CT__SHAPE_STR], strides[CT__SHAPE_STR];
-    if (fprintf(f, ", shape=%s, dtype=%s, strides=%s)\n", ct__shape_str(shape, t->ndim, t->sizes),
-                ct_dtype_name(t->dtype), ct__shape_str(strides, t->ndim, t->strides)) < 0)
+    char where[32] = "";
+    if (device.type == CT_CUDA)
+        snprintf(where, sizeof where, ", device=cuda:%d", device.index);
+    if (fprintf(f, ", shape=%s, dtype=%s, strides=%s%s)\n", ct__shape_str(shape, t->ndim, t->sizes),
+                ct_dtype_name(t->dtype), ct__shape_str(strides, t->ndim, t->strides), where) < 0)
         p.failed = true;
     return p.failed ? ct__seterr(CT_EIO, "tensor_fprint: write failed") : 0;
 }

@@ -595,8 +595,20 @@ bool ct_is_contiguous(const ct_tensor *t) {
     return true;
 }
 
+/* Element p of t's storage as double, read from whichever device holds it
+ * (the host waits for a device's queued work); NaN with the error on a
+ * failed copy. */
+static double load_any(const ct_tensor *t, const char *p) {
+    if (t->storage->device.type == CT_CPU)
+        return ct__load_double(t->dtype, p);
+    unsigned char buf[8];
+    if (ct__cuda_copy(t->storage->device.index, buf, p, ct__esize(t->dtype), false, true))
+        return NAN;
+    return ct__load_double(t->dtype, buf);
+}
+
 double ct_item(const ct_tensor *t) {
-    if (CT__CHECK("item", (ct_tensor *)t))
+    if (CT__CHECK_ANY("item", (ct_tensor *)t))
         return NAN;
     if (ct_numel(t) != 1) {
         char desc[CT__DESC_STR];
@@ -604,11 +616,12 @@ double ct_item(const ct_tensor *t) {
                    (long long)ct_numel(t));
         return NAN;
     }
-    return ct__load_double(t->dtype, ct__data(t));
+    return load_any(t, ct__data(t));
 }
 
 int64_t ct_item_int64(const ct_tensor *t) {
-    if (t && t->magic == CT__TENSOR_MAGIC && ct_numel(t) == 1) {
+    if (t && t->magic == CT__TENSOR_MAGIC && ct_numel(t) == 1 &&
+        t->storage->device.type == CT_CPU) {
         if (t->dtype == CT_INT64)
             return *(const int64_t *)ct__data(t);
         if (t->dtype == CT_INT32)
@@ -619,7 +632,7 @@ int64_t ct_item_int64(const ct_tensor *t) {
 }
 
 double ct_get(const ct_tensor *t, const int64_t *idx) {
-    if (CT__CHECK("get", (ct_tensor *)t))
+    if (CT__CHECK_ANY("get", (ct_tensor *)t))
         return NAN;
     int64_t off = 0;
     for (int i = 0; i < t->ndim; i++) {
@@ -630,7 +643,7 @@ double ct_get(const ct_tensor *t, const int64_t *idx) {
         }
         off += idx[i] * t->strides[i];
     }
-    return ct__load_double(t->dtype, ct__data(t) + off * (int64_t)ct_dtype_size(t->dtype));
+    return load_any(t, ct__data(t) + off * (int64_t)ct_dtype_size(t->dtype));
 }
 
 /* --------------------------------------------------------------- factories */

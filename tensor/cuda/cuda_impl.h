@@ -10,6 +10,7 @@
 #define CT_CUDA_IMPL_H
 
 #include "caching_allocator.h"
+#include "cuda_kernels.h"
 #include "tensor_impl.h"
 
 /* Devices present (0 when there is no driver or no device; *why, if not
@@ -41,6 +42,35 @@ int ct__cuda_binary(int op, ct_tensor *dst, ct_tensor *x, ct_tensor *y, double s
 /* out = op(src) on their device, op an index of the unary ops
  * (cuda_kernels.h), both of one dtype; p and ip the op's scalars. */
 int ct__cuda_unary(int op, ct_tensor *out, ct_tensor *src, const double p[2], const int64_t ip[2]);
+
+/* t = value, converted to t's dtype, on t's device. */
+int ct__cuda_fill(ct_tensor *t, double value);
+
+/* --------------------------------------- the device ops, family by family
+ *
+ * Each family's kernels are in tensor/cuda/<family>.cu, declared in
+ * cuda_kernels.h; the C that prepares their launches from tensors is in
+ * tensor/cuda/<family>.c, built with CUDA only, and none.c answers for
+ * builds without it. */
+
+/* reductions, softmax, cross-entropy, layer norm (reduce.cu, reduce.c) */
+
+/* indexing, where, concatenation, factories, random (index.cu, index.c) */
+
+/* matmul through cuBLAS (matmul.c) */
+
+/* ------------------------------------------- for the families' launchers
+ *
+ * CUDA builds only (runtime.c). */
+
+/* Makes device current and gives its compute stream, for a copy or a
+ * launch. */
+int ct__cuda_launch_on(int device, void **stream);
+/* A launch's cudaError_t (0: none) as a ct error naming what failed. */
+int ct__cuda_launched(int e, int device, const char *what);
+/* ct's element iterator over ts[0..n-1], viewed with shape (nd, sizes), in
+ * the kernels' form. */
+void ct__cuda_iter_of(ct__cuda_iter *k, ct_tensor *const *ts, int n, int nd, const int64_t *sizes);
 
 /* device.c: device storage through the device's caching allocator, freed
  * back to it. NULL with the error. */

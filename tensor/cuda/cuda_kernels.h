@@ -31,6 +31,9 @@ typedef struct ct__cuda_iter {
 /* dst = src, converted from src_dtype to dst_dtype (ct_dtype values). */
 int ct__cuda_launch_copy(const ct__cuda_iter *it, int dst_dtype, int src_dtype, void *stream);
 
+/* Every element of it's only operand = value, converted to dtype. */
+int ct__cuda_launch_fill(const ct__cuda_iter *it, int dtype, double value, void *stream);
+
 /* Binary ops, in the order of tensor/cpu/binary.c's table. */
 enum {
     CT__CUDA_ADD,
@@ -82,6 +85,10 @@ enum {
  * does. */
 int ct__cuda_launch_unary(const ct__cuda_iter *it, int op, int dtype, const double p[2],
                           const int64_t ip[2], void *stream);
+
+/* ------------------------ reductions, softmax, cross-entropy, layer norm */
+
+/* ------------------------------------------------ indexing and random */
 
 #ifdef __cplusplus
 }

@@ -123,6 +123,37 @@ extern "C" int ct__cuda_launch_copy(const ct__cuda_iter *it, int dst_dtype, int 
     });
 }
 
+// ------------------------------------------------------------------- fill
+
+namespace {
+
+template <typename T> __global__ void fill_kernel(ct__cuda_iter it, T value) {
+    int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < it.numel;
+         i += step) {
+        int64_t o = 0, j = i;
+        for (int d = 0; d < it.ndim; d++) {
+            o += (j % it.shape[d]) * it.strides[d][0];
+            j /= it.shape[d];
+        }
+        *reinterpret_cast<T *>(it.data[0] + o) = value;
+    }
+}
+
+} // namespace
+
+extern "C" int ct__cuda_launch_fill(const ct__cuda_iter *it, int dtype, double value,
+                                    void *stream) {
+    if (it->numel == 0)
+        return 0;
+    cudaStream_t s = static_cast<cudaStream_t>(stream);
+    return by_dtype(dtype, [&](auto t) {
+        using T = decltype(t);
+        fill_kernel<T><<<blocks_for(it->numel), kThreads, 0, s>>>(*it, Conv<T>::from(value));
+        return static_cast<int>(cudaGetLastError());
+    });
+}
+
 // ------------------------------------------------------------- binary ops
 
 namespace {

@@ -127,8 +127,7 @@ int ct__cuda_devmem(int device, ct__devmem *mem) {
 
 /* ------------------------------------------------------------- copies */
 
-/* Makes device current and gives its compute stream, for a copy or a launch. */
-static int launch_on(int device, void **stream) {
+int ct__cuda_launch_on(int device, void **stream) {
     int rc = ct__cuda_stream(device, stream);
     return rc ? rc : ct__cuda_use(device);
 }
@@ -136,7 +135,7 @@ static int launch_on(int device, void **stream) {
 int ct__cuda_copy(int device, void *dst, const void *src, size_t n, bool to_device,
                   bool from_device) {
     void *stream;
-    int rc = launch_on(device, &stream);
+    int rc = ct__cuda_launch_on(device, &stream);
     if (rc || !n)
         return rc;
     enum cudaMemcpyKind kind =
@@ -157,15 +156,11 @@ int ct__cuda_sync(int device) {
 
 /* ------------------------------------------------------------- kernels */
 
-/* A launch's cudaError_t as a ct error. */
-static int launched(int e, int device, const char *what) {
+int ct__cuda_launched(int e, int device, const char *what) {
     return e ? fail((cudaError_t)e, device, what) : 0;
 }
 
-/* ct's element iterator over ts[0..n-1], viewed with shape (nd, sizes), in
- * the kernels' form. */
-static void device_iter(ct__cuda_iter *k, ct_tensor *const *ts, int n, int nd,
-                        const int64_t *sizes) {
+void ct__cuda_iter_of(ct__cuda_iter *k, ct_tensor *const *ts, int n, int nd, const int64_t *sizes) {
     ct__iter it;
     ct__iter_init(&it, ts, n, nd, sizes);
     *k = (ct__cuda_iter){.ndim = it.ndim, .numel = it.numel};
@@ -184,12 +179,13 @@ int ct__cuda_copy_tensor(ct_tensor *dst, ct_tensor *src) {
         src->storage->device.index != device)
         return ct__seterr(CT_EDEVICE, "copy: both tensors must be on one CUDA device");
     ct__cuda_iter k;
-    device_iter(&k, (ct_tensor *[]){dst, src}, 2, dst->ndim, dst->sizes);
+    ct__cuda_iter_of(&k, (ct_tensor *[]){dst, src}, 2, dst->ndim, dst->sizes);
     void *stream;
-    int rc = launch_on(device, &stream);
+    int rc = ct__cuda_launch_on(device, &stream);
     return rc ? rc
-              : launched(ct__cuda_launch_copy(&k, (int)dst->dtype, (int)src->dtype, stream), device,
-                         "the copy kernel");
+              : ct__cuda_launched(
+                    ct__cuda_launch_copy(&k, (int)dst->dtype, (int)src->dtype, stream), device,
+                    "the copy kernel");
 }
 
 int ct__cuda_binary(int op, ct_tensor *dst, ct_tensor *x, ct_tensor *y, double scalar,
@@ -197,22 +193,34 @@ int ct__cuda_binary(int op, ct_tensor *dst, ct_tensor *x, ct_tensor *y, double s
     /* A scalar's place in the iterator is held by x; the kernel ignores
      * it. */
     ct__cuda_iter k;
-    device_iter(&k, (ct_tensor *[]){dst, x, y ? y : x}, 3, nd, shape);
+    ct__cuda_iter_of(&k, (ct_tensor *[]){dst, x, y ? y : x}, 3, nd, shape);
     int device = dst->storage->device.index;
     void *stream;
-    int rc = launch_on(device, &stream);
+    int rc = ct__cuda_launch_on(device, &stream);
     return rc ? rc
-              : launched(ct__cuda_launch_binary(&k, op, (int)dtype, y == NULL, scalar, stream),
-                         device, "a binary kernel");
+              : ct__cuda_launched(
+                    ct__cuda_launch_binary(&k, op, (int)dtype, y == NULL, scalar, stream), device,
+                    "a binary kernel");
 }
 
 int ct__cuda_unary(int op, ct_tensor *out, ct_tensor *src, const double p[2], const int64_t ip[2]) {
     ct__cuda_iter k;
-    device_iter(&k, (ct_tensor *[]){out, src}, 2, out->ndim, out->sizes);
+    ct__cuda_iter_of(&k, (ct_tensor *[]){out, src}, 2, out->ndim, out->sizes);
     int device = out->storage->device.index;
     void *stream;
-    int rc = launch_on(device, &stream);
+    int rc = ct__cuda_launch_on(device, &stream);
     return rc ? rc
-              : launched(ct__cuda_launch_unary(&k, op, (int)out->dtype, p, ip, stream), device,
-                         "a unary kernel");
+              : ct__cuda_launched(ct__cuda_launch_unary(&k, op, (int)out->dtype, p, ip, stream),
+                                  device, "a unary kernel");
+}
+
+int ct__cuda_fill(ct_tensor *t, double value) {
+    ct__cuda_iter k;
+    ct__cuda_iter_of(&k, &t, 1, t->ndim, t->sizes);
+    int device = t->storage->device.index;
+    void *stream;
+    int rc = ct__cuda_launch_on(device, &stream);
+    return rc ? rc
+              : ct__cuda_launched(ct__cuda_launch_fill(&k, (int)t->dtype, value, stream), device,
+                                  "the fill kernel");
 }

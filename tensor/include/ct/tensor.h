@@ -211,6 +211,17 @@ CT_API ct_tensor *ct_empty(int ndim, const int64_t *sizes, ct_dtype dtype);
 CT_API ct_tensor *ct_zeros(int ndim, const int64_t *sizes, ct_dtype dtype);
 CT_API ct_tensor *ct_ones(int ndim, const int64_t *sizes, ct_dtype dtype);
 CT_API ct_tensor *ct_full(int ndim, const int64_t *sizes, double value, ct_dtype dtype);
+/* The same on a device: CUDA storage comes from the device's caching
+ * allocator (ct/cuda.h), and the fill runs there. Errors as above, and
+ * CT_EDEVICE for a device this process does not have. */
+CT_API ct_tensor *ct_empty_on(int ndim, const int64_t *sizes, ct_dtype dtype, ct_device device);
+CT_API ct_tensor *ct_full_on(int ndim, const int64_t *sizes, double value, ct_dtype dtype,
+                             ct_device device);
+/* Shaped, typed and placed like t (t itself is only read). CT_EINVAL for a
+ * NULL or freed t. */
+CT_API ct_tensor *ct_empty_like(const ct_tensor *t);
+CT_API ct_tensor *ct_zeros_like(const ct_tensor *t);
+CT_API ct_tensor *ct_full_like(const ct_tensor *t, double value);
 /* A 0-d tensor holding value. */
 CT_API ct_tensor *ct_scalar(double value, ct_dtype dtype);
 /* Copies numel elements of dtype from data (row-major). */
@@ -505,13 +516,14 @@ CT_API bool ct_in_parallel_region(void);
     X(EMPTY)                                                                                       \
     X(VIEW)                                                                                        \
     X(EXPAND)                                                                                      \
-    X(PERMUTE) X(SLICE) X(SELECT) X(SQUEEZE) X(UNSQUEEZE) X(CONTIGUOUS) X(CLONE) X(COPY)           \
-        X(TO_DTYPE) X(NEG) X(ABS) X(EXP) X(LOG) X(LOG1P) X(SQRT) X(RSQRT) X(SIN) X(COS) X(TANH)    \
-            X(SIGMOID) X(RELU) X(GELU) X(GELU_TANH) X(SILU) X(POW_SCALAR) X(CLAMP) X(ADD) X(SUB)   \
-                X(MUL) X(DIV) X(POW) X(MAXIMUM) X(MINIMUM) X(EQ) X(NE) X(LT) X(LE) X(GT) X(GE)     \
-                    X(WHERE) X(MASKED_FILL) X(SUM) X(MEAN) X(PROD) X(AMAX) X(AMIN) X(VAR) X(STD)   \
-                        X(LOGSUMEXP) X(NORM) X(MAX_DIM) X(MIN_DIM) X(ARGMAX) X(ARGMIN) X(MATMUL)   \
-                            X(SOFTMAX) X(LOG_SOFTMAX) X(CAT) X(STACK) X(INDEX_SELECT) X(GATHER)    \
+    X(PERMUTE)                                                                                     \
+    X(SLICE) X(SELECT) X(SQUEEZE) X(UNSQUEEZE) X(CONTIGUOUS) X(CLONE) X(COPY) X(TO_DTYPE) X(NEG)   \
+        X(ABS) X(EXP) X(LOG) X(LOG1P) X(SQRT) X(RSQRT) X(SIN) X(COS) X(TANH) X(SIGMOID) X(RELU)    \
+            X(GELU) X(GELU_TANH) X(SILU) X(POW_SCALAR) X(CLAMP) X(ADD) X(SUB) X(MUL) X(DIV) X(POW) \
+                X(MAXIMUM) X(MINIMUM) X(EQ) X(NE) X(LT) X(LE) X(GT) X(GE) X(WHERE) X(MASKED_FILL)  \
+                    X(SUM) X(MEAN) X(PROD) X(AMAX) X(AMIN) X(VAR) X(STD) X(LOGSUMEXP) X(NORM)      \
+                        X(MAX_DIM) X(MIN_DIM) X(ARGMAX) X(ARGMIN) X(MATMUL) X(SOFTMAX)             \
+                            X(LOG_SOFTMAX) X(CAT) X(STACK) X(INDEX_SELECT) X(GATHER)               \
                                 X(SCATTER_ADD) X(ONE_HOT) X(TRIL) X(TRIU) X(RANDOM)
 
 typedef enum ct_op {

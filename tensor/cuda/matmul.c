@@ -1,0 +1,2 @@
+/* Placeholder: matmul through cuBLAS (cuda_impl.h). */
+#include "cuda_impl.h"
