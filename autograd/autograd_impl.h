@@ -12,6 +12,7 @@
  * check, reduce and convert the gradients that flow through the node. */
 typedef struct ct__shape {
     ct_dtype dtype;
+    ct_device device;
     int ndim;
     int64_t sizes[CT_MAX_DIMS];
 } ct__shape;

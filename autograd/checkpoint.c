@@ -63,7 +63,7 @@ int ct_checkpoint(ct_checkpoint_fn fn, void *ctx, ct_tensor *const *inputs, int 
     int rc = 0;
     bool any = false;
     for (int i = 0; i < ninputs && !rc; i++) {
-        rc = CT__CHECK("checkpoint", inputs[i]);
+        rc = CT__CHECK_ANY("checkpoint", inputs[i]);
         any = any || (!rc && ct_requires_grad(inputs[i]));
     }
     if (rc)

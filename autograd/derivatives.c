@@ -6,6 +6,7 @@
  * the input's. Failures leave a message that the engine reports. */
 #include "autograd_impl.h"
 
+#include <ct/cuda.h>
 #include <math.h>
 
 #define G        (a->grad_outputs[0])
@@ -20,13 +21,16 @@
 
 typedef const ct_backward_args args_t;
 
+/* A 0-d operand for t: on t's device, as ops take operands from one. */
 static ct_tensor *scalar_like(double v, const ct_tensor *t) {
-    return ct_scalar(v, ct_tensor_dtype(t));
+    return ct_full_on(0, NULL, v, ct_tensor_dtype(t), ct_tensor_device(t));
 }
 
 static const ct__shape *in_shape(const ct_node *n, int i) { return &n->in_meta[i]; }
 
-static ct_tensor *zeros_of(const ct__shape *s) { return ct_zeros(s->ndim, s->sizes, s->dtype); }
+static ct_tensor *zeros_of(const ct__shape *s) {
+    return ct_full_on(s->ndim, s->sizes, 0, s->dtype, s->device);
+}
 
 /* (x > 0) - (x < 0), in x's dtype. */
 static ct_tensor *sign(ct_tensor *x) {
@@ -72,7 +76,10 @@ static ct_tensor *embed(const ct__shape *s, ct_tensor *g, int dim, int64_t start
     int64_t shape[CT_MAX_DIMS];
     for (int i = 0; i < s->ndim; i++)
         shape[i] = i == dim ? len : 1;
-    ct_tensor *idx = ct_arange((double)start, (double)(start + len * step), (double)step, CT_INT64);
+    /* The positions are made on the host and moved to g's device. */
+    ct_tensor *idx =
+        ct_to(ct_arange((double)start, (double)(start + len * step), (double)step, CT_INT64),
+              ct_tensor_device(g));
     idx = ct_expand(ct_view(idx, s->ndim, shape), ct_ndim(g), ct_sizes(g));
     return ct_scatter_add(z, dim, idx, g);
 }

@@ -5,6 +5,8 @@
  * node gets an input buffer that sums the gradients flowing into it. */
 #include "autograd_impl.h"
 
+#include <ct/cuda.h>
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -296,6 +298,15 @@ ct_tensor *ct__validate_grad(ct_node *n, int i, ct_tensor *g) {
         }
         g = r;
     }
+    ct_device gd = g->storage->device;
+    if (gd.type != s->device.type || (gd.type == CT_CUDA && gd.index != s->device.index)) {
+        ct__seterr(CT_EDEVICE,
+                   "backward: %s returned a gradient on %s:%d for its input %d, which is on "
+                   "%s:%d",
+                   ct__node_desc(desc, sizeof desc, n), gd.type == CT_CUDA ? "cuda" : "cpu",
+                   gd.index, i, s->device.type == CT_CUDA ? "cuda" : "cpu", s->device.index);
+        return NULL;
+    }
     if (ct_anomaly_enabled() && has_nan(g)) {
         char trace[512];
         ct__node_trace(trace, sizeof trace, n);
@@ -551,27 +562,47 @@ static void task_free(task *t) {
     free(t->callbacks);
 }
 
-/* A backward nested too deep continues on a worker thread with a fresh
- * stack while the caller waits. Workers are kept for the next overflow:
- * each waits for one job at a time, and nesting that overflows again takes
- * another worker, so the pool grows to the deepest chain seen. */
+/* Backwards that run on a thread other than the caller's, which waits:
+ *
+ * - A backward nested too deep continues on an overflow worker with a fresh
+ *   stack. Overflow workers are kept for the next overflow: each serves one
+ *   job at a time, and nesting that overflows again takes another, so the
+ *   pool grows to the deepest chain seen.
+ * - A backward whose gradients are on a CUDA device runs on that device's
+ *   worker, one per device, made on first use and kept for the process, with
+ *   the device current. Its nodes' kernels then queue from one thread in
+ *   one order, as PyTorch's device threads do, and backwards on different
+ *   devices (from different callers) run at once. Callers of one device
+ *   take turns; a backward started from the device's own worker (a
+ *   checkpoint's, a hook's) runs there inline. */
 typedef struct worker {
-    struct worker *next; /* idle list */
+    struct worker *next; /* idle list (overflow workers) */
     pthread_cond_t wake, done;
     const ct__run *run; /* the job; NULL while idle */
     void *parent;       /* the caller's running backward (a task) */
+    int device;         /* a device worker's CUDA device; -1 for overflow */
+    int caller_device;  /* overflow: the device worker its caller is, or -1 */
+    bool busy;          /* a caller holds it (device workers are shared) */
     bool finished;
     int rc;
     char msg[1024];
 } worker;
 
+#define MAX_DEVICE_WORKERS 64
+
 static struct {
     pthread_mutex_t lock;
     worker *idle;
+    worker *device[MAX_DEVICE_WORKERS];
 } workers = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+/* The CUDA device whose worker this thread is, or -1. */
+static _Thread_local int worker_device = -1;
 
 static void *worker_main(void *arg) {
     worker *w = arg;
+    if (w->device >= 0 && ct_cuda_set_device(w->device) == 0)
+        worker_device = w->device;
     pthread_mutex_lock(&workers.lock);
     for (;;) {
         while (!w->run)
@@ -579,7 +610,16 @@ static void *worker_main(void *arg) {
         const ct__run *run = w->run;
         current = w->parent;
         pthread_mutex_unlock(&workers.lock);
-        int rc = ct__engine_run(run);
+        /* Overflow from a device worker continues as that device's: going
+         * back to it would wait for itself. */
+        if (w->device < 0)
+            worker_device = w->caller_device >= 0 && ct_cuda_set_device(w->caller_device) == 0
+                                ? w->caller_device
+                                : -1;
+        int rc = w->device >= 0 && worker_device < 0
+                     ? ct__seterr(CT_EDEVICE, "backward: cannot make cuda:%d current: %s",
+                                  w->device, "its backward thread failed to select it")
+                     : ct__engine_run(run);
         pthread_mutex_lock(&workers.lock);
         current = NULL;
         w->rc = rc;
@@ -587,21 +627,18 @@ static void *worker_main(void *arg) {
             snprintf(w->msg, sizeof w->msg, "%s", ct_errmsg());
         w->run = NULL;
         w->finished = true;
-        pthread_cond_signal(&w->done);
+        pthread_cond_broadcast(&w->done);
     }
     return NULL;
 }
 
-/* An idle worker, started if there is none. Called with the lock held. */
-static worker *take_worker(void) {
-    worker *w = workers.idle;
-    if (w) {
-        workers.idle = w->next;
-        return w;
-    }
-    w = calloc(1, sizeof *w);
+/* A new worker for device (-1: overflow), started. Called with the lock
+ * held. */
+static worker *start_worker(int device) {
+    worker *w = calloc(1, sizeof *w);
     if (!w)
         return NULL;
+    w->device = device;
     pthread_cond_init(&w->wake, NULL);
     pthread_cond_init(&w->done, NULL);
     pthread_attr_t attr;
@@ -620,16 +657,39 @@ static worker *take_worker(void) {
     return w;
 }
 
-static int run_on_worker(const ct__run *run) {
+/* The worker to run on: an idle overflow worker, or device's own. Called
+ * with the lock held; NULL when no thread could be started. */
+static worker *take_worker(int device) {
+    if (device >= 0) {
+        if (!workers.device[device])
+            workers.device[device] = start_worker(device);
+        return workers.device[device];
+    }
+    worker *w = workers.idle;
+    if (w)
+        workers.idle = w->next;
+    return w ? w : start_worker(-1);
+}
+
+static int run_on_worker(const ct__run *run, int device) {
     pthread_mutex_lock(&workers.lock);
-    worker *w = take_worker();
+    worker *w = take_worker(device);
     if (!w) {
         pthread_mutex_unlock(&workers.lock);
-        return ct__seterr(CT_ENOMEM,
-                          "backward: nested %d deep, could not start a thread to continue", depth);
+        return device >= 0
+                   ? ct__seterr(CT_ENOMEM,
+                                "backward: could not start the backward thread of cuda:%d", device)
+                   : ct__seterr(CT_ENOMEM,
+                                "backward: nested %d deep, could not start a thread to "
+                                "continue",
+                                depth);
     }
+    while (w->busy)
+        pthread_cond_wait(&w->done, &workers.lock);
+    w->busy = true;
     w->run = run;
     w->parent = current;
+    w->caller_device = worker_device;
     w->finished = false;
     pthread_cond_signal(&w->wake);
     while (!w->finished)
@@ -637,8 +697,12 @@ static int run_on_worker(const ct__run *run) {
     int rc = w->rc;
     if (rc)
         ct__seterr(rc, "%s", w->msg);
-    w->next = workers.idle;
-    workers.idle = w;
+    w->busy = false;
+    pthread_cond_broadcast(&w->done);
+    if (device < 0) {
+        w->next = workers.idle;
+        workers.idle = w;
+    }
     pthread_mutex_unlock(&workers.lock);
     return rc;
 }
@@ -649,15 +713,30 @@ static void workers_atfork_parent(void) { pthread_mutex_unlock(&workers.lock); }
 static void workers_atfork_child(void) {
     pthread_mutex_init(&workers.lock, NULL);
     workers.idle = NULL;
+    memset(workers.device, 0, sizeof workers.device);
+    worker_device = -1;
 }
 
 __attribute__((constructor)) static void workers_register_atfork(void) {
     pthread_atfork(workers_atfork_prepare, workers_atfork_parent, workers_atfork_child);
 }
 
+/* The CUDA device of a backward's gradients (its first root's), or -1. */
+static int run_device(const ct__run *run) {
+    for (int r = 0; r < run->nroots; r++) {
+        ct_device d = run->root_grads[r] ? ct_tensor_device(run->root_grads[r]) : CT_DEVICE_CPU;
+        if (d.type == CT_CUDA)
+            return d.index < MAX_DEVICE_WORKERS ? d.index : -1;
+    }
+    return -1;
+}
+
 int ct__engine_run(const ct__run *run) {
+    int device = run_device(run);
+    if (device >= 0 && device != worker_device)
+        return run_on_worker(run, device);
     if (depth >= MAX_REENTRANT_DEPTH)
-        return run_on_worker(run);
+        return run_on_worker(run, -1);
     task t = {.run = run, .accumulate = run->ncaptures == 0};
     depth++;
     int rc = run_task(&t);
@@ -699,7 +778,7 @@ static int make_roots(const char *op, ct_tensor *const *outputs, int n,
     char a[CT__DESC_STR], b[CT__DESC_STR];
     for (int i = 0; i < n; i++) {
         ct_tensor *o = outputs[i];
-        int rc = CT__CHECK(op, o);
+        int rc = CT__CHECK_ANY(op, o);
         if (rc)
             return rc;
         if (!ct__needs_grad(o))
@@ -709,7 +788,8 @@ static int make_roots(const char *op, ct_tensor *const *outputs, int n,
                               op, i, ct__desc(a, o));
         ct_tensor *g = grad_outputs ? grad_outputs[i] : NULL;
         if (g) {
-            if ((rc = CT__CHECK(op, g)))
+            if ((rc = CT__CHECK_ANY(op, g)) ||
+                (rc = ct__check_same_device(op, (ct_tensor *const[]){o, g}, 2)))
                 return rc;
             if (!ct__same_shape(g, o))
                 return ct__seterr(CT_ESHAPE, "%s: grad_outputs[%d] is %s but output %d is %s", op,
@@ -721,7 +801,7 @@ static int make_roots(const char *op, ct_tensor *const *outputs, int n,
                                   "%s: a gradient can be created implicitly only for outputs "
                                   "with one element; output %d is %s: pass grad_outputs",
                                   op, i, ct__desc(a, o));
-            g = ct_ones(o->ndim, o->sizes, o->dtype);
+            g = ct_full_like(o, 1);
         }
         if (!g || (rc = ct__gradient_edge(o, &roots[i])))
             return g ? rc : ct_errcode();
@@ -793,7 +873,7 @@ int ct_grad(ct_tensor *const *outputs, int noutputs, ct_tensor *const *grad_outp
     char desc[CT__DESC_STR];
     for (int i = 0; i < ninputs; i++) {
         grads[i] = NULL;
-        if ((rc = CT__CHECK("grad", inputs[i])))
+        if ((rc = CT__CHECK_ANY("grad", inputs[i])))
             return rc;
         if (!ct__needs_grad(inputs[i]))
             return ct__seterr(CT_EINVAL, "grad: input %d (%s) does not require grad", i,

@@ -14,17 +14,17 @@ int ct_function_record(const ct_function_def *def, void *ctx, ct_tensor *const *
                         "saved)",
                         def->name, ninputs, noutputs, nsaved);
     for (int i = 0; i < ninputs && !rc; i++)
-        rc = CT__CHECK(def->name, inputs[i]);
+        rc = CT__CHECK_ANY(def->name, inputs[i]);
     for (int i = 0; i < noutputs && !rc; i++) {
         char desc[CT__DESC_STR];
-        if (!(rc = CT__CHECK(def->name, outputs[i])) && ct_tensor_grad_fn(outputs[i]))
+        if (!(rc = CT__CHECK_ANY(def->name, outputs[i])) && ct_tensor_grad_fn(outputs[i]))
             rc = ct__seterr(CT_EINVAL,
                             "function_record %s: output %d (%s) already has history; outputs "
                             "must be computed with grad mode off",
                             def->name, i, ct__desc(desc, outputs[i]));
     }
     for (int i = 0; i < nsaved && !rc; i++)
-        rc = CT__CHECK(def->name, saved[i]);
+        rc = CT__CHECK_ANY(def->name, saved[i]);
     bool any = false;
     for (int i = 0; i < ninputs && !rc && !any; i++)
         any = ct__needs_grad(inputs[i]);

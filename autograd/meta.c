@@ -47,6 +47,7 @@ int ct_autograd_fail(int code, const char *fmt, ...) {
 
 void ct__shape_of(ct__shape *s, const ct_tensor *t) {
     s->dtype = t->dtype;
+    s->device = t->storage->device;
     s->ndim = t->ndim;
     memcpy(s->sizes, t->sizes, sizeof(int64_t) * (size_t)t->ndim);
 }
@@ -345,7 +346,7 @@ int ct__gradient_edge(ct_tensor *t, ct__edge *edge) {
 /* ------------------------------------------------------ public state */
 
 ct_tensor *ct_requires_grad_(ct_tensor *t, bool requires_grad) {
-    if (CT__CHECK("requires_grad_", t))
+    if (CT__CHECK_ANY("requires_grad_", t))
         return NULL;
     char desc[CT__DESC_STR];
     ct__meta *m = ct__meta_of(t);
@@ -391,11 +392,13 @@ ct_tensor *ct_tensor_grad(const ct_tensor *t) {
 }
 
 int ct_tensor_set_grad(ct_tensor *t, ct_tensor *grad) {
-    int rc = CT__CHECK("set_grad", t);
+    int rc = CT__CHECK_ANY("set_grad", t);
     if (rc)
         return rc;
     if (grad) {
-        rc = CT__CHECK("set_grad", grad);
+        rc = CT__CHECK_ANY("set_grad", grad);
+        if (!rc)
+            rc = ct__check_same_device("set_grad", (ct_tensor *const[]){t, grad}, 2);
         if (rc)
             return rc;
         char a[CT__DESC_STR], b[CT__DESC_STR];
@@ -419,7 +422,7 @@ int ct_tensor_set_grad(ct_tensor *t, ct_tensor *grad) {
 }
 
 ct_tensor *ct_detach(ct_tensor *t) {
-    if (CT__CHECK("detach", t))
+    if (CT__CHECK_ANY("detach", t))
         return NULL;
     return ct__make_view(t, t->ndim, t->sizes, t->strides, t->offset);
 }
@@ -487,7 +490,7 @@ static int add_hook(ct__hook **list, ct__hook_kind kind, int output_nr, void *fn
 }
 
 int ct_tensor_register_hook(ct_tensor *t, ct_grad_hook_fn fn, void *ctx) {
-    int rc = CT__CHECK("register_hook", t);
+    int rc = CT__CHECK_ANY("register_hook", t);
     if (rc)
         return rc;
     char desc[CT__DESC_STR];
@@ -509,7 +512,7 @@ int ct_tensor_register_hook(ct_tensor *t, ct_grad_hook_fn fn, void *ctx) {
 
 int ct_tensor_register_post_accumulate_grad_hook(ct_tensor *t, ct_post_accumulate_hook_fn fn,
                                                  void *ctx) {
-    int rc = CT__CHECK("register_post_accumulate_grad_hook", t);
+    int rc = CT__CHECK_ANY("register_post_accumulate_grad_hook", t);
     if (rc)
         return rc;
     char desc[CT__DESC_STR];
@@ -540,7 +543,7 @@ static bool remove_from(ct__hook **list, int handle) {
 }
 
 int ct_tensor_remove_hook(ct_tensor *t, int handle) {
-    int rc = CT__CHECK("remove_hook", t);
+    int rc = CT__CHECK_ANY("remove_hook", t);
     if (rc)
         return rc;
     ct__meta *m = ct__meta_of(t);

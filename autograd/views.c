@@ -39,7 +39,7 @@ static int as_strided_backward(ct_node *n, const ct_backward_args *a) {
     if (ct_grad_enabled())
         return refuse_double_backward(n);
     const ct__shape *s = &n->in_meta[0];
-    ct_tensor *z = ct_zeros(s->ndim, s->sizes, s->dtype);
+    ct_tensor *z = ct_full_on(s->ndim, s->sizes, 0, s->dtype, s->device);
     if (!z || !ct_copy_(place(z, n->geom), a->grad_outputs[0]))
         return ct_errcode();
     a->grad_inputs[0] = z;
@@ -97,7 +97,9 @@ static int copy_slices_backward(ct_node *n, const ct_backward_args *a) {
     if (rc)
         return rc;
     if (a->needs_input_grad[0]) {
-        ct_tensor *old = res[0] ? res[0] : ct_scalar(0, ct_tensor_dtype(result));
+        ct_tensor *old =
+            res[0] ? res[0]
+                   : ct_full_on(0, NULL, 0, ct_tensor_dtype(result), ct_tensor_device(result));
         if (!ct_copy_(slice, old))
             return ct_errcode();
         a->grad_inputs[0] = result;

@@ -28,7 +28,7 @@ static ct_tensor *draw(ct_tensor *t, bool normal, double a, double b, ct_generat
 static ct_tensor *kaiming(const char *op, ct_tensor *t, double a, ct_fan_mode mode, bool normal,
                           ct_generator *gen) {
     double in = 0, out = 0;
-    if (CT__CHECK(op, t) || fans(op, t, &in, &out))
+    if (CT__CHECK_ANY(op, t) || fans(op, t, &in, &out))
         return NULL;
     double fan = mode == CT_FAN_OUT ? out : in;
     double std = sqrt(2.0 / (1 + a * a)) / sqrt(fan > 0 ? fan : 1);
@@ -47,7 +47,7 @@ ct_tensor *ct_init_kaiming_normal_(ct_tensor *t, double a, ct_fan_mode mode, ct_
 static ct_tensor *xavier(const char *op, ct_tensor *t, double gain, bool normal,
                          ct_generator *gen) {
     double in = 0, out = 0;
-    if (CT__CHECK(op, t) || fans(op, t, &in, &out))
+    if (CT__CHECK_ANY(op, t) || fans(op, t, &in, &out))
         return NULL;
     double std = gain * sqrt(2.0 / (in + out > 0 ? in + out : 1));
     double bound = sqrt(3.0) * std;

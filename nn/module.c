@@ -2,6 +2,8 @@
  * mode, and flat parameter buffers. */
 #include "nn_impl.h"
 
+#include <ct/cuda.h>
+
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -322,24 +324,80 @@ typedef struct slot_list {
     int n, cap;
 } slot_list;
 
-static int param_slots(ct_module *m, slot_list *s) {
-    for (int i = 0; i < m->params.n; i++) {
-        if (s->n == s->cap) {
-            int cap = s->cap ? s->cap * 2 : 16;
-            ct_tensor ***grown = realloc(s->at, (size_t)cap * sizeof *grown);
-            if (!grown)
-                return ct__seterr(CT_ENOMEM, "module_flatten: out of memory");
-            s->at = grown;
-            s->cap = cap;
+/* The slots of the tree's parameters (and buffers, with buffers), in
+ * named order. */
+static int tree_slots(ct_module *m, slot_list *s, bool buffers) {
+    for (int k = 0; k < (buffers ? 2 : 1); k++) {
+        ct_param_list *own = k ? &m->buffers : &m->params;
+        for (int i = 0; i < own->n; i++) {
+            if (s->n == s->cap) {
+                int cap = s->cap ? s->cap * 2 : 16;
+                ct_tensor ***grown = realloc(s->at, (size_t)cap * sizeof *grown);
+                if (!grown)
+                    return ct__seterr(CT_ENOMEM, "module: out of memory listing tensors");
+                s->at = grown;
+                s->cap = cap;
+            }
+            s->at[s->n++] = &own->tensors[i];
         }
-        s->at[s->n++] = &m->params.tensors[i];
     }
     for (int i = 0; i < m->nchildren; i++) {
-        int rc = param_slots(m->children[i], s);
+        int rc = tree_slots(m->children[i], s, buffers);
         if (rc)
             return rc;
     }
     return 0;
+}
+
+static bool on_device(const ct_tensor *t, ct_device d) {
+    ct_device td = ct_tensor_device(t);
+    return td.type == d.type && (d.type == CT_CPU || td.index == d.index);
+}
+
+int ct_module_to(ct_module *m, ct_device device) {
+    int rc = check_module("module_to", m);
+    if (rc)
+        return rc;
+    char desc[160];
+    if (m->flat_params || m->flat_grads)
+        return ct__seterr(CT_ESTATE,
+                          "module_to: %s is flattened; move it before ct_module_flatten, which "
+                          "then makes its flat buffers on the device",
+                          who(m, desc, sizeof desc));
+    slot_list sl = {0};
+    rc = tree_slots(m, &sl, true);
+    int n = sl.n;
+    /* Every copy is made before any slot changes, so that a failure (a
+     * device out of memory) leaves the module as it was. */
+    ct_tensor **moved = rc ? NULL : calloc((size_t)n + 1, sizeof *moved);
+    if (!rc && !moved)
+        rc = ct__seterr(CT_ENOMEM, "module_to: out of memory");
+    bool prev = ct_set_grad_enabled(false);
+    for (int i = 0; i < n && !rc; i++) {
+        ct_tensor *t = *sl.at[i];
+        if (on_device(t, device))
+            continue;
+        ct_scope_begin();
+        ct_tensor *c = ct_to(t, device);
+        if (c && ct_requires_grad(t) && !ct_requires_grad_(c, true))
+            c = NULL;
+        moved[i] = c ? ct_tensor_retain(c) : NULL;
+        ct_scope_end();
+        if (!moved[i])
+            rc = ct_errcode();
+    }
+    ct_set_grad_enabled(prev);
+    for (int i = 0; i < n && moved; i++) {
+        if (moved[i] && !rc) {
+            ct_tensor_free(*sl.at[i]);
+            *sl.at[i] = moved[i];
+        } else {
+            ct_tensor_free(moved[i]);
+        }
+    }
+    free(moved);
+    free(sl.at);
+    return rc;
 }
 
 /* A caller-owned view of flat at offset with t's shape. */
@@ -361,13 +419,19 @@ int ct_module_flatten(ct_module *m, bool grads) {
         return ct__seterr(CT_EINVAL, "module_flatten: %s is not the root of its tree",
                           who(m, desc, sizeof desc));
     slot_list sl = {0};
-    rc = param_slots(m, &sl);
+    rc = tree_slots(m, &sl, false);
     ct_tensor ***slots = sl.at;
     int n = sl.n;
     int64_t total = 0;
     ct_dtype dt = n ? ct_tensor_dtype(*slots[0]) : CT_FLOAT32;
+    ct_device device = n ? ct_tensor_device(*slots[0]) : CT_DEVICE_CPU;
     for (int i = 0; i < n && !rc; i++) {
         total += ct_numel(*slots[i]);
+        if (!on_device(*slots[i], device))
+            rc = ct__seterr(CT_EDEVICE,
+                            "module_flatten: parameters of %s are on different devices; a flat "
+                            "buffer lives on one (ct_module_to moves them all)",
+                            who(m, desc, sizeof desc));
         if (ct_tensor_dtype(*slots[i]) != dt)
             rc = ct__seterr(CT_EDTYPE,
                             "module_flatten: parameters of %s have different dtypes (%s and %s); "
@@ -377,8 +441,9 @@ int ct_module_flatten(ct_module *m, bool grads) {
     ct_tensor *flat = NULL, *flat_grad = NULL;
     if (!rc) {
         ct_scope_begin();
-        flat = ct_tensor_retain(ct_empty(1, (int64_t[]){total}, dt));
-        flat_grad = grads ? ct_tensor_retain(ct_zeros(1, (int64_t[]){total}, dt)) : NULL;
+        flat = ct_tensor_retain(ct_empty_on(1, (int64_t[]){total}, dt, device));
+        flat_grad =
+            grads ? ct_tensor_retain(ct_full_on(1, (int64_t[]){total}, 0, dt, device)) : NULL;
         ct_scope_end();
         if (!flat || (grads && !flat_grad))
             rc = ct_errcode();

@@ -4,36 +4,29 @@
  * Each rule is written once as an always-inline body whose flags are
  * compile-time constants at every call, so every variant is a branch-free
  * loop that gcc vectorises (check with -fopt-info-vec-optimized on this
- * file). The operations follow PyTorch's _single_tensor_sgd / _adam /
- * _adamw in order, computing in the parameter's dtype. This file is built
- * without FP contraction (CMakeLists.txt): a vector loop and its scalar
- * remainder could otherwise fuse different multiply-adds, and where a range
- * is cut would change the bits. */
+ * file). The rules themselves are rules.h's, which the CUDA kernel shares.
+ * This file is built without FP contraction (CMakeLists.txt): a vector loop
+ * and its scalar remainder could otherwise fuse different multiply-adds,
+ * and where a range is cut would change the bits. */
 #include "optim_impl.h"
+#include "rules.h"
 
 #include <math.h>
 
 #define INLINE static inline __attribute__((always_inline))
 
-/* NaN wins either way, as torch.maximum. */
-#define MAX_NAN(a, b) ((a) >= (b) || (a) != (a) ? (a) : (b))
-
-/* mode: 0 no momentum, 1 first step (buffer = d), 2 later steps. */
+/* mode: as CT__SGD_RULE's. */
 #define DEFINE_SGD(T, sfx)                                                                         \
     INLINE void sgd_body_##sfx(const ct__optim_hyper *h, T *restrict p, const T *restrict g,       \
                                T *restrict buf, int64_t n, bool wd, int mode, bool nesterov) {     \
         const T lr = (T)h->lr, decay = (T)h->weight_decay, mom = (T)h->momentum;                   \
         const T damp = (T)(1 - h->dampening);                                                      \
         for (int64_t i = 0; i < n; i++) {                                                          \
-            T d = g[i];                                                                            \
-            if (wd)                                                                                \
-                d = d + decay * p[i];                                                              \
-            if (mode != 0) {                                                                       \
-                T b = mode == 1 ? d : mom * buf[i] + damp * d;                                     \
+            T x = p[i], d = g[i], b = mode == 2 ? buf[i] : 0;                                      \
+            CT__SGD_RULE(T, x, d, b, lr, decay, mom, damp, wd, mode, nesterov);                    \
+            if (mode != 0)                                                                         \
                 buf[i] = b;                                                                        \
-                d = nesterov ? d + mom * b : b;                                                    \
-            }                                                                                      \
-            p[i] = p[i] - lr * d;                                                                  \
+            p[i] = x;                                                                              \
         }                                                                                          \
     }                                                                                              \
                                                                                                    \
@@ -67,21 +60,14 @@
         const T c2 = (T)(1 - h->beta2), eps = (T)h->eps, decay = (T)h->decay;                      \
         const T l2 = (T)h->weight_decay, bc2 = (T)h->bc2_sqrt, step = (T)h->step_size;             \
         for (int64_t i = 0; i < n; i++) {                                                          \
-            T x = p[i], d = g[i];                                                                  \
-            if (decoupled)                                                                         \
-                x = x * decay;                                                                     \
-            if (wd)                                                                                \
-                d = d + l2 * x;                                                                    \
-            T mi = b1 * m[i] + c1 * d;                                                             \
-            T vi = b2 * v[i] + c2 * (d * d);                                                       \
+            T x = p[i], d = g[i], mi = m[i], vi = v[i], vm = amsgrad ? vmax[i] : 0;                \
+            CT__ADAM_RULE(T, SQRT, x, d, mi, vi, vm, b1, c1, b2, c2, eps, decay, l2, bc2, step,    \
+                          decoupled, wd, amsgrad);                                                 \
             m[i] = mi;                                                                             \
             v[i] = vi;                                                                             \
-            if (amsgrad) {                                                                         \
-                vi = MAX_NAN(vmax[i], vi);                                                         \
-                vmax[i] = vi;                                                                      \
-            }                                                                                      \
-            T denom = SQRT(vi) / bc2 + eps;                                                        \
-            p[i] = x - step * (mi / denom);                                                        \
+            if (amsgrad)                                                                           \
+                vmax[i] = vm;                                                                      \
+            p[i] = x;                                                                              \
         }                                                                                          \
     }                                                                                              \
                                                                                                    \

@@ -155,9 +155,6 @@ int ct__optim_check_tensor(const ct_tensor *t, const char *fn, const char *role)
                                      : ct__seterr(CT_EINVAL, "%s: %s is NULL", fn, role);
     if (t->magic != CT__TENSOR_MAGIC)
         return ct__seterr(CT_EINVAL, "%s: %s is not a live tensor (freed or foreign)", fn, role);
-    if (ct_tensor_device(t).type != CT_CPU)
-        return ct__seterr(CT_EDEVICE, "%s: %s is on device type %d; optimizers run on the CPU", fn,
-                          role, (int)ct_tensor_device(t).type);
     return 0;
 }
 
@@ -179,6 +176,11 @@ static int check_params(const ct_param_group *groups, int ngroups, int total, ct
                                   "%s: param %d (group %d) is %s; optimizers update float32 or "
                                   "float64 parameters",
                                   fn, k, gi, ct__desc(d0, t));
+            if (k > 0 && ct__check_same_device(fn, (ct_tensor *const[]){all[0], t}, 2))
+                return ct__seterr(CT_EDEVICE,
+                                  "%s: param %d (group %d) is on another device than param 0 "
+                                  "(%s); one optimizer updates one device's parameters",
+                                  fn, k, gi, ct_errmsg());
             if (k > 0 && dt != ct_tensor_dtype(all[0]))
                 return ct__seterr(CT_EDTYPE,
                                   "%s: param %d (group %d) is %s but param 0 is %s; one optimizer "
@@ -218,10 +220,11 @@ static int check_params(const ct_param_group *groups, int ngroups, int total, ct
     return 0;
 }
 
-/* A zeroed tensor that the optimizer owns, whatever scope the caller is in. */
-static ct_tensor *owned_zeros(int64_t n, ct_dtype dtype) {
+/* A zeroed tensor on device that the optimizer owns, whatever scope the
+ * caller is in. */
+static ct_tensor *owned_zeros(int64_t n, ct_dtype dtype, ct_device device) {
     ct_scope_begin();
-    ct_tensor *t = ct_zeros(CT_SHAPE(n), dtype);
+    ct_tensor *t = ct_full_on(CT_SHAPE(n), 0, dtype, device);
     if (t)
         ct_tensor_retain(t);
     ct_scope_end();
@@ -242,13 +245,14 @@ static int alloc_state(ct_optim *opt, const char *fn) {
         nbufs = o->amsgrad ? 3 : 2;
     }
     opt->names[0] = "step";
-    opt->states[0] = owned_zeros(opt->nparams, CT_INT64);
+    opt->states[0] = owned_zeros(opt->nparams, CT_INT64, CT_DEVICE_CPU);
     opt->nstates = 1;
     if (!opt->states[0])
         return ct_errcode();
     for (int i = 0; i < nbufs; i++) {
         opt->names[opt->nstates] = names[i];
-        opt->states[opt->nstates] = owned_zeros(opt->total, opt->dtype);
+        opt->states[opt->nstates] =
+            owned_zeros(opt->total, opt->dtype, ct_tensor_device(opt->params[0].t));
         if (!opt->states[opt->nstates])
             return ct_errcode();
         opt->nstates++;
@@ -407,6 +411,9 @@ static int plan(ct_optim *opt, int *nsegs_out, int64_t *total_out) {
         int rc = ct__optim_check_tensor(g, "optim_step", role);
         if (rc)
             return rc;
+        if (ct__check_same_device("optim_step", (ct_tensor *const[]){pp->t, g}, 2))
+            return ct__seterr(CT_EDEVICE, "optim_step: param %d and its gradient: %s", i,
+                              ct_errmsg());
         if (ct_tensor_dtype(g) != opt->dtype)
             return ct__seterr(CT_EDTYPE, "optim_step: param %d is %s but its gradient is %s", i,
                               ct__desc(d0, pp->t), ct__desc(d1, g));
@@ -476,6 +483,19 @@ static void run_range(void *vctx, int64_t lo, int64_t hi) {
     }
 }
 
+/* One launch per segment, queued in order on the device's stream. */
+static int run_on_device(const run_ctx *c, int device) {
+    int rc = 0;
+    for (int k = 0; k < c->nsegs && !rc; k++) {
+        const segment *s = &c->segs[k];
+        char *bufs[CT__OPTIM_MAX_BUFS];
+        for (int j = 0; j < CT__OPTIM_MAX_BUFS; j++)
+            bufs[j] = c->bufs[j] ? c->bufs[j] + (size_t)s->offset * c->esize : NULL;
+        rc = ct__optim_update_cuda(&s->h, c->dtype, s->p, s->g, bufs, s->n, device);
+    }
+    return rc;
+}
+
 int ct_optim_step(ct_optim *opt) {
     int rc = check(opt, "optim_step");
     if (rc)
@@ -489,16 +509,21 @@ int ct_optim_step(ct_optim *opt) {
         run_ctx c = {opt->segs, nsegs, opt->dtype, ct_dtype_size(opt->dtype), {NULL}};
         for (int j = 1; j < opt->nstates; j++)
             c.bufs[j - 1] = ct_data_ptr(opt->states[j]);
-        if (total > 0)
+        ct_device device = opt->nparams ? ct_tensor_device(opt->params[0].t) : CT_DEVICE_CPU;
+        if (device.type == CT_CUDA)
+            rc = run_on_device(&c, device.index);
+        else if (total > 0)
             ct_parallel_for(0, total, STEP_GRAIN, run_range, &c);
-        int64_t *steps = param_steps(opt);
-        for (int i = 0; i < opt->nparams; i++) {
-            if (ct_tensor_grad(opt->params[i].t)) {
-                steps[i]++;
-                ct__bump_version(opt->params[i].t);
+        if (rc == 0) {
+            int64_t *steps = param_steps(opt);
+            for (int i = 0; i < opt->nparams; i++) {
+                if (ct_tensor_grad(opt->params[i].t)) {
+                    steps[i]++;
+                    ct__bump_version(opt->params[i].t);
+                }
             }
+            opt->step_count++;
         }
-        opt->step_count++;
     }
     ct_scope_end();
     ct_set_grad_enabled(grad_mode);
@@ -524,9 +549,11 @@ int ct_optim_zero_grad(ct_optim *opt, bool set_to_none) {
         ct_tensor *g = ct_tensor_grad(opt->params[i].t);
         if (!g)
             continue;
-        if (!ct_is_contiguous(g)) {
+        /* Strided and device gradients are zeroed by a copy, on their
+         * device; contiguous runs on the host by memset. */
+        if (!ct_is_contiguous(g) || ct_tensor_device(g).type != CT_CPU) {
             if (!zero)
-                zero = ct_scalar(0, ct_tensor_dtype(g));
+                zero = ct_full_on(0, NULL, 0, ct_tensor_dtype(g), ct_tensor_device(g));
             if (!ct_copy_(g, zero))
                 rc = ct_errcode();
             continue;

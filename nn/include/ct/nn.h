@@ -126,13 +126,23 @@ CT_API int64_t ct_param_list_numel(const ct_param_list *pl);
 CT_API int ct_module_named_parameters(ct_module *m, ct_param_list *pl);
 CT_API int ct_module_named_buffers(ct_module *m, ct_param_list *pl);
 
+/* Moves every parameter and buffer of the tree to device, as
+ * torch.nn.Module.to does: each becomes a new tensor there (requires_grad
+ * kept), and the module releases the old one. Parameter lists and
+ * optimizers made before hold the old tensors: move first. On an error
+ * (CT_EDEVICE: no such device; CT_ENOMEM) nothing has moved; CT_ESTATE on
+ * a flattened module (move, then flatten). Not thread-safe against other
+ * users of the module. */
+CT_API int ct_module_to(ct_module *m, ct_device device);
+
 /* Moves every parameter of the tree into one flat buffer, in named order,
  * each parameter becoming a view into it (llm.c's layout: optimizers then
  * update everything in one pass, and bucketing and checkpoints see plain
  * offsets). With grads, each .grad becomes a view into one flat zeroed
  * gradient buffer, which backward accumulates into in place. Parameter
- * lists taken before are stale. CT_EDTYPE unless all parameters share one
- * dtype. */
+ * lists taken before are stale. The buffers are on the parameters' device.
+ * CT_EDTYPE unless all parameters share one dtype, CT_EDEVICE unless one
+ * device. */
 CT_API int ct_module_flatten(ct_module *m, bool grads);
 /* The flat buffers of a flattened root (borrowed); NULL if none. */
 CT_API ct_tensor *ct_module_flat_params(const ct_module *m);
