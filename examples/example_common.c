@@ -93,7 +93,8 @@ ct_module *example_mlp_new(const example_options *o, double dropout) {
     if (dropout > 0)
         ct_sequential_append(net, ct_dropout_new(dropout));
     ct_sequential_append(net, ct_linear_new(o->hidden, 10, true));
-    if (ct_module_flatten(net, false)) {
+    if ((o->device.type != CT_CPU && ct_module_to(net, o->device)) ||
+        ct_module_flatten(net, false)) {
         ct_module_free(net);
         return NULL;
     }
@@ -114,16 +115,17 @@ void example_data_free(example_data *d) {
 }
 
 int example_evaluate(example_predict_fn predict, void *ctx, ct_tensor *images, ct_tensor *labels,
-                     double *acc) {
+                     ct_device device, double *acc) {
     bool prev = ct_set_grad_enabled(false);
     int64_t n = ct_size(images, 0), correct = 0;
     int rc = 0;
     for (int64_t at = 0; at < n && !rc; at += 1000) {
         ct_scope_begin();
         int64_t len = n - at < 1000 ? n - at : 1000;
-        ct_tensor *pred = predict(ctx, ct_narrow(images, 0, at, len));
+        ct_tensor *pred = predict(ctx, ct_to(ct_narrow(images, 0, at, len), device));
         ct_tensor *hits =
-            pred ? ct_sum(ct_eq(pred, ct_narrow(labels, 0, at, len)), NULL, 0, false) : NULL;
+            pred ? ct_sum(ct_eq(pred, ct_to(ct_narrow(labels, 0, at, len), device)), NULL, 0, false)
+                 : NULL;
         rc = hits ? 0 : ct_errcode();
         correct += hits ? ct_item_int64(hits) : 0;
         ct_scope_end();
@@ -234,7 +236,7 @@ int example_train(const example_trainer *t) {
         mean_loss = sums[0] / sums[1];
         rate = sums[2];
         example_progress_end_epoch(&prog, epoch, in_epoch, loss, rate);
-        rc = example_evaluate(t->predict, t->ctx, t->test_x, t->test_y, &acc);
+        rc = example_evaluate(t->predict, t->ctx, t->test_x, t->test_y, t->o->device, &acc);
         if (!rc)
             example_print_epoch(epoch, mean_loss, acc, rate, example_now() - start);
     }

@@ -46,6 +46,7 @@ typedef struct example_options {
     double lr;
     uint64_t seed;    /* of the initial weights and of the shuffle */
     const char *data; /* Fashion-MNIST's directory; NULL: CT_FMNIST_DIR */
+    ct_device device; /* where the model trains (fmnist_mlp's --device); the CPU by default */
 } example_options;
 
 /* fmnist_mlp's reference recipe (10 epochs, batch 64, hidden 256, lr 0.05)
@@ -77,9 +78,9 @@ int example_init(const char *name, const example_options *o);
 
 /* ------------------------------------------------------- model and data */
 
-/* 784-H-H-10 with ReLU (and dropout after each ReLU when dropout > 0), its
- * parameters in one flat buffer (so that an optimizer updates them in one
- * pass). It seeds the default generator with o->seed first, so that every
+/* 784-H-H-10 with ReLU (and dropout after each ReLU when dropout > 0), on
+ * o->device, its parameters in one flat buffer (so that an optimizer
+ * updates them in one pass). It seeds the default generator with o->seed first, so that every
  * example starts from fmnist_mlp's weights. NULL on error. */
 ct_module *example_mlp_new(const example_options *o, double dropout);
 
@@ -101,10 +102,11 @@ void example_data_free(example_data *d);
 typedef ct_tensor *(*example_predict_fn)(void *ctx, ct_tensor *images);
 
 /* *acc = the fraction of images [N, 784] whose predicted class is their
- * label [N], predicted 1000 at a time without a graph. The first error
- * stops it (*acc counts the batches before it). */
+ * label [N], predicted 1000 at a time without a graph, each batch moved to
+ * device first. The first error stops it (*acc counts the batches before
+ * it). */
 int example_evaluate(example_predict_fn predict, void *ctx, ct_tensor *images, ct_tensor *labels,
-                     double *acc);
+                     ct_device device, double *acc);
 
 /* On a terminal one line, redrawn at most 5 times a second; elsewhere a
  * line every 5 seconds, so that logs stay short. */

@@ -4,12 +4,17 @@
  *              [--hidden N] [--threads N] [--seed N] [--data DIR]
  *              [--metrics FILE] [--max-steps N] [--warmup-steps N]
  *              [--checkpoint-dir DIR] [--save-every N] [--stop-at-step N]
+ *              [--device cpu|cuda|cuda:N]
  *
  * The default recipe (sgd) is the reference one, the same as
  * bench/train_torch.py: 784-256-256-10 with ReLU, cross-entropy, SGD with
  * momentum 0.9 and lr 0.05, batch 64, 10 epochs, pixels / 255 as inputs.
  * The adamw recipe trains a wider net with AdamW (weight decay off for
  * biases), linear warmup, cosine decay and dropout.
+ *
+ * With --device cuda the model, its gradients and the optimizer's state live
+ * on the GPU (under a launcher, each rank's own: local rank modulo the
+ * devices), and each batch is copied there.
  *
  * Progress goes to stderr (one live line on a terminal, a line every few
  * seconds otherwise), the test accuracy after every epoch to stdout, and
@@ -74,7 +79,8 @@ static const char usage[] =
     "usage: fmnist_mlp [--recipe sgd|adamw] [--epochs N] [--batch N] [--lr X]\n"
     "                  [--hidden N] [--threads N] [--seed N] [--data DIR]\n"
     "                  [--metrics FILE] [--max-steps N] [--warmup-steps N]\n"
-    "                  [--checkpoint-dir DIR] [--save-every N] [--stop-at-step N]\n";
+    "                  [--checkpoint-dir DIR] [--save-every N] [--stop-at-step N]\n"
+    "                  [--device cpu|cuda|cuda:N]\n";
 
 static int parse_flag(void *ctx, const char *flag, const char *v) {
     options *o = ctx;
@@ -91,7 +97,18 @@ static int parse_flag(void *ctx, const char *flag, const char *v) {
         o->metrics = v;
     else if (!strcmp(flag, "--warmup-steps"))
         o->warmup_steps = atoi(v);
-    else if (!strcmp(flag, "--checkpoint-dir"))
+    else if (!strcmp(flag, "--device")) {
+        if (!strcmp(v, "cpu"))
+            o->common.device = CT_DEVICE_CPU;
+        else if (!strcmp(v, "cuda"))
+            o->common.device = (ct_device){CT_CUDA, -1}; /* the rank's, once it is known */
+        else if (!strncmp(v, "cuda:", 5) && v[5])
+            o->common.device = (ct_device){CT_CUDA, atoi(v + 5)};
+        else {
+            fprintf(stderr, "fmnist_mlp: unknown device '%s' (cpu, cuda, cuda:N)\n", v);
+            return -1;
+        }
+    } else if (!strcmp(flag, "--checkpoint-dir"))
         o->checkpoint_dir = v;
     else if (!strcmp(flag, "--save-every"))
         o->save_every = atoi(v);
@@ -156,10 +173,12 @@ static ct_tensor *predict(void *net, ct_tensor *images) {
     return ct_argmax(ct_module_forward(net, images), 1, false);
 }
 
+static ct_device device_of(ct_module *net) { return ct_tensor_device(ct_module_flat_params(net)); }
+
 /* Test accuracy in evaluation mode (no dropout). */
 static int evaluate(ct_module *net, ct_tensor *images, ct_tensor *labels, double *acc) {
     ct_module_train(net, false);
-    int rc = example_evaluate(predict, net, images, labels, acc);
+    int rc = example_evaluate(predict, net, images, labels, device_of(net), acc);
     ct_module_train(net, true);
     return rc;
 }
@@ -279,13 +298,16 @@ static int train(const options *o, FILE *metrics) {
     if (o->checkpoint_dir && (resumable_init(&ckpt, &params, opt, world) ||
                               (step = resume(&ckpt, o->checkpoint_dir, world, loader, opt)) < 0))
         return -1;
+    char where[32] = "";
+    if (o->common.device.type == CT_CUDA)
+        snprintf(where, sizeof where, ", on cuda:%d", o->common.device.index);
     if (rank == 0)
         printf("fmnist_mlp: recipe %s, 784-%lld-%lld-10, %lld parameters, batch %lld, %d epochs, "
-               "%d rank%s, %d thread%s each\n",
+               "%d rank%s, %d thread%s each%s\n",
                o->r->name, (long long)o->common.hidden, (long long)o->common.hidden,
                (long long)ct_param_list_numel(&params), (long long)o->common.batch,
                o->common.epochs, ranks, ranks > 1 ? "s" : "", o->common.threads,
-               o->common.threads > 1 ? "s" : "");
+               o->common.threads > 1 ? "s" : "", where);
     fflush(stdout);
     if (rank != 0)
         metrics = NULL;
@@ -313,7 +335,9 @@ static int train(const options *o, FILE *metrics) {
             int got = ct_loader_next(loader, &x, &y);
             if (got == 1) {
                 rc = ct_optim_set_lr(opt, ct_lr_schedule_at(&sched, step));
-                ct_tensor *loss = ct_cross_entropy(ct_module_forward(net, x), y, NULL);
+                ct_device dev = device_of(net);
+                ct_tensor *loss =
+                    ct_cross_entropy(ct_module_forward(net, ct_to(x, dev)), ct_to(y, dev), NULL);
                 if (!rc)
                     rc = loss ? ct_tensor_backward(loss) : ct_errcode();
                 if (!rc)
@@ -407,6 +431,9 @@ int main(int argc, char **argv) {
         return 2;
     if (example_init("fmnist_mlp", &o.common))
         return 1;
+    /* --device cuda: the device ct_dist_init chose for this rank. */
+    if (o.common.device.type == CT_CUDA && o.common.device.index < 0)
+        o.common.device.index = ct_cuda_current_device();
     FILE *metrics = NULL;
     if (ct_comm_rank(ct_dist_comm()) == 0 && *o.metrics && !(metrics = fopen(o.metrics, "w"))) {
         perror(o.metrics);

@@ -5,6 +5,7 @@
  * no device gives, and test_cuda_allocator the allocator's rules, here. */
 #include "ct_test.h"
 
+#include <ct/ct.h>
 #include <ct/cuda.h>
 #include <math.h>
 #include <pthread.h>
@@ -30,10 +31,154 @@ TEST(copies_to_the_device_and_back_keep_every_value) {
     ASSERT_EQ(ct_numel(ct_to(ct_to(e, cuda0), CT_DEVICE_CPU)), 0);
 }
 
+static ct_tensor *identity(void *ctx, ct_tensor *const *inputs, int n) {
+    (void)ctx;
+    (void)n;
+    return inputs[0];
+}
+
 TEST(ops_without_a_cuda_kernel_say_so) {
-    ct_tensor *on = ct_to(tt_rand(CT_SHAPE(4, 6), CT_FLOAT32, 9), cuda0);
-    ASSERT_FAILS(ct_add(on, on), CT_EDEVICE, "cuda:0", "no CUDA kernel", "ct_to");
+    ct_tensor *on = ct_to(tt_rand(CT_SHAPE(4, 6), CT_FLOAT64, 9), cuda0);
+    ASSERT_RC(ct_gradcheck(identity, NULL, &on, 1, NULL), CT_EDEVICE, "cuda:0", "no CUDA kernel",
+              "ct_to");
     ASSERT_FAILS(ct_copy_(ct_ones(CT_SHAPE(4, 6), CT_FLOAT32), on), CT_EDEVICE, "cpu:0", "cuda:0");
+}
+
+/* Factories on the device, values read back one at a time, and printing. */
+TEST(factories_item_and_print_work_on_the_device) {
+    for (int d = 0; d < CT_NDTYPES; d++) {
+        ct_tensor *f = ct_full_on(CT_SHAPE(3, 70), 3, (ct_dtype)d, cuda0);
+        ASSERT_TRUE(f != NULL);
+        ASSERT_EQ(ct_tensor_device(f).type, CT_CUDA);
+        ASSERT_CLOSE(ct_to(f, CT_DEVICE_CPU), ct_full(CT_SHAPE(3, 70), 3, (ct_dtype)d), 0, 0);
+        ASSERT_CLOSE(ct_to(ct_zeros_like(f), CT_DEVICE_CPU), ct_zeros(CT_SHAPE(3, 70), (ct_dtype)d),
+                     0, 0);
+        ASSERT_EQ(ct_tensor_device(ct_empty_like(f)).type, CT_CUDA);
+    }
+    ct_tensor *x = tt_rand(CT_SHAPE(4, 5), CT_FLOAT64, 12);
+    ct_tensor *on = ct_to(x, cuda0);
+    ASSERT_NEAR(ct_get(on, (int64_t[]){2, 3}), ct_get(x, (int64_t[]){2, 3}), 0);
+    ASSERT_NEAR(ct_item(ct_select(ct_select(on, 0, 1), 0, 4)), ct_get(x, (int64_t[]){1, 4}), 0);
+    ASSERT_FAILS(ct_empty_on(CT_SHAPE(2), CT_FLOAT32, (ct_device){CT_CUDA, 999}), CT_EDEVICE,
+                 "cuda:999");
+    char buf[512];
+    FILE *f = fmemopen(buf, sizeof buf, "w");
+    ASSERT_EQ(ct_tensor_fprint(f, ct_to(ct_arange(0, 3, 1, CT_FLOAT32), cuda0)), 0);
+    fclose(f);
+    ASSERT_STR_CONTAINS(buf, "device=cuda:0");
+    ASSERT_STR_CONTAINS(buf, "2.");
+}
+
+static pthread_t hook_thread;
+static int hook_device = -1;
+
+static ct_tensor *note_thread(ct_tensor *grad, void *ctx) {
+    (void)ctx;
+    hook_thread = pthread_self();
+    hook_device = ct_cuda_current_device();
+    return grad;
+}
+
+/* A backward on the device gives the CPU's gradients, runs on the device's
+ * own thread with the device current, and leaves gradients there. */
+TEST(backward_on_the_device_matches_the_cpu_on_its_own_thread) {
+    ct_tensor *hx = tt_rand(CT_SHAPE(6, 5), CT_FLOAT64, 21);
+    ct_tensor *hw = tt_rand(CT_SHAPE(5), CT_FLOAT64, 22);
+    ct_tensor *grads[2][2];
+    for (int k = 0; k < 2; k++) {
+        ct_device dev = k ? cuda0 : CT_DEVICE_CPU;
+        ct_tensor *x = ct_requires_grad_(ct_to(hx, dev), true);
+        ct_tensor *w = ct_requires_grad_(ct_to(hw, dev), true);
+        ct_tensor *h = ct_tanh(ct_mul(x, w));
+        if (k)
+            ASSERT_EQ(ct_tensor_register_hook(h, note_thread, NULL), 0);
+        ct_tensor *loss = ct_sum(ct_mul(h, ct_slice(x, 0, 0, 6, 1)), NULL, 0, false);
+        ASSERT_TRUE(loss != NULL);
+        ASSERT_EQ(ct_tensor_backward(loss), 0);
+        grads[k][0] = ct_tensor_grad(x);
+        grads[k][1] = ct_tensor_grad(w);
+    }
+    for (int i = 0; i < 2; i++) {
+        ASSERT_EQ(ct_tensor_device(grads[1][i]).type, CT_CUDA);
+        ASSERT_CLOSE(ct_to(grads[1][i], CT_DEVICE_CPU), grads[0][i], 1e-12, 1e-12);
+    }
+    ASSERT_TRUE(!pthread_equal(hook_thread, pthread_self()));
+    ASSERT_EQ(hook_device, 0);
+    /* A gradient given on another device than its output is refused. */
+    ct_tensor *y = ct_mul_scalar(ct_requires_grad_(ct_to(hw, cuda0), true), 2);
+    ASSERT_RC(ct_backward(&y, 1, (ct_tensor *[]){ct_ones(CT_SHAPE(5), CT_FLOAT64)}, false),
+              CT_EDEVICE, "cuda:0", "cpu:0");
+}
+
+/* The optimizers' device kernel computes rules.h's rules as the CPU loops
+ * do, without contraction: the same bits after several steps. */
+TEST(optimizer_steps_on_the_device_give_the_cpus_bits) {
+    ct_optim_kind kinds[] = {CT_OPTIM_SGD, CT_OPTIM_ADAM, CT_OPTIM_ADAMW};
+    for (int k = 0; k < 3; k++) {
+        for (int dt = 0; dt < 2; dt++) {
+            ct_dtype dtype = dt ? CT_FLOAT64 : CT_FLOAT32;
+            ct_tensor *p[2][2];
+            ct_optim_options o = ct_optim_defaults(kinds[k], 0.01);
+            o.weight_decay = 0.1;
+            o.momentum = kinds[k] == CT_OPTIM_SGD ? 0.9 : o.momentum;
+            o.amsgrad = kinds[k] == CT_OPTIM_ADAM;
+            for (int side = 0; side < 2; side++) {
+                ct_device dev = side ? cuda0 : CT_DEVICE_CPU;
+                for (int i = 0; i < 2; i++)
+                    p[side][i] = ct_tensor_retain(ct_requires_grad_(
+                        ct_to(tt_rand(CT_SHAPE(33 + i, 7), dtype, 30 + (uint64_t)i), dev), true));
+                ct_optim *opt = ct_optim_new(&o, p[side], 2);
+                ASSERT_TRUE(opt != NULL);
+                for (int step = 0; step < 3; step++) {
+                    for (int i = 0; i < 2; i++)
+                        ASSERT_EQ(ct_tensor_set_grad(p[side][i],
+                                                     ct_to(tt_rand(CT_SHAPE(33 + i, 7), dtype,
+                                                                   100 + (uint64_t)(step * 2 + i)),
+                                                           dev)),
+                                  0);
+                    ASSERT_EQ(ct_optim_step(opt), 0);
+                }
+                ASSERT_EQ(ct_optim_zero_grad(opt, false), 0);
+                ASSERT_CLOSE(ct_to(ct_tensor_grad(p[side][0]), CT_DEVICE_CPU),
+                             ct_zeros(CT_SHAPE(33, 7), dtype), 0, 0);
+                ct_optim_free(opt);
+            }
+            for (int i = 0; i < 2; i++) {
+                ASSERT_CLOSE(ct_to(p[1][i], CT_DEVICE_CPU), p[0][i], 0, 0);
+                ct_tensor_free(p[0][i]);
+                ct_tensor_free(p[1][i]);
+            }
+        }
+    }
+    /* Parameters on two devices do not make one optimizer. */
+    ct_tensor *mixed[2] = {ct_requires_grad_(ct_zeros(CT_SHAPE(2), CT_FLOAT32), true),
+                           ct_requires_grad_(ct_full_on(CT_SHAPE(2), 0, CT_FLOAT32, cuda0), true)};
+    ct_optim_options o = ct_optim_defaults(CT_OPTIM_SGD, 0.1);
+    ASSERT_FAILS(ct_optim_new(&o, mixed, 2), CT_EDEVICE, "param 1", "another device");
+}
+
+/* A module moved to the device computes what it computes on the host, and
+ * its flat buffers are made there. */
+TEST(modules_move_to_the_device_and_flatten_there) {
+    ct_module *nets[2];
+    ct_tensor *x = tt_rand(CT_SHAPE(8, 6), CT_FLOAT32, 41), *out[2];
+    for (int k = 0; k < 2; k++) {
+        ct_manual_seed(5);
+        nets[k] = ct_sequential_new();
+        ct_sequential_append(nets[k], ct_linear_new(6, 16, true));
+        ct_sequential_append(nets[k], ct_relu_new());
+        ct_sequential_append(nets[k], ct_linear_new(16, 3, true));
+        if (k)
+            ASSERT_EQ(ct_module_to(nets[k], cuda0), 0);
+        ASSERT_EQ(ct_module_flatten(nets[k], true), 0);
+        ASSERT_EQ(ct_tensor_device(ct_module_flat_params(nets[k])).type, k ? CT_CUDA : CT_CPU);
+        out[k] = ct_module_forward(nets[k], k ? ct_to(x, cuda0) : x);
+        ASSERT_TRUE(out[k] != NULL);
+    }
+    ASSERT_CLOSE(ct_to(out[1], CT_DEVICE_CPU), out[0], 1e-5, 1e-5);
+    ASSERT_RC(ct_module_to(nets[1], CT_DEVICE_CPU), CT_ESTATE, "flattened");
+    for (int k = 0; k < 2; k++)
+        ct_module_free(nets[k]);
 }
 
 /* The device copy kernel against the CPU's, on the same views. */
