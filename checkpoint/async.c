@@ -160,9 +160,15 @@ static int stage(ct_checkpointer *ck) {
         ct_tensor *copy =
             ct__own(ct_tensor_from_storage(ck->staging, at / (int64_t)ct__esize(src->dtype),
                                            src->ndim, src->sizes, strides, src->dtype));
-        if (!copy)
+        /* A device's chunk comes to the host now, at the call: the
+         * snapshot holds the values of every op issued before it. */
+        ct_tensor *host = copy ? ct__ck_on_host(src) : NULL;
+        if (!host) {
+            ct_tensor_free(copy);
             return ct_errcode();
-        ct__copy_into(copy, src);
+        }
+        ct__copy_into(copy, host);
+        ct_tensor_free(host);
         ct_tensor_free(src);
         plan->sources[i].t = copy;
         at +=

@@ -56,6 +56,18 @@ bool ct__value_parse(ck_type type, const char *text, void *value);
 /* Replaces the metadata with the (key, value) pairs of kv[2 * n]. */
 int ct__state_replace_meta(ct_state *st, char *const *kv, int n);
 
+/* ------------------------------------------------- tensors on a device */
+
+/* t's values in host memory: a new reference to t when it is on the host
+ * (any strides), else a contiguous host copy, made after the work queued on
+ * t's device, so that it holds what every op issued before it left there.
+ * The caller frees it. NULL with ct_to's errors. */
+ct_tensor *ct__ck_on_host(ct_tensor *t);
+/* dst = host, in place on dst's device: host is a contiguous host tensor of
+ * dst's shape and dtype. On a device the write is queued on its stream;
+ * host may be freed when this returns. 0, or ct_to's errors. */
+int ct__ck_write_from_host(ct_tensor *dst, ct_tensor *host);
+
 /* -------------------------------------------------------------- manifest */
 
 struct cJSON;

@@ -320,7 +320,9 @@ static int load_tensor(ck_reader *r, const ck_entry *e, int rank, int size) {
                           "world of that size, not %d; leave it out of the state to load the rest",
                           r->path, e->name, m->world_size, size);
     ct_tensor *dst = e->t, *tmp = NULL;
-    if (!ct_is_contiguous(dst)) {
+    /* The file is read into host memory: a view's, or a device tensor's,
+     * elements land in a contiguous buffer first. */
+    if (!ct_is_contiguous(dst) || dst->storage->device.type != CT_CPU) {
         tmp = ct__own(ct_empty(dst->ndim, dst->sizes, dst->dtype));
         if (!tmp)
             return ct_errcode();
@@ -334,7 +336,7 @@ static int load_tensor(ck_reader *r, const ck_entry *e, int rank, int size) {
     else if (tmp)
         ct__reader_finish(r);
     if (!rc && tmp)
-        ct__copy_into(dst, tmp);
+        rc = ct__ck_write_from_host(dst, tmp);
     if (!rc)
         ct__bump_version(dst);
     ct_tensor_free(tmp);

@@ -884,10 +884,6 @@ int ct_safetensors_save(const char *path, const ct_tensor_dict *set) {
         return ct__seterr(count, "%s: %s: %s", fn, path, ct_errmsg());
     for (int i = 0; i < count; i++) {
         const ct_tensor *t = ct_tensor_dict_tensor(set, i);
-        if (t->storage->device.type != CT_CPU)
-            return ct__seterr(CT_EDEVICE,
-                              "%s: %s: tensor " NAME " is not on the CPU; copy it there first", fn,
-                              path, ct_tensor_dict_name(set, i));
         if (!st_dtype_name(t->dtype))
             return ct__seterr(CT_EINVAL, "%s: %s: tensor " NAME ": safetensors has no dtype for %s",
                               fn, path, ct_tensor_dict_name(set, i), ct_dtype_name(t->dtype));
@@ -915,8 +911,15 @@ int ct_safetensors_save(const char *path, const ct_tensor_dict *set) {
         rc = put(&w, size, 8);
         if (rc == 0)
             rc = put(&w, header, hlen);
-        for (int i = 0; rc == 0 && i < count; i++)
-            rc = put_tensor(&w, ct_tensor_dict_tensor(set, i));
+        for (int i = 0; rc == 0 && i < count; i++) {
+            /* A device tensor is copied to the host one at a time, so that
+             * the host holds at most one of them. */
+            ct_tensor *host = ct__ck_on_host(ct_tensor_dict_tensor(set, i));
+            rc = host ? put_tensor(&w, host)
+                      : ct__seterr(ct_errcode(), "%s: %s: tensor " NAME ": %s", fn, path,
+                                   ct_tensor_dict_name(set, i), ct_errmsg());
+            ct_tensor_free(host);
+        }
         if (rc == 0)
             rc = flush(&w);
         if (rc == 0 && fsync(w.fd) != 0)

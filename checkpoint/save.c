@@ -172,9 +172,6 @@ static int describe(const ct_state *st, int rank, int size, int64_t step, ck_man
                 return ct__seterr(CT_ENOMEM, "checkpoint save: out of memory");
             continue;
         }
-        if (e->t->storage->device.type != CT_CPU)
-            return ct__seterr(CT_ENOTSUP, "checkpoint save: tensor '%s' is not on the CPU",
-                              e->name);
         ck_tensor *t = &m->tensors[m->ntensors++];
         *t = (ck_tensor){.name = strdup(e->name),
                          .kind = e->kind,
@@ -528,15 +525,16 @@ static int prepare(const char *path, const char *tmp) {
 static int write_source(int fd, const char *file, const ck_manifest *m, const ck_source *s,
                         uint64_t *hash) {
     const ck_chunk *c = &m->tensors[s->tensor].chunks[s->chunk];
-    ct_tensor *src = s->t;
-    ct_tensor *tmp = NULL;
-    if (!ct_is_contiguous(src)) {
-        tmp = ct__own(ct_empty(src->ndim, src->sizes, src->dtype));
-        if (!tmp)
-            return ct_errcode();
-        ct__copy_into(tmp, src);
-        src = tmp;
+    ct_tensor *src = ct__ck_on_host(s->t);
+    if (src && !ct_is_contiguous(src)) {
+        ct_tensor *packed = ct__own(ct_empty(src->ndim, src->sizes, src->dtype));
+        if (packed)
+            ct__copy_into(packed, src);
+        ct_tensor_free(src);
+        src = packed;
     }
+    if (!src)
+        return ct_errcode();
     const char *data = ct__data(src);
     XXH3_state_t *hs = XXH3_createState();
     int rc = hs && XXH3_64bits_reset(hs) == XXH_OK
@@ -553,7 +551,7 @@ static int write_source(int fd, const char *file, const ck_manifest *m, const ck
     if (!rc)
         *hash = XXH3_64bits_digest(hs);
     XXH3_freeState(hs);
-    ct_tensor_free(tmp);
+    ct_tensor_free(src);
     return rc;
 }
 

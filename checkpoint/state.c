@@ -123,7 +123,7 @@ static ck_entry *add_entry(ct_state *st, const char *fn, const char *name, ct_st
 
 static int add_tensor(ct_state *st, const char *fn, const char *name, ct_tensor *t,
                       ct_state_kind kind, int ndim, const int64_t *global, const int64_t *offsets) {
-    int rc = CT__CHECK(fn, t);
+    int rc = CT__CHECK_ANY(fn, t);
     if (rc)
         return rc;
     ck_entry *e = add_entry(st, fn, name, kind, CK_TENSOR);

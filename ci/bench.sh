@@ -3,7 +3,7 @@
 # peers in the same run.
 #
 #   ci/bench.sh [NAME...]     NAME: ops, train, collectives, ddp, checkpoint,
-#                             rpc; with none, every benchmark
+#                             rpc, cuda; with none, every benchmark
 #
 # stdout: one JSON object per result. stderr: build output, notes, and a
 # ratio line per comparison. CT_BENCH_THREADS (default "1,2") lists the thread
@@ -20,9 +20,11 @@
 # $build/ckpt-bench: the build's disk), and times an async save's blocking
 # (docs/bench-checkpoint.md); rpc times RPC round trips on 2 workers beside
 # plain zmq and torch.distributed.rpc, in as many rounds
-# (docs/rpc-design.md); PYTHON (default /usr/bin/python3, Debian's, with
-# python3-torch) runs the PyTorch peers and the summaries;
-# CT_BENCH_BUILD_DIR moves the build.
+# (docs/rpc-design.md); cuda runs ct on cuda:0 beside cudaMemcpy, cuBLAS
+# and torch.cuda (elementwise bandwidth, matmul, fmnist_mlp --device cuda;
+# CT_BENCH_QUICK=1 for the short form; skipped without a device);
+# PYTHON (default /usr/bin/python3, Debian's, with python3-torch) runs the
+# PyTorch peers and the summaries; CT_BENCH_BUILD_DIR moves the build.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -34,10 +36,10 @@ build=${CT_BENCH_BUILD_DIR:-$root/build-bench}
 python=${PYTHON:-/usr/bin/python3}
 epochs=${CT_BENCH_EPOCHS:-1}
 rounds=${CT_BENCH_ROUNDS:-3}
-all=(ops train collectives ddp checkpoint rpc)
+all=(ops train collectives ddp checkpoint rpc cuda)
 
 usage() {
-    sed -n '2,24s/^# \{0,1\}//p' "$0"
+    sed -n '2,27s/^# \{0,1\}//p' "$0"
 }
 
 names=()
@@ -85,9 +87,19 @@ mpirun=(mpirun -np 2 --oversubscribe --bind-to none)
 if (($(id -u) == 0)); then
     mpirun+=(--allow-run-as-root)
 fi
+# bench_cuda exists only when the build found the CUDA Toolkit.
+have_cuda=false
+if [[ $(cmake --build "$build" --target help) == *bench_cuda* ]]; then
+    have_cuda=true
+fi
 targets=()
 for name in "${names[@]}"; do
     case $name in
+    cuda)
+        if $have_cuda; then
+            targets+=(bench_cuda fmnist_mlp)
+        fi
+        ;;
     train) targets+=(bench_train_floor fmnist_mlp bench_autograd) ;;
     collectives)
         targets+=(bench_collectives ctlaunch)
@@ -101,7 +113,9 @@ for name in "${names[@]}"; do
     *) targets+=("bench_$name") ;;
     esac
 done
-cmake --build "$build" -j"$(nproc)" --target "${targets[@]}" >&2
+if ((${#targets[@]})); then
+    cmake --build "$build" -j"$(nproc)" --target "${targets[@]}" >&2
+fi
 
 # Runs the PyTorch peer bench/$1 with the remaining arguments.
 run_peer() {
@@ -862,6 +876,35 @@ EOF
     if $torch_failed; then
         return 1
     fi
+}
+
+# ct on cuda:0 (bench/cuda.c: elementwise bandwidth beside cudaMemcpy,
+# matmul beside cuBLAS, and the targets' verdicts), fmnist_mlp's training
+# throughput with --device cuda, then bench/cuda_torch.py's same figures and
+# ct / torch. Without CUDA in the build, or a device, one line says why it
+# was skipped.
+run_cuda() {
+    local quick=()
+    if [[ ${CT_BENCH_QUICK:-0} == 1 ]]; then
+        quick=(--quick)
+    fi
+    if ! $have_cuda; then
+        echo '{"bench": "cuda", "skipped": "ct was built without CUDA (no CUDA Toolkit found)"}'
+        return 0
+    fi
+    "$build/bench/bench_cuda" "${quick[@]}" | tee "$tmp"
+    if grep -q '"skipped"' "$tmp"; then
+        return 0
+    fi
+    # fmnist_mlp prints its progress too; its last line is the JSON result.
+    if "$build/examples/fmnist_mlp" --help 2>&1 | grep -q -- '--device'; then
+        "$build/examples/fmnist_mlp" --device cuda --epochs "$epochs" --metrics "" |
+            tail -n 1 | tee -a "$tmp"
+    else
+        echo '{"bench": "cuda", "op": "fmnist_mlp", "skipped": "examples/fmnist_mlp has no' \
+            '--device flag yet"}'
+    fi
+    run_peer cuda_torch.py "${quick[@]}" --compare "$tmp"
 }
 
 tmp=$(mktemp)

@@ -76,6 +76,9 @@ struct ct_work {
      * from out_ref when that is a copy, and its version is bumped. */
     ct_tensor *in_ref, *out_ref, *out_user;
     atomic_int state;
+    /* Device backends: the operation is queued on the device, so a wait can
+     * order the compute stream after it (ct__work_launched). */
+    atomic_bool launched;
     int err; /* 0 or the CT_E* code, valid once state is DONE */
     char msg[CT__MSG_LEN];
     double deadline; /* monotonic seconds, set when started */
@@ -98,6 +101,18 @@ typedef struct ct__backend {
     /* Whether t's device suits the backend: 0 or CT_EDEVICE with a message
      * naming op. */
     int (*check_tensor)(ct_comm *c, const char *op, const ct_tensor *t);
+    /* Optional: the device whose tensors the backend takes; CPU when NULL. */
+    ct_device (*device)(const ct_comm *c);
+    /* Optional: called on the issuing thread once w's tensors are staged,
+     * before w is queued (device backends: mark the point of the compute
+     * stream that w must follow). 0, or a CT_E* code with the error
+     * recorded: w is then not issued. */
+    int (*issue)(ct_comm *c, ct_work *w);
+    /* Optional, with issue: called by ct_work_wait on the waiting thread
+     * once w->launched is set and w is not done, to order the device's
+     * compute stream after w instead of waiting on the host. 0 or a CT_E*
+     * code with the error recorded. */
+    int (*order)(ct_comm *c, ct_work *w);
     /* Begins w, in issue order, without blocking. CT__DONE / CT__PENDING,
      * CT__AGAIN when it cannot begin yet (an earlier work must progress
      * first; the executor retries it and keeps collectives in issue order),
@@ -145,6 +160,8 @@ extern const ct__backend ct__mpi_backend;
 #endif
 #ifdef CT_HAVE_NCCL
 extern const ct__backend ct__nccl_backend;
+/* ncclGetUniqueId into id (CT_NCCL_ID_BYTES bytes), for ct_comm_nccl_id. */
+int ct__nccl_unique_id(void *id);
 #endif
 
 struct ct_comm {
@@ -183,7 +200,7 @@ struct ct_comm {
     char fail_msg[CT__MSG_LEN];
 
     atomic_uint_fast64_t issued, completed;
-    atomic_uint_fast64_t direct; /* counted by the backend: ct_comm_stats's */
+    atomic_uint_fast64_t direct;           /* counted by the backend: ct_comm_stats's */
     _Atomic unsigned char recent_ops[256]; /* op of collective seq, at seq % 256 */
 };
 
@@ -192,6 +209,10 @@ double ct__now(void);
 
 /* Appends printf-style text to the string in buf (n bytes), truncating. */
 void ct__msg_append(char *buf, size_t n, const char *fmt, ...) CT_PRINTF(3, 4);
+
+/* A device backend queued w on the device: sets w->launched and wakes the
+ * threads waiting for it. Executor only. */
+void ct__work_launched(ct_comm *c, ct_work *w);
 
 /* Records the error for w (code and formatted message); returns code. */
 int ct__work_fail(ct_work *w, int code, const char *fmt, ...) CT_PRINTF(3, 4);

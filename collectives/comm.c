@@ -10,6 +10,8 @@
 #include "coll_impl.h"
 #include "tensor_impl.h"
 
+#include <ct/cuda.h>
+
 #include <errno.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -104,6 +106,17 @@ static const ct__backend *backend_table(ct_backend backend) {
 }
 
 bool ct_backend_available(ct_backend backend) { return backend_table(backend) != NULL; }
+
+int ct_comm_nccl_id(void *id) {
+    if (!id)
+        return ct__seterr(CT_EINVAL, "comm_nccl_id: id is NULL");
+#ifdef CT_HAVE_NCCL
+    return ct__nccl_unique_id(id);
+#else
+    return ct__seterr(CT_ENOTSUP, "comm_nccl_id: this build of ct has no NCCL (it needs CUDA and "
+                                  "NCCL at configure time)");
+#endif
+}
 
 double ct__now(void) {
     struct timespec ts;
@@ -244,6 +257,9 @@ void ct_comm_free(ct_comm *c) {
 int ct_comm_rank(const ct_comm *c) { return c ? c->rank : -1; }
 int ct_comm_size(const ct_comm *c) { return c ? c->size : -1; }
 ct_backend ct_comm_backend(const ct_comm *c) { return c->be->kind; }
+ct_device ct_comm_device(const ct_comm *c) {
+    return c && c->be->device ? c->be->device(c) : CT_DEVICE_CPU;
+}
 double ct_comm_timeout(const ct_comm *c) { return c->timeout; }
 
 /* c->mu held, or the executor's own thread. */
@@ -297,9 +313,11 @@ static void work_release_tensors(ct_work *w) {
  * is stored, w may be gone: a blocking caller's work lives on its stack. */
 static void complete(ct_comm *c, ct_work *w, int rc) {
     if (rc == 0 && w->out_user) {
-        if (w->out_ref != w->out_user)
-            ct__copy_into(w->out_user, w->out_ref);
-        ct__bump_version(w->out_user);
+        int crc = w->out_ref != w->out_user ? ct__copy_any(w->out_user, w->out_ref) : 0;
+        if (crc)
+            rc = ct__work_fail(w, crc, "%s", ct_errmsg());
+        else
+            ct__bump_version(w->out_user);
     }
     work_release_tensors(w);
     w->err = rc;
@@ -473,14 +491,21 @@ static bool queue_empty(ct_comm *c) {
 #define YIELD_SECONDS_THREAD 2e-3
 #define POLL_SECONDS         2e-3
 
-/* Runs the executor until `until` completes, or (until == NULL) until
- * nothing is queued or active. The caller set c->executing. */
-static void execute(ct_comm *c, ct_work *until) {
+/* Whether a waiter for w may stop waiting on the host: w completed, or
+ * (unless full) a device backend queued it, so that the compute stream can
+ * be ordered after it. */
+static bool work_settled(const ct_comm *c, ct_work *w, bool full) {
+    return atomic_load_explicit(&w->state, memory_order_acquire) == CT__WORK_DONE ||
+           (!full && c->be->order && atomic_load_explicit(&w->launched, memory_order_acquire));
+}
+
+/* Runs the executor until `until` settles (work_settled), or (until ==
+ * NULL) until nothing is queued or active. The caller set c->executing. */
+static void execute(ct_comm *c, ct_work *until, bool full) {
     double idle_since = 0, last_poll = 0;
     unsigned idle = 0;
     for (;;) {
-        if (until ? atomic_load_explicit(&until->state, memory_order_acquire) == CT__WORK_DONE
-                  : c->nactive == 0 && queue_empty(c))
+        if (until ? work_settled(c, until, full) : c->nactive == 0 && queue_empty(c))
             return;
         bool moved = start_queued(c);
         moved |= progress_active(c);
@@ -564,7 +589,7 @@ static void *progress_main(void *arg) {
             break; /* stopping, and everything issued has completed */
         c->executing = true;
         pthread_mutex_unlock(&c->mu);
-        execute(c, NULL);
+        execute(c, NULL, true);
         pthread_mutex_lock(&c->mu);
         leave_executor(c);
     }
@@ -580,28 +605,45 @@ static int work_result(ct_work *w) {
     return 0;
 }
 
+void ct__work_launched(ct_comm *c, ct_work *w) {
+    atomic_store(&w->launched, true);
+    if (atomic_load(&c->waiters) > 0) {
+        pthread_mutex_lock(&c->mu);
+        pthread_cond_broadcast(&c->cv_done);
+        pthread_mutex_unlock(&c->mu);
+    }
+}
+
+/* Waits until w settles (work_settled); when it is still running on a
+ * device, orders the device's compute stream after it. */
+static int work_wait(ct_work *w, bool full) {
+    ct_comm *c = w->comm;
+    if (!work_settled(c, w, full)) {
+        pthread_mutex_lock(&c->mu);
+        atomic_fetch_add(&c->waiters, 1);
+        while (!work_settled(c, w, full)) {
+            if (c->executing) {
+                pthread_cond_wait(&c->cv_done, &c->mu);
+                continue;
+            }
+            c->executing = true;
+            pthread_mutex_unlock(&c->mu);
+            execute(c, w, full);
+            pthread_mutex_lock(&c->mu);
+            leave_executor(c);
+        }
+        atomic_fetch_sub(&c->waiters, 1);
+        pthread_mutex_unlock(&c->mu);
+    }
+    if (atomic_load_explicit(&w->state, memory_order_acquire) == CT__WORK_DONE)
+        return work_result(w);
+    return c->be->order(c, w);
+}
+
 int ct_work_wait(ct_work *w) {
     if (!w)
         return ct__seterr(CT_EINVAL, "work_wait: work is NULL");
-    if (atomic_load_explicit(&w->state, memory_order_acquire) == CT__WORK_DONE)
-        return work_result(w);
-    ct_comm *c = w->comm;
-    pthread_mutex_lock(&c->mu);
-    atomic_fetch_add(&c->waiters, 1);
-    while (atomic_load(&w->state) != CT__WORK_DONE) {
-        if (c->executing) {
-            pthread_cond_wait(&c->cv_done, &c->mu);
-            continue;
-        }
-        c->executing = true;
-        pthread_mutex_unlock(&c->mu);
-        execute(c, w);
-        pthread_mutex_lock(&c->mu);
-        leave_executor(c);
-    }
-    atomic_fetch_sub(&c->waiters, 1);
-    pthread_mutex_unlock(&c->mu);
-    return work_result(w);
+    return work_wait(w, false);
 }
 
 int ct_comm_progress(ct_comm *c) {
@@ -637,7 +679,7 @@ int ct_work_test(ct_work *w) {
 void ct_work_free(ct_work *w) {
     if (!w)
         return;
-    ct_work_wait(w);
+    work_wait(w, true);
     ct_comm *c = w->comm;
     pthread_mutex_lock(&c->mu);
     w->next = c->pool;
@@ -683,15 +725,17 @@ static int check_rop(const char *op, ct_reduce_op rop, ct_dtype dtype) {
     return 0;
 }
 
-/* A contiguous tensor for t: t itself (a new reference), or a copy. */
+/* A contiguous tensor for t: t itself (a new reference), or a copy on t's
+ * device. */
 static ct_tensor *contiguous_ref(const char *op, ct_tensor *t) {
     if (ct_is_contiguous(t))
         return ct_tensor_retain(t);
-    ct_tensor *copy = ct__new(op, t->ndim, t->sizes, t->dtype);
-    if (!copy)
+    ct_tensor *copy = ct__own(ct__new_on(op, t->ndim, t->sizes, t->dtype, t->storage->device));
+    if (copy && ct__copy_any(copy, t)) {
+        ct_tensor_free(copy);
         return NULL;
-    ct__copy_into(copy, t);
-    return ct__own(copy); /* the work's reference, not the caller's scope's */
+    }
+    return copy; /* the work's reference, not the caller's scope's */
 }
 
 static ct_work *work_get(ct_comm *c) {
@@ -735,6 +779,8 @@ static int submit(ct_comm *c, request *r, ct_work **work) {
         w->out_user = ct_tensor_retain(r->out);
     w->in = w->in_ref ? ct__data(w->in_ref) : NULL;
     w->out = w->out_ref ? ct__data(w->out_ref) : w->in;
+    if (c->be->issue && c->be->issue(c, w))
+        goto fail;
 
     if (ct__op_is_p2p(w->desc.op)) {
         uint64_t *seq = w->desc.op == CT__SEND ? c->send_seq : c->recv_seq;
@@ -757,7 +803,7 @@ static int submit(ct_comm *c, request *r, ct_work **work) {
     if (work && !c->executing && !c->caller_progress)
         pthread_cond_signal(&c->cv_thread);
     pthread_mutex_unlock(&c->mu);
-    return work ? 0 : ct_work_wait(w);
+    return work ? 0 : work_wait(w, true);
 
 fail:
     work_release_tensors(w);
@@ -1006,6 +1052,27 @@ int ct__comm_agree(ct_comm *c, bool ok, int *first_failed) {
     return rc;
 }
 
+/* Every rank's n int64 values (mine) into all (size x n), on the host,
+ * through tensors on the backend's device: a blocking allgather. */
+static int allgather_host(ct_comm *c, const int64_t *mine, int64_t n, int64_t *all) {
+    ct_device dev = ct_comm_device(c);
+    int64_t total = n * c->size;
+    ct_tensor *host = ct__own(ct_from_data(mine, 1, &n, CT_INT64));
+    ct_tensor *in = host ? ct__own(ct_to(host, dev)) : NULL;
+    ct_tensor *out = ct__own(ct_empty_on(1, &total, CT_INT64, dev));
+    int rc = in && out ? ct_comm_allgather(c, out, in, NULL) : ct_errcode();
+    ct_tensor *back = rc ? NULL : ct__own(ct_to(out, CT_DEVICE_CPU));
+    if (back)
+        memcpy(all, ct_data_ptr(back), (size_t)total * sizeof *all);
+    else if (!rc)
+        rc = ct_errcode();
+    ct_tensor_free(back);
+    ct_tensor_free(out);
+    ct_tensor_free(in);
+    ct_tensor_free(host);
+    return rc;
+}
+
 ct_tensor *ct_comm_zeros(ct_comm *c, int ndim, const int64_t *sizes, ct_dtype dtype) {
     const char *name = "comm_zeros";
     if (check_comm(c, name) || ct__check_shape(name, ndim, sizes, dtype))
@@ -1013,11 +1080,11 @@ ct_tensor *ct_comm_zeros(ct_comm *c, int ndim, const int64_t *sizes, ct_dtype dt
     int64_t numel = ct__numel(ndim, sizes);
     size_t bytes = (size_t)numel * ct__esize(dtype);
     int64_t mine[2] = {dtype, numel};
-    ct_tensor *in = ct__own(ct_from_data(mine, 1, (int64_t[]){2}, CT_INT64));
-    ct_tensor *all = ct__own(ct_empty(1, (int64_t[]){2 * (int64_t)c->size}, CT_INT64));
-    int rc = in && all ? ct_comm_allgather(c, all, in, NULL) : ct_errcode();
+    int64_t *all = malloc(2 * (size_t)c->size * sizeof *all);
+    int rc = all ? allgather_host(c, mine, 2, all)
+                 : ct__seterr(CT_ENOMEM, "%s: out of memory for %d ranks", name, c->size);
     for (int r = 0; r < c->size && rc == 0; r++) {
-        const int64_t *v = (const int64_t *)ct_data_ptr(all) + 2 * r;
+        const int64_t *v = all + 2 * r;
         if (v[0] != dtype || v[1] != numel)
             rc = ct__seterr(CT_EINVAL,
                             "%s: ranks ask for different tensors: rank %d for %lld %s, rank %d "
@@ -1025,16 +1092,15 @@ ct_tensor *ct_comm_zeros(ct_comm *c, int ndim, const int64_t *sizes, ct_dtype dt
                             name, c->rank, (long long)numel, ct_dtype_name(dtype), r,
                             (long long)v[1], ct_dtype_name((ct_dtype)v[0]));
     }
-    ct__release(in);
-    ct__release(all);
+    free(all);
     /* Without shared memory (the backend has none, or a rank could not make
-     * its part), an ordinary tensor. */
+     * its part), an ordinary tensor where the backend takes them. */
     ct_storage *s = NULL;
     if (rc == 0 && c->be->alloc_shared && bytes > 0)
         rc = c->be->alloc_shared(c, bytes, &s);
     ct_tensor *t = rc  ? NULL
                    : s ? ct_tensor_from_storage(s, 0, ndim, sizes, NULL, dtype)
-                       : ct_zeros(ndim, sizes, dtype);
+                       : ct_full_on(ndim, sizes, 0, dtype, ct_comm_device(c));
     ct_storage_free(s);
     return t;
 }

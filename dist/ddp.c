@@ -8,11 +8,19 @@
  * gradients stay in registration order (the optimizer's fused path) while
  * the buckets fill from the end. The last bucket reaches down to offset 0
  * and so carries the usage map: every rank learns, from the same allreduce,
- * which parameters some rank did not use. */
+ * which parameters some rank did not use.
+ *
+ * The buffer lives where the parameters do: in host memory (shared memory
+ * under shm), or on the parameters' CUDA device with the nccl backend,
+ * where copies, zeroing and the usage map are device ops queued on the
+ * compute stream, and a bucket's allreduce follows the gradients queued
+ * before it. ddp's own small exchanges (model check, arrival order, uneven
+ * inputs) go through the communicator's device as well. */
 #include "dist_impl.h"
 #include "tensor_impl.h"
 
 #include <ct/autograd.h>
+#include <ct/cuda.h>
 #include <ct/dist.h>
 
 #include <math.h>
@@ -37,11 +45,15 @@ typedef struct param {
 } param;
 
 typedef struct ddp_bucket {
-    int first, n;       /* its parameters: order[first .. first + n) */
-    int64_t lo, numel;  /* its range in the flat buffer */
-    ct_tensor *view;    /* that range */
-    int pending;        /* parameters not ready in this backward */
-    ct_work *work;      /* its allreduce, once started */
+    int first, n;      /* its parameters: order[first .. first + n) */
+    int64_t lo, numel; /* its range in the flat buffer */
+    ct_tensor *view;   /* that range */
+    int pending;       /* parameters not ready in this backward */
+    ct_work *work;     /* its allreduce, once started */
+    /* The last step's allreduce, waited for: on a device it may still run
+     * (ct_work_wait only ordered the compute stream after it), so the
+     * handle is freed at the next launch, which finds it done. */
+    ct_work *waited;
     const char **names; /* NULL-terminated, for ct_ddp_bucket_names */
 } ddp_bucket;
 
@@ -56,7 +68,10 @@ struct ct_ddp {
     int nbuckets;
     ddp_bucket *b;
     ct_tensor *flat;
+    ct_tensor *map; /* flat's first n elements: the usage map */
     ct_dtype dtype;
+    ct_device device;      /* the parameters', and the communicator's */
+    ct_tensor *zero, *one; /* 0-d, on device: what fills copy from */
     bool sync;
     bool in_backward; /* the final callback is queued */
     int next_launch;  /* the next bucket to start, in order */
@@ -70,6 +85,33 @@ struct ct_ddp {
 };
 
 static const char *op = "ddp";
+
+/* ----------------------------------------------- host data, comm's device */
+
+typedef enum host_op { HOST_ALLGATHER, HOST_ALLREDUCE_SUM, HOST_BROADCAST_0 } host_op;
+
+/* A blocking collective on host tensors (out written, in read; the same
+ * tensor but for allgather), through copies on the communicator's device
+ * when it takes CUDA tensors. */
+static int on_host(ct_ddp *d, host_op kind, ct_tensor *out, ct_tensor *in) {
+    ct_tensor *dout = ct__own(ct_to(out, d->device));
+    ct_tensor *din = in != out ? ct__own(ct_to(in, d->device))
+                     : dout    ? ct_tensor_retain(dout)
+                               : NULL;
+    int rc = !dout || !din                ? ct_errcode()
+             : kind == HOST_ALLGATHER     ? ct_comm_allgather(d->comm, dout, din, NULL)
+             : kind == HOST_ALLREDUCE_SUM ? ct_comm_allreduce(d->comm, dout, CT_REDUCE_SUM, NULL)
+                                          : ct_comm_broadcast(d->comm, dout, 0, NULL);
+    ct_tensor *back = rc ? NULL : ct__own(ct_to(dout, CT_DEVICE_CPU));
+    if (!rc && !back)
+        rc = ct_errcode();
+    else if (back && back != out)
+        ct__copy_into(out, back);
+    ct_tensor_free(back);
+    ct_tensor_free(din);
+    ct_tensor_free(dout);
+    return rc;
+}
 
 /* ----------------------------------------------------------- agreement */
 
@@ -115,13 +157,13 @@ static void line_at(const char *s, int i, char *out, size_t cap) {
 
 /* Every rank's description, gathered; then a diff of each against rank 0's
  * into msg. */
-static int explain_mismatch(ct_comm *comm, const char *mine, size_t len, char *msg, size_t cap) {
-    int size = ct_comm_size(comm);
+static int explain_mismatch(ct_ddp *d, const char *mine, size_t len, char *msg, size_t cap) {
+    int size = ct_comm_size(d->comm);
     int64_t my_len = (int64_t)len;
     int rc = 0;
     ct_tensor *lens = ct__own(ct_empty(1, (int64_t[]){size}, CT_INT64));
     ct_tensor *one = ct__own(ct_from_data(&my_len, 1, (int64_t[]){1}, CT_INT64));
-    if (!lens || !one || (rc = ct_comm_allgather(comm, lens, one, NULL))) {
+    if (!lens || !one || (rc = on_host(d, HOST_ALLGATHER, lens, one))) {
         rc = rc ? rc : ct_errcode();
         goto done;
     }
@@ -133,7 +175,7 @@ static int explain_mismatch(ct_comm *comm, const char *mine, size_t len, char *m
     ct_tensor *all = ct__own(ct_empty(1, (int64_t[]){size * (longest + 1)}, CT_UINT8));
     if (pad && all) {
         memcpy(ct_data_ptr(pad), mine, len);
-        rc = ct_comm_allgather(comm, all, pad, NULL);
+        rc = on_host(d, HOST_ALLGATHER, all, pad);
     } else {
         rc = ct_errcode();
     }
@@ -175,13 +217,13 @@ static int check_same_model(ct_ddp *d) {
     int64_t h = (int64_t)ct__fnv1a(mine, len);
     ct_tensor *hashes = ct__own(ct_empty(1, (int64_t[]){size}, CT_INT64));
     ct_tensor *one = ct__own(ct_from_data(&h, 1, (int64_t[]){1}, CT_INT64));
-    int rc = hashes && one ? ct_comm_allgather(d->comm, hashes, one, NULL) : ct_errcode();
+    int rc = hashes && one ? on_host(d, HOST_ALLGATHER, hashes, one) : ct_errcode();
     bool same = true;
     for (int r = 0; rc == 0 && r < size; r++)
         same &= ((int64_t *)ct_data_ptr(hashes))[r] == h;
     if (rc == 0 && !same) {
         char msg[2048];
-        rc = explain_mismatch(d->comm, mine, len, msg, sizeof msg);
+        rc = explain_mismatch(d, mine, len, msg, sizeof msg);
         if (rc == 0)
             rc = ct__seterr(CT_EMISMATCH, "%s: rank %d: %s", op, ct_comm_rank(d->comm), msg);
     }
@@ -222,6 +264,7 @@ static int broadcast_state(ct_ddp *d, ct_module *model) {
 static void free_buckets(ct_ddp *d) {
     for (int i = 0; i < d->nbuckets; i++) {
         ct_work_free(d->b[i].work);
+        ct_work_free(d->b[i].waited);
         ct_tensor_free(d->b[i].view);
         free(d->b[i].names);
     }
@@ -274,9 +317,9 @@ static int build_buckets(ct_ddp *d) {
         ct_tensor *view = slice ? ct__own(ct_view(slice, ct_ndim(p->t), ct_sizes(p->t))) : NULL;
         ct_tensor_free(slice);
         ct_tensor *old = ct_tensor_grad(p->t);
-        if (view && old)
-            ct__copy_into(view, old);
-        rc = view ? ct_tensor_set_grad(p->t, view) : ct_errcode();
+        rc = !view ? ct_errcode() : old ? ct__copy_any(view, old) : 0;
+        if (!rc)
+            rc = ct_tensor_set_grad(p->t, view);
         ct_tensor_free(p->grad);
         p->grad = view;
     }
@@ -294,7 +337,9 @@ static int build_buckets(ct_ddp *d) {
     d->nbuckets = nb;
     ct_tensor_free(d->flat);
     d->flat = flat;
-    return rc;
+    ct_tensor_free(d->map);
+    d->map = ct__own(ct_narrow(flat, 0, 0, d->n));
+    return rc ? rc : d->map ? 0 : ct_errcode();
 }
 
 /* ------------------------------------------------------------ backward */
@@ -302,20 +347,25 @@ static int build_buckets(ct_ddp *d) {
 /* The usage map: 1 for a parameter this rank used since the last
  * synchronized step (or any, once it has joined); averaged, 1 means every
  * rank used it. It goes out with the last bucket. */
-static void write_usage_map(ct_ddp *d) {
-    for (int k = 0; k < d->n; k++) {
-        double v = d->p[k].used || d->joined ? 1.0 : 0.0;
-        if (d->dtype == CT_FLOAT64)
-            ((double *)ct_data_ptr(d->flat))[k] = v;
-        else
-            ((float *)ct_data_ptr(d->flat))[k] = (float)v;
+static int write_usage_map(ct_ddp *d) {
+    int rc = ct__copy_any(d->map, d->one);
+    for (int k = 0; !rc && !d->joined && k < d->n; k++) {
+        if (d->p[k].used)
+            continue;
+        ct_tensor *entry = ct__own(ct_narrow(d->map, 0, k, 1));
+        rc = entry ? ct__copy_any(entry, d->zero) : ct_errcode();
+        ct_tensor_free(entry);
     }
+    return rc;
 }
 
 static int launch(ct_ddp *d, int i) {
     ddp_bucket *b = &d->b[i];
-    if (i == d->nbuckets - 1)
-        write_usage_map(d);
+    ct_work_free(b->waited);
+    b->waited = NULL;
+    int rc = i == d->nbuckets - 1 ? write_usage_map(d) : 0;
+    if (rc)
+        return rc;
     if (d->has_hook)
         return d->hook.start(d->comm, b->view, i, d->hook.ctx, &b->work);
     return ct_comm_allreduce(d->comm, b->view, CT_REDUCE_AVG, &b->work);
@@ -335,11 +385,8 @@ static int keep_view(param *p) {
     ct_tensor *g = ct_tensor_grad(p->t);
     if (g == p->grad)
         return 0;
-    if (g)
-        ct__copy_into(p->grad, g);
-    else
-        memset(ct_data_ptr(p->grad), 0, (size_t)p->numel * ct_dtype_size(p->ddp->dtype));
-    return ct_tensor_set_grad(p->t, p->grad);
+    int rc = ct__copy_any(p->grad, g ? g : p->ddp->zero);
+    return rc ? rc : ct_tensor_set_grad(p->t, p->grad);
 }
 
 static int finalize(void *ctx);
@@ -348,7 +395,7 @@ static int finalize(void *ctx);
 static int count_training(ct_ddp *d, int *training) {
     int32_t mine = d->joined ? 0 : 1;
     ct_tensor *t = ct__own(ct_from_data(&mine, 1, (int64_t[]){1}, CT_INT32));
-    int rc = t ? ct_comm_allreduce(d->comm, t, CT_REDUCE_SUM, NULL) : ct_errcode();
+    int rc = t ? on_host(d, HOST_ALLREDUCE_SUM, t, t) : ct_errcode();
     if (!rc)
         *training = ((int32_t *)ct_data_ptr(t))[0];
     ct_tensor_free(t);
@@ -399,9 +446,12 @@ static int unused_error(ct_ddp *d) {
     int size = ct_comm_size(d->comm), listed = 0, count = 0;
     char names[1024] = "";
     size_t used = 0;
+    ct_tensor *map = ct__own(ct_to(d->map, CT_DEVICE_CPU));
+    if (!map)
+        return ct_errcode();
     for (int k = 0; k < d->n; k++) {
-        double v = d->dtype == CT_FLOAT64 ? ((double *)ct_data_ptr(d->flat))[k]
-                                          : ((float *)ct_data_ptr(d->flat))[k];
+        double v = d->dtype == CT_FLOAT64 ? ((double *)ct_data_ptr(map))[k]
+                                          : ((float *)ct_data_ptr(map))[k];
         long ranks = lround(v * size);
         if (ranks == size)
             continue;
@@ -410,6 +460,7 @@ static int unused_error(ct_ddp *d) {
             used += (size_t)snprintf(names + used, sizeof names - used, "%s%s (used on %ld of %d)",
                                      listed > 1 ? ", " : "", d->p[k].name, ranks, size);
     }
+    ct_tensor_free(map);
     if (!count || d->o.find_unused_parameters)
         return 0;
     return ct__seterr(CT_ESTATE,
@@ -435,7 +486,7 @@ static int rebuild(ct_ddp *d) {
         if (!seen[d->order[i]])
             o[k++] = d->order[i];
     if (!rc)
-        rc = ct_comm_broadcast(d->comm, order, 0, NULL);
+        rc = on_host(d, HOST_BROADCAST_0, order, order);
     bool changed = false;
     for (int i = 0; !rc && i < d->n; i++) {
         changed |= d->order[i] != (int)o[i];
@@ -462,16 +513,16 @@ static int finalize(void *ctx) {
         /* It counts as zero, whatever the gradient held before; and after
          * zero_grad with set_to_none it gets the view back, since other
          * ranks may have used it: the optimizer must see the average. */
-        memset(ct_data_ptr(p->grad), 0, (size_t)p->numel * ct_dtype_size(d->dtype));
-        if (ct_tensor_grad(p->t) != p->grad)
+        rc = ct__copy_any(p->grad, d->zero);
+        if (!rc && ct_tensor_grad(p->t) != p->grad)
             rc = ct_tensor_set_grad(p->t, p->grad);
     }
     if (d->hooks_progress && !d->has_hook && d->next_launch == 0) {
         /* Every bucket starts now, and together they tile the buffer: one
          * allreduce of all of it costs one synchronization instead of one
          * per bucket (measured in docs/bench-ddp.md). */
-        write_usage_map(d);
-        rc = ct_comm_allreduce(d->comm, d->flat, CT_REDUCE_AVG, NULL);
+        rc = rc ? rc : write_usage_map(d);
+        rc = rc ? rc : ct_comm_allreduce(d->comm, d->flat, CT_REDUCE_AVG, NULL);
         d->next_launch = d->nbuckets;
     }
     for (int i = d->next_launch; i < d->nbuckets; i++)
@@ -486,7 +537,7 @@ static int finalize(void *ctx) {
         if (!wrc && d->has_hook && d->hook.finish)
             wrc = d->hook.finish(d->comm, b->view, i, d->hook.ctx);
         rc = rc ? rc : wrc;
-        ct_work_free(b->work);
+        b->waited = b->work;
         b->work = NULL;
     }
     if (!rc)
@@ -512,13 +563,33 @@ ct_ddp_options ct_ddp_defaults(void) {
                             .rebuild_buckets = true};
 }
 
+/* "cpu", "cuda:1" */
+static const char *device_name(char buf[static 16], ct_device dev) {
+    if (dev.type == CT_CUDA)
+        snprintf(buf, 16, "cuda:%d", dev.index);
+    else
+        snprintf(buf, 16, "cpu");
+    return buf;
+}
+
 static int check_params(ct_ddp *d) {
     if (d->n == 0)
         return ct__seterr(CT_EINVAL, "%s: the model has no parameters", op);
     d->dtype = ct_tensor_dtype(d->params.tensors[0]);
+    d->device = ct_comm_device(d->comm);
     for (int i = 0; i < d->n; i++) {
         ct_tensor *t = d->params.tensors[i];
         char desc[CT__DESC_STR];
+        ct_device dev = ct_tensor_device(t);
+        char on[16], wants[16];
+        if (dev.type != d->device.type || (dev.type == CT_CUDA && dev.index != d->device.index))
+            return ct__seterr(CT_EDEVICE,
+                              "%s: parameter %s (%s) is on %s, but the communicator (%s) takes "
+                              "tensors on %s; move the model there, or use a communicator for "
+                              "its device",
+                              op, d->params.names[i], ct__desc(desc, t), device_name(on, dev),
+                              ct_backend_name(ct_comm_backend(d->comm)),
+                              device_name(wants, d->device));
         if (ct_tensor_dtype(t) != d->dtype || (d->dtype != CT_FLOAT32 && d->dtype != CT_FLOAT64))
             return ct__seterr(CT_EDTYPE,
                               "%s: parameter %s is %s; every parameter must be float32, or every "
@@ -538,7 +609,8 @@ static int check_params(ct_ddp *d) {
  * at the end of backward (measured in docs/bench-ddp.md). */
 static int choose_progress(ct_ddp *d) {
     bool hooks = d->o.progress == CT_DDP_PROGRESS_END;
-    if (d->o.progress == CT_DDP_PROGRESS_AUTO) {
+    /* On a device, the thread only polls events: the device does the work. */
+    if (d->o.progress == CT_DDP_PROGRESS_AUTO && d->device.type == CT_CPU) {
         const ct_world *w = ct_dist_world();
         long local = w && w->local_size > 0 ? w->local_size : ct_comm_size(d->comm);
         hooks = sysconf(_SC_NPROCESSORS_ONLN) < 2 * local;
@@ -570,6 +642,11 @@ ct_ddp *ct_ddp_new(ct_comm *comm, ct_module *model, const ct_ddp_options *opts) 
     d->n = d->params.n;
     if (!rc)
         rc = check_params(d);
+    if (!rc) {
+        d->zero = ct__own(ct_full_on(0, NULL, 0, d->dtype, d->device));
+        d->one = ct__own(ct_full_on(0, NULL, 1, d->dtype, d->device));
+        rc = d->zero && d->one ? 0 : ct_errcode();
+    }
     if (!rc)
         rc = check_same_model(d);
     if (!rc)
@@ -627,7 +704,10 @@ void ct_ddp_free(ct_ddp *d) {
     if (d->hooks_progress)
         ct_comm_set_progress_thread(d->comm, true);
     free_buckets(d);
+    ct_tensor_free(d->map);
     ct_tensor_free(d->flat);
+    ct_tensor_free(d->zero);
+    ct_tensor_free(d->one);
     ct_param_list_free(&d->params);
     free(d->p);
     free(d->order);
@@ -727,17 +807,17 @@ static int bf16_start(ct_comm *comm, ct_tensor *bucket, int index, void *ctx, ct
     ct_tensor **wire = &st->wire[index];
     if (!*wire || ct_numel(*wire) != ct_numel(bucket)) {
         ct_tensor_free(*wire);
-        if (!(*wire = ct__own(ct_empty(1, (int64_t[]){ct_numel(bucket)}, CT_BFLOAT16))))
+        if (!(*wire = ct__own(ct_empty_on(1, (int64_t[]){ct_numel(bucket)}, CT_BFLOAT16,
+                                          ct_tensor_device(bucket)))))
             return ct_errcode();
     }
-    ct__copy_into(*wire, bucket);
-    return ct_comm_allreduce(comm, *wire, CT_REDUCE_AVG, work);
+    int rc = ct__copy_any(*wire, bucket);
+    return rc ? rc : ct_comm_allreduce(comm, *wire, CT_REDUCE_AVG, work);
 }
 
 static int bf16_finish(ct_comm *comm, ct_tensor *bucket, int index, void *ctx) {
     bf16_state *st = ctx;
-    ct__copy_into(bucket, st->wire[index]);
-    return 0;
+    return ct__copy_any(bucket, st->wire[index]);
 }
 
 static void bf16_free(void *ctx) {

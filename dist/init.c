@@ -135,9 +135,10 @@ static int check_backend(ct_backend b, const ct_world *w) {
         if (!ct_backend_available(CT_BACKEND_NCCL))
             return ct__seterr(CT_ENOTSUP, "dist_init: backend nccl: this build of ct has no "
                                           "NCCL (it needs CUDA and NCCL at configure time)");
-        return ct__seterr(CT_ENOTSUP,
-                          "dist_init: backend nccl: ct has no CUDA tensors yet, so ct_dist_init "
-                          "does not set NCCL up; use shm or mpi for CPU tensors");
+        if (ct_cuda_device_count() == 0)
+            return ct__seterr(CT_EDEVICE, "dist_init: backend nccl needs a CUDA device: %s",
+                              ct_cuda_unavailable_reason());
+        return 0;
     }
     return ct__seterr(CT_EINVAL, "dist_init: unknown backend %d", (int)b);
 }
@@ -264,10 +265,41 @@ static int host_store(void) {
 
 /* ------------------------------------------------------ world communicator */
 
+/* Rank 0's NCCL unique id, shared as hex like the other bootstrap strings:
+ * through the store under ctlaunch, by MPI_Bcast under an MPI launcher. */
+static int share_nccl_id(unsigned char id[CT_NCCL_ID_BYTES]) {
+    char hex[SHARED_LEN] = "";
+    int rc = 0;
+    if (g.world.rank == 0) {
+        rc = ct_comm_nccl_id(id);
+        for (int i = 0; !rc && i < CT_NCCL_ID_BYTES; i++)
+            snprintf(hex + 2 * i, 3, "%02x", id[i]);
+    }
+    /* Rank 0 shares even after a failure, so that the others fail now
+     * rather than at their timeout. */
+    int shared = share(hex, "NCCL unique id", "nccl_id");
+    if (rc || shared)
+        return rc ? rc : shared;
+    if (g.world.rank == 0)
+        return 0;
+    if (strlen(hex) != 2 * CT_NCCL_ID_BYTES)
+        return ct__seterr(CT_EPEER, "dist_init: rank 0 could not make the NCCL unique id (its own "
+                                    "error says why)");
+    for (int i = 0; i < CT_NCCL_ID_BYTES; i++) {
+        unsigned v;
+        if (sscanf(hex + 2 * i, "%2x", &v) != 1)
+            return ct__seterr(CT_ECORRUPT, "dist_init: rank 0's NCCL unique id is not hex: %.16s",
+                              hex + 2 * i);
+        id[i] = (unsigned char)v;
+    }
+    return 0;
+}
+
 static int make_world_comm(void) {
     ct_comm_config cfg = {
         .backend = g.backend, .rank = g.world.rank, .size = g.world.size, .timeout_s = g.timeout};
     char name[SHARED_LEN] = "";
+    unsigned char id[CT_NCCL_ID_BYTES];
     if (g.backend == CT_BACKEND_SHM) {
         /* Unique among the jobs on this machine (rank 0's pid) and across
          * restarts and inits; the port and restart count help a reader of
@@ -280,6 +312,12 @@ static int make_world_comm(void) {
         if (rc)
             return rc;
         cfg.shm_name = name;
+    } else if (g.backend == CT_BACKEND_NCCL) {
+        int rc = share_nccl_id(id);
+        if (rc)
+            return rc;
+        cfg.nccl_id = id;
+        cfg.device = ct_cuda_current_device();
     } else {
         cfg.mpi_comm = ct__dist_mpi_world_comm();
     }
@@ -402,6 +440,12 @@ static int join(void) {
                           "dist_init: backend shm needs every rank on one machine, but MPI puts "
                           "%d of the %d ranks on this one; use the mpi backend",
                           g.world.local_size, g.world.size);
+    /* Each rank on a machine takes its own GPU, as a PyTorch program does
+     * with set_device(local_rank) by hand; the nccl communicator is made on
+     * it. */
+    int ndev = ct_cuda_device_count();
+    if (ndev > 0)
+        ct__cuda_set_default_device(g.world.local_rank % ndev);
     if (g.world.source == CT_WORLD_CTLAUNCH && g.world.master_port > 0)
         rc = connect_store(g.world.master_addr, g.world.master_port);
     else if (is_mpi_launcher(g.world.source))
@@ -449,11 +493,6 @@ int ct_dist_init(const ct_dist_options *opts) {
     }
     g.initialized = true;
     atomic_store(&live, true);
-    /* Each rank on a machine takes its own GPU, as a PyTorch program does
-     * with set_device(local_rank) by hand. */
-    int ndev = ct_cuda_device_count();
-    if (ndev > 0)
-        ct__cuda_set_default_device(w.local_rank % ndev);
     return 0;
 }
 
@@ -491,12 +530,14 @@ static int check_same_list(const int *ranks, int n) {
         fp = (fp ^ (uint64_t)(uint32_t)ranks[i]) * 1099511628211ull;
     int64_t v[2] = {(int64_t)(fp >> 2), -(int64_t)(fp >> 2)};
     ct_scope_begin();
-    ct_tensor *t = ct_from_data(v, CT_SHAPE(2), CT_INT64);
+    ct_tensor *host = ct_from_data(v, CT_SHAPE(2), CT_INT64);
+    ct_tensor *t = host ? ct_to(host, ct_comm_device(g.comm)) : NULL;
     int rc = t ? ct_comm_allreduce(g.comm, t, CT_REDUCE_MAX, NULL) : ct_errcode();
-    if (rc) {
+    ct_tensor *back = rc ? NULL : ct_to(t, CT_DEVICE_CPU);
+    if (rc || !back) {
         rc = with_context("dist_new_group: comparing the lists of ranks");
     } else {
-        const int64_t *r = ct_data_ptr(t);
+        const int64_t *r = ct_data_ptr(back);
         char buf[256];
         if (r[0] != -r[1])
             rc = ct__seterr(CT_EMISMATCH,

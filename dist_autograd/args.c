@@ -58,7 +58,7 @@ static rpc_value *push(ct_rpc_args *a, const char *fn) {
 
 int ct_rpc_args_add_tensor(ct_rpc_args *a, ct_tensor *t) {
     const char *fn = "ct_rpc_args_add_tensor";
-    int rc = CT__CHECK(fn, t);
+    int rc = CT__CHECK_ANY(fn, t);
     if (rc)
         return rc;
     rpc_value *v = push(a, fn);

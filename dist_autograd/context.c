@@ -3,6 +3,7 @@
  * docs/rpc.md). */
 #include "rpc_impl.h"
 
+#include <ct/cuda.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -493,7 +494,7 @@ int ct_dist_backward(int64_t id, ct_tensor *const *roots, int n) {
     if (!roots || n < 1)
         return ct__seterr(CT_EINVAL, "%s: no roots given", fn);
     for (int i = 0; i < n; i++) {
-        int rc = CT__CHECK(fn, roots[i]);
+        int rc = CT__CHECK_ANY(fn, roots[i]);
         if (rc)
             return rc;
         if (ct_numel(roots[i]) != 1)
@@ -553,9 +554,16 @@ void ct__dist_on_backward(const rpc_call *call, ct_rpc_args *in, rpc_reply *repl
             rc = ct__seterr(CT_ECORRUPT, "%d gradients for %d tensors sent",
                             ct_rpc_args_count(in) - 1, n);
         ct_tensor *grads[n > 0 ? n : 1];
+        /* Gradients arrive on the host; one for a tensor sent from a device
+         * goes back there before it meets the graph. */
+        ct_tensor *moved[n > 0 ? n : 1];
+        memset(moved, 0, sizeof moved);
         for (int i = 0; i < n && !rc; i++) {
             char want[CT__DESC_STR];
             grads[i] = ct_rpc_args_tensor(in, i + 1);
+            ct_device to = s->shapes[i].device, at = grads[i] ? ct_tensor_device(grads[i]) : to;
+            if (grads[i] && (at.type != to.type || (to.type == CT_CUDA && at.index != to.index)))
+                grads[i] = moved[i] = ct__own(ct_to(grads[i], to));
             if (!grads[i])
                 rc = ct_errcode();
             else if (!ct__shape_equal(&s->shapes[i], grads[i]))
@@ -570,14 +578,18 @@ void ct__dist_on_backward(const rpc_call *call, ct_rpc_args *in, rpc_reply *repl
                 snprintf(message, sizeof message, "%s", ct_errmsg());
                 ct__seterr(rc, "its part of the distributed backward failed: %s", message);
             }
-            for (int i = 0; i < n; i++)
+            for (int i = 0; i < n; i++) {
                 ct__node_release(edges[i].node);
+                ct_tensor_free(moved[i]);
+            }
             ct_rpc_args_free(in);
             pass_part_done(p, rc, rc ? ct_errmsg() : NULL);
             return;
         }
-        for (int i = 0; i < n; i++)
+        for (int i = 0; i < n; i++) {
             ct__node_release(edges[i].node);
+            ct_tensor_free(moved[i]);
+        }
         if (!rc)
             rc = ct__seterr(CT_ENOMEM, "dist autograd: out of memory");
     }

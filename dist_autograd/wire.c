@@ -2,6 +2,7 @@
  * from anywhere, every length checked before it is used. */
 #include "rpc_impl.h"
 
+#include <ct/cuda.h>
 #include <stdlib.h>
 
 void ct__rpc_out_free(rpc_out *m) {
@@ -78,9 +79,12 @@ int ct__rpc_encode_call(rpc_out *m, const char *fn, const ct_rpc_args *args, boo
             put_u8(&b, (uint8_t)t->ndim);
             put(&b, t->sizes, sizeof(int64_t) * (size_t)t->ndim);
             /* A contiguous tensor is sent from its own memory; another is
-             * packed once. */
-            ct_tensor *sent =
-                ct_is_contiguous(v->t) ? ct_tensor_retain(v->t) : ct__own(ct_contiguous(v->t));
+             * packed once. A device's tensor is copied to the host, after
+             * the work queued there: it arrives as a CPU tensor. */
+            ct_tensor *sent = ct_tensor_device(v->t).type != CT_CPU
+                                  ? ct__own(ct_to(v->t, CT_DEVICE_CPU))
+                              : ct_is_contiguous(v->t) ? ct_tensor_retain(v->t)
+                                                       : ct__own(ct_contiguous(v->t));
             if (!sent)
                 rc = ct_errcode();
             else

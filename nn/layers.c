@@ -1,4 +1,5 @@
 /* Built-in layers: their computations as functions, and as modules. */
+#include "cuda_impl.h"
 #include "nn_impl.h"
 
 #include <math.h>
@@ -31,7 +32,8 @@ ct_tensor *ct_linear(ct_tensor *x, ct_tensor *weight, ct_tensor *bias) {
 }
 
 ct_tensor *ct_embedding(ct_tensor *indices, ct_tensor *weight) {
-    if (CT__CHECK("embedding", indices, weight))
+    if (CT__CHECK_ANY("embedding", indices, weight) ||
+        ct__check_same_device("embedding", (ct_tensor *[]){indices, weight}, 2))
         return NULL;
     char di[CT__DESC_STR], dw[CT__DESC_STR];
     if (weight->ndim != 2 || ct_dtype_is_float(indices->dtype) || indices->dtype == CT_BOOL ||
@@ -49,8 +51,117 @@ ct_tensor *ct_embedding(ct_tensor *indices, ct_tensor *weight) {
     return ct_view(rows, indices->ndim + 1, shape);
 }
 
+/* Layer norm on a CUDA device: one kernel normalises each row and saves its
+ * mean and rstd, and the backward is fused the same way. */
+typedef struct ln_ctx {
+    double eps;
+    bool weight, bias;
+} ln_ctx;
+
+/* t summed over every dim but its last, for dweight and dbias; t itself
+ * when it has one dim (ct_sum would read no dims as every dim). */
+static ct_tensor *sum_rows(ct_tensor *t) {
+    int nd = ct_ndim(t) - 1, dims[CT_MAX_DIMS];
+    for (int i = 0; i < nd; i++)
+        dims[i] = i;
+    return nd > 0 ? ct_sum(t, dims, nd, false) : t;
+}
+
+/* The backward as ops, so that it can be differentiated again
+ * (create_graph): mean and rstd are recomputed from x to carry its
+ * history. grads: x, weight (if any), bias (if any). */
+static void ln_backward_ops(const ln_ctx *c, ct_tensor *x, ct_tensor *w, ct_tensor *g,
+                            ct_tensor **grads) {
+    int last = -1;
+    ct_tensor *rstd = ct_rsqrt(ct_add_scalar(ct_var(x, &last, 1, 0, true), c->eps));
+    ct_tensor *xhat = ct_mul(ct_sub(x, ct_mean(x, &last, 1, true)), rstd);
+    ct_tensor *gw = w ? ct_mul(g, w) : g;
+    ct_tensor *mg = ct_mean(gw, &last, 1, true);
+    ct_tensor *mgx = ct_mean(ct_mul(gw, xhat), &last, 1, true);
+    grads[0] = ct_mul(rstd, ct_sub(ct_sub(gw, mg), ct_mul(xhat, mgx)));
+    if (c->weight)
+        grads[1] = sum_rows(ct_mul(g, xhat));
+    if (c->bias)
+        grads[c->weight ? 2 : 1] = sum_rows(g);
+}
+
+static int ln_backward(const ct_backward_args *a) {
+    const ln_ctx *c = a->ctx;
+    ct_tensor *x = a->saved[0], *mean = a->saved[1], *rstd = a->saved[2];
+    ct_tensor *w = c->weight ? a->saved[3] : NULL, *g = a->grad_outputs[0];
+    if (!g)
+        return 0;
+    ct_tensor *grads[3] = {NULL, NULL, NULL};
+    if (ct_grad_enabled()) {
+        ln_backward_ops(c, x, w, g, grads);
+    } else {
+        ct_device dev = ct_tensor_device(x);
+        int64_t d = x->sizes[x->ndim - 1];
+        int ib = c->weight ? 2 : 1;
+        ct_tensor *xc = ct_contiguous(x), *wc = w ? ct_contiguous(w) : NULL;
+        ct_tensor *gc = ct_contiguous(ct_to_dtype(g, x->dtype));
+        grads[0] = a->needs_input_grad[0] ? ct_empty_on(x->ndim, x->sizes, x->dtype, dev) : NULL;
+        if (c->weight && a->needs_input_grad[1])
+            grads[1] = ct_empty_on(1, &d, x->dtype, dev);
+        if (c->bias && a->needs_input_grad[ib])
+            grads[ib] = ct_empty_on(1, &d, x->dtype, dev);
+        bool made = (grads[0] || !a->needs_input_grad[0]) &&
+                    (grads[1] || !c->weight || !a->needs_input_grad[1]) &&
+                    (grads[ib] || !c->bias || !a->needs_input_grad[ib]);
+        if (!xc || (w && !wc) || !gc || !made)
+            return ct_errcode();
+        int rc = ct__cuda_layer_norm_backward(grads[0], c->weight ? grads[1] : NULL,
+                                              c->bias ? grads[ib] : NULL, gc, xc, wc, mean, rstd);
+        if (rc)
+            return rc;
+    }
+    for (int i = 0; i < a->ninputs; i++) {
+        if (a->needs_input_grad[i] && !grads[i])
+            return ct_errcode();
+        a->grad_inputs[i] = a->needs_input_grad[i] ? grads[i] : NULL;
+    }
+    return 0;
+}
+
+static const ct_function_def ln_def = {"NativeLayerNormBackward", ln_backward, free};
+
+static ct_tensor *layer_norm_cuda(ct_tensor *x, ct_tensor *w, ct_tensor *b, double eps) {
+    ct_tensor *ins[3] = {x, w ? w : b, b};
+    int nin = 1 + (w != NULL) + (b != NULL);
+    ct_scope_begin();
+    bool prev = ct_set_grad_enabled(false);
+    ct_device dev = ct_tensor_device(x);
+    ct_dtype st = x->dtype == CT_FLOAT64 ? CT_FLOAT64 : CT_FLOAT32;
+    int64_t d = x->sizes[x->ndim - 1], rows = d ? ct_numel(x) / d : 0;
+    ct_tensor *xc = ct_contiguous(x);
+    ct_tensor *wc = w ? ct_contiguous(w) : NULL, *bc = b ? ct_contiguous(b) : NULL;
+    ct_tensor *y = ct_empty_on(x->ndim, x->sizes, x->dtype, dev);
+    ct_tensor *mean = ct_empty_on(1, &rows, st, dev), *rstd = ct_empty_on(1, &rows, st, dev);
+    int rc = !xc || (w && !wc) || (b && !bc) || !y || !mean || !rstd
+                 ? ct_errcode()
+                 : ct__cuda_layer_norm(y, mean, rstd, xc, wc, bc, eps);
+    ct_set_grad_enabled(prev);
+    ln_ctx *c = rc ? NULL : malloc(sizeof *c);
+    if (!rc && !c)
+        rc = ct__seterr(CT_ENOMEM, "layer_norm: out of memory");
+    if (!rc) {
+        *c = (ln_ctx){eps, w != NULL, b != NULL};
+        rc = ct_function_record(&ln_def, c, ins, nin, &y, 1, (ct_tensor *[]){x, mean, rstd, w},
+                                w ? 4 : 3);
+    }
+    if (!rc)
+        ct_keep(y);
+    ct_scope_end();
+    return rc ? NULL : y;
+}
+
 ct_tensor *ct_layer_norm(ct_tensor *x, ct_tensor *weight, ct_tensor *bias, double eps) {
-    if (CT__CHECK("layer_norm", x))
+    if (CT__CHECK_ANY("layer_norm", x))
+        return NULL;
+    ct_tensor *given[3] = {x, weight ? weight : bias, bias};
+    int ngiven = 1 + (weight != NULL) + (bias != NULL);
+    if (ct__check_handles("layer_norm", given, ngiven) ||
+        ct__check_same_device("layer_norm", given, ngiven))
         return NULL;
     char dx[CT__DESC_STR];
     int64_t d = x->ndim ? x->sizes[x->ndim - 1] : 0;
@@ -64,6 +175,10 @@ ct_tensor *ct_layer_norm(ct_tensor *x, ct_tensor *weight, ct_tensor *bias, doubl
                    ct__desc(dx, x), (long long)d, eps);
         return NULL;
     }
+    bool fused = ct_tensor_device(x).type == CT_CUDA && ct_dtype_is_float(x->dtype) &&
+                 (!weight || weight->dtype == x->dtype) && (!bias || bias->dtype == x->dtype);
+    if (fused)
+        return layer_norm_cuda(x, weight, bias, eps);
     ct_tensor *mean = ct_mean(x, (int[]){-1}, 1, true);
     ct_tensor *var = ct_var(x, (int[]){-1}, 1, 0, true);
     ct_tensor *y = ct_mul(ct_sub(x, mean), ct_rsqrt(ct_add_scalar(var, eps)));
@@ -73,7 +188,7 @@ ct_tensor *ct_layer_norm(ct_tensor *x, ct_tensor *weight, ct_tensor *bias, doubl
 }
 
 ct_tensor *ct_dropout(ct_tensor *x, double p, bool training, ct_generator *gen) {
-    if (CT__CHECK("dropout", x))
+    if (CT__CHECK_ANY("dropout", x))
         return NULL;
     if (!(p >= 0 && p <= 1)) {
         ct__seterr(CT_EINVAL, "dropout: p must be in [0, 1], got %g", p);
@@ -83,7 +198,7 @@ ct_tensor *ct_dropout(ct_tensor *x, double p, bool training, ct_generator *gen) 
         return ct__scope_own(ct_tensor_retain(x));
     if (p == 1)
         return ct_mul_scalar(x, 0);
-    ct_tensor *keep = ct_bernoulli_(ct_empty(x->ndim, x->sizes, x->dtype), 1 - p, gen);
+    ct_tensor *keep = ct_bernoulli_(ct_empty_like(x), 1 - p, gen);
     return ct_mul(x, ct_mul_scalar_(keep, 1 / (1 - p)));
 }
 

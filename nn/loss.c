@@ -1,6 +1,10 @@
-/* Losses. Cross-entropy is one fused kernel with its own backward; the
- * others are compositions of ops. */
+/* Losses. Cross-entropy is one fused kernel with its own backward, on the
+ * CPU and on a CUDA device (tensor/cuda/reduce.cu); the others are
+ * compositions of ops. */
+#include "cuda_impl.h"
 #include "nn_impl.h"
+
+#include <ct/cuda.h>
 
 #include <math.h>
 #include <stdlib.h>
@@ -30,6 +34,11 @@ static int check_targets(const char *op, const ct_tensor *x, const ct_tensor *t)
         return ct__seterr(CT_ESHAPE, "%s: targets %s do not match scores %s: expected %s", op,
                           ct__desc(dt, t), ct__desc(dx, x), x->ndim == 2 ? "[N]" : "a 0-d index");
     return 0;
+}
+
+/* A 0-d tensor of value on like's device. */
+static ct_tensor *scalar_on(double value, ct_dtype dtype, const ct_tensor *like) {
+    return ct_full_on(0, NULL, value, dtype, ct_tensor_device(like));
 }
 
 /* ------------------------------------------------------- cross-entropy */
@@ -123,7 +132,7 @@ static ct_tensor *ce_backward_ops(const ce_ctx *c, ct_tensor *x, ct_tensor *t, c
     int64_t nc = ct_size(x, 1);
     double e = c->o.label_smoothing;
     ct_tensor *valid = ct_unsqueeze(ct_ne_scalar(t, (double)c->o.ignore_index), 1);
-    ct_tensor *safe = ct_where(ct_squeeze(valid, 1), t, ct_scalar(0, CT_INT64));
+    ct_tensor *safe = ct_where(ct_squeeze(valid, 1), t, scalar_on(0, CT_INT64, t));
     ct_tensor *target = ct_to_dtype(ct_one_hot(safe, nc), x->dtype);
     target = ct_add_scalar(ct_mul_scalar(target, 1 - e), e / (double)nc);
     ct_tensor *rows = ct_mul(ct_to_dtype(valid, x->dtype), scale);
@@ -153,9 +162,16 @@ static int ce_backward(const ct_backward_args *a) {
         return 0;
     }
     scale = ct_contiguous(ct_to_dtype(scale, x->dtype));
-    ct_tensor *grad = ct_empty(2, x->sizes, x->dtype);
+    ct_tensor *grad = ct_empty_on(2, x->sizes, x->dtype, ct_tensor_device(x));
     if (!scale || !grad)
         return ct_errcode();
+    if (ct_tensor_device(x).type == CT_CUDA) {
+        int rc = ct__cuda_cross_entropy_backward(grad, x, t, lse, scale, c->o.ignore_index,
+                                                 c->o.label_smoothing);
+        if (!rc)
+            a->grad_inputs[0] = c->logits_ndim == 1 ? ct_view(grad, 1, &x->sizes[1]) : grad;
+        return rc;
+    }
     ce_job j = {.x = ct__data(x),
                 .t = (const int64_t *)ct__data(t),
                 .lse = ct__data(lse),
@@ -174,24 +190,48 @@ static int ce_backward(const ct_backward_args *a) {
 
 static const ct_function_def ce_def = {"CrossEntropyLossBackward", ce_backward, free};
 
+/* The loss of the device's rows (ct__cuda_cross_entropy), reduced on the
+ * device: a new tensor of dtype dt, without history. */
+static ct_tensor *ce_device_forward(ct_tensor *x, ct_tensor *t, ct_tensor *lse, int logits_ndim,
+                                    const ct_loss_options *o, int64_t nvalid, ct_dtype dt) {
+    int64_t n = x->sizes[0];
+    ct_tensor *loss = ct_empty_on(1, &n, CT_FLOAT64, ct_tensor_device(x));
+    if (!loss || ct__cuda_cross_entropy(loss, lse, x, t, o->ignore_index, o->label_smoothing))
+        return NULL;
+    if (o->reduction == CT_REDUCTION_NONE) {
+        int nd = logits_ndim == 1 ? 0 : 1;
+        ct_tensor *out = ct_empty_on(nd, &n, dt, ct_tensor_device(x));
+        return ct_copy_(out, ct_reshape(loss, nd, &n));
+    }
+    ct_tensor *total = ct_sum(loss, NULL, 0, false);
+    if (o->reduction == CT_REDUCTION_MEAN)
+        total = ct_div_scalar(total, (double)nvalid);
+    return ct_to_dtype(total, dt);
+}
+
 ct_tensor *ct_cross_entropy(ct_tensor *logits, ct_tensor *target, const ct_loss_options *opts) {
     ct_loss_options o = opts ? *opts : CT_LOSS_DEFAULTS;
-    if (CT__CHECK("cross_entropy", logits, target) || check_options("cross_entropy", &o) ||
-        check_targets("cross_entropy", logits, target))
+    if (CT__CHECK_ANY("cross_entropy", logits, target) ||
+        ct__check_same_device("cross_entropy", (ct_tensor *[]){logits, target}, 2) ||
+        check_options("cross_entropy", &o) || check_targets("cross_entropy", logits, target))
         return NULL;
+    bool cuda = ct_tensor_device(logits).type == CT_CUDA;
     ct_scope_begin();
     bool prev = ct_set_grad_enabled(false);
     ct_dtype dt = logits->dtype == CT_FLOAT64 ? CT_FLOAT64 : CT_FLOAT32;
     ct_tensor *x = logits->ndim == 1 ? ct_unsqueeze(logits, 0) : logits;
     x = ct_contiguous(ct_to_dtype(x, dt));
     ct_tensor *t = ct_contiguous(ct_to_dtype(ct_reshape(target, 1, (int64_t[]){-1}), CT_INT64));
-    ct_tensor *lse = x ? ct_empty(1, x->sizes, dt) : NULL;
+    ct_tensor *lse = x ? ct_empty_on(1, x->sizes, dt, ct_tensor_device(x)) : NULL;
+    /* Targets are checked on the host, as errors are returned, not
+     * asserted: a device's come over, and the host waits for them. */
+    ct_tensor *th = cuda && t ? ct_to(t, CT_DEVICE_CPU) : t;
     ct_tensor *out = NULL;
     ce_ctx *c = malloc(sizeof *c);
-    double *loss = x ? malloc(sizeof(double) * (size_t)(x->sizes[0] + 1)) : NULL;
-    int rc = !x || !t || !lse ? ct_errcode() : !c || !loss ? CT_ENOMEM : 0;
+    double *loss = x && !cuda ? malloc(sizeof(double) * (size_t)(x->sizes[0] + 1)) : NULL;
+    int rc = !x || !th || !lse ? ct_errcode() : !c || (!loss && !cuda) ? CT_ENOMEM : 0;
     int64_t n = x ? x->sizes[0] : 0, nc = x ? x->sizes[1] : 0, nvalid = 0;
-    const int64_t *tp = t ? (const int64_t *)ct__data(t) : NULL;
+    const int64_t *tp = th ? (const int64_t *)ct__data(th) : NULL;
     for (int64_t i = 0; i < n && !rc; i++) {
         if (tp[i] == o.ignore_index)
             continue;
@@ -203,7 +243,10 @@ ct_tensor *ct_cross_entropy(ct_tensor *logits, ct_tensor *target, const ct_loss_
                             (long long)tp[i], (long long)i, (long long)nc, (long long)nc,
                             (long long)o.ignore_index);
     }
-    if (!rc) {
+    if (!rc && cuda) {
+        out = ce_device_forward(x, t, lse, logits->ndim, &o, nvalid, dt);
+        rc = out ? 0 : ct_errcode();
+    } else if (!rc) {
         ce_job j = {.x = ct__data(x),
                     .t = tp,
                     .lse = ct__data(lse),
@@ -253,13 +296,14 @@ static ct_tensor *reduce(ct_tensor *per, ct_reduction r) {
 
 ct_tensor *ct_nll_loss(ct_tensor *log_probs, ct_tensor *target, const ct_loss_options *opts) {
     ct_loss_options o = opts ? *opts : CT_LOSS_DEFAULTS;
-    if (CT__CHECK("nll_loss", log_probs, target) || check_options("nll_loss", &o) ||
-        check_targets("nll_loss", log_probs, target))
+    if (CT__CHECK_ANY("nll_loss", log_probs, target) ||
+        ct__check_same_device("nll_loss", (ct_tensor *[]){log_probs, target}, 2) ||
+        check_options("nll_loss", &o) || check_targets("nll_loss", log_probs, target))
         return NULL;
     ct_tensor *x = log_probs->ndim == 1 ? ct_unsqueeze(log_probs, 0) : log_probs;
     ct_tensor *t = ct_to_dtype(ct_reshape(target, 1, (int64_t[]){-1}), CT_INT64);
     ct_tensor *keep = ct_ne_scalar(t, (double)o.ignore_index);
-    ct_tensor *safe = ct_where(keep, t, ct_scalar(0, CT_INT64));
+    ct_tensor *safe = ct_where(keep, t, scalar_on(0, CT_INT64, t));
     int64_t nc = ct_size(x, 1);
     ct_tensor *lo = ct_numel(safe) ? ct_amin(safe, NULL, 0, false) : NULL;
     ct_tensor *hi = ct_numel(safe) ? ct_amax(safe, NULL, 0, false) : NULL;
@@ -269,7 +313,7 @@ ct_tensor *ct_nll_loss(ct_tensor *log_probs, ct_tensor *target, const ct_loss_op
         return NULL;
     }
     ct_tensor *picked = ct_squeeze(ct_gather(x, 1, ct_unsqueeze(safe, 1)), 1);
-    ct_tensor *per = ct_neg(ct_where(keep, picked, ct_scalar(0, ct_tensor_dtype(x))));
+    ct_tensor *per = ct_neg(ct_where(keep, picked, scalar_on(0, ct_tensor_dtype(x), x)));
     if (log_probs->ndim == 1)
         per = ct_squeeze(per, 0);
     if (o.reduction != CT_REDUCTION_MEAN)
@@ -278,7 +322,8 @@ ct_tensor *ct_nll_loss(ct_tensor *log_probs, ct_tensor *target, const ct_loss_op
 }
 
 ct_tensor *ct_mse_loss(ct_tensor *input, ct_tensor *target, ct_reduction reduction) {
-    if (CT__CHECK("mse_loss", input, target))
+    if (CT__CHECK_ANY("mse_loss", input, target) ||
+        ct__check_same_device("mse_loss", (ct_tensor *[]){input, target}, 2))
         return NULL;
     if ((unsigned)reduction > CT_REDUCTION_NONE) {
         ct__seterr(CT_EINVAL, "mse_loss: unknown reduction %d", (int)reduction);

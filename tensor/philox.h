@@ -36,14 +36,21 @@
 #ifndef CT_PHILOX_H
 #define CT_PHILOX_H
 
+#include <math.h>
 #include <stdint.h>
+
+#ifdef __CUDACC__
+#define CT__PHILOX_FN __host__ __device__ static inline
+#else
+#define CT__PHILOX_FN static inline
+#endif
 
 #define CT__PHILOX_M0 0xD2511F53u
 #define CT__PHILOX_M1 0xCD9E8D57u
 #define CT__PHILOX_W0 0x9E3779B9u /* golden ratio */
 #define CT__PHILOX_W1 0xBB67AE85u /* sqrt(3) - 1 */
 
-static inline void ct__philox4x32_10(const uint32_t counter[4], const uint32_t key[2],
+CT__PHILOX_FN void ct__philox4x32_10(const uint32_t counter[4], const uint32_t key[2],
                                      uint32_t out[4]) {
     uint32_t c0 = counter[0], c1 = counter[1], c2 = counter[2], c3 = counter[3];
     uint32_t k0 = key[0], k1 = key[1];
@@ -66,12 +73,41 @@ static inline void ct__philox4x32_10(const uint32_t counter[4], const uint32_t k
 }
 
 /* The words of block `block` of a draw that starts at `offset`. */
-static inline void ct__philox_block(uint64_t seed, uint64_t offset, uint64_t block,
+CT__PHILOX_FN void ct__philox_block(uint64_t seed, uint64_t offset, uint64_t block,
                                     uint32_t out[4]) {
     uint64_t lo = offset + block;
     uint32_t counter[4] = {(uint32_t)lo, (uint32_t)(lo >> 32), lo < offset, 0};
     uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
     ct__philox4x32_10(counter, key, out);
+}
+
+/* Block b's per_block values: its four words (per_block 4, the 32-bit
+ * layout) or its two 64-bit pairs (per_block 2). */
+CT__PHILOX_FN void ct__philox_values(uint64_t seed, uint64_t offset, uint64_t block, int per_block,
+                                     uint64_t v[4]) {
+    uint32_t w[4];
+    ct__philox_block(seed, offset, block, w);
+    for (int j = 0; j < per_block; j++)
+        v[j] = per_block == 4 ? w[j] : (uint64_t)w[2 * j + 1] << 32 | w[2 * j];
+}
+
+/* Block b's per_block uniforms of `bits` bits, or, with normal, the
+ * standard normals Box-Muller makes of them in pairs. The host's and the
+ * device's libm may differ in the last bit of log, cos and sin, and so the
+ * normals in theirs. */
+CT__PHILOX_FN void ct__philox_draw(uint64_t seed, uint64_t offset, uint64_t block, int per_block,
+                                   int bits, int normal, double u[4]) {
+    uint64_t v[4];
+    ct__philox_values(seed, offset, block, per_block, v);
+    int width = per_block == 4 ? 32 : 64;
+    double scale = ldexp(1.0, -bits);
+    for (int j = 0; j < per_block; j++)
+        u[j] = (double)(v[j] >> (width - bits)) * scale;
+    for (int j = 0; normal && j < per_block; j += 2) {
+        double r = sqrt(-2.0 * log(1.0 - u[j])), theta = 2.0 * M_PI * u[j + 1];
+        u[j] = r * cos(theta);
+        u[j + 1] = r * sin(theta);
+    }
 }
 
 #endif

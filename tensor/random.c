@@ -1,11 +1,14 @@
-/* Random draws on the Philox4x32-10 streams that philox.h defines.
+/* Random draws on the Philox4x32-10 streams that philox.h defines, on the
+ * CPU and on a CUDA device.
  *
  * A draw reserves its blocks of counters from the generator first, then
  * fills blocks in parallel: block b writes only its own elements, and its
  * values depend only on (seed, offset, b), so any split of the blocks over
- * threads gives the same tensor. */
+ * threads, or over a device's threads (tensor/cuda/index.cu, which runs
+ * philox.h's code), gives the same tensor. The generator lives on the host
+ * either way and advances by the same blocks. */
+#include "cuda_impl.h"
 #include "philox.h"
-#include "tensor_impl.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -53,87 +56,61 @@ static void claim(ct_generator *gen, uint64_t nblocks, uint64_t *seed, uint64_t 
         pthread_mutex_unlock(&default_lock);
 }
 
-/* Block b's values: its four words (32-bit layout) or two 64-bit pairs. */
-static void block_values(uint64_t seed, uint64_t offset, int64_t b, int per_block, uint64_t v[4]) {
-    uint32_t w[4];
-    ct__philox_block(seed, offset, (uint64_t)b, w);
-    for (int j = 0; j < per_block; j++)
-        v[j] = per_block == 4 ? w[j] : (uint64_t)w[2 * j + 1] << 32 | w[2 * j];
-}
-
-typedef enum dist { DIST_UNIFORM, DIST_NORMAL, DIST_BERNOULLI } dist;
-
-typedef struct draw {
-    dist kind;
-    ct_dtype dtype; /* of out */
-    int per_block;  /* 4: 32-bit layout, 2: 64-bit layout */
-    int bits;       /* of each uniform */
-    /* uniform and normal: out = a + b * value; bernoulli: p = a, or, with
-     * p_in_out, the value already at the element. */
-    double a, b;
-    bool p_in_out;
-    uint64_t seed, offset;
-    char *out; /* contiguous, n elements */
-    int64_t n;
-} draw;
-
+/* The draw's description (ct__draw) is the device kernel's too. */
 static void draw_blocks(void *arg, int64_t lo, int64_t hi) {
-    const draw *d = arg;
-    int64_t esize = (int64_t)ct_dtype_size(d->dtype);
-    int width = d->per_block == 4 ? 32 : 64;
-    double scale = ldexp(1.0, -d->bits);
+    const ct__draw *d = arg;
+    ct_dtype dtype = (ct_dtype)d->dtype;
+    int64_t esize = (int64_t)ct_dtype_size(dtype);
     for (int64_t b = lo; b < hi; b++) {
-        uint64_t v[4];
         double u[4];
-        block_values(d->seed, d->offset, b, d->per_block, v);
-        for (int j = 0; j < d->per_block; j++)
-            u[j] = (double)(v[j] >> (width - d->bits)) * scale;
-        if (d->kind == DIST_NORMAL) {
-            for (int j = 0; j < d->per_block; j += 2) {
-                double r = sqrt(-2.0 * log(1.0 - u[j])), theta = 2.0 * M_PI * u[j + 1];
-                u[j] = r * cos(theta);
-                u[j + 1] = r * sin(theta);
-            }
-        }
+        ct__philox_draw(d->seed, d->offset, (uint64_t)b, d->per_block, d->bits,
+                        d->kind == CT__DRAW_NORMAL, u);
         int64_t first = b * d->per_block;
         for (int j = 0; j < d->per_block && first + j < d->n; j++) {
             char *p = d->out + (first + j) * esize;
             double x;
-            if (d->kind == DIST_BERNOULLI)
-                x = u[j] < (d->p_in_out ? ct__load_double(d->dtype, p) : d->a);
+            if (d->kind == CT__DRAW_BERNOULLI)
+                x = u[j] < (d->p_in_out ? ct__load_double(dtype, p) : d->a);
             else
-                x = d->a + d->b * u[j];
-            ct__store_double(d->dtype, p, x);
+                /* An fma, as on a device: both round alike, whatever the
+                 * compiler would contract. */
+                x = fma(d->b, u[j], d->a);
+            ct__store_double(dtype, p, x);
         }
     }
 }
 
-/* Reserves the blocks for n elements and fills out (contiguous). */
-static void run_draw(draw *d, ct_tensor *out, ct_generator *gen) {
+/* Reserves the blocks for n elements and fills out (contiguous) on its
+ * device. */
+static int run_draw(ct__draw *d, ct_tensor *out, ct_generator *gen) {
     d->n = ct_numel(out);
     d->out = ct__data(out);
-    d->dtype = out->dtype;
+    d->dtype = (int)out->dtype;
     int64_t nblocks = (d->n + d->per_block - 1) / d->per_block;
     claim(gen, (uint64_t)nblocks, &d->seed, &d->offset);
+    if (out->storage->device.type == CT_CUDA)
+        return ct__cuda_draw(out, d);
     ct_parallel_for(0, nblocks, GRAIN_BLOCKS, draw_blocks, d);
+    return 0;
 }
 
-static ct_op_args draw_args(const draw *d, double a, double b) {
+static ct_op_args draw_args(const ct__draw *d, double a, double b) {
     return (ct_op_args){
         .scalars = {a, b}, .ints = {(int64_t)d->seed, (int64_t)d->offset}, .nints = 2};
 }
 
 /* Uniform and normal draws of float dtypes follow the dtype's layout. */
-static draw float_draw(dist kind, ct_dtype dtype, double a, double b) {
+static ct__draw float_draw(int kind, ct_dtype dtype, double a, double b) {
     static const int significand[] = {
         [CT_FLOAT32] = 24, [CT_FLOAT64] = 53, [CT_BFLOAT16] = 8, [CT_FLOAT16] = 11};
-    draw d = {.kind = kind, .a = a, .b = b, .per_block = dtype == CT_FLOAT64 ? 2 : 4};
-    d.bits = kind == DIST_UNIFORM ? significand[dtype] : dtype == CT_FLOAT64 ? 53 : 24;
+    ct__draw d = {.kind = kind, .a = a, .b = b, .per_block = dtype == CT_FLOAT64 ? 2 : 4};
+    d.bits = kind == CT__DRAW_UNIFORM ? significand[dtype] : dtype == CT_FLOAT64 ? 53 : 24;
     return d;
 }
 
-static draw bernoulli_draw(double p, bool p_in_out) {
-    return (draw){.kind = DIST_BERNOULLI, .per_block = 2, .bits = 53, .a = p, .p_in_out = p_in_out};
+static ct__draw bernoulli_draw(double p, bool p_in_out) {
+    return (ct__draw){
+        .kind = CT__DRAW_BERNOULLI, .per_block = 2, .bits = 53, .a = p, .p_in_out = p_in_out};
 }
 
 static int check_float(const char *op, ct_dtype dtype) {
@@ -145,79 +122,83 @@ static int check_float(const char *op, ct_dtype dtype) {
 
 /* Fills t in place. A strided t is drawn into a contiguous temporary first,
  * so that element i is always the i-th in row-major order. */
-static ct_tensor *fill_(const char *op, ct_tensor *t, draw *d, ct_generator *gen, double a,
+static ct_tensor *fill_(const char *op, ct_tensor *t, ct__draw *d, ct_generator *gen, double a,
                         double b) {
     if (ct__check_inplace(CT_OP_RANDOM, op, t, NULL, 0))
         return NULL;
+    int rc;
     if (ct_is_contiguous(t)) {
-        run_draw(d, t, gen);
+        rc = run_draw(d, t, gen);
     } else {
-        ct_tensor *tmp = ct__new(op, t->ndim, t->sizes, t->dtype);
+        ct_tensor *tmp = ct__new_on(op, t->ndim, t->sizes, t->dtype, t->storage->device);
         if (!tmp)
             return NULL;
-        run_draw(d, tmp, gen);
-        ct__copy_into(t, tmp);
+        rc = run_draw(d, tmp, gen);
+        if (!rc)
+            rc = ct__copy_any(t, tmp);
         ct__release(tmp);
     }
+    if (rc)
+        return NULL;
     ct_op_args args = draw_args(d, a, b);
     return ct__record(CT_OP_RANDOM, &t, 1, &t, 1, true, &args);
 }
 
-static ct_tensor *draw_new(const char *op, int ndim, const int64_t *sizes, ct_dtype dtype,
-                           dist kind, ct_generator *gen) {
+static ct_tensor *draw_new(const char *op, int ndim, const int64_t *sizes, ct_dtype dtype, int kind,
+                           ct_generator *gen) {
     if (check_float(op, dtype))
         return NULL;
     ct_tensor *t = ct__new(op, ndim, sizes, dtype);
     if (!t)
         return NULL;
-    draw d = float_draw(kind, dtype, 0.0, 1.0);
+    ct__draw d = float_draw(kind, dtype, 0.0, 1.0);
     run_draw(&d, t, gen);
     ct_op_args args = draw_args(&d, 0.0, 1.0);
     return ct__record1(CT_OP_RANDOM, t, NULL, 0, &args);
 }
 
 ct_tensor *ct_rand(int ndim, const int64_t *sizes, ct_dtype dtype, ct_generator *gen) {
-    return draw_new("rand", ndim, sizes, dtype, DIST_UNIFORM, gen);
+    return draw_new("rand", ndim, sizes, dtype, CT__DRAW_UNIFORM, gen);
 }
 
 ct_tensor *ct_randn(int ndim, const int64_t *sizes, ct_dtype dtype, ct_generator *gen) {
-    return draw_new("randn", ndim, sizes, dtype, DIST_NORMAL, gen);
+    return draw_new("randn", ndim, sizes, dtype, CT__DRAW_NORMAL, gen);
 }
 
 /* The uniform is exact and below 1, but lo + (hi - lo) * u is rounded to the
  * dtype and may land on hi itself when the dtype is coarse for the range, as
  * in PyTorch. */
 ct_tensor *ct_uniform_(ct_tensor *t, double lo, double hi, ct_generator *gen) {
-    if (CT__CHECK("uniform_", t) || check_float("uniform_", t->dtype))
+    if (CT__CHECK_ANY("uniform_", t) || check_float("uniform_", t->dtype))
         return NULL;
     if (!(lo <= hi) || !isfinite(hi - lo)) {
         ct__seterr(CT_EINVAL, "uniform_: expected a finite range lo <= hi, got [%g, %g)", lo, hi);
         return NULL;
     }
-    draw d = float_draw(DIST_UNIFORM, t->dtype, lo, hi - lo);
+    ct__draw d = float_draw(CT__DRAW_UNIFORM, t->dtype, lo, hi - lo);
     return fill_("uniform_", t, &d, gen, lo, hi);
 }
 
 ct_tensor *ct_normal_(ct_tensor *t, double mean, double std, ct_generator *gen) {
-    if (CT__CHECK("normal_", t) || check_float("normal_", t->dtype))
+    if (CT__CHECK_ANY("normal_", t) || check_float("normal_", t->dtype))
         return NULL;
     if (!(std >= 0) || !isfinite(std) || !isfinite(mean)) {
         ct__seterr(CT_EINVAL, "normal_: expected a finite mean and std >= 0, got mean %g, std %g",
                    mean, std);
         return NULL;
     }
-    draw d = float_draw(DIST_NORMAL, t->dtype, mean, std);
+    ct__draw d = float_draw(CT__DRAW_NORMAL, t->dtype, mean, std);
     return fill_("normal_", t, &d, gen, mean, std);
 }
 
 ct_tensor *ct_bernoulli_(ct_tensor *t, double p, ct_generator *gen) {
-    if (CT__CHECK("bernoulli_", t))
+    if (CT__CHECK_ANY("bernoulli_", t))
         return NULL;
     if (!(p >= 0 && p <= 1)) {
         ct__seterr(CT_EINVAL, "bernoulli_: p is %g; expected a probability in [0, 1]", p);
         return NULL;
     }
-    draw d = bernoulli_draw(p, false);
+    ct__draw d = bernoulli_draw(p, false);
     return fill_("bernoulli_", t, &d, gen, p, 0.0);
 }
 
@@ -239,29 +220,41 @@ static void p_scan_loop(void *ctx, char **data, const int64_t *strides, int64_t 
     }
 }
 
-ct_tensor *ct_bernoulli(ct_tensor *p, ct_generator *gen) {
-    if (CT__CHECK("bernoulli", p) || check_float("bernoulli", p->dtype))
-        return NULL;
-    /* On one thread, so that the message names the same value every run. */
-    p_scan s = {p->dtype, false, 0.0};
+/* On one thread, or on the device in the same order, so that the message
+ * names the same value every run. */
+static int scan_probabilities(ct_tensor *p, p_scan *s) {
+    *s = (p_scan){p->dtype, false, 0.0};
+    if (p->storage->device.type == CT_CUDA)
+        return ct__cuda_scan_probabilities(p, &s->found, &s->bad);
     ct__iter it;
     ct__iter_init(&it, &p, 1, p->ndim, p->sizes);
     if (it.numel > 0)
-        ct__iter_run_range(&it, p_scan_loop, &s, 0, it.numel);
+        ct__iter_run_range(&it, p_scan_loop, s, 0, it.numel);
+    return 0;
+}
+
+ct_tensor *ct_bernoulli(ct_tensor *p, ct_generator *gen) {
+    if (CT__CHECK_ANY("bernoulli", p) || check_float("bernoulli", p->dtype))
+        return NULL;
+    p_scan s;
+    if (scan_probabilities(p, &s))
+        return NULL;
     if (s.found) {
         char desc[CT__DESC_STR];
         ct__seterr(CT_EINVAL, "bernoulli: p %s holds %g; expected probabilities in [0, 1]",
                    ct__desc(desc, p), s.bad);
         return NULL;
     }
-    ct_tensor *out = ct__new("bernoulli", p->ndim, p->sizes, p->dtype);
+    ct_tensor *out = ct__new_on("bernoulli", p->ndim, p->sizes, p->dtype, p->storage->device);
     if (!out)
         return NULL;
     /* The probabilities are copied into out, and each is replaced by its
      * draw. */
-    ct__copy_into(out, p);
-    draw d = bernoulli_draw(0.0, true);
-    run_draw(&d, out, gen);
+    ct__draw d = bernoulli_draw(0.0, true);
+    if (ct__copy_any(out, p) || run_draw(&d, out, gen)) {
+        ct__release(out);
+        return NULL;
+    }
     ct_op_args args = draw_args(&d, NAN, 0.0);
     return ct__record1(CT_OP_RANDOM, out, &p, 1, &args);
 }
@@ -281,7 +274,7 @@ static void perm_blocks(void *arg, int64_t lo, int64_t hi) {
     const perm_job *j = arg;
     for (int64_t b = lo; b < hi; b++) {
         uint64_t v[4];
-        block_values(j->seed, j->offset, b, 2, v);
+        ct__philox_values(j->seed, j->offset, (uint64_t)b, 2, v);
         for (int64_t i = 2 * b; i < 2 * b + 2 && i < j->n; i++)
             j->keys[i] = (perm_key){v[i - 2 * b], i};
     }

@@ -2,11 +2,24 @@
  * communication stream of the communicator's own.
  *
  * Streams. Each communicator has a non-blocking CUDA stream for its NCCL
- * calls. When a work starts, an event recorded on the compute stream makes
- * the communication stream wait for the compute work issued before it;
- * another event, recorded after the NCCL call, tells progress when the work
- * is done. start and progress only enqueue and query: they never wait for
- * the device.
+ * calls. Issuing a work records an event (`ready`) on ct's compute stream
+ * of the device, on the issuing thread, so that the operation follows the
+ * compute work queued before the call and none queued after it: a bucket
+ * of gradients issued during backward does not wait for the rest of
+ * backward. The communication stream waits for that event just before the
+ * operation's own NCCL call (the agreement check does not need the data).
+ * Another event (`done`), recorded after the NCCL call, tells progress
+ * when the work is done, and lets ct_work_wait order the compute stream
+ * after it (order) once the call is queued (ct__work_launched), without
+ * waiting on the host. start and progress only enqueue and query: they
+ * never wait for the device. A staged (non-contiguous) output is copied
+ * back on the compute stream, which then waits for the operation at the
+ * point where it is launched: the price of a non-contiguous output.
+ *
+ * Memory. Issuing marks the tensors' blocks as used by the communication
+ * stream (ct__cuda_record_stream): the caching allocator then holds a
+ * freed block back until the communication stream's work on it is done,
+ * even when the work ended by failing while a copy was still queued.
  *
  * Agreement check. Before each collective, the ranks allreduce (max) a
  * fingerprint of its descriptor as {fp, -fp}: every rank sees fp and -fp
@@ -35,9 +48,9 @@
  *
  * Numerics. NCCL reduces float16 and bfloat16 in their own type, not in
  * float32 as the CPU backends do, so a float16 sum may differ from theirs in
- * the last bits; converting on the device needs kernels, which the CUDA
- * tensor issue brings. bool reduces as uint8 with max (sum, max: logical or)
- * and min (prod, min: logical and).
+ * the last bits (widening to float32 around the call would double the
+ * bytes moved). bool reduces as uint8 with max (sum, max: logical or) and
+ * min (prod, min: logical and).
  *
  * Threads. The executor runs start, progress, poll, describe_timeout and
  * abort on one thread at a time; split runs on the caller's thread
@@ -47,6 +60,7 @@
  * progress, which is bounded by the timeout.
  */
 #include "coll_impl.h"
+#include "cuda_impl.h"
 #include "tensor_impl.h"
 
 #include <cuda.h>
@@ -80,16 +94,15 @@ typedef struct nccl_scratch {
 typedef struct nccl_impl {
     ncclComm_t comm; /* NULL once aborted */
     int device, rank, size;
-    cudaStream_t stream;       /* the communication stream */
-    cudaEvent_t compute_ready; /* recorded on the compute stream by each start */
-    nccl_scratch *dev, *host;  /* device scratch, and its pinned host mirror */
+    cudaStream_t stream;      /* the communication stream */
+    nccl_scratch *dev, *host; /* device scratch, and its pinned host mirror */
     /* The work whose agreement check is in flight, or whose NCCL call is not
      * enqueued yet: later works wait for it. */
     ct_work *busy;
     /* Collectives whose NCCL calls are all enqueued, for split: see
      * lock_idle. */
     uint64_t launched;
-    /* Completion events: every one created (freed with the communicator, so
+    /* Works' events: every one created (freed with the communicator, so
      * abandoned works leak none) and those not in use. */
     cudaEvent_t *events, *idle;
     int nevents, nidle, cap;
@@ -100,8 +113,9 @@ enum { STAGE_CHECK, STAGE_DIAGNOSE, STAGE_RUN };
 
 /* Each work's state, in w->be. */
 typedef struct nccl_work {
-    cudaEvent_t done; /* recorded after the current stage's NCCL call */
-    int64_t fp;       /* the descriptor's fingerprint, for collectives */
+    cudaEvent_t ready; /* recorded on the compute stream at issue */
+    cudaEvent_t done;  /* recorded after the current stage's NCCL call */
+    int64_t fp;        /* the descriptor's fingerprint, for collectives */
     int stage;
     bool enqueued; /* NCCL has enqueued the current stage's call */
 } nccl_work;
@@ -270,8 +284,6 @@ static void impl_free(nccl_impl *n, double timeout) {
         cudaStreamSynchronize(n->stream);
     for (int i = 0; i < n->nevents; i++)
         cudaEventDestroy(n->events[i]);
-    if (n->compute_ready)
-        cudaEventDestroy(n->compute_ready);
     if (n->stream)
         cudaStreamDestroy(n->stream);
     cudaFree(n->dev);
@@ -283,7 +295,7 @@ static void impl_free(nccl_impl *n, double timeout) {
 }
 
 /* The state of a communicator on device (current already) without its NCCL
- * communicator: the stream, the compute event and the scratch. what names
+ * communicator: the stream and the scratch. what names
  * the operation in errors. */
 static int impl_new(const char *what, int rank, int size, int device, nccl_impl **out) {
     *out = NULL;
@@ -296,10 +308,6 @@ static int impl_new(const char *what, int rank, int size, int device, nccl_impl 
     pthread_mutex_init(&n->mu, NULL);
     const char *call = "cudaStreamCreateWithFlags";
     cudaError_t e = cudaStreamCreateWithFlags(&n->stream, cudaStreamNonBlocking);
-    if (e == cudaSuccess) {
-        call = "cudaEventCreateWithFlags";
-        e = cudaEventCreateWithFlags(&n->compute_ready, cudaEventDisableTiming);
-    }
     if (e == cudaSuccess) {
         call = "cudaMalloc";
         e = cudaMalloc((void **)&n->dev, scratch_bytes(size));
@@ -407,6 +415,22 @@ static int nccl_check_tensor(ct_comm *c, const char *op, const ct_tensor *t) {
                       op, n->device, device_str(dev, sizeof dev, d));
 }
 
+static ct_device nccl_device(const ct_comm *c) {
+    const nccl_impl *n = c->impl;
+    return (ct_device){CT_CUDA, n->device};
+}
+
+int ct__nccl_unique_id(void *id) {
+    ncclUniqueId u;
+    _Static_assert(sizeof u == CT_NCCL_ID_BYTES, "CT_NCCL_ID_BYTES is not NCCL's id size");
+    ncclResult_t r = ncclGetUniqueId(&u);
+    if (r != ncclSuccess)
+        return ct__seterr(r == ncclRemoteError ? CT_EPEER : CT_EFOREIGN,
+                          "comm_nccl_id: ncclGetUniqueId failed: %s", ncclGetErrorString(r));
+    memcpy(id, &u, sizeof u);
+    return 0;
+}
+
 /* ---------------------------------------------------------------- events */
 
 /* Returns rc after releasing what w holds: its event, and the right to
@@ -417,6 +441,10 @@ static int work_end(nccl_impl *n, ct_work *w, int rc) {
     if (nw->done) {
         n->idle[n->nidle++] = nw->done;
         nw->done = NULL;
+    }
+    if (nw->ready) {
+        n->idle[n->nidle++] = nw->ready;
+        nw->ready = NULL;
     }
     if (n->busy == w)
         n->busy = NULL;
@@ -431,13 +459,12 @@ static int fail_cuda(nccl_impl *n, ct_work *w, const char *call, cudaError_t e) 
                                   cuda_text(text, sizeof text, e)));
 }
 
-/* Gives w a completion event: an idle one, or a new one (the pool grows to
- * the most works ever in flight at once). */
-static int event_acquire(nccl_impl *n, ct_work *w) {
-    nccl_work *nw = work_state(w);
+/* An idle event, or a new one (the pool grows to the most works ever in
+ * flight at once, two events each). Runs on n's device. */
+static cudaError_t event_take(nccl_impl *n, cudaEvent_t *out) {
     if (n->nidle > 0) {
-        nw->done = n->idle[--n->nidle];
-        return 0;
+        *out = n->idle[--n->nidle];
+        return cudaSuccess;
     }
     if (n->nevents == n->cap) {
         int cap = n->cap ? 2 * n->cap : 16;
@@ -445,21 +472,15 @@ static int event_acquire(nccl_impl *n, ct_work *w) {
         if (events)
             n->events = events;
         cudaEvent_t *idle = events ? realloc(n->idle, (size_t)cap * sizeof *idle) : NULL;
-        if (!idle) {
-            char desc[256];
-            return ct__work_fail(w, CT_ENOMEM, "%s: out of memory for %d completion events",
-                                 ct__desc_str(desc, sizeof desc, &w->desc), cap);
-        }
+        if (!idle)
+            return cudaErrorMemoryAllocation;
         n->idle = idle;
         n->cap = cap;
     }
-    cudaEvent_t ev;
-    cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
-    if (e != cudaSuccess)
-        return fail_cuda(n, w, "cudaEventCreateWithFlags", e);
-    n->events[n->nevents++] = ev;
-    nw->done = ev;
-    return 0;
+    cudaError_t e = cudaEventCreateWithFlags(out, cudaEventDisableTiming);
+    if (e == cudaSuccess)
+        n->events[n->nevents++] = *out;
+    return e;
 }
 
 /* ------------------------------------------------------------- launching */
@@ -562,10 +583,13 @@ static ncclResult_t launch_op(nccl_impl *n, ct_work *w) {
     CT_ASSERT(!"no NCCL call for this operation");
 }
 
-/* Copies the stage's input to the device, ahead of its NCCL call. The
- * pinned host scratch is reused only after the previous check completed. */
-static cudaError_t stage_upload(nccl_impl *n, ct_work *w) {
+/* What the stage's NCCL call needs first: the check's input copied to the
+ * device (the pinned host scratch is reused only after the previous check
+ * completed), or, for the operation, the compute work issued before it. */
+static cudaError_t stage_prepare(nccl_impl *n, ct_work *w) {
     nccl_work *nw = work_state(w);
+    if (nw->stage == STAGE_RUN)
+        return cudaStreamWaitEvent(n->stream, nw->ready, 0);
     if (nw->stage == STAGE_CHECK) {
         n->host->check[0] = nw->fp;
         n->host->check[1] = -nw->fp;
@@ -592,6 +616,32 @@ static ncclResult_t stage_launch(nccl_impl *n, ct_work *w) {
     }
 }
 
+/* A staged output goes back into the caller's tensor on the compute
+ * stream, after the operation: comm.c's complete() would copy it only once
+ * the host saw the work done, after ops the caller queued meanwhile. */
+static int copy_back(nccl_impl *n, ct_work *w) {
+    if (!w->out_user || w->out_user == w->out_ref)
+        return 0;
+    void *compute;
+    int rc = ct__cuda_stream(n->device, &compute);
+    if (rc == 0) {
+        cudaError_t e = cudaStreamWaitEvent(compute, work_state(w)->done, 0);
+        if (e != cudaSuccess)
+            return fail_cuda(n, w, "cudaStreamWaitEvent (compute stream)", e);
+        rc = ct__copy_any(w->out_user, w->out_ref);
+    }
+    if (rc != 0) {
+        char desc[256];
+        return work_end(n, w,
+                        ct__work_fail(w, rc, "%s: copying the result back: %s",
+                                      ct__desc_str(desc, sizeof desc, &w->desc), ct_errmsg()));
+    }
+    ct__bump_version(w->out_user);
+    ct_tensor_free(w->out_user);
+    w->out_user = NULL;
+    return 0;
+}
+
 /* NCCL has enqueued the stage's call: copies its result back to the host
  * and records the completion event. */
 static int stage_enqueued(nccl_impl *n, ct_work *w) {
@@ -609,10 +659,16 @@ static int stage_enqueued(nccl_impl *n, ct_work *w) {
     if (e != cudaSuccess)
         return fail_cuda(n, w, "cudaEventRecord", e);
     nw->enqueued = true;
-    if (nw->stage == STAGE_RUN && n->busy == w) {
+    if (nw->stage != STAGE_RUN)
+        return CT__PENDING;
+    if (n->busy == w) {
         n->busy = NULL;
         n->launched += !ct__op_is_p2p(w->desc.op);
     }
+    int rc = copy_back(n, w);
+    if (rc != 0)
+        return rc;
+    ct__work_launched(w->comm, w);
     return CT__PENDING;
 }
 
@@ -620,9 +676,9 @@ static int stage_begin(nccl_impl *n, ct_work *w, int stage) {
     nccl_work *nw = work_state(w);
     nw->stage = stage;
     nw->enqueued = false;
-    cudaError_t e = stage_upload(n, w);
+    cudaError_t e = stage_prepare(n, w);
     if (e != cudaSuccess)
-        return fail_cuda(n, w, "cudaMemcpyAsync", e);
+        return fail_cuda(n, w, stage == STAGE_RUN ? "cudaStreamWaitEvent" : "cudaMemcpyAsync", e);
     ncclResult_t r = stage_launch(n, w);
     if (r == ncclInProgress)
         return CT__PENDING; /* progress records the event once NCCL has enqueued */
@@ -701,29 +757,86 @@ static int diagnosed(nccl_impl *n, ct_work *w) {
 
 /* ------------------------------------------------------------- executor */
 
-static int start_locked(nccl_impl *n, ct_work *w) {
+/* On the issuing thread: w's events, `ready` recorded on the compute
+ * stream, and its tensors marked as used by the communication stream. */
+static int issue_locked(nccl_impl *n, ct_work *w) {
     nccl_work *nw = work_state(w);
     *nw = (nccl_work){0};
-    char desc[256];
-    if (!n->comm)
-        return ct__work_fail(w, CT_ESTATE, "%s: the NCCL communicator was aborted",
-                             ct__desc_str(desc, sizeof desc, &w->desc));
-    if (n->busy)
-        return CT__AGAIN;
-    int rc = event_acquire(n, w);
+    void *compute;
+    int rc = ct__cuda_stream(n->device, &compute);
     if (rc != 0)
         return rc;
-    /* The communication stream waits for the compute work issued so far.
-     * For now that is the current device's legacy default stream; the CUDA
-     * tensor issue replaces it with ct's per-device compute stream. Recording
-     * at start rather than at issue orders after more work than needed, never
-     * less. */
-    cudaError_t e = cudaEventRecord(n->compute_ready, cudaStreamLegacy);
-    if (e != cudaSuccess)
-        return fail_cuda(n, w, "cudaEventRecord (compute stream)", e);
-    e = cudaStreamWaitEvent(n->stream, n->compute_ready, 0);
-    if (e != cudaSuccess)
-        return fail_cuda(n, w, "cudaStreamWaitEvent", e);
+    const char *call = "cudaEventCreateWithFlags";
+    cudaError_t e = event_take(n, &nw->ready);
+    if (e == cudaSuccess)
+        e = event_take(n, &nw->done);
+    if (e == cudaSuccess) {
+        call = "cudaEventRecord (compute stream)";
+        e = cudaEventRecord(nw->ready, compute);
+    }
+    if (e != cudaSuccess) {
+        char desc[256], text[256];
+        work_end(n, w, 0);
+        return ct__seterr(e == cudaErrorMemoryAllocation ? CT_ENOMEM : CT_EFOREIGN,
+                          "%s: %s on cuda:%d failed: %s", ct__desc_str(desc, sizeof desc, &w->desc),
+                          call, n->device, cuda_text(text, sizeof text, e));
+    }
+    if ((w->in_ref && (rc = ct__cuda_record_stream(w->in_ref, n->stream))) ||
+        (w->out_ref && (rc = ct__cuda_record_stream(w->out_ref, n->stream))))
+        work_end(n, w, 0);
+    return rc;
+}
+
+static int nccl_issue(ct_comm *c, ct_work *w) {
+    nccl_impl *n = c->impl;
+    pthread_mutex_lock(&n->mu);
+    device_scope ds;
+    cudaError_t e = device_enter(n->device, &ds);
+    int rc = e == cudaSuccess ? issue_locked(n, w) : 0;
+    device_leave(&ds);
+    pthread_mutex_unlock(&n->mu);
+    if (e != cudaSuccess) {
+        char text[256];
+        rc = ct__seterr(CT_EFOREIGN, "%s: cudaSetDevice(%d) failed: %s", ct__op_name(w->desc.op),
+                        n->device, cuda_text(text, sizeof text, e));
+    }
+    return rc;
+}
+
+/* ct_work_wait on a launched work: ct's compute stream waits for it. A
+ * work whose events went back to the pool is done on the device. */
+static int nccl_order(ct_comm *c, ct_work *w) {
+    nccl_impl *n = c->impl;
+    nccl_work *nw = work_state(w);
+    int rc = 0;
+    pthread_mutex_lock(&n->mu);
+    if (nw->done) {
+        device_scope ds;
+        void *compute;
+        cudaError_t e = device_enter(n->device, &ds);
+        if (e == cudaSuccess && (rc = ct__cuda_stream(n->device, &compute)) == 0)
+            e = cudaStreamWaitEvent(compute, nw->done, 0);
+        device_leave(&ds);
+        if (e != cudaSuccess) {
+            char desc[256], text[256];
+            rc = ct__seterr(CT_EFOREIGN, "%s: ordering the compute stream of cuda:%d after it: %s",
+                            ct__desc_str(desc, sizeof desc, &w->desc), n->device,
+                            cuda_text(text, sizeof text, e));
+        }
+    }
+    pthread_mutex_unlock(&n->mu);
+    return rc;
+}
+
+static int start_locked(nccl_impl *n, ct_work *w) {
+    nccl_work *nw = work_state(w);
+    char desc[256];
+    if (!n->comm)
+        return work_end(n, w,
+                        ct__work_fail(w, CT_ESTATE, "%s: the NCCL communicator was aborted",
+                                      ct__desc_str(desc, sizeof desc, &w->desc)));
+    if (n->busy)
+        return CT__AGAIN;
     n->busy = w;
     if (ct__op_is_p2p(w->desc.op))
         return stage_begin(n, w, STAGE_RUN);
@@ -980,6 +1093,9 @@ const ct__backend ct__nccl_backend = {
     .init = nccl_init,
     .destroy = nccl_destroy,
     .check_tensor = nccl_check_tensor,
+    .device = nccl_device,
+    .issue = nccl_issue,
+    .order = nccl_order,
     .start = nccl_start,
     .progress = nccl_progress,
     .poll = nccl_poll,

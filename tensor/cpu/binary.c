@@ -1,5 +1,6 @@
-/* Binary elementwise ops, comparisons, where and masked_fill. The binary
- * ops run on a CUDA device too (tensor/cuda/kernels.cu). */
+/* Binary elementwise ops, comparisons, where and masked_fill. They run on
+ * a CUDA device too (tensor/cuda/kernels.cu; where and masked_fill:
+ * tensor/cuda/index.cu). */
 #include "cuda_impl.h"
 #include "cuda_kernels.h"
 #include "tensor_impl.h"
@@ -345,7 +346,8 @@ static int check_mask(const char *op, const ct_tensor *mask) {
 }
 
 ct_tensor *ct_where(ct_tensor *cond, ct_tensor *a, ct_tensor *b) {
-    if (CT__CHECK("where", cond, a, b) || check_mask("where", cond))
+    if (CT__CHECK_ANY("where", cond, a, b) ||
+        ct__check_same_device("where", (ct_tensor *[]){cond, a, b}, 3) || check_mask("where", cond))
         return NULL;
     int nab, nd;
     int64_t ab[CT_MAX_DIMS], shape[CT_MAX_DIMS];
@@ -355,14 +357,20 @@ ct_tensor *ct_where(ct_tensor *cond, ct_tensor *a, ct_tensor *b) {
     ct_dtype dt = ct_promote_types(a->dtype, b->dtype);
     ct_scope_begin();
     ct_tensor *x = ct_to_dtype(a, dt), *y = ct_to_dtype(b, dt);
-    ct_tensor *out = ct__new("where", nd, shape, dt);
-    if (!x || !y || !out) {
+    ct_tensor *out = ct__new_on("where", nd, shape, dt, cond->storage->device);
+    bool ok = x && y && out;
+    if (ok && cond->storage->device.type == CT_CUDA) {
+        ok = ct__cuda_where(out, cond, x, y, NULL, nd, shape) == 0;
+    } else if (ok) {
+        ct__iter it;
+        ct__iter_init(&it, (ct_tensor *[]){out, cond, x, y}, 4, nd, shape);
+        ct__iter_run(&it, where_kernels[size_index(ct_dtype_size(dt))], NULL,
+                     CT__GRAIN_ELEMENTWISE);
+    }
+    if (!ok) {
         ct_scope_end();
         return NULL;
     }
-    ct__iter it;
-    ct__iter_init(&it, (ct_tensor *[]){out, cond, x, y}, 4, nd, shape);
-    ct__iter_run(&it, where_kernels[size_index(ct_dtype_size(dt))], NULL, CT__GRAIN_ELEMENTWISE);
     ct_keep(out);
     ct_scope_end();
     return ct__record1(CT_OP_WHERE, out, (ct_tensor *[]){cond, a, b}, 3, NULL);
@@ -370,7 +378,8 @@ ct_tensor *ct_where(ct_tensor *cond, ct_tensor *a, ct_tensor *b) {
 
 static ct_tensor *masked_fill(ct_tensor *t, ct_tensor *mask, double value, bool inplace) {
     const char *name = inplace ? "masked_fill_" : "masked_fill";
-    if (CT__CHECK(name, t, mask) || check_mask(name, mask))
+    if (CT__CHECK_ANY(name, t, mask) || ct__check_same_device(name, (ct_tensor *[]){t, mask}, 2) ||
+        check_mask(name, mask))
         return NULL;
     int nd;
     int64_t shape[CT_MAX_DIMS];
@@ -388,10 +397,18 @@ static ct_tensor *masked_fill(ct_tensor *t, ct_tensor *mask, double value, bool 
         return NULL;
     uint64_t bits = 0;
     ct__store_double(t->dtype, &bits, value);
-    ct__iter it;
-    ct__iter_init(&it, (ct_tensor *[]){out, mask}, 2, nd, shape);
-    ct__iter_run(&it, fill_kernels[size_index(ct_dtype_size(t->dtype))], &bits,
-                 CT__GRAIN_ELEMENTWISE);
+    if (t->storage->device.type == CT_CUDA) {
+        if (ct__cuda_where(out, mask, NULL, out, &bits, nd, shape)) {
+            if (!inplace)
+                ct__release(out);
+            return NULL;
+        }
+    } else {
+        ct__iter it;
+        ct__iter_init(&it, (ct_tensor *[]){out, mask}, 2, nd, shape);
+        ct__iter_run(&it, fill_kernels[size_index(ct_dtype_size(t->dtype))], &bits,
+                     CT__GRAIN_ELEMENTWISE);
+    }
     ct_op_args args = {.scalars = {value, 0}};
     return ct__record(CT_OP_MASKED_FILL, (ct_tensor *[]){t, mask}, 2, (ct_tensor *[]){out}, 1,
                       inplace, &args);

@@ -1,11 +1,17 @@
 /* Joining and indexing: cat, stack, index_select, gather, scatter_add,
- * one_hot, tril, triu.
+ * one_hot, tril, triu, on the CPU and on a CUDA device.
  *
- * Every op moves elements through the element iterator. Pieces of a tensor
- * (a narrow, a select, a restrided operand) are described by views that live
- * on the stack: the iterator reads only a tensor's layout, so they need no
- * reference, no allocation and no scope entry. */
-#include "tensor_impl.h"
+ * Every op moves elements through the element iterator, the CPU's or the
+ * device's (tensor/cuda/index.c). Pieces of a tensor (a narrow, a select, a
+ * restrided operand) are described by views that live on the stack: the
+ * iterators read only a tensor's layout, so they need no reference, no
+ * allocation and no scope entry.
+ *
+ * Index values are checked before any element moves, on the CPU and on a
+ * device alike: an index out of range is CT_ERANGE, never a stray write. On
+ * a device the check is a scan kernel whose answer the host waits for, so
+ * that the error is returned by the op that caused it, as on the CPU. */
+#include "cuda_impl.h"
 
 /* ------------------------------------------------------- stack views */
 
@@ -65,6 +71,14 @@ static void zero_into(ct_tensor *dst) {
     ct__iter_run(&it, zero_loop, &esize, CT__GRAIN_ELEMENTWISE);
 }
 
+static bool on_cuda(const ct_tensor *t) { return t->storage->device.type == CT_CUDA; }
+
+/* Live inputs, all on one device. */
+static int check_inputs(const char *op, ct_tensor *const *ts, int n) {
+    int rc = ct__check_handles(op, ts, n);
+    return rc ? rc : ct__check_same_device(op, ts, n);
+}
+
 static ct_op_args ints_args(int n, const int64_t *v) {
     ct_op_args a = {.nints = n};
     memcpy(a.ints, v, sizeof(int64_t) * (size_t)n);
@@ -77,7 +91,7 @@ static int check_list(const char *op, ct_tensor *const *ts, int n) {
     if (!ts || n < 1)
         return ct__seterr(CT_EINVAL, "%s: expected a non-empty list of tensors, got %d", op,
                           ts ? n : 0);
-    return ct__check_inputs(op, ts, n);
+    return check_inputs(op, ts, n);
 }
 
 static ct_dtype promote_all(ct_tensor *const *ts, int n) {
@@ -130,7 +144,7 @@ ct_tensor *ct_cat(ct_tensor *const *ts, int n, int dim) {
         }
         sizes[d] += t->sizes[d];
     }
-    ct_tensor *out = ct__new("cat", ref->ndim, sizes, promote_all(ts, n));
+    ct_tensor *out = ct__new_on("cat", ref->ndim, sizes, promote_all(ts, n), ref->storage->device);
     if (!out)
         return NULL;
     int64_t at = 0;
@@ -138,7 +152,10 @@ ct_tensor *ct_cat(ct_tensor *const *ts, int n, int dim) {
         if (cat_skips(ts[i]))
             continue;
         ct_tensor part = narrow_view(out, d, at, ts[i]->sizes[d]);
-        ct__copy_into(&part, ts[i]);
+        if (ct__copy_any(&part, ts[i])) {
+            ct__release(out);
+            return NULL;
+        }
         at += ts[i]->sizes[d];
     }
     ct_op_args args = ints_args(1, (int64_t[]){d});
@@ -171,12 +188,16 @@ ct_tensor *ct_stack(ct_tensor *const *ts, int n, int dim) {
     int64_t sizes[CT_MAX_DIMS];
     for (int i = 0, j = 0; i <= ref->ndim; i++)
         sizes[i] = i == d ? n : ref->sizes[j++];
-    ct_tensor *out = ct__new("stack", ref->ndim + 1, sizes, promote_all(ts, n));
+    ct_tensor *out =
+        ct__new_on("stack", ref->ndim + 1, sizes, promote_all(ts, n), ref->storage->device);
     if (!out)
         return NULL;
     for (int i = 0; i < n; i++) {
         ct_tensor part = select_view(out, d, i);
-        ct__copy_into(&part, ts[i]);
+        if (ct__copy_any(&part, ts[i])) {
+            ct__release(out);
+            return NULL;
+        }
     }
     ct_op_args args = ints_args(1, (int64_t[]){d});
     return ct__record1(CT_OP_STACK, out, ts, n, &args);
@@ -224,21 +245,25 @@ static void scan_loop(void *ctx, char **data, const int64_t *strides, int64_t n)
     }
 }
 
-/* Scans on one thread: the report must name the same value every run. */
-static index_scan scan_index(ct_tensor *index, int64_t bound) {
-    index_scan s = {index->dtype, bound, false, 0, INT64_MIN};
+/* Scans on one thread, or on the device in the same order: the report must
+ * name the same value every run. */
+static int scan_index(ct_tensor *index, int64_t bound, index_scan *s) {
+    *s = (index_scan){index->dtype, bound, false, 0, INT64_MIN};
+    if (on_cuda(index))
+        return ct__cuda_scan_index(index, bound, &s->found, &s->bad, &s->max);
     ct__iter it;
     ct__iter_init(&it, &index, 1, index->ndim, index->sizes);
     if (it.numel > 0)
-        ct__iter_run_range(&it, scan_loop, &s, 0, it.numel);
-    return s;
+        ct__iter_run_range(&it, scan_loop, s, 0, it.numel);
+    return 0;
 }
 
 static int check_index_range(const char *op, ct_tensor *index, const ct_tensor *t, int dim) {
     int64_t size = t->ndim ? t->sizes[dim] : 1;
-    index_scan s = scan_index(index, size);
-    if (!s.found)
-        return 0;
+    index_scan s;
+    int rc = scan_index(index, size, &s);
+    if (rc || !s.found)
+        return rc;
     char desc[CT__DESC_STR];
     return ct__seterr(CT_ERANGE,
                       "%s: index %lld is out of range for dim %d of size %lld (input %s); "
@@ -355,15 +380,32 @@ static void gather_dim_chunk(void *arg, int64_t lo, int64_t hi) {
     ct__iter_run_range(j->it, gather_loop, &c, 0, j->it->numel);
 }
 
+/* The device kernels take the operands over index's shape, the one that
+ * walks with the index first; the indexed one stays put along dim (stride
+ * 0) and moves there by the index values, jump bytes each. */
+static int device_index_op(ct_tensor *walks, ct_tensor *index, ct_tensor *indexed, int dim,
+                           bool scatter) {
+    int64_t strides[CT_MAX_DIMS];
+    memcpy(strides, indexed->strides, sizeof strides);
+    int64_t jump = strides[dim] * (int64_t)ct__esize(indexed->dtype);
+    strides[dim] = 0;
+    ct_tensor w = layout_view(walks, index->ndim, index->sizes, walks->strides, walks->offset);
+    ct_tensor x = layout_view(indexed, index->ndim, index->sizes, strides, indexed->offset);
+    ct_tensor *const ops[3] = {&w, index, &x};
+    return scatter ? ct__cuda_scatter_add(ops, jump) : ct__cuda_gather(ops, jump);
+}
+
 /* out[..., k, ...] = t[..., index[..., k, ...], ...] along dim, over index's
  * shape (which out has). The index values must be in range. */
-static void gather_into(ct_tensor *out, ct_tensor *t, int dim, ct_tensor *index) {
+static int gather_into(ct_tensor *out, ct_tensor *t, int dim, ct_tensor *index) {
+    if (on_cuda(out))
+        return device_index_op(out, index, t, dim, false);
     ct__iter it;
     index_loop c;
     index_iter(&it, &c, (ct_tensor *const[]){out, index, t}, dim, 2);
     int64_t lines = it.numel, len = c.k1;
     if (lines == 0 || len == 0)
-        return;
+        return 0;
     /* Gather writes each element once, so it may split along dim too; it
      * does when the lines are long and few (an embedding lookup). */
     if (len > lines) {
@@ -373,20 +415,27 @@ static void gather_into(ct_tensor *out, ct_tensor *t, int dim, ct_tensor *index)
     } else {
         ct__iter_run(&it, gather_loop, &c, CT__GRAIN_ELEMENTWISE / len);
     }
+    return 0;
 }
 
-static void scatter_add_into(ct_tensor *self, int dim, ct_tensor *index, ct_tensor *src) {
+/* On a device the adds are atomic, and a sum over duplicate indices may
+ * come in any order: float sums can differ from the CPU's in the last
+ * bits. */
+static int scatter_add_into(ct_tensor *self, int dim, ct_tensor *index, ct_tensor *src) {
+    if (on_cuda(self))
+        return device_index_op(src, index, self, dim, true);
     ct__iter it;
     index_loop c;
     index_iter(&it, &c, (ct_tensor *const[]){self, index, src}, dim, 0);
     if (it.numel > 0 && c.k1 > 0)
         ct__iter_run(&it, scatter_add_loop, &c, CT__GRAIN_ELEMENTWISE / c.k1);
+    return 0;
 }
 
 /* -------------------------------------------------------- index ops */
 
 ct_tensor *ct_index_select(ct_tensor *t, int dim, ct_tensor *index) {
-    if (CT__CHECK("index_select", t, index))
+    if (check_inputs("index_select", (ct_tensor *[]){t, index}, 2))
         return NULL;
     int d = ct__wrap_dim("index_select", dim, t->ndim);
     if (d < 0 || check_index_dtype("index_select", "index", index, false))
@@ -406,7 +455,7 @@ ct_tensor *ct_index_select(ct_tensor *t, int dim, ct_tensor *index) {
     memcpy(sizes, t->sizes, sizeof sizes);
     if (t->ndim > 0)
         sizes[d] = nidx;
-    ct_tensor *out = ct__new("index_select", t->ndim, sizes, t->dtype);
+    ct_tensor *out = ct__new_on("index_select", t->ndim, sizes, t->dtype, t->storage->device);
     if (!out)
         return NULL;
     /* index_select is a gather whose index is the 1-D index broadcast over
@@ -415,7 +464,10 @@ ct_tensor *ct_index_select(ct_tensor *t, int dim, ct_tensor *index) {
     int64_t idx_strides[CT_MAX_DIMS] = {0};
     idx_strides[d] = index->ndim ? index->strides[0] : 0;
     ct_tensor idx = layout_view(index, out1.ndim, out1.sizes, idx_strides, index->offset);
-    gather_into(&out1, &t1, d, &idx);
+    if (gather_into(&out1, &t1, d, &idx)) {
+        ct__release(out);
+        return NULL;
+    }
     ct_op_args args = ints_args(1, (int64_t[]){d});
     return ct__record1(CT_OP_INDEX_SELECT, out, (ct_tensor *const[]){t, index}, 2, &args);
 }
@@ -439,18 +491,21 @@ static int check_index_fits(const char *op, const ct_tensor *index, const ct_ten
 }
 
 ct_tensor *ct_gather(ct_tensor *t, int dim, ct_tensor *index) {
-    if (CT__CHECK("gather", t, index))
+    if (check_inputs("gather", (ct_tensor *[]){t, index}, 2))
         return NULL;
     int d = ct__wrap_dim("gather", dim, t->ndim);
     if (d < 0 || check_index_dtype("gather", "index", index, false) ||
         check_index_fits("gather", index, t, d, "input") ||
         check_index_range("gather", index, t, d))
         return NULL;
-    ct_tensor *out = ct__new("gather", index->ndim, index->sizes, t->dtype);
+    ct_tensor *out = ct__new_on("gather", index->ndim, index->sizes, t->dtype, t->storage->device);
     if (!out)
         return NULL;
     ct_tensor out1 = at_least_1d(out), t1 = at_least_1d(t), idx1 = at_least_1d(index);
-    gather_into(&out1, &t1, d, &idx1);
+    if (gather_into(&out1, &t1, d, &idx1)) {
+        ct__release(out);
+        return NULL;
+    }
     ct_op_args args = ints_args(1, (int64_t[]){d});
     return ct__record1(CT_OP_GATHER, out, (ct_tensor *const[]){t, index}, 2, &args);
 }
@@ -458,7 +513,7 @@ ct_tensor *ct_gather(ct_tensor *t, int dim, ct_tensor *index) {
 /* Validates a scatter and wraps dim into *d. */
 static int check_scatter(const char *op, ct_tensor *t, int dim, ct_tensor *index, ct_tensor *src,
                          int *d) {
-    if (CT__CHECK(op, t, index, src))
+    if (check_inputs(op, (ct_tensor *[]){t, index, src}, 3))
         return ct_errcode();
     *d = ct__wrap_dim(op, dim, t->ndim);
     if (*d < 0)
@@ -481,7 +536,11 @@ static int check_scatter(const char *op, ct_tensor *t, int dim, ct_tensor *index
 static ct_tensor *scatter_add(ct_tensor *out, ct_tensor *t, int d, ct_tensor *index,
                               ct_tensor *src) {
     ct_tensor self1 = at_least_1d(out), idx1 = at_least_1d(index), src1 = at_least_1d(src);
-    scatter_add_into(&self1, d, &idx1, &src1);
+    if (scatter_add_into(&self1, d, &idx1, &src1)) {
+        if (out != t)
+            ct__release(out);
+        return NULL;
+    }
     ct_op_args args = ints_args(1, (int64_t[]){d});
     return ct__record(CT_OP_SCATTER_ADD, (ct_tensor *const[]){t, index, src}, 3, &out, 1, out == t,
                       &args);
@@ -491,10 +550,13 @@ ct_tensor *ct_scatter_add(ct_tensor *t, int dim, ct_tensor *index, ct_tensor *sr
     int d;
     if (check_scatter("scatter_add", t, dim, index, src, &d))
         return NULL;
-    ct_tensor *out = ct__new("scatter_add", t->ndim, t->sizes, t->dtype);
+    ct_tensor *out = ct__new_on("scatter_add", t->ndim, t->sizes, t->dtype, t->storage->device);
     if (!out)
         return NULL;
-    ct__copy_into(out, t);
+    if (ct__copy_any(out, t)) {
+        ct__release(out);
+        return NULL;
+    }
     return scatter_add(out, t, d, index, src);
 }
 
@@ -524,8 +586,26 @@ static void one_hot_rows(void *ctx, char **data, const int64_t *strides, int64_t
     }
 }
 
+/* Fills out ([..., classes], contiguous) from labels already checked. */
+static int one_hot_into(ct_tensor *out, ct_tensor *labels, int64_t classes) {
+    if (on_cuda(labels)) {
+        /* The device writes every element, each seeing its row's label. */
+        int64_t strides[CT_MAX_DIMS];
+        memcpy(strides, labels->strides, sizeof strides);
+        strides[labels->ndim] = 0;
+        ct_tensor along = layout_view(labels, out->ndim, out->sizes, strides, labels->offset);
+        return ct__cuda_one_hot(out, &along, classes);
+    }
+    ct_tensor rows = layout_view(out, labels->ndim, labels->sizes, out->strides, out->offset);
+    one_hot_loop c = {classes, labels->dtype};
+    ct__iter it;
+    ct__iter_init(&it, (ct_tensor *const[]){&rows, labels}, 2, labels->ndim, labels->sizes);
+    ct__iter_run(&it, one_hot_rows, &c, CT__GRAIN_ELEMENTWISE / (classes > 0 ? classes : 1));
+    return 0;
+}
+
 ct_tensor *ct_one_hot(ct_tensor *labels, int64_t num_classes) {
-    if (CT__CHECK("one_hot", labels) || check_index_dtype("one_hot", "labels", labels, true))
+    if (check_inputs("one_hot", &labels, 1) || check_index_dtype("one_hot", "labels", labels, true))
         return NULL;
     char desc[CT__DESC_STR];
     if (labels->ndim == CT_MAX_DIMS) {
@@ -533,7 +613,9 @@ ct_tensor *ct_one_hot(ct_tensor *labels, int64_t num_classes) {
                    ct__desc(desc, labels), CT_MAX_DIMS);
         return NULL;
     }
-    index_scan s = scan_index(labels, num_classes);
+    index_scan s;
+    if (scan_index(labels, num_classes, &s))
+        return NULL;
     if (s.found) {
         if (s.bad < 0)
             ct__seterr(CT_ERANGE, "one_hot: label %lld in %s is negative", (long long)s.bad,
@@ -556,15 +638,14 @@ ct_tensor *ct_one_hot(ct_tensor *labels, int64_t num_classes) {
     int64_t sizes[CT_MAX_DIMS];
     memcpy(sizes, labels->sizes, sizeof(int64_t) * (size_t)labels->ndim);
     sizes[labels->ndim] = num_classes;
-    ct_tensor *out = ct__new("one_hot", labels->ndim + 1, sizes, CT_INT64);
+    ct_tensor *out =
+        ct__new_on("one_hot", labels->ndim + 1, sizes, CT_INT64, labels->storage->device);
     if (!out)
         return NULL;
-    ct_tensor rows = layout_view(out, labels->ndim, labels->sizes, out->strides, out->offset);
-    one_hot_loop c = {num_classes, labels->dtype};
-    ct__iter it;
-    ct__iter_init(&it, (ct_tensor *const[]){&rows, labels}, 2, labels->ndim, labels->sizes);
-    ct__iter_run(&it, one_hot_rows, &c,
-                 CT__GRAIN_ELEMENTWISE / (num_classes > 0 ? num_classes : 1));
+    if (one_hot_into(out, labels, num_classes)) {
+        ct__release(out);
+        return NULL;
+    }
     ct_op_args args = ints_args(1, (int64_t[]){num_classes});
     return ct__record1(CT_OP_ONE_HOT, out, &labels, 1, &args);
 }
@@ -598,17 +679,9 @@ static void band_rows(void *arg, int64_t r0, int64_t r1) {
     }
 }
 
-static ct_tensor *band(const char *op, ct_op opcode, ct_tensor *t, int64_t k, bool upper) {
-    if (CT__CHECK(op, t))
-        return NULL;
-    if (t->ndim < 2) {
-        char desc[CT__DESC_STR];
-        ct__seterr(CT_ESHAPE, "%s: input %s must have at least 2 dims", op, ct__desc(desc, t));
-        return NULL;
-    }
-    ct_tensor *out = ct__new(op, t->ndim, t->sizes, t->dtype);
-    if (!out)
-        return NULL;
+static int band_into(ct_tensor *out, ct_tensor *t, int64_t k, bool upper) {
+    if (on_cuda(t))
+        return ct__cuda_band(out, t, k, upper);
     band_job j = {out, t, k, upper};
     int64_t rows = t->sizes[t->ndim - 2];
     int64_t per_row = ct_numel(t) / (rows > 0 ? rows : 1);
@@ -618,6 +691,24 @@ static ct_tensor *band(const char *op, ct_op opcode, ct_tensor *t, int64_t k, bo
         band_rows(&j, 0, rows);
     else if (per_row > 0)
         ct_parallel_for(0, rows, CT__GRAIN_ELEMENTWISE / per_row, band_rows, &j);
+    return 0;
+}
+
+static ct_tensor *band(const char *op, ct_op opcode, ct_tensor *t, int64_t k, bool upper) {
+    if (check_inputs(op, &t, 1))
+        return NULL;
+    if (t->ndim < 2) {
+        char desc[CT__DESC_STR];
+        ct__seterr(CT_ESHAPE, "%s: input %s must have at least 2 dims", op, ct__desc(desc, t));
+        return NULL;
+    }
+    ct_tensor *out = ct__new_on(op, t->ndim, t->sizes, t->dtype, t->storage->device);
+    if (!out)
+        return NULL;
+    if (band_into(out, t, k, upper)) {
+        ct__release(out);
+        return NULL;
+    }
     ct_op_args args = ints_args(1, (int64_t[]){k});
     return ct__record1(opcode, out, &t, 1, &args);
 }

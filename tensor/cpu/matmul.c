@@ -16,7 +16,12 @@
  * unit stride; a transposed weight becomes a transpose flag. Other layouts,
  * and dtypes BLAS lacks, are first copied into contiguous scratch of the
  * compute dtype: float32 (16-bit floats too), float64, or int64 for integers,
- * which use a plain loop. */
+ * which use a plain loop.
+ *
+ * CUDA tensors take the same plan to the device (tensor/cuda/matmul.c):
+ * cuBLAS, which computes float16 and bfloat16 itself (accumulating in
+ * float32), so only integers are converted, to int64 for a kernel. */
+#include "cuda_impl.h"
 #include "tensor_impl.h"
 
 #include <cblas.h>
@@ -38,34 +43,22 @@
  * would otherwise compete with ct's pool, and spin while idle. */
 __attribute__((constructor)) static void blas_single_thread(void) { openblas_set_num_threads(1); }
 
-/* One operand as a batch of matrices in the compute dtype. */
-typedef struct mm_mat {
-    const char *data;
-    int64_t bstrides[CT_MAX_DIMS]; /* elements, per output batch dim; 0 broadcasts */
-    int64_t rs, cs;                /* elements, between rows / columns */
-    bool blas;                     /* BLAS reads it in place as: */
-    bool trans;                    /*   the transpose of a row-major matrix */
-    int64_t ld;                    /*   with this leading dim */
-} mm_mat;
+_Static_assert(CT__CUDA_MAX_DIMS == CT_MAX_DIMS, "a plan's batch holds every batch dim");
 
-typedef struct mm_plan {
-    ct_dtype dtype; /* compute dtype: float32, float64 or int64 */
-    int nbatch;
-    int64_t batch[CT_MAX_DIMS]; /* (nbatch) broadcast batch shape */
-    int64_t nb, m, n, k;
-    mm_mat a, b; /* (nb, m, k) and (nb, k, n) */
-    char *c;     /* (nb, m, n) contiguous */
+/* How the CPU splits one plan across the pool. */
+typedef struct mm_job {
+    const ct__mm_plan *p;
     bool split_cols;
     int64_t parts; /* per matrix */
-} mm_plan;
+} mm_job;
 
 /* Can BLAS read a rows x cols matrix with strides (rs, cs) in place? The
  * stride of a size-1 dim never matters. */
-static void blas_form(mm_mat *x, int64_t rows, int64_t cols) {
+static void blas_form(ct__mm_mat *x, int64_t rows, int64_t cols, int64_t limit) {
     int64_t min_rs = cols > 1 ? cols : 1, min_cs = rows > 1 ? rows : 1;
     int64_t ld_plain = rows > 1 ? x->rs : min_rs, ld_trans = cols > 1 ? x->cs : min_cs;
-    bool plain = (cols <= 1 || x->cs == 1) && ld_plain >= min_rs && ld_plain <= MM_BLAS_MAX;
-    bool trans = (rows <= 1 || x->rs == 1) && ld_trans >= min_cs && ld_trans <= MM_BLAS_MAX;
+    bool plain = (cols <= 1 || x->cs == 1) && ld_plain >= min_rs && ld_plain <= limit;
+    bool trans = (rows <= 1 || x->rs == 1) && ld_trans >= min_cs && ld_trans <= limit;
     x->blas = plain || trans;
     x->trans = !plain && trans;
     x->ld = plain ? ld_plain : trans ? ld_trans : 0;
@@ -73,7 +66,7 @@ static void blas_form(mm_mat *x, int64_t rows, int64_t cols) {
 
 /* Describes t as the left (a) or right (b) operand of p; a 1-D left operand
  * is a row, a 1-D right operand a column. */
-static void mm_describe(const mm_plan *p, mm_mat *x, const ct_tensor *t, bool left) {
+static void mm_describe(const ct__mm_plan *p, ct__mm_mat *x, const ct_tensor *t, bool left) {
     int nd = t->ndim, tbatch = nd > 2 ? nd - 2 : 0;
     x->data = ct__data(t);
     if (nd == 1) {
@@ -88,17 +81,17 @@ static void mm_describe(const mm_plan *p, mm_mat *x, const ct_tensor *t, bool le
         x->bstrides[d] = td < 0 || t->sizes[td] == 1 ? 0 : t->strides[td];
     }
     if (left)
-        blas_form(x, p->m, p->k);
+        blas_form(x, p->m, p->k, p->limit);
     else
-        blas_form(x, p->k, p->n);
+        blas_form(x, p->k, p->n, p->limit);
 }
 
-/* A contiguous tensor header over new storage that the caller owns. Matmul's
- * temporaries are built this way so that they never reach a scope or the
- * autograd recorder. */
-static int scratch_new(ct_tensor *t, ct_storage **s, int ndim, const int64_t *sizes,
-                       ct_dtype dtype) {
-    *s = ct_storage_new((size_t)ct__numel(ndim, sizes) * ct_dtype_size(dtype), CT_DEVICE_CPU);
+/* A contiguous tensor header over new storage on device that the caller
+ * owns. Matmul's temporaries are built this way so that they never reach a
+ * scope or the autograd recorder. */
+static int scratch_new(ct_tensor *t, ct_storage **s, int ndim, const int64_t *sizes, ct_dtype dtype,
+                       ct_device device) {
+    *s = ct_storage_new((size_t)ct__numel(ndim, sizes) * ct_dtype_size(dtype), device);
     if (!*s)
         return ct_errcode();
     *t = (ct_tensor){.magic = CT__TENSOR_MAGIC, .storage = *s, .ndim = ndim, .dtype = dtype};
@@ -107,24 +100,25 @@ static int scratch_new(ct_tensor *t, ct_storage **s, int ndim, const int64_t *si
     return 0;
 }
 
-/* Points x at t, through a contiguous copy in the compute dtype when t's
- * dtype differs or BLAS cannot read its layout. */
-static int mm_operand(const mm_plan *p, mm_mat *x, ct_tensor *t, bool left, ct_storage **s) {
+/* Points x at t, through a contiguous copy in the compute dtype (on t's
+ * device) when t's dtype differs or BLAS cannot read its layout. */
+static int mm_operand(const ct__mm_plan *p, ct__mm_mat *x, ct_tensor *t, bool left,
+                      ct_storage **s) {
     mm_describe(p, x, t, left);
-    if (t->dtype == p->dtype && (x->blas || p->dtype == CT_INT64))
+    if (t->dtype == (ct_dtype)p->dtype && (x->blas || p->dtype == CT_INT64))
         return 0;
     ct_tensor tmp;
-    if (scratch_new(&tmp, s, t->ndim, t->sizes, p->dtype))
+    if (scratch_new(&tmp, s, t->ndim, t->sizes, (ct_dtype)p->dtype, t->storage->device) ||
+        ct__copy_any(&tmp, t))
         return ct_errcode();
-    ct__copy_into(&tmp, t);
     mm_describe(p, x, &tmp, left);
     return 0;
 }
 
 /* When b is shared by every batch and a's batches are evenly spaced rows,
  * the whole batch is one taller GEMM: fewer, larger BLAS calls. */
-static void mm_fold_batch(mm_plan *p) {
-    if (!p->a.blas || p->a.trans || p->nb * p->m > MM_BLAS_MAX)
+static void mm_fold_batch(ct__mm_plan *p) {
+    if (!p->a.blas || p->a.trans || p->nb * p->m > p->limit)
         return;
     int64_t expect = p->m * p->a.ld;
     for (int d = p->nbatch - 1; d >= 0; d--) {
@@ -142,7 +136,7 @@ static void mm_fold_batch(mm_plan *p) {
 
 /* Wrapping integer matmul over any strides; unsigned arithmetic makes
  * overflow wrap, as it does in PyTorch, instead of being undefined. */
-static void gemm_int64(const mm_plan *p, const int64_t *a, const int64_t *b, int64_t *c,
+static void gemm_int64(const ct__mm_plan *p, const int64_t *a, const int64_t *b, int64_t *c,
                        int64_t rows, int64_t cols) {
     for (int64_t i = 0; i < rows; i++)
         for (int64_t j = 0; j < cols; j++) {
@@ -155,7 +149,7 @@ static void gemm_int64(const mm_plan *p, const int64_t *a, const int64_t *b, int
 }
 
 /* Output rows [r0, r1) x columns [c0, c1) of one batch. */
-static void mm_block(const mm_plan *p, int64_t batch, int64_t r0, int64_t r1, int64_t c0,
+static void mm_block(const ct__mm_plan *p, int64_t batch, int64_t r0, int64_t r1, int64_t c0,
                      int64_t c1) {
     int64_t ao = r0 * p->a.rs, bo = c0 * p->b.cs, rem = batch;
     for (int d = p->nbatch - 1; d >= 0; d--) {
@@ -182,32 +176,33 @@ static void mm_block(const mm_plan *p, int64_t batch, int64_t r0, int64_t r1, in
 }
 
 /* Where part i of a matrix starts along the split dim. */
-static int64_t mm_part_start(const mm_plan *p, int64_t i) {
-    if (p->split_cols)
+static int64_t mm_part_start(const mm_job *j, int64_t i) {
+    const ct__mm_plan *p = j->p;
+    if (j->split_cols)
         return i * MM_COL_BLOCK < p->n ? i * MM_COL_BLOCK : p->n;
-    if (i == p->parts)
+    if (i == j->parts)
         return p->m;
-    return (i * p->m / p->parts + MM_ROW_ALIGN / 2) / MM_ROW_ALIGN * MM_ROW_ALIGN;
+    return (i * p->m / j->parts + MM_ROW_ALIGN / 2) / MM_ROW_ALIGN * MM_ROW_ALIGN;
 }
 
 /* Units [lo, hi) of the flattened (batch, part) range. */
 static void mm_chunk(void *ctx, int64_t lo, int64_t hi) {
-    const mm_plan *p = ctx;
+    const mm_job *j = ctx;
     for (int64_t u = lo; u < hi; u++) {
-        int64_t batch = u / p->parts, part = u % p->parts;
-        int64_t s0 = mm_part_start(p, part), s1 = mm_part_start(p, part + 1);
-        if (p->split_cols)
-            mm_block(p, batch, 0, p->m, s0, s1);
+        int64_t batch = u / j->parts, part = u % j->parts;
+        int64_t s0 = mm_part_start(j, part), s1 = mm_part_start(j, part + 1);
+        if (j->split_cols)
+            mm_block(j->p, batch, 0, j->p->m, s0, s1);
         else
-            mm_block(p, batch, s0, s1, 0, p->n);
+            mm_block(j->p, batch, s0, s1, 0, j->p->n);
     }
 }
 
-static void mm_run(mm_plan *p) {
+static void mm_run(const ct__mm_plan *p) {
     double macs = (double)p->m * (double)p->n * (double)p->k;
-    p->split_cols = p->m < MM_COL_SPLIT_ROWS && p->n >= 2 * MM_COL_BLOCK;
-    if (p->split_cols) {
-        p->parts = (p->n + MM_COL_BLOCK - 1) / MM_COL_BLOCK;
+    mm_job j = {.p = p, .split_cols = p->m < MM_COL_SPLIT_ROWS && p->n >= 2 * MM_COL_BLOCK};
+    if (j.split_cols) {
+        j.parts = (p->n + MM_COL_BLOCK - 1) / MM_COL_BLOCK;
     } else {
         /* Enough parts for the threads that whole matrices leave idle. */
         int64_t threads = ct_in_parallel_region() ? 1 : ct_get_num_threads();
@@ -216,19 +211,21 @@ static void mm_run(mm_plan *p) {
             parts = p->m / MM_ROW_ALIGN;
         if (parts > macs / MM_GRAIN_MACS)
             parts = (int64_t)(macs / MM_GRAIN_MACS);
-        p->parts = parts > 1 ? parts : 1;
+        j.parts = parts > 1 ? parts : 1;
     }
-    double unit_macs = macs / (double)p->parts;
+    double unit_macs = macs / (double)j.parts;
     int64_t grain = unit_macs >= MM_GRAIN_MACS ? 1 : (int64_t)(MM_GRAIN_MACS / unit_macs) + 1;
-    ct_parallel_for(0, p->nb * p->parts, grain, mm_chunk, p);
+    ct_parallel_for(0, p->nb * j.parts, grain, mm_chunk, &j);
 }
 
-static ct_dtype compute_dtype(ct_dtype dtype) {
+static ct_dtype compute_dtype(ct_dtype dtype, bool cuda) {
     switch (dtype) {
     case CT_FLOAT64: return CT_FLOAT64;
     case CT_INT64:
     case CT_INT32:
     case CT_UINT8: return CT_INT64;
+    case CT_BFLOAT16:
+    case CT_FLOAT16: return cuda ? dtype : CT_FLOAT32;
     default: return CT_FLOAT32;
     }
 }
@@ -242,7 +239,7 @@ static int mm_fail(int code, const ct_tensor *a, const ct_tensor *b, const char 
 }
 
 /* Checks shapes and fills p's sizes and the output shape. */
-static int mm_shapes(mm_plan *p, const ct_tensor *a, const ct_tensor *b, int *ndim,
+static int mm_shapes(ct__mm_plan *p, const ct_tensor *a, const ct_tensor *b, bool cuda, int *ndim,
                      int64_t *sizes) {
     char what[CT__SHAPE_STR * 3];
     if (a->ndim == 0 || b->ndim == 0)
@@ -264,14 +261,16 @@ static int mm_shapes(mm_plan *p, const ct_tensor *a, const ct_tensor *b, int *nd
         snprintf(what, sizeof what, "%s", ct_errmsg());
         return mm_fail(CT_ESHAPE, a, b, what);
     }
-    p->dtype = compute_dtype(dtype);
+    p->dtype = compute_dtype(dtype, cuda);
+    /* cuBLAS's dims and leading dims are ints. */
+    p->limit = cuda ? INT32_MAX : MM_BLAS_MAX;
     p->nb = ct__numel(p->nbatch, p->batch);
     p->m = a->ndim > 1 ? a->sizes[a->ndim - 2] : 1;
     p->n = b->ndim > 1 ? b->sizes[b->ndim - 1] : 1;
     p->k = k;
-    if (p->dtype != CT_INT64 && (p->m > MM_BLAS_MAX || p->n > MM_BLAS_MAX || k > MM_BLAS_MAX)) {
-        snprintf(what, sizeof what, "a matrix dim exceeds BLAS's limit of %lld",
-                 (long long)MM_BLAS_MAX);
+    if (p->dtype != CT_INT64 && (p->m > p->limit || p->n > p->limit || k > p->limit)) {
+        snprintf(what, sizeof what, "a matrix dim exceeds %s's limit of %lld",
+                 cuda ? "cuBLAS" : "BLAS", (long long)p->limit);
         return mm_fail(CT_ENOTSUP, a, b, what);
     }
     memcpy(sizes, p->batch, sizeof(int64_t) * (size_t)p->nbatch);
@@ -284,12 +283,14 @@ static int mm_shapes(mm_plan *p, const ct_tensor *a, const ct_tensor *b, int *nd
 }
 
 ct_tensor *ct_matmul(ct_tensor *a, ct_tensor *b) {
-    if (CT__CHECK("matmul", a, b))
+    if (CT__CHECK_ANY("matmul", a, b) || ct__check_same_device("matmul", (ct_tensor *[]){a, b}, 2))
         return NULL;
-    mm_plan p;
+    ct_device device = a->storage->device;
+    bool cuda = device.type == CT_CUDA;
+    ct__mm_plan p;
     int ndim = 0;
     int64_t sizes[CT_MAX_DIMS];
-    if (mm_shapes(&p, a, b, &ndim, sizes))
+    if (mm_shapes(&p, a, b, cuda, &ndim, sizes))
         return NULL;
     ct_dtype dtype = ct_promote_types(a->dtype, b->dtype);
     bool work = p.nb > 0 && p.m > 0 && p.n > 0 && p.k > 0;
@@ -300,20 +301,32 @@ ct_tensor *ct_matmul(ct_tensor *a, ct_tensor *b) {
     ct_tensor *out = NULL;
     if (work && (mm_operand(&p, &p.a, a, true, &scratch[0]) ||
                  mm_operand(&p, &p.b, b, false, &scratch[1]) ||
-                 (dtype != p.dtype && scratch_new(&cbuf, &scratch[2], ndim, sizes, p.dtype))))
+                 (dtype != (ct_dtype)p.dtype &&
+                  scratch_new(&cbuf, &scratch[2], ndim, sizes, (ct_dtype)p.dtype, device))))
         goto done;
-    out = ct__new("matmul", ndim, sizes, dtype);
+    out = ct__new_on("matmul", ndim, sizes, dtype, device);
     if (!out)
         goto done;
+    int rc = 0;
     if (!work) {
         /* k == 0 sums nothing: zeros. */
-        memset(ct__data(out), 0, (size_t)ct_numel(out) * ct_dtype_size(dtype));
+        if (cuda)
+            rc = ct__cuda_fill(out, 0);
+        else
+            memset(ct__data(out), 0, (size_t)ct_numel(out) * ct_dtype_size(dtype));
     } else {
         p.c = scratch[2] ? ct__data(&cbuf) : ct__data(out);
         mm_fold_batch(&p);
-        mm_run(&p);
-        if (scratch[2])
-            ct__copy_into(out, &cbuf);
+        if (cuda)
+            rc = ct__cuda_matmul(&p, device.index);
+        else
+            mm_run(&p);
+        if (!rc && scratch[2])
+            rc = ct__copy_any(out, &cbuf);
+    }
+    if (rc) {
+        ct__release(out);
+        out = NULL;
     }
 done:
     for (int i = 0; i < 3; i++)

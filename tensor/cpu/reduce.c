@@ -1,5 +1,6 @@
 /* Reductions on the CPU: sum, mean, prod, amax/amin, var/std, logsumexp,
- * norm, max/min along a dim and argmax/argmin.
+ * norm, max/min along a dim and argmax/argmin. On a CUDA device the same
+ * front end plans them and tensor/cuda/reduce.cu computes them.
  *
  * An op is a kind: a family, which says how partial results merge and
  * finish, plus kernels for each compute type (float for float32 and the
@@ -12,6 +13,7 @@
  * whose size depends on the shape alone; a chunk is reduced in a fixed order,
  * and chunks merge in index order. Threads take whole chunks, so the thread
  * count never changes a result. */
+#include "cuda_impl.h"
 #include "reduce_impl.h"
 #include "vexp.h"
 
@@ -1011,11 +1013,35 @@ static ct_dtype out_dtype(const red_desc *d, ct_dtype in) {
     return in;
 }
 
+/* Each kind as the device kernels name it: its family and what it sums or
+ * compares. */
+static const struct {
+    int family, map;
+} cuda_kinds[] = {
+    [K_SUM] = {CT__CUDA_RED_SUM, CT__CUDA_MAP_ID},
+    [K_SUM_ABS] = {CT__CUDA_RED_SUM, CT__CUDA_MAP_ABS},
+    [K_SUM_NZ] = {CT__CUDA_RED_SUM, CT__CUDA_MAP_NZ},
+    [K_SUM_POW] = {CT__CUDA_RED_SUM, CT__CUDA_MAP_POW},
+    [K_SUM_SQR] = {CT__CUDA_RED_SUM, CT__CUDA_MAP_SQR},
+    [K_PROD] = {CT__CUDA_RED_PROD, CT__CUDA_MAP_ID},
+    [K_MAX] = {CT__CUDA_RED_MAX, CT__CUDA_MAP_ID},
+    [K_MIN] = {CT__CUDA_RED_MIN, CT__CUDA_MAP_ID},
+    [K_MAX_ABS] = {CT__CUDA_RED_MAX, CT__CUDA_MAP_ABS},
+    [K_MIN_ABS] = {CT__CUDA_RED_MIN, CT__CUDA_MAP_ABS},
+    [K_VAR] = {CT__CUDA_RED_VAR, CT__CUDA_MAP_ID},
+    [K_LSE] = {CT__CUDA_RED_LSE, CT__CUDA_MAP_ID},
+    [K_ARGMAX] = {CT__CUDA_RED_ARGMAX, CT__CUDA_MAP_ID},
+    [K_ARGMIN] = {CT__CUDA_RED_ARGMIN, CT__CUDA_MAP_ID},
+};
+_Static_assert((int)POST_NONE == CT__CUDA_POST_NONE && (int)POST_MEAN == CT__CUDA_POST_MEAN &&
+                   (int)POST_SQRT == CT__CUDA_POST_SQRT && (int)POST_ROOT == CT__CUDA_POST_ROOT,
+               "reduce.c's post steps and the device's disagree on the order");
+
 static ct_tensor *reduce(const red_desc *d, ct_tensor *t, const int *dims, int ndims, bool keepdim,
                          double scalar, ct_tensor **indices) {
     if (indices)
         *indices = NULL;
-    if (CT__CHECK(d->name, t))
+    if (CT__CHECK_ANY(d->name, t))
         return NULL;
     const red_kernels *k = &kinds[d->kind];
     bool mask[CT_MAX_DIMS];
@@ -1060,10 +1086,19 @@ static ct_tensor *reduce(const red_desc *d, ct_tensor *t, const int *dims, int n
     /* max_dim always makes its indices: autograd needs them even when the
      * caller does not. */
     bool with_indices = arg && !j.index_only;
-    ct_tensor *out = ct__new(d->name, out_ndim, out_sizes, j.out_dtype);
-    ct_tensor *idx = with_indices ? ct__new(d->name, out_ndim, out_sizes, CT_INT64) : NULL;
+    ct_device device = t->storage->device;
+    ct_tensor *out = ct__new_on(d->name, out_ndim, out_sizes, j.out_dtype, device);
+    ct_tensor *idx =
+        with_indices ? ct__new_on(d->name, out_ndim, out_sizes, CT_INT64, device) : NULL;
     bool ok = out && (idx || !with_indices);
-    if (ok) {
+    if (ok && device.type == CT_CUDA) {
+        ct__cuda_reduce_args a = {.family = cuda_kinds[d->kind].family,
+                                  .map = cuda_kinds[d->kind].map,
+                                  .post = (int)d->post,
+                                  .scalar = scalar,
+                                  .index_only = j.index_only};
+        ok = ct__cuda_reduce(&a, t, out, idx, mask, keepdim) == 0;
+    } else if (ok) {
         j.out = ct__data(out);
         j.indices = idx ? ct__data(idx) : NULL;
         ok = run(d->name, &j, t, out, mask, keepdim) == 0;
@@ -1113,7 +1148,7 @@ ct_tensor *ct_std(ct_tensor *t, const int *dims, int ndims, double correction, b
 ct_tensor *ct_norm(ct_tensor *t, double p, const int *dims, int ndims, bool keepdim) {
     if (isnan(p)) {
         char desc[CT__DESC_STR];
-        if (!CT__CHECK("norm", t))
+        if (!CT__CHECK_ANY("norm", t))
             ct__seterr(CT_EINVAL, "norm: p is NaN for %s; expected a number or +-INFINITY",
                        ct__desc(desc, t));
         return NULL;

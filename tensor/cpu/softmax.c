@@ -1,4 +1,5 @@
-/* Softmax and log-softmax along one dim.
+/* Softmax and log-softmax along one dim, on the CPU and on a CUDA device
+ * (tensor/cuda/reduce.cu).
  *
  * A row along dim takes three passes: its max, the sum of exp(x - max), then
  * the output. Rows are either contiguous runs (dim is the input's fastest
@@ -6,6 +7,7 @@
  * other dims: the split of reduce_impl.h. float32 and the 16-bit floats
  * compute in float, float64 in double. A row's result depends only on that
  * row, so the thread count changes nothing. */
+#include "cuda_impl.h"
 #include "reduce_impl.h"
 #include "vexp.h"
 
@@ -168,7 +170,7 @@ DEFINE_SOFTMAX(f32, float, ct__vexpf, ct__f32_select)
 DEFINE_SOFTMAX(f64, double, exp, ct__f64_select)
 
 static ct_tensor *softmax_op(const char *name, ct_op op, bool log, ct_tensor *t, int dim) {
-    if (CT__CHECK(name, t))
+    if (CT__CHECK_ANY(name, t))
         return NULL;
     char desc[CT__DESC_STR];
     int d = ct__wrap_dim(name, dim, t->ndim);
@@ -183,10 +185,15 @@ static ct_tensor *softmax_op(const char *name, ct_op op, bool log, ct_tensor *t,
                    name, ct__desc(desc, t), name);
         return NULL;
     }
-    ct_tensor *out = ct__new(name, t->ndim, t->sizes, t->dtype);
+    ct_tensor *out = ct__new_on(name, t->ndim, t->sizes, t->dtype, t->storage->device);
     if (!out)
         return NULL;
-    if (ct_numel(t) > 0) {
+    if (t->storage->device.type == CT_CUDA) {
+        if (ct__cuda_softmax(out, t, d, log)) {
+            ct__release(out);
+            return NULL;
+        }
+    } else if (ct_numel(t) > 0) {
         bool mask[CT_MAX_DIMS] = {false};
         mask[d] = t->ndim > 0;
         ct_tensor marker;

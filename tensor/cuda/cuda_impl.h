@@ -55,9 +55,87 @@ int ct__cuda_fill(ct_tensor *t, double value);
 
 /* reductions, softmax, cross-entropy, layer norm (reduce.cu, reduce.c) */
 
-/* indexing, where, concatenation, factories, random (index.cu, index.c) */
+/* out (and indices, max_dim's, or NULL) = the reduction a describes (its
+ * family, map, post, scalar and index_only set by the caller) of in over
+ * the dims in mask; out is new and contiguous, of in's rank when keepdim,
+ * else without the reduced dims. */
+int ct__cuda_reduce(ct__cuda_reduce_args *a, ct_tensor *in, ct_tensor *out, ct_tensor *indices,
+                    const bool *mask, bool keepdim);
+/* out = softmax (or log_softmax) of in along dim (wrapped); out is new and
+ * contiguous, of in's shape and float dtype. */
+int ct__cuda_softmax(ct_tensor *out, ct_tensor *in, int dim, bool log);
+/* Cross-entropy of contiguous scores x [n, c] (float32 or float64) against
+ * contiguous int64 targets t [n], already checked: loss [n] (float64) and
+ * lse [n] (x's dtype). */
+int ct__cuda_cross_entropy(ct_tensor *loss, ct_tensor *lse, ct_tensor *x, ct_tensor *t,
+                           int64_t ignore, double smoothing);
+/* Its gradient into grad [n, c] (x's dtype, contiguous), scale a 0-d or an
+ * [n] tensor of x's dtype, contiguous. */
+int ct__cuda_cross_entropy_backward(ct_tensor *grad, ct_tensor *x, ct_tensor *t, ct_tensor *lse,
+                                    ct_tensor *scale, int64_t ignore, double smoothing);
+/* Layer norm over x's last dim (all contiguous, w and b of x's dtype or
+ * NULL): y, and mean and rstd per row in the compute type. */
+int ct__cuda_layer_norm(ct_tensor *y, ct_tensor *mean, ct_tensor *rstd, ct_tensor *x, ct_tensor *w,
+                        ct_tensor *b, double eps);
+/* Its backward from contiguous dy: dx, dw, db (each NULL when not
+ * wanted). */
+int ct__cuda_layer_norm_backward(ct_tensor *dx, ct_tensor *dw, ct_tensor *db, ct_tensor *dy,
+                                 ct_tensor *x, ct_tensor *w, ct_tensor *mean, ct_tensor *rstd);
 
-/* matmul through cuBLAS (matmul.c) */
+/* indexing, where, concatenation, factories, random (index.cu, index.c)
+ *
+ * Concatenation and the factories need no kernel of their own: they are
+ * copies and fills. Everything here is queued on the device's compute
+ * stream, except the scans, whose answer the host waits for. */
+
+/* Scans index (int64, int32 or uint8) on its device in the element
+ * iterator's order, as the CPU does: *found says whether a value lies
+ * outside [0, bound) (bound < 0: whether one is negative), *bad is the
+ * first such, *max the largest value (INT64_MIN when empty). */
+int ct__cuda_scan_index(ct_tensor *index, int64_t bound, bool *found, int64_t *bad, int64_t *max);
+/* The same for the float tensor p: the first value outside [0, 1] (NaN
+ * too). */
+int ct__cuda_scan_probabilities(ct_tensor *p, bool *found, double *bad);
+
+/* Gather (ops[0] = ops[2] at the index) and scatter_add (ops[2] at the
+ * index += ops[0]) along a dim, over the shape of ops[1], the index (int64
+ * or int32), whose values must be in range. Each operand is viewed at the
+ * index's shape; ops[2] has stride 0 along the dim and moves jump bytes per
+ * index value there. */
+int ct__cuda_gather(ct_tensor *const ops[3], int64_t jump);
+int ct__cuda_scatter_add(ct_tensor *const ops[3], int64_t jump);
+
+/* out (contiguous int64 [..., classes]) = one_hot of labels, viewed at out's
+ * shape (stride 0 along the classes); the labels must be in range. */
+int ct__cuda_one_hot(ct_tensor *out, ct_tensor *labels, int64_t classes);
+
+/* out (contiguous, t's shape and dtype) = tril(t, k), or triu with upper. */
+int ct__cuda_band(ct_tensor *out, ct_tensor *t, int64_t k, bool upper);
+
+/* out = cond ? a : b, all of out's dtype but the bool cond, viewed with the
+ * broadcast shape (nd, shape). a NULL: the element whose bytes are *a_bits
+ * (masked_fill, b being out itself). */
+int ct__cuda_where(ct_tensor *out, ct_tensor *cond, ct_tensor *a, ct_tensor *b,
+                   const uint64_t *a_bits, int nd, const int64_t *shape);
+
+/* The draw d (its out, n elements, contiguous on out's device). */
+int ct__cuda_draw(ct_tensor *out, const ct__draw *d);
+
+/* matmul through cuBLAS (matmul.c), pinned host memory (runtime.c,
+ * device.c) */
+
+/* Queues p (cuda_kernels.h) on device's compute stream: cuBLAS for the float dtypes (float32
+ * in TF32 when ct_cuda_set_tf32 asked for it; float16 and bfloat16
+ * accumulate in float32), a kernel for int64. */
+int ct__cuda_matmul(const ct__mm_plan *p, int device);
+
+/* Page-locked host memory of nbytes (cudaHostAlloc), freed with
+ * ct__cuda_host_free. */
+int ct__cuda_host_alloc(size_t nbytes, void **ptr);
+void ct__cuda_host_free(void *ptr);
+/* ct__cuda_copy without the wait: queued on device's compute stream. */
+int ct__cuda_copy_async(int device, void *dst, const void *src, size_t n, bool to_device,
+                        bool from_device);
 
 /* ------------------------------------------- for the families' launchers
  *
@@ -75,5 +153,16 @@ void ct__cuda_iter_of(ct__cuda_iter *k, ct_tensor *const *ts, int n, int nd, con
 /* device.c: device storage through the device's caching allocator, freed
  * back to it. NULL with the error. */
 ct_storage *ct__cuda_storage_new(size_t nbytes, int device);
+
+/* ---------------------------------------------- streams, for collectives
+ *
+ * device.c, in every build. */
+
+/* Marks that work queued on stream (another than the device's compute
+ * stream, such as a communication stream) uses t's memory: when the block
+ * is freed, the allocator holds it back until that work is done. A no-op
+ * for CPU tensors and for memory the caller brought
+ * (ct_storage_from_blob). */
+int ct__cuda_record_stream(ct_tensor *t, void *stream);
 
 #endif

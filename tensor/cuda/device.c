@@ -6,6 +6,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 
 #define MAX_DEVICES 64
 
@@ -61,6 +62,12 @@ int ct_cuda_synchronize(int index) {
     int rc = check_device("ct_cuda_synchronize", index);
     return rc ? rc : ct__cuda_sync(index);
 }
+
+static atomic_bool tf32;
+
+void ct_cuda_set_tf32(bool enabled) { atomic_store(&tf32, enabled); }
+
+bool ct_cuda_tf32_enabled(void) { return atomic_load(&tf32); }
 
 /* The device's allocator, made on first use. */
 static ct__calloc *allocator(const char *fn, int index) {
@@ -124,10 +131,202 @@ ct_storage *ct__cuda_storage_new(size_t nbytes, int device) {
     return s;
 }
 
+/* ------------------------------------------------------- pinned memory
+ *
+ * Page-locked host memory comes from a cache, as in PyTorch's caching host
+ * allocator: cudaHostAlloc takes milliseconds, and cudaFreeHost waits for
+ * the device. Sizes round up to a power of two (4 KiB at least). A block
+ * that an asynchronous copy used keeps that copy's event; freed, it waits
+ * in its size's list until the events have completed, and is then reused.
+ * So a pinned source may be freed as soon as ct_to_async returns. */
+
+#define PIN_MIN_SHIFT 12
+#define PIN_BINS      64
+
+typedef struct pin_event {
+    int device;
+    void *event;
+} pin_event;
+
+typedef struct pin_block {
+    void *ptr;
+    int bin;           /* holds 2^bin bytes */
+    pin_event *events; /* the last copy in flight on each device's stream */
+    int nevents, cap;
+    struct pin_block *next; /* in a free list */
+} pin_block;
+
+static struct {
+    pthread_mutex_t lock;
+    pin_block *free[PIN_BINS];
+} P = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static ct__devmem devmem_of(int device) {
+    ct__devmem mem;
+    ct__cuda_devmem(device, &mem);
+    return mem;
+}
+
+/* Drops b's completed events; whether none is left. Under P.lock. An event
+ * that cannot be queried means the device failed: its copy is over. */
+static bool pin_idle(pin_block *b) {
+    int kept = 0;
+    for (int i = 0; i < b->nevents; i++) {
+        ct__devmem mem = devmem_of(b->events[i].device);
+        if (mem.event_query(mem.ctx, b->events[i].event) == 0)
+            b->events[kept++] = b->events[i];
+        else
+            mem.event_free(mem.ctx, b->events[i].event);
+    }
+    b->nevents = kept;
+    return kept == 0;
+}
+
+static void pin_release(void *data, void *ctx) {
+    (void)data;
+    pin_block *b = ctx;
+    pthread_mutex_lock(&P.lock);
+    b->next = P.free[b->bin];
+    P.free[b->bin] = b;
+    pthread_mutex_unlock(&P.lock);
+}
+
+static pin_block *pin_alloc(size_t nbytes) {
+    int bin = PIN_MIN_SHIFT;
+    while (bin < PIN_BINS - 1 && ((size_t)1 << bin) < nbytes)
+        bin++;
+    if (((size_t)1 << bin) < nbytes) {
+        ct__seterr(CT_ENOMEM, "ct_empty_pinned: %zu bytes is more than can be pinned", nbytes);
+        return NULL;
+    }
+    pin_block *b = NULL;
+    pthread_mutex_lock(&P.lock);
+    for (pin_block **pp = &P.free[bin]; *pp; pp = &(*pp)->next)
+        if (pin_idle(*pp)) {
+            b = *pp;
+            *pp = b->next;
+            break;
+        }
+    pthread_mutex_unlock(&P.lock);
+    if (b)
+        return b;
+    b = calloc(1, sizeof *b);
+    if (!b) {
+        ct__seterr(CT_ENOMEM, "ct_empty_pinned: out of memory");
+        return NULL;
+    }
+    b->bin = bin;
+    if (ct__cuda_host_alloc((size_t)1 << bin, &b->ptr)) {
+        free(b);
+        return NULL;
+    }
+    return b;
+}
+
+/* Records, on device's compute stream, that b's copies queued so far must
+ * complete before b is reused. A stream runs in order, so the new event
+ * replaces the device's older one. */
+static int pin_record(pin_block *b, int device) {
+    ct__devmem mem = devmem_of(device);
+    void *stream, *event;
+    int rc = ct__cuda_stream(device, &stream);
+    if (rc || (rc = mem.event_record(mem.ctx, stream, &event)))
+        return rc;
+    pthread_mutex_lock(&P.lock);
+    int i = 0;
+    while (i < b->nevents && b->events[i].device != device)
+        i++;
+    if (i < b->nevents) {
+        mem.event_free(mem.ctx, b->events[i].event);
+    } else if (b->nevents == b->cap) {
+        int cap = b->cap ? 2 * b->cap : 2;
+        pin_event *grown = realloc(b->events, sizeof *grown * (size_t)cap);
+        if (!grown) {
+            pthread_mutex_unlock(&P.lock);
+            mem.event_free(mem.ctx, event);
+            return ct__seterr(CT_ENOMEM, "ct_to_async: out of memory");
+        }
+        b->events = grown;
+        b->cap = cap;
+    }
+    b->events[i] = (pin_event){device, event};
+    if (i == b->nevents)
+        b->nevents++;
+    pthread_mutex_unlock(&P.lock);
+    return 0;
+}
+
+/* The block under t's storage, or NULL if t is not pinned. */
+static pin_block *pinned_block(const ct_tensor *t) {
+    return t->storage->free_fn == pin_release ? t->storage->free_ctx : NULL;
+}
+
+bool ct_is_pinned(const ct_tensor *t) {
+    return t && t->magic == CT__TENSOR_MAGIC && pinned_block(t) != NULL;
+}
+
+ct_tensor *ct_empty_pinned(int ndim, const int64_t *sizes, ct_dtype dtype) {
+    const char *fn = "ct_empty_pinned";
+    if (ct__check_shape(fn, ndim, sizes, dtype))
+        return NULL;
+    if (!ct_cuda_device_count()) {
+        ct__seterr(CT_EDEVICE, "%s: page-locked memory needs a CUDA device: %s", fn, D.why);
+        return NULL;
+    }
+    size_t bytes = (size_t)ct__numel(ndim, sizes) * ct__esize(dtype);
+    pin_block *b = pin_alloc(bytes);
+    if (!b)
+        return NULL;
+    ct_storage *s = ct_storage_from_blob(b->ptr, bytes, CT_DEVICE_CPU, pin_release, b);
+    if (!s) {
+        pin_release(b->ptr, b);
+        return NULL;
+    }
+    ct_tensor *t = ct_tensor_from_storage(s, 0, ndim, sizes, NULL, dtype);
+    ct_storage_free(s);
+    return t;
+}
+
+ct_tensor *ct_pin_memory(ct_tensor *t) {
+    const char *fn = "ct_pin_memory";
+    if (ct__check_handles(fn, &t, 1))
+        return NULL;
+    if (t->storage->device.type != CT_CPU) {
+        ct__seterr(CT_EDEVICE, "%s: the tensor is on cuda:%d; only host memory is pinned", fn,
+                   t->storage->device.index);
+        return NULL;
+    }
+    if (ct_is_pinned(t))
+        return ct__scope_own(ct_tensor_retain(t));
+    ct_tensor *out = ct_empty_pinned(t->ndim, t->sizes, t->dtype);
+    if (out)
+        ct__copy_into(out, t);
+    return out;
+}
+
+int ct_cuda_empty_pinned_cache(void) {
+    pthread_mutex_lock(&P.lock);
+    for (int bin = 0; bin < PIN_BINS; bin++)
+        for (pin_block **pp = &P.free[bin]; *pp;) {
+            pin_block *b = *pp;
+            if (!pin_idle(b)) {
+                pp = &b->next;
+                continue;
+            }
+            *pp = b->next;
+            ct__cuda_host_free(b->ptr);
+            free(b->events);
+            free(b);
+        }
+    pthread_mutex_unlock(&P.lock);
+    return 0;
+}
+
 /* ------------------------------------------------------------- copies */
 
-ct_tensor *ct_to(ct_tensor *t, ct_device device) {
-    const char *fn = "ct_to";
+/* ct_to, and ct_to_async when async: a copy to device, in which the host
+ * does not wait if the host side is pinned. */
+static ct_tensor *copy_to(const char *fn, ct_tensor *t, ct_device device, bool async) {
     if (ct__check_handles(fn, &t, 1))
         return NULL;
     ct_device from = ct_tensor_device(t);
@@ -135,23 +334,58 @@ ct_tensor *ct_to(ct_tensor *t, ct_device device) {
         return ct__scope_own(ct_tensor_retain(t));
     if (device.type == CT_CUDA && check_device(fn, device.index))
         return NULL;
+    bool to_device = device.type == CT_CUDA, from_device = from.type == CT_CUDA;
+    /* From pageable memory, or between devices, the copy waits. */
+    async =
+        async && (to_device ? !from_device && pinned_block(t) && ct_is_contiguous(t) : from_device);
     /* A view is made contiguous where it is, on the host or the device. */
     ct_tensor *src = ct_contiguous(t);
     if (!src)
         return NULL;
     size_t bytes = (size_t)ct_numel(src) * ct__esize(src->dtype);
-    ct_storage *s = device.type == CT_CPU ? ct_storage_new(bytes, device)
-                                          : ct__cuda_storage_new(bytes, device.index);
-    ct_tensor *out =
-        s ? ct_tensor_from_storage(s, 0, src->ndim, src->sizes, NULL, src->dtype) : NULL;
-    ct_storage_free(s);
+    ct_tensor *out = NULL;
+    if (async && !to_device) {
+        out = ct_empty_pinned(src->ndim, src->sizes, src->dtype);
+    } else {
+        ct_storage *s =
+            to_device ? ct__cuda_storage_new(bytes, device.index) : ct_storage_new(bytes, device);
+        out = s ? ct_tensor_from_storage(s, 0, src->ndim, src->sizes, NULL, src->dtype) : NULL;
+        ct_storage_free(s);
+    }
     /* The copy runs on the stream of the device involved (the destination's
-     * when both are devices). */
-    int on = device.type == CT_CUDA ? device.index : from.index;
-    if (out && ct__cuda_copy(on, ct__data(out), ct__data(src), bytes, device.type == CT_CUDA,
-                             from.type == CT_CUDA)) {
+     * when both are devices: the source's work is waited for first). */
+    int on = to_device ? device.index : from.index;
+    int rc = !out ? ct_errcode() : to_device && from_device ? ct__cuda_sync(from.index) : 0;
+    if (!rc && !async)
+        rc = ct__cuda_copy(on, ct__data(out), ct__data(src), bytes, to_device, from_device);
+    if (!rc && async) {
+        rc = ct__cuda_copy_async(on, ct__data(out), ct__data(src), bytes, to_device, from_device);
+        /* Without its event the pinned block could be reused while the copy
+         * reads or writes it. */
+        if (!rc && pin_record(pinned_block(to_device ? src : out), on))
+            rc = ct__cuda_sync(on) ? ct_errcode() : 0;
+    }
+    ct__release(src);
+    if (rc && out) {
         ct__release(out);
-        return NULL;
+        out = NULL;
     }
     return out;
+}
+
+ct_tensor *ct_to(ct_tensor *t, ct_device device) { return copy_to("ct_to", t, device, false); }
+
+ct_tensor *ct_to_async(ct_tensor *t, ct_device device) {
+    return copy_to("ct_to_async", t, device, true);
+}
+
+/* ------------------------------------------------ streams, for collectives */
+
+int ct__cuda_record_stream(ct_tensor *t, void *stream) {
+    ct_storage *s = t->storage;
+    /* Memory the caller brought (ct_storage_from_blob) is the caller's to
+     * keep alive; only the allocator's blocks are reused behind its back. */
+    if (s->device.type != CT_CUDA || s->free_fn != release_block || !s->data)
+        return 0;
+    return ct__calloc_record_stream(s->free_ctx, s->data, stream);
 }

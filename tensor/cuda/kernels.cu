@@ -1,68 +1,41 @@
 // ct's CUDA kernels (cuda_kernels.h): elementwise work over ct's element
-// iterator, computed on the device with one thread per element, grid-stride.
+// iterator, each op family a functor handed to kernels_common.cuh's map
+// (grid-stride, 16-byte vectors where the operands are contiguous).
 #include "kernels_common.cuh"
 
 using namespace ct_cuda;
 
 namespace {
 
-template <typename D, typename S> __global__ void copy_kernel(ct__cuda_iter it) {
-    int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
-    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < it.numel;
-         i += step) {
-        int64_t od, os;
-        offsets(it, i, &od, &os);
-        *reinterpret_cast<D *>(it.data[0] + od) =
-            Cast<D, S>::run(*reinterpret_cast<const S *>(it.data[1] + os));
-    }
-}
+template <typename D, typename S> struct CopyOp {
+    __device__ D operator()(S v) const { return Cast<D, S>::run(v); }
+};
 
-template <typename D, typename S> int launch_copy(const ct__cuda_iter &it, cudaStream_t stream) {
-    copy_kernel<D, S><<<blocks_for(it.numel), kThreads, 0, stream>>>(it);
-    return static_cast<int>(cudaGetLastError());
-}
+template <typename T> struct FillOp {
+    T value;
+    __device__ T operator()() const { return value; }
+};
 
 } // namespace
 
 extern "C" int ct__cuda_launch_copy(const ct__cuda_iter *it, int dst_dtype, int src_dtype,
                                     void *stream) {
-    if (it->numel == 0)
-        return 0;
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     return by_dtype(dst_dtype, [&](auto d) {
-        return by_dtype(src_dtype,
-                        [&](auto src) { return launch_copy<decltype(d), decltype(src)>(*it, s); });
+        return by_dtype(src_dtype, [&](auto src) {
+            using D = decltype(d);
+            using S = decltype(src);
+            return map_launch<D, S>(*it, CopyOp<D, S>{}, s);
+        });
     });
 }
 
-// ------------------------------------------------------------------- fill
-
-namespace {
-
-template <typename T> __global__ void fill_kernel(ct__cuda_iter it, T value) {
-    int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
-    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < it.numel;
-         i += step) {
-        int64_t o = 0, j = i;
-        for (int d = 0; d < it.ndim; d++) {
-            o += (j % it.shape[d]) * it.strides[d][0];
-            j /= it.shape[d];
-        }
-        *reinterpret_cast<T *>(it.data[0] + o) = value;
-    }
-}
-
-} // namespace
-
 extern "C" int ct__cuda_launch_fill(const ct__cuda_iter *it, int dtype, double value,
                                     void *stream) {
-    if (it->numel == 0)
-        return 0;
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     return by_dtype(dtype, [&](auto t) {
         using T = decltype(t);
-        fill_kernel<T><<<blocks_for(it->numel), kThreads, 0, s>>>(*it, Conv<T>::from(value));
-        return static_cast<int>(cudaGetLastError());
+        return map_launch<T>(*it, FillOp<T>{Conv<T>::from(value)}, s);
     });
 }
 
@@ -117,72 +90,51 @@ template <typename A> __device__ bool compare(int op, A x, A y) {
     }
 }
 
-__device__ inline void offsets3(const ct__cuda_iter &it, int64_t i, int64_t o[3]) {
-    o[0] = o[1] = o[2] = 0;
-    for (int d = 0; d < it.ndim; d++) {
-        int64_t idx = i % it.shape[d];
-        i /= it.shape[d];
-        o[0] += idx * it.strides[d][0];
-        o[1] += idx * it.strides[d][1];
-        o[2] += idx * it.strides[d][2];
+// Elements to the compute type and back; comparisons give bool. Bool
+// arithmetic (add, mul, maximum, minimum) computes in int64 and stores
+// whether the result is non-zero.
+template <typename T> struct ArithOp {
+    using A = decltype(Elem<T>::load(T()));
+    int op;
+    __device__ T operator()(T x, T y) const {
+        return Elem<T>::store(Arith<A>::apply(op, Elem<T>::load(x), Elem<T>::load(y)));
     }
-}
+};
 
-// The op is a kernel argument, not a template one: one kernel per dtype
-// keeps the build short, and the switch costs nothing beside the loads.
-template <typename T>
-__global__ void binary_kernel(ct__cuda_iter it, int op, bool scalar_b, T scalar) {
-    using A = typename Acc<T>::type;
-    int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
-    bool cmp = op >= CT__CUDA_EQ;
-    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < it.numel;
-         i += step) {
-        int64_t o[3];
-        offsets3(it, i, o);
-        A x = Elem<T>::load(*reinterpret_cast<const T *>(it.data[1] + o[1]));
-        A y = Elem<T>::load(scalar_b ? scalar : *reinterpret_cast<const T *>(it.data[2] + o[2]));
-        if (cmp)
-            *reinterpret_cast<uint8_t *>(it.data[0] + o[0]) = compare<A>(op, x, y);
-        else
-            *reinterpret_cast<T *>(it.data[0] + o[0]) = Elem<T>::store(Arith<A>::apply(op, x, y));
+template <typename T> struct CompareOp {
+    using A = decltype(Elem<T>::load(T()));
+    int op;
+    __device__ Bool operator()(T x, T y) const {
+        return Bool{static_cast<uint8_t>(compare<A>(op, Elem<T>::load(x), Elem<T>::load(y)))};
     }
-}
+};
 
-// Bool arithmetic (add, mul, maximum, minimum) computes in int64 and stores
-// whether the result is non-zero; comparisons compare 0 and 1.
-template <>
-__global__ void binary_kernel<Bool>(ct__cuda_iter it, int op, bool scalar_b, Bool scalar) {
-    int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
-    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < it.numel;
-         i += step) {
-        int64_t o[3];
-        offsets3(it, i, o);
-        int64_t x = *reinterpret_cast<const uint8_t *>(it.data[1] + o[1]) != 0;
-        int64_t y =
-            (scalar_b ? scalar.v : *reinterpret_cast<const uint8_t *>(it.data[2] + o[2])) != 0;
-        *reinterpret_cast<uint8_t *>(it.data[0] + o[0]) =
-            op >= CT__CUDA_EQ ? compare<int64_t>(op, x, y) : Arith<int64_t>::apply(op, x, y) != 0;
-    }
-}
+// op(x, scalar): the scalar is the kernel's argument, not an operand.
+template <typename Op, typename T> struct WithScalar {
+    Op op;
+    T scalar;
+    __device__ auto operator()(T x) const { return op(x, scalar); }
+};
 
-template <typename T>
-int launch_binary(const ct__cuda_iter &it, int op, bool scalar_b, double scalar, cudaStream_t s) {
-    T v = Conv<T>::from(scalar);
-    binary_kernel<T><<<blocks_for(it.numel), kThreads, 0, s>>>(it, op, scalar_b, v);
-    return static_cast<int>(cudaGetLastError());
+template <typename O, typename T, typename Op>
+int launch_binary(const ct__cuda_iter &it, Op op, bool scalar_b, double scalar, cudaStream_t s) {
+    if (scalar_b)
+        return map_launch<O, T>(it, WithScalar<Op, T>{op, Conv<T>::from(scalar)}, s);
+    return map_launch<O, T, T>(it, op, s);
 }
 
 } // namespace
 
 extern "C" int ct__cuda_launch_binary(const ct__cuda_iter *it, int op, int dtype, int scalar_b,
                                       double scalar, void *stream) {
-    if (it->numel == 0)
-        return 0;
     if (op < 0 || op >= CT__CUDA_NBINARY)
         return static_cast<int>(cudaErrorInvalidValue);
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     return by_dtype(dtype, [&](auto t) {
-        return launch_binary<decltype(t)>(*it, op, scalar_b != 0, scalar, s);
+        using T = decltype(t);
+        if (op >= CT__CUDA_EQ)
+            return launch_binary<Bool, T>(*it, CompareOp<T>{op}, scalar_b != 0, scalar, s);
+        return launch_binary<T, T>(*it, ArithOp<T>{op}, scalar_b != 0, scalar, s);
     });
 }
 
@@ -237,40 +189,30 @@ template <> struct Unary<int64_t> {
     }
 };
 
-template <typename T>
-__global__ void unary_kernel(ct__cuda_iter it, int op, double p0, double p1, int64_t i0,
-                             int64_t i1) {
+template <typename T> struct UnaryOp {
     using A = decltype(Elem<T>::load(T()));
-    constexpr bool ints = std::is_same<A, int64_t>::value;
-    A q0 = ints ? static_cast<A>(i0) : static_cast<A>(p0);
-    A q1 = ints ? static_cast<A>(i1) : static_cast<A>(p1);
-    int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
-    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < it.numel;
-         i += step) {
-        int64_t od, os;
-        offsets(it, i, &od, &os);
-        A x = Elem<T>::load(*reinterpret_cast<const T *>(it.data[1] + os));
-        *reinterpret_cast<T *>(it.data[0] + od) = Elem<T>::store(Unary<A>::apply(op, x, q0, q1));
+    int op;
+    A p0, p1;
+    __device__ T operator()(T x) const {
+        return Elem<T>::store(Unary<A>::apply(op, Elem<T>::load(x), p0, p1));
     }
-}
-
-template <typename T>
-int launch_unary(const ct__cuda_iter &it, int op, const double *p, const int64_t *ip,
-                 cudaStream_t s) {
-    unary_kernel<T><<<blocks_for(it.numel), kThreads, 0, s>>>(it, op, p[0], p[1], ip[0], ip[1]);
-    return static_cast<int>(cudaGetLastError());
-}
+};
 
 } // namespace
 
 extern "C" int ct__cuda_launch_unary(const ct__cuda_iter *it, int op, int dtype, const double p[2],
                                      const int64_t ip[2], void *stream) {
-    if (it->numel == 0)
-        return 0;
     if (op < 0 || op >= CT__CUDA_NUNARY)
         return static_cast<int>(cudaErrorInvalidValue);
     if (dtype == 7) /* bool has no unary op */
         return static_cast<int>(cudaErrorInvalidValue);
     cudaStream_t s = static_cast<cudaStream_t>(stream);
-    return by_dtype(dtype, [&](auto t) { return launch_unary<decltype(t)>(*it, op, p, ip, s); });
+    return by_dtype(dtype, [&](auto t) {
+        using T = decltype(t);
+        using A = typename UnaryOp<T>::A;
+        constexpr bool ints = std::is_same<A, int64_t>::value;
+        A p0 = ints ? static_cast<A>(ip[0]) : static_cast<A>(p[0]);
+        A p1 = ints ? static_cast<A>(ip[1]) : static_cast<A>(p[1]);
+        return map_launch<T, T>(*it, UnaryOp<T>{op, p0, p1}, s);
+    });
 }

@@ -52,6 +52,68 @@ int ct__cuda_fill(ct_tensor *t, double value) { return NONE_ON(t); }
 
 /* reductions, softmax, cross-entropy, layer norm */
 
+int ct__cuda_reduce(ct__cuda_reduce_args *a, ct_tensor *in, ct_tensor *out, ct_tensor *indices,
+                    const bool *mask, bool keepdim) {
+    return NONE_ON(in);
+}
+
+int ct__cuda_softmax(ct_tensor *out, ct_tensor *in, int dim, bool log) { return NONE_ON(in); }
+
+int ct__cuda_cross_entropy(ct_tensor *loss, ct_tensor *lse, ct_tensor *x, ct_tensor *t,
+                           int64_t ignore, double smoothing) {
+    return NONE_ON(x);
+}
+
+int ct__cuda_cross_entropy_backward(ct_tensor *grad, ct_tensor *x, ct_tensor *t, ct_tensor *lse,
+                                    ct_tensor *scale, int64_t ignore, double smoothing) {
+    return NONE_ON(x);
+}
+
+int ct__cuda_layer_norm(ct_tensor *y, ct_tensor *mean, ct_tensor *rstd, ct_tensor *x, ct_tensor *w,
+                        ct_tensor *b, double eps) {
+    return NONE_ON(x);
+}
+
+int ct__cuda_layer_norm_backward(ct_tensor *dx, ct_tensor *dw, ct_tensor *db, ct_tensor *dy,
+                                 ct_tensor *x, ct_tensor *w, ct_tensor *mean, ct_tensor *rstd) {
+    return NONE_ON(x);
+}
+
 /* indexing, where, concatenation, factories, random */
 
-/* matmul */
+int ct__cuda_scan_index(ct_tensor *index, int64_t bound, bool *found, int64_t *bad, int64_t *max) {
+    return NONE_ON(index);
+}
+
+int ct__cuda_scan_probabilities(ct_tensor *p, bool *found, double *bad) { return NONE_ON(p); }
+
+int ct__cuda_gather(ct_tensor *const ops[3], int64_t jump) { return NONE_ON(ops[1]); }
+
+int ct__cuda_scatter_add(ct_tensor *const ops[3], int64_t jump) { return NONE_ON(ops[1]); }
+
+int ct__cuda_one_hot(ct_tensor *out, ct_tensor *labels, int64_t classes) { return NONE_ON(out); }
+
+int ct__cuda_band(ct_tensor *out, ct_tensor *t, int64_t k, bool upper) { return NONE_ON(out); }
+
+int ct__cuda_where(ct_tensor *out, ct_tensor *cond, ct_tensor *a, ct_tensor *b,
+                   const uint64_t *a_bits, int nd, const int64_t *shape) {
+    return NONE_ON(out);
+}
+
+int ct__cuda_draw(ct_tensor *out, const ct__draw *d) { return NONE_ON(out); }
+
+/* matmul, pinned host memory */
+
+int ct__cuda_matmul(const ct__mm_plan *p, int device) { return none(device); }
+
+int ct__cuda_host_alloc(size_t nbytes, void **ptr) {
+    *ptr = NULL;
+    return none(0);
+}
+
+void ct__cuda_host_free(void *ptr) {}
+
+int ct__cuda_copy_async(int device, void *dst, const void *src, size_t n, bool to_device,
+                        bool from_device) {
+    return none(device);
+}

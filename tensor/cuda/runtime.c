@@ -132,19 +132,52 @@ int ct__cuda_launch_on(int device, void **stream) {
     return rc ? rc : ct__cuda_use(device);
 }
 
-int ct__cuda_copy(int device, void *dst, const void *src, size_t n, bool to_device,
-                  bool from_device) {
-    void *stream;
-    int rc = ct__cuda_launch_on(device, &stream);
+/* Queues the copy; *stream gets the stream it is on. */
+static int copy_on(int device, void *dst, const void *src, size_t n, bool to_device,
+                   bool from_device, void **stream) {
+    int rc = ct__cuda_launch_on(device, stream);
     if (rc || !n)
         return rc;
     enum cudaMemcpyKind kind =
         to_device ? (from_device ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice)
                   : (from_device ? cudaMemcpyDeviceToHost : cudaMemcpyHostToHost);
-    cudaError_t e = cudaMemcpyAsync(dst, src, n, kind, stream);
-    if (e == cudaSuccess)
-        e = cudaStreamSynchronize(stream);
+    cudaError_t e = cudaMemcpyAsync(dst, src, n, kind, *stream);
     return e == cudaSuccess ? 0 : fail(e, device, "copying");
+}
+
+int ct__cuda_copy_async(int device, void *dst, const void *src, size_t n, bool to_device,
+                        bool from_device) {
+    void *stream;
+    return copy_on(device, dst, src, n, to_device, from_device, &stream);
+}
+
+int ct__cuda_copy(int device, void *dst, const void *src, size_t n, bool to_device,
+                  bool from_device) {
+    void *stream;
+    int rc = copy_on(device, dst, src, n, to_device, from_device, &stream);
+    cudaError_t e = rc || !n ? cudaSuccess : cudaStreamSynchronize(stream);
+    return rc ? rc : e == cudaSuccess ? 0 : fail(e, device, "copying");
+}
+
+int ct__cuda_host_alloc(size_t nbytes, void **ptr) {
+    cudaError_t e = cudaHostAlloc(ptr, nbytes, cudaHostAllocDefault);
+    if (e == cudaSuccess)
+        return 0;
+    cudaGetLastError();
+    *ptr = NULL;
+    return ct__seterr(e == cudaErrorMemoryAllocation ? CT_ENOMEM : CT_EFOREIGN,
+                      "cudaHostAlloc of %zu bytes of page-locked memory: %s (%s)", nbytes,
+                      cudaGetErrorString(e), cudaGetErrorName(e));
+}
+
+/* Freeing fails only when the device is in error; nothing waits for the
+ * answer, so it is said on stderr. */
+void ct__cuda_host_free(void *ptr) {
+    cudaError_t e = cudaFreeHost(ptr);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        fprintf(stderr, "ct: cudaFreeHost: %s\n", cudaGetErrorString(e));
+    }
 }
 
 int ct__cuda_sync(int device) {

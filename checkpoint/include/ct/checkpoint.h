@@ -130,7 +130,13 @@ CT_API void ct_state_free(ct_state *st);
 
 /* A whole tensor, replicated or per-rank (any dtype, any strides: a save
  * copies a non-contiguous view, a load copies into it). The tensor is
- * retained until the state is freed; load writes into its memory in place. */
+ * retained until the state is freed; load writes into its memory in place.
+ * Tensors on a CUDA device (here and in ct_state_add_shard) pass through
+ * host memory: a save copies each to the host when it writes it (a
+ * ct_checkpointer: when it stages it), after the work queued on its device,
+ * so the file holds the values of every op issued before the save; a load
+ * reads into host memory and queues the copy into the tensor on its
+ * device's stream. The file is the same as for a host tensor. */
 CT_API int ct_state_add_tensor(ct_state *st, const char *name, ct_tensor *t, ct_state_kind kind);
 /* This rank's block of a sharded tensor of global shape (ndim,
  * global_sizes): local holds the elements at offsets[d] .. offsets[d] +
@@ -193,9 +199,10 @@ CT_API int ct_checkpoint_latest(const char *dir, char *out, size_t cap);
 /* Saves in the background: ct_checkpointer_save() copies the state into
  * staging memory, which is reused from one save to the next, and returns
  * while background threads write and commit. Training may change the
- * state's tensors as soon as it returns. A save waits for the one before it
- * to finish. The checkpointer talks to the other ranks over its own
- * communicator, split from comm when it is created. */
+ * state's tensors as soon as it returns (on a device too: their values were
+ * copied to the staging, after the work queued there, before it returned). A save waits for the one
+ * before it to finish. The checkpointer talks to the other ranks over its own communicator, split
+ * from comm when it is created. */
 typedef struct ct_checkpointer ct_checkpointer;
 
 /* Collective over comm (NULL: this process alone). NULL with the collective's
@@ -319,12 +326,15 @@ CT_API int ct_tensor_dict_meta_at(const ct_tensor_dict *set, int i, const char *
  * and renamed into place, then the directory fsynced). Tensors are stored
  * in the set's order, any strides (non-contiguous views are written in
  * row-major order, byte for byte); the header is padded with spaces to a
- * multiple of 8 bytes, as the reference writer does. Errors: CT_EINVAL (a
- * bad handle or path, a header over the format's 100 MB), CT_EDEVICE (a
- * tensor not on the CPU), CT_EIO, CT_ENOMEM. */
+ * multiple of 8 bytes, as the reference writer does. A tensor on a CUDA
+ * device is copied to the host, one at a time, after the work queued on its
+ * device. Errors: CT_EINVAL (a bad handle or path, a header over the
+ * format's 100 MB), CT_EIO, CT_ENOMEM, and ct_to's errors for a device
+ * tensor. */
 CT_API int ct_safetensors_save(const char *path, const ct_tensor_dict *set);
 /* Reads a safetensors file into a new set (*out, owned by the caller; NULL
- * on failure), in the header's order, each tensor contiguous. The file must
+ * on failure), in the header's order, each tensor contiguous and on the host
+ * (ct_to moves one to a device). The file must
  * follow the format's rules: a header of at most 100 MB of UTF-8 JSON that
  * begins with '{' (trailing whitespace allowed), no duplicate keys, sizes
  * that match shapes without overflow, data offsets that are contiguous, do

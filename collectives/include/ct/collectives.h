@@ -77,11 +77,28 @@
  * that is still alive, whether or not it had reached the operation. Create
  * a new communicator to continue.
  *
- * Tensors. CPU tensors of any dtype; non-contiguous ones are staged through
- * a contiguous copy (contiguous tensors take a path with no allocation per
- * call). float16 and bfloat16 reduce in float32. Reductions are bitwise
- * identical on every rank. A queued operation holds references to its
- * tensors; do not read or write them until it completes.
+ * Tensors. CPU tensors of any dtype for shm and mpi, CUDA tensors on the
+ * communicator's device for nccl (ct_comm_device); non-contiguous ones are
+ * staged through a contiguous copy on their device (contiguous tensors take
+ * a path with no allocation per call). float16 and bfloat16 reduce in
+ * float32 on the CPU backends, in their own type in NCCL. Reductions are
+ * bitwise identical on every rank. A queued operation holds references to
+ * its tensors; do not read or write them until it completes.
+ *
+ * CUDA tensors (nccl). An operation follows the work issued on ct's compute
+ * stream of the device before the call (an op queued just before it is
+ * seen by it) and runs on a communication stream of the communicator's
+ * own, so that it overlaps compute issued after the call. Completion is
+ * device-side: ct_work_wait returns once the operation is queued on the
+ * device and the compute stream is made to wait for it, without waiting
+ * for the transfer on the host, so that ops issued after ct_work_wait see
+ * its result (and ct_item or a copy to the host waits for it). The host
+ * waits for the transfer itself where the API promises completion: in the
+ * blocking form (work == NULL), ct_work_free, ct_comm_free, and
+ * ct_work_test returning 1. An error that NCCL reports after ct_work_wait
+ * returned fails the communicator, and so the next operation. The memory
+ * of a tensor freed while an operation on it runs is not reused until it
+ * ends.
  *
  * Threads. Operations on one communicator may be issued from any thread, but
  * one at a time, and in the same order on every rank. A ct_work may be
@@ -116,6 +133,15 @@ typedef enum ct_backend {
 CT_API const char *ct_backend_name(ct_backend backend);
 /* Whether this build has the backend (mpi and nccl are optional). */
 CT_API bool ct_backend_available(ct_backend backend);
+
+/* The bytes of an NCCL unique id (NCCL_UNIQUE_ID_BYTES). */
+#define CT_NCCL_ID_BYTES 128
+/* Makes a new NCCL unique id into id (CT_NCCL_ID_BYTES bytes): rank 0 makes
+ * it and hands it to every rank of the group, which passes it as
+ * config.nccl_id (ct_dist_init does this through the store or MPI).
+ * Errors: CT_EINVAL for NULL, CT_ENOTSUP in a build without NCCL,
+ * CT_EFOREIGN with NCCL's text. Thread-safe. */
+CT_API int ct_comm_nccl_id(void *id);
 
 /* The default timeout of every operation, in seconds. */
 #define CT_COMM_DEFAULT_TIMEOUT 300.0
@@ -157,6 +183,9 @@ CT_API void ct_comm_free(ct_comm *comm);
 CT_API int ct_comm_rank(const ct_comm *comm);
 CT_API int ct_comm_size(const ct_comm *comm);
 CT_API ct_backend ct_comm_backend(const ct_comm *comm);
+/* The device of the tensors the communicator takes: CT_DEVICE_CPU for shm
+ * and mpi, (ct_device){CT_CUDA, config.device} for nccl. Thread-safe. */
+CT_API ct_device ct_comm_device(const ct_comm *comm);
 /* Changes the timeout of operations issued from now on; seconds > 0. */
 CT_API int ct_comm_set_timeout(ct_comm *comm, double seconds);
 CT_API double ct_comm_timeout(const ct_comm *comm);
@@ -207,8 +236,8 @@ CT_API void ct_comm_stats_get(ct_comm *comm, ct_comm_stats *stats);
  * (PyTorch's symmetric memory and NCCL's registered buffers are the same
  * idea). The fast path needs every rank to pass the same view; otherwise
  * the usual path runs, with the same results. Other operations on it take
- * the usual path. Backends without such memory (mpi, nccl) return an
- * ordinary zeroed tensor.
+ * the usual path. Backends without such memory return an ordinary zeroed
+ * tensor: on the host for mpi, on the communicator's device for nccl.
  *
  * When some rank cannot create or map its segment (a /dev/shm without the
  * room, as in containers by default), every rank gets an ordinary zeroed
@@ -255,9 +284,12 @@ CT_API int ct_comm_recv(ct_comm *comm, ct_tensor *t, int src, int tag, ct_work *
 /* ------------------------------------------------------------------ work */
 
 /* Waits until the operation completes; returns 0 or its CT_E* code, with
- * the message recorded on this thread. May be called again. */
+ * the message recorded on this thread. May be called again. On CUDA
+ * tensors (nccl) it waits until the operation is queued on the device and
+ * orders the device's compute stream after it (see CUDA tensors above). */
 CT_API int ct_work_wait(ct_work *work);
-/* 1 if it completed successfully, 0 if still pending, or its CT_E* code. */
+/* 1 if it completed successfully, 0 if still pending, or its CT_E* code.
+ * On CUDA tensors, 1 means that the device finished it. */
 CT_API int ct_work_test(ct_work *work);
 /* Waits for the operation if still pending, then frees the handle. Accepts
  * NULL. */

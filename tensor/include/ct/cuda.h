@@ -21,10 +21,15 @@
  *             printf("no CUDA device: %s\n", ct_cuda_unavailable_reason());
  *             return 0;
  *         }
+ *         // A batch staged in page-locked memory goes to the device without
+ *         // the host waiting, a matmul runs there, and the result comes back.
+ *         ct_device gpu = {CT_CUDA, 0};
  *         ct_scope_begin();
- *         ct_tensor *x = ct_arange(0, 6, 1, CT_FLOAT32);
- *         ct_tensor *d = ct_to(x, (ct_device){CT_CUDA, 0});
- *         ct_tensor *back = d ? ct_to(d, CT_DEVICE_CPU) : NULL;
+ *         ct_tensor *x = ct_pin_memory(ct_reshape(ct_arange(0, 6, 1, CT_FLOAT32),
+ *                                                 CT_SHAPE(2, 3)));
+ *         ct_tensor *d = x ? ct_to_async(x, gpu) : NULL;
+ *         ct_tensor *xxt = d ? ct_matmul(d, ct_transpose(d, 0, 1)) : NULL;
+ *         ct_tensor *back = xxt ? ct_to(xxt, CT_DEVICE_CPU) : NULL;
  *         if (!back)
  *             fprintf(stderr, "%s\n", ct_errmsg());
  *         else
@@ -39,6 +44,18 @@
  *
  * Threads: the current device is per thread. Everything else may be called
  * from any thread.
+ *
+ * Pinned memory and asynchronous copies: ct_to waits for its copy.
+ * ct_to_async does not, where the host side is page-locked ("pinned"):
+ * the copy is queued on the device's compute stream, behind the work
+ * already there, and ops queued after it see its result. A host tensor
+ * filled by ct_to_async may be read only after ct_cuda_synchronize (or
+ * ct_item, or a ct_to to the host) on that device. Pinned memory comes from
+ * a cache, as PyTorch's does: sizes round up to a power of two, freed
+ * blocks are kept for reuse (ct_cuda_empty_pinned_cache gives them back),
+ * and a block is not reused until the copies that used it are done, so a
+ * pinned tensor may be freed while its copy is in flight. Writing to it
+ * before then changes what is copied.
  */
 #ifndef CT_CUDA_H
 #define CT_CUDA_H
@@ -84,6 +101,39 @@ CT_API int ct_cuda_empty_cache(int index);
  * device, device to host and device to device; the host waits for the copy.
  * CT_EDEVICE for a device that is not there. */
 CT_API ct_tensor *ct_to(ct_tensor *t, ct_device device);
+
+/* ct_to without the wait, where the host side is pinned: host to device
+ * from a pinned, contiguous tensor; device to host into a new pinned
+ * tensor, to be read after ct_cuda_synchronize(t's device). Anything else
+ * (pageable memory, a strided host view, device to device) is ct_to, and
+ * waits. Owned like an op's result; errors as ct_to's. */
+CT_API ct_tensor *ct_to_async(ct_tensor *t, ct_device device);
+
+/* A new uninitialised host tensor in page-locked memory (a CPU tensor to
+ * every op), owned like an op's result. CT_EDEVICE where there is no CUDA
+ * device (pinning needs the driver), CT_ENOMEM when the memory cannot be
+ * locked, CT_EINVAL for a bad shape or dtype. */
+CT_API ct_tensor *ct_empty_pinned(int ndim, const int64_t *sizes, ct_dtype dtype);
+/* A pinned copy of host tensor t (contiguous), or a new reference to t if
+ * it is pinned already; owned like an op's result. Errors as
+ * ct_empty_pinned's, and CT_EDEVICE for a CUDA tensor. No autograd record:
+ * the copy is data, as a DataLoader's pinned batch is. */
+CT_API ct_tensor *ct_pin_memory(ct_tensor *t);
+/* Whether t's storage is pinned host memory (views of it included); false
+ * for NULL. */
+CT_API bool ct_is_pinned(const ct_tensor *t);
+/* Unlocks and frees the cached pinned blocks that no tensor holds and no
+ * copy is using. Returns 0. */
+CT_API int ct_cuda_empty_pinned_cache(void);
+
+/* Whether float32 matmul on a device may use TF32 tensor cores (inputs
+ * rounded to 10 bits of mantissa, about 1e-3 relative error, up to 8x
+ * faster on Ampere and Hopper). Off by default, as PyTorch's
+ * torch.backends.cuda.matmul.allow_tf32 is: a float32 result must not lose
+ * precision unasked. Process-wide; read at each matmul, so a change affects
+ * matmuls queued after it. Never an error. */
+CT_API void ct_cuda_set_tf32(bool enabled);
+CT_API bool ct_cuda_tf32_enabled(void);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,25 @@
+/* Tensors on a device pass through host memory: a save reads their values
+ * into a host copy, a load writes a host buffer into them. */
+#include "checkpoint_impl.h"
+
+#include <ct/cuda.h>
+
+ct_tensor *ct__ck_on_host(ct_tensor *t) {
+    if (t->storage->device.type == CT_CPU)
+        return ct_tensor_retain(t);
+    return ct__own(ct_to(t, CT_DEVICE_CPU));
+}
+
+int ct__ck_write_from_host(ct_tensor *dst, ct_tensor *host) {
+    if (dst->storage->device.type == CT_CPU) {
+        ct__copy_into(dst, host);
+        return 0;
+    }
+    /* ct__copy_any copies on one device: the bytes cross first, then land
+     * in dst's strides there, queued behind the work already on its
+     * stream. */
+    ct_tensor *on = ct__own(ct_to(host, dst->storage->device));
+    int rc = on ? ct__copy_any(dst, on) : ct_errcode();
+    ct_tensor_free(on);
+    return rc;
+}
