@@ -2,11 +2,14 @@
 // element per thread, grid-stride. Built with --fmad=false (CMakeLists.txt)
 // so that, with CUDA's correctly rounded division and square root, a step
 // gives the CPU loops' bits.
+#include "kernels_common.cuh"
 #include "rules.h"
 
-#include <cuda_runtime.h>
-
-#include <stdint.h>
+using ct_cuda::blocks_for;
+using ct_cuda::first_of_thread;
+using ct_cuda::grid_step;
+using ct_cuda::kThreads;
+using ct_cuda::launched;
 
 namespace {
 
@@ -22,9 +25,7 @@ template <typename T> __device__ T root(T v) { return sqrt(v); }
 template <typename T>
 __global__ void update_kernel(ct__optim_hyper h, Flags f, T *p, const T *g, T *b0, T *b1, T *b2,
                               int64_t n) {
-    int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
-    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-         i += step) {
+    for (int64_t i = first_of_thread(); i < n; i += grid_step()) {
         T x = p[i], d = g[i];
         if (!f.adam) {
             T b = f.mode == 2 ? b0[i] : T(0);
@@ -49,12 +50,11 @@ __global__ void update_kernel(ct__optim_hyper h, Flags f, T *p, const T *g, T *b
 template <typename T>
 int launch(const ct__optim_hyper &h, const Flags &f, char *p, const char *g, char *const *bufs,
            int64_t n, cudaStream_t s) {
-    int64_t blocks = (n + 255) / 256;
-    update_kernel<T><<<static_cast<unsigned>(blocks < 65536 ? blocks : 65536), 256, 0, s>>>(
+    update_kernel<T><<<blocks_for(n), kThreads, 0, s>>>(
         h, f, reinterpret_cast<T *>(p), reinterpret_cast<const T *>(g),
         reinterpret_cast<T *>(bufs[0]), reinterpret_cast<T *>(bufs[1]),
         reinterpret_cast<T *>(bufs[2]), n);
-    return static_cast<int>(cudaGetLastError());
+    return launched();
 }
 
 } // namespace

@@ -87,7 +87,7 @@ static ct_storage *storage_new_in_block(size_t nbytes, size_t prefix) {
 
 ct_storage *ct_storage_new(size_t nbytes, ct_device device) {
     if (device.type == CT_CUDA)
-        return ct__cuda_storage_new(nbytes, device.index);
+        return ct__cuda_storage_new("storage_new", nbytes, device.index);
     if (device.type != CT_CPU) {
         ct__seterr(CT_EDEVICE, "storage_new: unknown device type %d", (int)device.type);
         return NULL;
@@ -405,7 +405,7 @@ ct_tensor *ct__new_on(const char *op, int ndim, const int64_t *sizes, ct_dtype d
     if (ct__check_shape(op, ndim, sizes, dtype))
         return NULL;
     ct_storage *s =
-        ct__cuda_storage_new((size_t)ct__numel(ndim, sizes) * ct__esize(dtype), device.index);
+        ct__cuda_storage_new(op, (size_t)ct__numel(ndim, sizes) * ct__esize(dtype), device.index);
     ct_tensor *t = s ? ct_tensor_from_storage(s, 0, ndim, sizes, NULL, dtype) : NULL;
     ct_storage_free(s);
     return t;

@@ -341,6 +341,29 @@ TEST(errclear_forgets_the_message_too) {
     ASSERT_STR_CONTAINS(ct_errmsg(), "log: input 0 is NULL");
 }
 
+/* The device factories on the host: values, dtype and shape as ct_full's,
+ * _like following a view's shape into a contiguous result, and the errors. */
+TEST(factories_on_a_device_and_like_another_tensor) {
+    ct_tensor *f = ct_full_on(CT_SHAPE(2, 3), 2.5, CT_FLOAT64, CT_DEVICE_CPU);
+    ASSERT_CLOSE(f, ct_full(CT_SHAPE(2, 3), 2.5, CT_FLOAT64), 0, 0);
+    ct_tensor *e = ct_empty_on(CT_SHAPE(4), CT_INT32, CT_DEVICE_CPU);
+    ASSERT_TRUE(e != NULL && ct_tensor_dtype(e) == CT_INT32 && ct_numel(e) == 4);
+    ct_tensor *view = ct_transpose(ct_ones(CT_SHAPE(3, 5), CT_BFLOAT16), 0, 1);
+    ct_tensor *z = ct_zeros_like(view);
+    ASSERT_CLOSE(z, ct_zeros(CT_SHAPE(5, 3), CT_BFLOAT16), 0, 0);
+    ASSERT_TRUE(ct_is_contiguous(z));
+    ASSERT_CLOSE(ct_full_like(view, -1), ct_full(CT_SHAPE(5, 3), -1, CT_BFLOAT16), 0, 0);
+    ASSERT_TRUE(ct_empty_like(view) != NULL &&
+                ct_tensor_device(ct_empty_like(view)).type == CT_CPU);
+    ASSERT_FAILS(ct_full_on(CT_SHAPE(2), 0, CT_FLOAT32, (ct_device){(ct_device_type)7, 0}),
+                 CT_EDEVICE, "full_on", "unknown device type 7");
+    ASSERT_FAILS(ct_empty_on(CT_SHAPE(-1), CT_FLOAT32, CT_DEVICE_CPU), CT_EINVAL, "empty_on");
+    ASSERT_FAILS(ct_zeros_like(NULL), CT_EINVAL, "zeros_like");
+    int n = ct_cuda_device_count();
+    ASSERT_FAILS(ct_full_on(CT_SHAPE(2), 0, CT_FLOAT32, (ct_device){CT_CUDA, n}), CT_EDEVICE,
+                 "full_on");
+}
+
 /* Runs anywhere: a device that is not there is a clear CT_EDEVICE, whether
  * the machine has no device (this one) or fewer than asked for. */
 TEST(cuda_devices_that_are_not_there_are_named) {
@@ -358,4 +381,11 @@ TEST(cuda_devices_that_are_not_there_are_named) {
     ct_tensor *same = ct_to(x, CT_DEVICE_CPU);
     ASSERT_TRUE(same != NULL && ct_data_ptr(same) == ct_data_ptr(x));
     ASSERT_FAILS(ct_to(NULL, CT_DEVICE_CPU), CT_EINVAL, "ct_to");
+    ASSERT_FAILS(ct_to_async(x, (ct_device){CT_CUDA, n}), CT_EDEVICE, "ct_to_async");
+    ASSERT_TRUE(!ct_is_pinned(x) && !ct_is_pinned(NULL));
+    if (n == 0) {
+        /* Pinning needs the driver. */
+        ASSERT_FAILS(ct_empty_pinned(CT_SHAPE(4), CT_FLOAT32), CT_EDEVICE, "ct_empty_pinned");
+        ASSERT_FAILS(ct_pin_memory(x), CT_EDEVICE, "ct_pin_memory");
+    }
 }

@@ -2,6 +2,7 @@
  * gradcheck), initializers and flat parameter buffers. */
 #include "ct_test.h"
 
+#include <ct/cuda.h>
 #include <ct/nn.h>
 
 static ct_tensor *doubles(int ndim, const int64_t *sizes, const double *v) {
@@ -357,6 +358,25 @@ static ct_tensor *f_ce_grad(void *ctx, ct_tensor *const *x, int n) {
         loss = ct_sum(ct_mul(loss, ct_arange(1, 6, 1, CT_FLOAT64)), NULL, 0, false);
     ct_grad_options cg = {.create_graph = true};
     return loss && !ct_grad(&loss, 1, NULL, x, 1, &g, &cg) ? ct_mul(g, g) : NULL;
+}
+
+/* ct_module_to: to where the tensors are already it changes nothing; to a
+ * device that is not there it fails and leaves every parameter; after
+ * flattening it refuses. (test_cuda moves modules to a real device.) */
+TEST(module_to_moves_all_or_nothing) {
+    ct_module *net = ct_sequential_new();
+    ct_sequential_append(net, ct_linear_new(4, 3, true));
+    ct_sequential_append(net, ct_layer_norm_new(3, 1e-5));
+    ct_tensor *w = ct_module_param(ct_module_child_at(net, 0), "weight");
+    ASSERT_EQ(ct_module_to(net, CT_DEVICE_CPU), 0);
+    ASSERT_TRUE(ct_module_param(ct_module_child_at(net, 0), "weight") == w);
+    ASSERT_RC(ct_module_to(net, (ct_device){CT_CUDA, ct_cuda_device_count()}), CT_EDEVICE, "cuda:");
+    ASSERT_TRUE(ct_module_param(ct_module_child_at(net, 0), "weight") == w);
+    ASSERT_TRUE(ct_requires_grad(w));
+    ASSERT_EQ(ct_module_flatten(net, false), 0);
+    ASSERT_RC(ct_module_to(net, CT_DEVICE_CPU), CT_ESTATE, "flattened", "before ct_module_flatten");
+    ASSERT_RC(ct_module_to(NULL, CT_DEVICE_CPU), CT_EINVAL, "module_to");
+    ct_module_free(net);
 }
 
 TEST(cross_entropy_can_be_differentiated_twice) {

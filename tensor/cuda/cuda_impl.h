@@ -152,7 +152,7 @@ void ct__cuda_iter_of(ct__cuda_iter *k, ct_tensor *const *ts, int n, int nd, con
 
 /* device.c: device storage through the device's caching allocator, freed
  * back to it. NULL with the error. */
-ct_storage *ct__cuda_storage_new(size_t nbytes, int device);
+ct_storage *ct__cuda_storage_new(const char *op, size_t nbytes, int device);
 
 /* ---------------------------------------------- streams, for collectives
  *

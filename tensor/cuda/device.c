@@ -119,8 +119,8 @@ static void release_block(void *data, void *ctx) {
         fprintf(stderr, "ct: releasing device memory: %s\n", ct_errmsg());
 }
 
-ct_storage *ct__cuda_storage_new(size_t nbytes, int device) {
-    ct__calloc *a = allocator("storage_new", device);
+ct_storage *ct__cuda_storage_new(const char *op, size_t nbytes, int device) {
+    ct__calloc *a = allocator(op, device);
     void *stream = NULL, *ptr = NULL;
     if (!a || ct__cuda_stream(device, &stream) || ct__calloc_alloc(a, nbytes, stream, &ptr))
         return NULL;
@@ -265,8 +265,8 @@ bool ct_is_pinned(const ct_tensor *t) {
     return t && t->magic == CT__TENSOR_MAGIC && pinned_block(t) != NULL;
 }
 
-ct_tensor *ct_empty_pinned(int ndim, const int64_t *sizes, ct_dtype dtype) {
-    const char *fn = "ct_empty_pinned";
+/* A new pinned host tensor; errors are reported as fn's. */
+static ct_tensor *pinned_new(const char *fn, int ndim, const int64_t *sizes, ct_dtype dtype) {
     if (ct__check_shape(fn, ndim, sizes, dtype))
         return NULL;
     if (!ct_cuda_device_count()) {
@@ -287,6 +287,10 @@ ct_tensor *ct_empty_pinned(int ndim, const int64_t *sizes, ct_dtype dtype) {
     return t;
 }
 
+ct_tensor *ct_empty_pinned(int ndim, const int64_t *sizes, ct_dtype dtype) {
+    return pinned_new("ct_empty_pinned", ndim, sizes, dtype);
+}
+
 ct_tensor *ct_pin_memory(ct_tensor *t) {
     const char *fn = "ct_pin_memory";
     if (ct__check_handles(fn, &t, 1))
@@ -298,7 +302,7 @@ ct_tensor *ct_pin_memory(ct_tensor *t) {
     }
     if (ct_is_pinned(t))
         return ct__scope_own(ct_tensor_retain(t));
-    ct_tensor *out = ct_empty_pinned(t->ndim, t->sizes, t->dtype);
+    ct_tensor *out = pinned_new(fn, t->ndim, t->sizes, t->dtype);
     if (out)
         ct__copy_into(out, t);
     return out;
@@ -345,10 +349,10 @@ static ct_tensor *copy_to(const char *fn, ct_tensor *t, ct_device device, bool a
     size_t bytes = (size_t)ct_numel(src) * ct__esize(src->dtype);
     ct_tensor *out = NULL;
     if (async && !to_device) {
-        out = ct_empty_pinned(src->ndim, src->sizes, src->dtype);
+        out = pinned_new(fn, src->ndim, src->sizes, src->dtype);
     } else {
-        ct_storage *s =
-            to_device ? ct__cuda_storage_new(bytes, device.index) : ct_storage_new(bytes, device);
+        ct_storage *s = to_device ? ct__cuda_storage_new(fn, bytes, device.index)
+                                  : ct_storage_new(bytes, device);
         out = s ? ct_tensor_from_storage(s, 0, src->ndim, src->sizes, NULL, src->dtype) : NULL;
         ct_storage_free(s);
     }

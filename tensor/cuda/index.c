@@ -18,7 +18,7 @@ static int scan(ct_tensor *t, int64_t bound, ct__cuda_scan *r) {
     int device;
     void *stream;
     int rc = launch_on(t, &device, &stream);
-    ct_storage *s = rc ? NULL : ct__cuda_storage_new(sizeof *r, device);
+    ct_storage *s = rc ? NULL : ct__cuda_storage_new("index check", sizeof *r, device);
     if (!s)
         return rc ? rc : ct_errcode();
     rc = ct__cuda_launched(ct__cuda_launch_scan(&k, (int)t->dtype, bound, s->data, stream), device,

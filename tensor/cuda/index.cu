@@ -13,14 +13,6 @@ using namespace ct_cuda;
 
 namespace {
 
-__device__ inline int64_t first_of_thread() {
-    return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-
-__device__ inline int64_t grid_step() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
-
-int launched() { return static_cast<int>(cudaGetLastError()); }
-
 // Gather, tril and where move elements without looking at them: one
 // unsigned type per element size serves every dtype.
 template <typename F> int by_size(int esize, F &&f) {

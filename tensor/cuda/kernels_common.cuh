@@ -101,6 +101,16 @@ inline unsigned blocks_for(int64_t n) {
     return static_cast<unsigned>(b < 65536 ? (b > 0 ? b : 1) : 65536);
 }
 
+// A grid-stride loop's start and step, in 64 bits: a grid can cover more
+// than 2^31 elements.
+__device__ inline int64_t first_of_thread() {
+    return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ inline int64_t grid_step() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
+
+// The launch just made, as the cudaError_t the launchers return (0: queued).
+inline int launched() { return static_cast<int>(cudaGetLastError()); }
+
 // Calls f with a value of the element type of ct_dtype dtype, in ct's
 // order: float32, float64, bfloat16, float16, int64, int32, uint8, bool.
 template <typename F> int by_dtype(int dtype, F &&f) {
@@ -209,8 +219,7 @@ __device__ inline void map_one(const ct__cuda_iter &it, int64_t i, const F &f) {
 // checks), in vectors of V, then the tail element by element.
 template <int V, typename O, typename A, typename B, typename F>
 __global__ void map_kernel(ct__cuda_iter it, F f) {
-    int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
-    int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    int64_t step = grid_step(), first = first_of_thread();
     int64_t done = 0;
     if constexpr (V > 1) {
         int64_t nvec = it.numel / V;
@@ -263,7 +272,7 @@ int map_launch(const ct__cuda_iter &it, const F &f, cudaStream_t stream) {
         map_kernel<V, O, A, B><<<blocks_for((it.numel + V - 1) / V), kThreads, 0, stream>>>(it, f);
     else
         map_kernel<1, O, A, B><<<blocks_for(it.numel), kThreads, 0, stream>>>(it, f);
-    return static_cast<int>(cudaGetLastError());
+    return launched();
 }
 
 } // namespace ct_cuda

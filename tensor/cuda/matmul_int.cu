@@ -2,9 +2,7 @@
 // CPU, over any strides. cuBLAS has no integer GEMM that wraps in 64 bits,
 // and integer matmul is for correctness, not speed: each block computes a
 // kTile x kTile tile of c from tiles of a and b staged in shared memory.
-#include "cuda_kernels.h"
-
-#include <cuda_runtime.h>
+#include "kernels_common.cuh"
 
 namespace {
 
@@ -61,5 +59,5 @@ extern "C" int ct__cuda_launch_matmul_int(const ct__mm_plan *p, void *stream) {
     dim3 grid(grid_for(p->n), grid_for(p->m),
               static_cast<unsigned>(p->nb < kMaxGrid ? p->nb : kMaxGrid));
     matmul_int_kernel<<<grid, dim3(kTile, kTile), 0, static_cast<cudaStream_t>(stream)>>>(*p);
-    return static_cast<int>(cudaGetLastError());
+    return ct_cuda::launched();
 }

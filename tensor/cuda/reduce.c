@@ -47,7 +47,7 @@ int ct__cuda_reduce(ct__cuda_reduce_args *a, ct_tensor *in, ct_tensor *out, ct_t
     }
     int device = in->storage->device.index;
     int64_t bytes = ct__cuda_reduce_workspace(a);
-    ct_storage *ws = bytes > 0 ? ct__cuda_storage_new((size_t)bytes, device) : NULL;
+    ct_storage *ws = bytes > 0 ? ct__cuda_storage_new("reduce", (size_t)bytes, device) : NULL;
     if (bytes > 0 && !ws)
         return ct_errcode();
     a->workspace = ws ? ws->data : NULL;

@@ -425,9 +425,7 @@ __global__ void __launch_bounds__(kBlock)
 template <typename C, typename F>
 __global__ void reduce_merge_kernel(ct__cuda_reduce_args a, int nsplit) {
     const F *part = reinterpret_cast<const F *>(a.workspace);
-    int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
-    for (int64_t o = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; o < a.kept.numel;
-         o += step) {
+    for (int64_t o = first_of_thread(); o < a.kept.numel; o += grid_step()) {
         F acc = part[o * nsplit];
         for (int s = 1; s < nsplit; s++)
             acc.merge(part[o * nsplit + s], a);
@@ -527,7 +525,7 @@ extern "C" int ct__cuda_launch_reduce(const ct__cuda_reduce_args *a, void *strea
         reduce_kernel<T, C, F><<<grid, block, 0, s>>>(*a, r.chunk, r.nsplit);
         if (r.nsplit > 1)
             reduce_merge_kernel<C, F><<<blocks_for(a->kept.numel), kThreads, 0, s>>>(*a, r.nsplit);
-        return static_cast<int>(cudaGetLastError());
+        return launched();
     });
 }
 
@@ -597,7 +595,7 @@ extern "C" int ct__cuda_launch_softmax(const ct__cuda_rows *r, int dtype, int lo
     unsigned blocks = row_blocks(r->rows.numel, gy);
     return by_float_dtype(dtype, [&](auto t) {
         softmax_kernel<decltype(t)><<<blocks, block, 0, s>>>(*r, log);
-        return static_cast<int>(cudaGetLastError());
+        return launched();
     });
 }
 
@@ -645,9 +643,7 @@ template <typename T>
 __global__ void ce_backward_kernel(const T *x, const int64_t *t, const T *lse, const T *scale,
                                    int64_t scale_stride, T *g, int64_t n, int64_t c, int64_t ignore,
                                    T on, T off) {
-    int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
-    for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < n * c;
-         e += step) {
+    for (int64_t e = first_of_thread(); e < n * c; e += grid_step()) {
         int64_t i = e / c, k = e % c, target = t[i];
         if (target == ignore) {
             g[e] = 0;
@@ -672,7 +668,7 @@ extern "C" int ct__cuda_launch_cross_entropy(const void *x, const int64_t *t, vo
         using T = decltype(v);
         ce_forward_kernel<T><<<row_blocks(n, gy), dim3(gx, gy), 0, s>>>(
             static_cast<const T *>(x), t, static_cast<T *>(lse), loss, n, c, ignore, smoothing);
-        return static_cast<int>(cudaGetLastError());
+        return launched();
     });
 }
 
@@ -691,7 +687,7 @@ extern "C" int ct__cuda_launch_cross_entropy_backward(const void *x, const int64
             static_cast<const T *>(x), t, static_cast<const T *>(lse),
             static_cast<const T *>(scale), scale_stride, static_cast<T *>(grad), n, c, ignore,
             static_cast<T>(on), static_cast<T>(off));
-        return static_cast<int>(cudaGetLastError());
+        return launched();
     });
 }
 
@@ -822,7 +818,7 @@ extern "C" int ct__cuda_launch_layer_norm(const void *x, const void *w, const vo
         layer_norm_kernel<T><<<row_blocks(rows, gy), dim3(gx, gy), 0, s>>>(
             static_cast<const T *>(x), static_cast<const T *>(w), static_cast<const T *>(b),
             static_cast<T *>(y), static_cast<C *>(mean), static_cast<C *>(rstd), rows, d, eps);
-        return static_cast<int>(cudaGetLastError());
+        return launched();
     });
 }
 
@@ -849,6 +845,6 @@ extern "C" int ct__cuda_launch_layer_norm_backward(const void *dy, const void *x
                 <<<static_cast<unsigned>(tiles < 65536 ? tiles : 65536), dim3(kCols, kRowLanes), 0,
                    s>>>(tdy, tx, tm, tr, static_cast<T *>(dw), static_cast<T *>(db), rows, d);
         }
-        return static_cast<int>(cudaGetLastError());
+        return launched();
     });
 }
