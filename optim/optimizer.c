@@ -9,6 +9,7 @@
  * segment each. The segments, laid end to end, form one iteration space that
  * a single ct_parallel_for covers, so small parameters do not each pay for a
  * trip to the pool. Nothing is written until the plan has been checked. */
+#include "cuda_impl.h"
 #include "optim_impl.h"
 
 #include <ct/autograd.h>
@@ -530,6 +531,19 @@ int ct_optim_step(ct_optim *opt) {
     return rc;
 }
 
+/* Zeroes bytes bytes from p, inside t's storage, where the storage lives:
+ * memset on the host, one fill kernel on a device. */
+static int zero_run(const ct_tensor *t, char *p, size_t bytes) {
+    ct_storage *s = ct_tensor_storage(t);
+    if (ct_storage_device(s).type == CT_CPU) {
+        memset(p, 0, bytes);
+        return 0;
+    }
+    ct_tensor *run =
+        ct_tensor_from_storage(s, p - (char *)s->data, CT_SHAPE((int64_t)bytes), NULL, CT_UINT8);
+    return run ? ct__cuda_fill(run, 0) : ct_errcode();
+}
+
 int ct_optim_zero_grad(ct_optim *opt, bool set_to_none) {
     int rc = check(opt, "optim_zero_grad");
     if (rc)
@@ -549,9 +563,9 @@ int ct_optim_zero_grad(ct_optim *opt, bool set_to_none) {
         ct_tensor *g = ct_tensor_grad(opt->params[i].t);
         if (!g)
             continue;
-        /* Strided and device gradients are zeroed by a copy, on their
-         * device; contiguous runs on the host by memset. */
-        if (!ct_is_contiguous(g) || ct_tensor_device(g).type != CT_CPU) {
+        /* Strided gradients are zeroed by a copy, on their device;
+         * contiguous runs (a flat buffer's views are one) at once. */
+        if (!ct_is_contiguous(g)) {
             if (!zero)
                 zero = ct_full_on(0, NULL, 0, ct_tensor_dtype(g), ct_tensor_device(g));
             if (!ct_copy_(g, zero))
@@ -563,15 +577,15 @@ int ct_optim_zero_grad(ct_optim *opt, bool set_to_none) {
             run_bytes += bytes;
         } else {
             if (run_bytes)
-                memset(run, 0, run_bytes);
+                rc = zero_run(last, run, run_bytes);
             run = ct_data_ptr(g);
             run_bytes = bytes;
         }
         last = g;
         ct__bump_version(g);
     }
-    if (run_bytes)
-        memset(run, 0, run_bytes);
+    if (run_bytes && !rc)
+        rc = zero_run(last, run, run_bytes);
     ct_scope_end();
     ct_set_grad_enabled(grad_mode);
     return rc;
