@@ -41,9 +41,9 @@ __attribute__((constructor)) static void register_atfork(void) {
     pthread_atfork(NULL, NULL, atfork_child);
 }
 
-/* Reserves nblocks counters from gen and returns where they start. Every
- * thread shares the default generator, so its reservation is locked. */
-static void claim(ct_generator *gen, uint64_t nblocks, uint64_t *seed, uint64_t *offset) {
+/* Every thread shares the default generator, so its reservation is
+ * locked. */
+void ct__generator_claim(ct_generator *gen, uint64_t nblocks, uint64_t *seed, uint64_t *offset) {
     bool shared = !gen || gen == &default_gen;
     if (shared) {
         gen = &default_gen;
@@ -87,7 +87,7 @@ static int run_draw(ct__draw *d, ct_tensor *out, ct_generator *gen) {
     d->out = ct__data(out);
     d->dtype = (int)out->dtype;
     int64_t nblocks = (d->n + d->per_block - 1) / d->per_block;
-    claim(gen, (uint64_t)nblocks, &d->seed, &d->offset);
+    ct__generator_claim(gen, (uint64_t)nblocks, &d->seed, &d->offset);
     if (out->storage->device.type == CT_CUDA)
         return ct__cuda_draw(out, d);
     ct_parallel_for(0, nblocks, GRAIN_BLOCKS, draw_blocks, d);
@@ -306,7 +306,7 @@ ct_tensor *ct_randperm(int64_t n, ct_generator *gen) {
     }
     perm_job j = {keys, n, 0, 0};
     int64_t nblocks = (n + 1) / 2;
-    claim(gen, (uint64_t)nblocks, &j.seed, &j.offset);
+    ct__generator_claim(gen, (uint64_t)nblocks, &j.seed, &j.offset);
     ct_parallel_for(0, nblocks, GRAIN_BLOCKS, perm_blocks, &j);
     qsort(keys, (size_t)n, sizeof *keys, perm_cmp);
     int64_t *data = (int64_t *)ct__data(out);

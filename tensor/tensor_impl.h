@@ -255,6 +255,12 @@ void ct__iter_run_range(const ct__iter *it, ct__loop_fn loop, void *ctx, int64_t
 
 /* --------------------------------------------------------- scalar loads */
 
+/* Reserves nblocks Philox blocks of gen (NULL: the default generator) for a
+ * draw made outside random.c, and returns where they start: the draw then
+ * follows philox.h's layouts from (*seed, *offset). Thread-safe for the
+ * default generator only, as ct_generator is. */
+void ct__generator_claim(ct_generator *gen, uint64_t nblocks, uint64_t *seed, uint64_t *offset);
+
 /* Reads element i of dtype at p as double / writes v converted. */
 double ct__load_double(ct_dtype dtype, const void *p);
 void ct__store_double(ct_dtype dtype, void *p, double v);

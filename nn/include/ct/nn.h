@@ -179,6 +179,45 @@ CT_API ct_tensor *ct_embedding(ct_tensor *indices, ct_tensor *weight);
 CT_API ct_tensor *ct_layer_norm(ct_tensor *x, ct_tensor *weight, ct_tensor *bias, double eps);
 CT_API ct_tensor *ct_dropout(ct_tensor *x, double p, bool training, ct_generator *gen);
 
+/* ------------------------------------------------------------- attention */
+
+typedef struct ct_attention_options {
+    /* Query i sees keys 0..i only (the lower triangle, aligned at the top
+     * left as torch.tril of a [Tq, Tk] matrix is). */
+    bool causal;
+    /* Zeroes each attention weight with this probability and scales the
+     * rest by 1 / (1 - p); 0 in evaluation. */
+    double dropout_p;
+    double scale;      /* multiplies q.k; 0: 1 / sqrt(D) */
+    ct_generator *gen; /* dropout's draws; NULL: the default generator */
+} ct_attention_options;
+
+/* softmax(q k^T * scale, masked if causal) v, with dropout on the weights:
+ * q [..., Tq, D], k [..., Tk, D] and v [..., Tk, Dv] give [..., Tq, Dv];
+ * the batch dims (heads included) broadcast. opts NULL: not causal, no
+ * dropout, scale 1 / sqrt(D).
+ *
+ * One op with its own backward, not a chain of ops: on the CPU each
+ * (batch, head) pair is one task of the pool, which computes its scores a
+ * block of rows at a time with one GEMM (keys a causal row cannot see are
+ * skipped a block at a time, and never reach the softmax), softmaxes each
+ * row in place, and multiplies by v with a second GEMM. It saves the
+ * softmax ([..., Tq, Tk], about 4 Tq Tk bytes per head in float32) for
+ * backward but not the dropout mask, which backward draws again. The mask
+ * is that of ct_rand(float32, [..., Tq, Tk], gen) < 1 - p drawn at the
+ * same generator state, so a chain of ops can reproduce it. Results do not
+ * depend on the thread count.
+ *
+ * float32 and float64 compute natively; float16 and bfloat16 through
+ * float32. On a CUDA device the op is built from device ops (matmul,
+ * masked_fill, softmax), with the same mask semantics. Differentiating its
+ * backward again (create_graph) fails with CT_ENOTSUP. Errors: CT_EDTYPE
+ * (non-float or mixed dtypes), CT_ESHAPE (fewer than 2 dims, D or Tk
+ * disagreeing, batch dims that do not broadcast), CT_EINVAL (dropout_p
+ * outside [0, 1], a non-finite or negative scale), CT_EDEVICE. */
+CT_API ct_tensor *ct_scaled_dot_product_attention(ct_tensor *q, ct_tensor *k, ct_tensor *v,
+                                                  const ct_attention_options *opts);
+
 /* ---------------------------------------------------------------- losses */
 
 typedef enum ct_reduction {
