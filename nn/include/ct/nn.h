@@ -218,6 +218,51 @@ typedef struct ct_attention_options {
 CT_API ct_tensor *ct_scaled_dot_product_attention(ct_tensor *q, ct_tensor *k, ct_tensor *v,
                                                   const ct_attention_options *opts);
 
+/* ----------------------------------------------------------- transformer */
+
+/* The blocks of a GPT (docs/gpt.md), as modules with nanoGPT's child names,
+ * so that a PyTorch state dict of that model loads by name. Each takes
+ * x [B, T, width] and returns [B, T, width]; a wrong shape fails with
+ * CT_ESHAPE naming the module. Dropout is active in training mode only.
+ * Constructors fail with CT_EINVAL unless width > 0 is divisible by
+ * heads > 0 and dropout is in [0, 1]. */
+
+/* Multi-head causal self-attention: one projection to q, k and v
+ * ("c_attn", width -> 3 width), ct_scaled_dot_product_attention over
+ * heads of width / heads (causal, dropout on the weights), the heads
+ * merged and projected back ("c_proj"), then dropout. The heads are read
+ * from the projection in place, without copies. */
+CT_API ct_module *ct_causal_self_attention_new(int64_t width, int64_t heads, double dropout);
+/* "c_fc" (width -> hidden), GELU in its tanh form, "c_proj" (hidden ->
+ * width), dropout. */
+CT_API ct_module *ct_mlp_new(int64_t width, int64_t hidden, double dropout);
+/* A pre-LayerNorm residual block: x + attn(ln_1(x)), then
+ * x + mlp(ln_2(x)) with an MLP 4 width wide. */
+CT_API ct_module *ct_transformer_block_new(int64_t width, int64_t heads, double dropout);
+
+typedef struct ct_gpt_config {
+    int64_t vocab, context, layers, heads, width;
+    double dropout; /* after the embeddings, on attention weights, after each block's branches */
+    /* Recompute each block in backward instead of keeping its activations
+     * (ct_checkpoint), in training mode: less memory, about a third more
+     * compute. */
+    bool checkpoint;
+} ct_gpt_config;
+
+/* A decoder-only transformer (GPT-2's layout): token embedding
+ * "transformer.wte" [vocab, width] plus position embedding
+ * "transformer.wpe" [context, width], dropout, the blocks
+ * "transformer.h.<i>", a final layer norm "transformer.ln_f", and an
+ * output head that is the token embedding itself (weight tying: there is
+ * no separate lm_head parameter). Its forward takes integer token ids
+ * [B, T], T <= context, and returns logits [B, T, vocab]. Initialised as
+ * GPT-2 is, from the default generator: N(0, 0.02) matrices and
+ * embeddings, the residual projections ("c_proj") N(0, 0.02 /
+ * sqrt(2 layers)), zero biases. Errors: CT_EINVAL for a bad config,
+ * CT_ENOMEM; forward: CT_ESHAPE for ids that are not [B, T <= context]
+ * integers, CT_ERANGE for an id outside the vocabulary. */
+CT_API ct_module *ct_gpt_new(const ct_gpt_config *cfg);
+
 /* ---------------------------------------------------------------- losses */
 
 typedef enum ct_reduction {
