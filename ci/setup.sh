@@ -21,6 +21,8 @@ packages=(
     libxxhash-dev                        # checkpoint checksums
     zlib1g-dev                           # examples read the gzipped data sets
     dataset-fashion-mnist                # /usr/share/datasets/fashion-mnist
+    gnuplot-nox                          # charts of metrics files (ctplot, --plot)
+    fortunes                             # the GPT example's corpus, /usr/share/games/fortunes
 )
 
 for arg in "$@"; do

@@ -74,6 +74,20 @@ bool example_options_valid(const example_options *o) {
            o->max_steps >= 0;
 }
 
+int example_parse_device(const char *name, const char *v, ct_device *out) {
+    if (!strcmp(v, "cpu"))
+        *out = CT_DEVICE_CPU;
+    else if (!strcmp(v, "cuda"))
+        *out = (ct_device){CT_CUDA, -1};
+    else if (!strncmp(v, "cuda:", 5) && v[5])
+        *out = (ct_device){CT_CUDA, atoi(v + 5)};
+    else {
+        fprintf(stderr, "%s: unknown device '%s' (cpu, cuda, cuda:N)\n", name, v);
+        return -1;
+    }
+    return 0;
+}
+
 int example_init(const char *name, const example_options *o) {
     if (!ct_set_num_threads(o->threads) && !ct_dist_init(NULL))
         return 0;
@@ -136,7 +150,7 @@ int example_evaluate(example_predict_fn predict, void *ctx, ct_tensor *images, c
 }
 
 void example_progress_init(example_progress *p, int epochs, int64_t steps) {
-    *p = (example_progress){epochs, steps, isatty(STDERR_FILENO) != 0, 0};
+    *p = (example_progress){epochs, steps, "samples", isatty(STDERR_FILENO) != 0, 0};
 }
 
 static void show(example_progress *p, bool force, int epoch, int64_t step, double loss, double rate,
@@ -146,9 +160,11 @@ static void show(example_progress *p, bool force, int epoch, int64_t step, doubl
         return;
     p->last_print = t;
     int s = eta > 0 && eta < 1e6 ? (int)(eta + 0.5) : 0;
-    fprintf(stderr,
-            "%sepoch %d/%d  step %4lld/%lld  loss %.4f  %8.0f samples/s  ETA %d:%02d:%02d%s",
-            p->tty ? "\r" : "", epoch, p->epochs, (long long)step, (long long)p->steps, loss, rate,
+    char ep[32] = "";
+    if (p->epochs > 0)
+        snprintf(ep, sizeof ep, "epoch %d/%d  ", epoch, p->epochs);
+    fprintf(stderr, "%s%sstep %4lld/%lld  loss %.4f  %8.0f %s/s  ETA %d:%02d:%02d%s",
+            p->tty ? "\r" : "", ep, (long long)step, (long long)p->steps, loss, rate, p->unit,
             s / 3600, s / 60 % 60, s % 60, p->tty ? "   " : "\n");
     fflush(stderr);
 }
@@ -178,15 +194,78 @@ void example_print_summary(const char *head, const char *more, const example_opt
            head, o->threads, (long long)o->batch, epochs, (long long)steps, more, rate, acc, loss);
 }
 
-/* Sums v[0..n-1] across group. */
-static int meet(ct_comm *group, double *v, int n) {
+int example_ckpt_init(example_ckpt *r, const ct_param_list *params, ct_optim *opt, ct_comm *world) {
+    *r = (example_ckpt){.st = ct_state_new(), .ck = ct_checkpointer_new(world), .last_saved = -1};
+    int rc = r->st && r->ck ? 0 : ct_errcode();
+    for (int i = 0; !rc && i < params->n; i++)
+        rc = ct_state_add_tensor(r->st, params->names[i], params->tensors[i], CT_STATE_REPLICATED);
+    int n = rc ? 0 : ct_optim_num_states(opt);
+    for (int i = 0; !rc && i < n; i++) {
+        const char *name;
+        ct_tensor *t;
+        char key[96];
+        rc = ct_optim_state_at(opt, i, &name, &t);
+        snprintf(key, sizeof key, "optimizer.%s", name);
+        rc = rc ? rc : ct_state_add_tensor(r->st, key, t, CT_STATE_REPLICATED);
+    }
+    rc = rc ? rc : ct_state_add_i64(r->st, "train.step", &r->step, CT_STATE_REPLICATED);
+    rc = rc ? rc : ct_state_add_generator(r->st, "rng", ct_default_generator(), CT_STATE_PER_RANK);
+    return rc ? -1 : 0;
+}
+
+int64_t example_ckpt_resume(example_ckpt *r, const char *name, const char *dir, ct_comm *world,
+                            ct_optim *opt) {
+    char path[4096];
+    if (ct_checkpointer_reserve(r->ck, r->st))
+        return -1;
+    int found = ct_checkpoint_latest(dir, path, sizeof path);
+    if (found <= 0)
+        return found < 0 ? -1 : 0;
+    if (ct_checkpoint_load(path, r->st, world) || ct_optim_set_step_count(opt, r->step))
+        return -1;
+    r->last_saved = r->step;
+    if (ct_comm_rank(world) == 0)
+        printf("%s: resumed from %s at step %lld\n", name, path, (long long)r->step);
+    return r->step;
+}
+
+int example_ckpt_save(example_ckpt *r, const char *dir, int64_t step) {
+    if (r->last_saved == step)
+        return 0;
+    r->step = step;
+    r->last_saved = step;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/step-%08lld", dir, (long long)step);
+    ct_checkpoint_options co = ct_checkpoint_defaults();
+    co.step = step;
+    co.keep_last = 3;
+    return ct_checkpointer_save(r->ck, path, r->st, &co) ? -1 : 0;
+}
+
+int example_ckpt_finish(example_ckpt *r) {
+    int rc = r->ck && ct_checkpointer_wait(r->ck) ? -1 : 0;
+    ct_checkpointer_free(r->ck);
+    ct_state_free(r->st);
+    *r = (example_ckpt){0};
+    return rc;
+}
+
+static int allreduce(ct_comm *group, double *v, int n, ct_reduce_op op) {
     ct_scope_begin();
     ct_tensor *t = ct_from_data(v, CT_SHAPE(n), CT_FLOAT64);
-    int rc = t ? ct_comm_allreduce(group, t, CT_REDUCE_SUM, NULL) : ct_errcode();
+    int rc = t ? ct_comm_allreduce(group, t, op, NULL) : ct_errcode();
     if (!rc)
         memcpy(v, ct_data_ptr(t), sizeof *v * (size_t)n);
     ct_scope_end();
     return rc;
+}
+
+int example_allreduce_sum(ct_comm *group, double *v, int n) {
+    return allreduce(group, v, n, CT_REDUCE_SUM);
+}
+
+int example_allreduce_max(ct_comm *group, double *v, int n) {
+    return allreduce(group, v, n, CT_REDUCE_MAX);
 }
 
 int example_train(const example_trainer *t) {
@@ -230,7 +309,7 @@ int example_train(const example_trainer *t) {
         }
         double sums[3] = {loss_sum, (double)in_epoch, busy > 0 ? (double)samples / busy : 0};
         if (!rc && t->group)
-            rc = meet(t->group, sums, 3);
+            rc = example_allreduce_sum(t->group, sums, 3);
         if (rc || !report)
             continue;
         mean_loss = sums[0] / sums[1];

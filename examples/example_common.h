@@ -72,6 +72,10 @@ int example_parse(int argc, char **argv, const example_cli *cli, example_options
 /* Epochs, batch, hidden, lr and threads positive; max_steps not negative. */
 bool example_options_valid(const example_options *o);
 
+/* --device's value: "cpu", "cuda" (index -1: the rank's own device, known
+ * after example_init()) or "cuda:N". -1 after printing why v is wrong. */
+int example_parse_device(const char *name, const char *v, ct_device *out);
+
 /* Gives ct o->threads threads and joins the launcher's world (a world of
  * one without a launcher). On error: -1, "<name>: <why>" printed. */
 int example_init(const char *name, const example_options *o);
@@ -111,14 +115,16 @@ int example_evaluate(example_predict_fn predict, void *ctx, ct_tensor *images, c
 /* On a terminal one line, redrawn at most 5 times a second; elsewhere a
  * line every 5 seconds, so that logs stay short. */
 typedef struct example_progress {
-    int epochs;
-    int64_t steps; /* per epoch */
+    int epochs;       /* 0: a run not counted in epochs */
+    int64_t steps;    /* per epoch, or in the run */
+    const char *unit; /* what the rate counts: "samples" unless set after init */
     bool tty;
     double last_print;
 } example_progress;
 
 void example_progress_init(example_progress *p, int epochs, int64_t steps);
-/* step counts from 1 in each epoch; samples/s and eta (s) as estimated. */
+/* step counts from 1 in each epoch; rate (units/s) and eta (s) as
+ * estimated. */
 void example_progress_show(example_progress *p, int epoch, int64_t step, double loss, double rate,
                            double eta);
 /* Shows the epoch's last step even if one was shown just now, and ends the
@@ -133,6 +139,40 @@ void example_print_epoch(int epoch, double loss, double acc, double rate, double
  * the example's first fields; more, "" or fields that end in ", ". */
 void example_print_summary(const char *head, const char *more, const example_options *o, int epochs,
                            int64_t steps, double rate, double acc, double loss);
+
+/* Sums (or takes the maximum of) v[0..n-1] across group, in place. */
+int example_allreduce_sum(ct_comm *group, double *v, int n);
+int example_allreduce_max(ct_comm *group, double *v, int n);
+
+/* ------------------------------------------------------------ checkpoints */
+
+/* What a resumable run saves (fmnist_mlp's and gpt's): the parameters, the
+ * optimizer's state, the step, and each rank's random stream (dropout);
+ * an example adds its own entries to st (the data position, say) before
+ * example_ckpt_resume(). */
+typedef struct example_ckpt {
+    ct_state *st;
+    ct_checkpointer *ck;
+    int64_t step, last_saved;
+} example_ckpt;
+
+/* Registers params (replicated), opt's state as "optimizer.<name>",
+ * "train.step" and "rng" (per rank). On error the caller still calls
+ * example_ckpt_finish(). */
+int example_ckpt_init(example_ckpt *r, const ct_param_list *params, ct_optim *opt, ct_comm *world);
+/* Faults in the staging memory of background saves (so that the first save
+ * does not), then loads the newest checkpoint in dir, if there is one, and
+ * sets opt's step count: the step to go on from (0 without a checkpoint),
+ * or -1. Rank 0 prints "<name>: resumed from PATH at step N". */
+int64_t example_ckpt_resume(example_ckpt *r, const char *name, const char *dir, ct_comm *world,
+                            ct_optim *opt);
+/* Starts a background save of the state after step steps, as
+ * dir/step-NNNNNNNN, keeping the last three; once per step (a second call
+ * for the same step does nothing). */
+int example_ckpt_save(example_ckpt *r, const char *dir, int64_t step);
+/* Waits for the last save and frees r (accepts a zeroed r): 0, or -1 when
+ * the save failed. */
+int example_ckpt_finish(example_ckpt *r);
 
 /* ------------------------------------------------------ the training loop */
 

@@ -4,7 +4,7 @@
  *              [--hidden N] [--threads N] [--seed N] [--data DIR]
  *              [--metrics FILE] [--max-steps N] [--warmup-steps N]
  *              [--checkpoint-dir DIR] [--save-every N] [--stop-at-step N]
- *              [--device cpu|cuda|cuda:N]
+ *              [--device cpu|cuda|cuda:N] [--plot FILE.png]
  *
  * The default recipe (sgd) is the reference one, the same as
  * bench/train_torch.py: 784-256-256-10 with ReLU, cross-entropy, SGD with
@@ -19,7 +19,9 @@
  * Progress goes to stderr (one live line on a terminal, a line every few
  * seconds otherwise), the test accuracy after every epoch to stdout, and
  * metrics to a JSON-lines file. The last line on stdout is a JSON summary
- * in the format of ct's training benchmark.
+ * in the format of ct's training benchmark. With --plot FILE.png, rank 0
+ * draws the metrics file as a chart there after training, the loss above
+ * and samples/s below (docs/plot.md; needs gnuplot).
  *
  * The same program trains data-parallel when a launcher starts several
  * ranks (`ctlaunch -np 2 fmnist_mlp`, `mpirun -np 2 fmnist_mlp`): each rank
@@ -38,6 +40,7 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include "example_common.h"
+#include "metrics_plot.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -63,6 +66,7 @@ typedef struct options {
     const recipe *r;
     int warmup_steps;
     const char *metrics;
+    const char *plot;           /* NULL: no chart */
     const char *checkpoint_dir; /* NULL: no checkpoints */
     int save_every, stop_at_step;
 } options;
@@ -80,7 +84,7 @@ static const char usage[] =
     "                  [--hidden N] [--threads N] [--seed N] [--data DIR]\n"
     "                  [--metrics FILE] [--max-steps N] [--warmup-steps N]\n"
     "                  [--checkpoint-dir DIR] [--save-every N] [--stop-at-step N]\n"
-    "                  [--device cpu|cuda|cuda:N]\n";
+    "                  [--device cpu|cuda|cuda:N] [--plot FILE.png]\n";
 
 static int parse_flag(void *ctx, const char *flag, const char *v) {
     options *o = ctx;
@@ -95,6 +99,8 @@ static int parse_flag(void *ctx, const char *flag, const char *v) {
         use_recipe(o, &recipes[k]);
     } else if (!strcmp(flag, "--metrics"))
         o->metrics = v;
+    else if (!strcmp(flag, "--plot"))
+        o->plot = v;
     else if (!strcmp(flag, "--warmup-steps"))
         o->warmup_steps = atoi(v);
     else if (!strcmp(flag, "--device")) {
@@ -130,6 +136,10 @@ static int parse(int argc, char **argv, options *o) {
     if (!example_options_valid(&o->common) || o->warmup_steps < 0 || o->save_every < 0 ||
         o->stop_at_step < 0) {
         fprintf(stderr, "fmnist_mlp: epochs, batch, hidden, lr and threads must be positive\n");
+        return -1;
+    }
+    if (o->plot && !*o->metrics) {
+        fprintf(stderr, "fmnist_mlp: --plot draws the metrics file: it needs --metrics FILE\n");
         return -1;
     }
     return 0;
@@ -368,8 +378,9 @@ static int train(const options *o, FILE *metrics) {
             if (rank == 0)
                 example_progress_show(&prog, epoch, in_epoch, last_loss, rate, eta);
             if (metrics && step % 100 == 0)
-                fprintf(metrics, "{\"step\":%lld,\"epoch\":%d,\"loss\":%.6f,\"lr\":%.6g}\n",
-                        (long long)step, epoch, last_loss, ct_optim_lr(opt));
+                fprintf(metrics,
+                        "{\"step\":%lld,\"epoch\":%d,\"loss\":%.6f,\"lr\":%.6g,\"time_s\":%.3f}\n",
+                        (long long)step, epoch, last_loss, ct_optim_lr(opt), example_now() - start);
             stopped = step + 1 == o->stop_at_step;
             if (o->checkpoint_dir &&
                 ((o->save_every && (step + 1) % o->save_every == 0) || stopped))
@@ -443,6 +454,12 @@ int main(int argc, char **argv) {
     int rc = train(&o, metrics);
     if (metrics)
         fclose(metrics);
+    /* On stderr, as the summary ends stdout. */
+    if (!rc && metrics && o.plot) {
+        rc = metrics_plot(o.metrics, o.plot, NULL);
+        if (!rc)
+            fprintf(stderr, "fmnist_mlp: wrote the chart of %s to %s\n", o.metrics, o.plot);
+    }
     if (rc < 0)
         fprintf(stderr, "fmnist_mlp: %s\n", ct_errmsg());
     ct_dist_finalize();

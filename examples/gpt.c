@@ -1,0 +1,722 @@
+/* gpt: trains a character-level GPT on Debian's fortunes with ct.
+ *
+ *   gpt [--layers N] [--heads N] [--width N] [--context N] [--batch N]
+ *       [--steps N | --time S] [--lr X] [--min-lr X] [--warmup N]
+ *       [--weight-decay X] [--clip X] [--dropout X] [--seed N]
+ *       [--threads N] [--eval-every N] [--eval-batches N] [--log-every N]
+ *       [--metrics FILE] [--plot FILE.png] [--init FILE.safetensors]
+ *       [--checkpoint-activations] [--checkpoint-dir DIR] [--save-every N]
+ *       [--stop-at-step N] [--prompt TEXT] [--sample-tokens N]
+ *       [--temperature X] [--data DIR] [--device cpu|cuda|cuda:N]
+ *
+ * The model, the data and the recipe are those of bench/gpt_torch.py, its
+ * PyTorch reference, and docs/gpt.md is the model card:
+ *   - the corpus is the plain-text files of DIR (default
+ *     /usr/share/games/fortunes) in name order, one byte a token; 90%
+ *     trains and 10% validates;
+ *   - row r of step s's batch is a window at a SplitMix64-drawn offset, so
+ *     that any run, any rank count and the reference draw the same batches;
+ *   - AdamW (betas 0.9, 0.99; no decay on biases and norms), linear warmup
+ *     then cosine decay to --min-lr, gradient clipping at --clip.
+ * By default it trains for --time 600 seconds: after 12 steps it fixes the
+ * run's length from their rate, so that the cosine ends on time. --steps N
+ * trains exactly N steps instead.
+ *
+ * Every --log-every steps rank 0 appends the loss, lr and tokens/s to
+ * --metrics (JSON lines), and every --eval-every steps the validation loss
+ * over --eval-batches batches; at the end, the validation loss over the
+ * whole split, then a sample of --sample-tokens characters from --prompt.
+ * Progress (loss, tokens/s, ETA) goes to stderr; the last line of stdout is
+ * a JSON summary. --plot renders the metrics to a PNG.
+ *
+ * Under a launcher (`ctlaunch -np 2 gpt`, `mpirun -np 2 gpt`) each rank
+ * takes its share of every global batch and ct_ddp averages gradients in
+ * backward. --checkpoint-dir DIR resumes from the newest checkpoint there
+ * and saves one every --save-every steps and at the end.
+ * --checkpoint-activations recomputes each block in backward instead of
+ * keeping its activations. --init starts from weights in a safetensors
+ * file (PyTorch's names: transformer.wte.weight, ...; lm_head.weight, the
+ * tied head, may be present and must then equal transformer.wte.weight).
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include "example_common.h"
+#include "metrics_plot.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#define NAME          "gpt"
+#define FORTUNES_DIR  "/usr/share/games/fortunes"
+#define RATE_STEPS    12 /* --time: the run's length is fixed from this many steps */
+#define UNTIMED_STEPS 2  /* left out of tokens/s: the first steps fault memory in */
+
+typedef struct options {
+    ct_gpt_config model; /* vocab from the corpus */
+    int64_t batch, steps, warmup, eval_every, eval_batches, log_every;
+    int64_t save_every, stop_at_step, sample_tokens;
+    double time, lr, min_lr, weight_decay, clip, temperature;
+    uint64_t seed;
+    int threads;
+    const char *metrics, *plot, *init, *checkpoint_dir, *prompt, *data;
+    ct_device device;
+} options;
+
+static const char usage[] =
+    "usage: gpt [--layers N] [--heads N] [--width N] [--context N] [--batch N]\n"
+    "           [--steps N | --time S] [--lr X] [--min-lr X] [--warmup N]\n"
+    "           [--weight-decay X] [--clip X] [--dropout X] [--seed N]\n"
+    "           [--threads N] [--eval-every N] [--eval-batches N] [--log-every N]\n"
+    "           [--metrics FILE] [--plot FILE.png] [--init FILE.safetensors]\n"
+    "           [--checkpoint-activations] [--checkpoint-dir DIR] [--save-every N]\n"
+    "           [--stop-at-step N] [--prompt TEXT] [--sample-tokens N]\n"
+    "           [--temperature X] [--data DIR] [--device cpu|cuda|cuda:N]\n";
+
+/* ------------------------------------------------------------------ flags */
+
+typedef enum { F_I64, F_F64, F_U64, F_INT, F_STR, F_DEVICE } flag_kind;
+
+typedef struct flag {
+    const char *name;
+    flag_kind kind;
+    size_t offset;
+} flag;
+
+#define FLAG(n, k, field)                                                                          \
+    { n, k, offsetof(options, field) }
+
+static const flag flags[] = {
+    FLAG("--layers", F_I64, model.layers),
+    FLAG("--heads", F_I64, model.heads),
+    FLAG("--width", F_I64, model.width),
+    FLAG("--context", F_I64, model.context),
+    FLAG("--dropout", F_F64, model.dropout),
+    FLAG("--batch", F_I64, batch),
+    FLAG("--steps", F_I64, steps),
+    FLAG("--time", F_F64, time),
+    FLAG("--lr", F_F64, lr),
+    FLAG("--min-lr", F_F64, min_lr),
+    FLAG("--warmup", F_I64, warmup),
+    FLAG("--weight-decay", F_F64, weight_decay),
+    FLAG("--clip", F_F64, clip),
+    FLAG("--seed", F_U64, seed),
+    FLAG("--threads", F_INT, threads),
+    FLAG("--eval-every", F_I64, eval_every),
+    FLAG("--eval-batches", F_I64, eval_batches),
+    FLAG("--log-every", F_I64, log_every),
+    FLAG("--metrics", F_STR, metrics),
+    FLAG("--plot", F_STR, plot),
+    FLAG("--init", F_STR, init),
+    FLAG("--checkpoint-dir", F_STR, checkpoint_dir),
+    FLAG("--save-every", F_I64, save_every),
+    FLAG("--stop-at-step", F_I64, stop_at_step),
+    FLAG("--prompt", F_STR, prompt),
+    FLAG("--sample-tokens", F_I64, sample_tokens),
+    FLAG("--temperature", F_F64, temperature),
+    FLAG("--data", F_STR, data),
+    FLAG("--device", F_DEVICE, device),
+};
+
+/* Stores v into the field of f; -1 after printing why v is wrong. */
+static int set_flag(options *o, const flag *f, const char *v) {
+    char *end = NULL, *field = (char *)o + f->offset;
+    errno = 0;
+    switch (f->kind) {
+    case F_I64: *(int64_t *)field = strtoll(v, &end, 10); break;
+    case F_U64: *(uint64_t *)field = strtoull(v, &end, 10); break;
+    case F_INT: *(int *)field = (int)strtol(v, &end, 10); break;
+    case F_F64: *(double *)field = strtod(v, &end); break;
+    case F_STR: *(const char **)field = v; return 0;
+    case F_DEVICE:
+        if (example_parse_device(NAME, v, (ct_device *)field))
+            return -1;
+        return 0;
+    }
+    if (errno || end == v || *end) {
+        fprintf(stderr, NAME ": %s: '%s' is not a number\n", f->name, v);
+        return -1;
+    }
+    return 0;
+}
+
+static int parse(int argc, char **argv, options *o) {
+    *o = (options){.model = {.context = 128, .layers = 4, .heads = 4, .width = 128},
+                   .batch = 32,
+                   .warmup = 100,
+                   .eval_every = 250,
+                   .eval_batches = 16,
+                   .log_every = 10,
+                   .sample_tokens = 400,
+                   .lr = 2e-3,
+                   .min_lr = 2e-4,
+                   .weight_decay = 0.1,
+                   .clip = 1.0,
+                   .temperature = 0.8,
+                   .seed = 1,
+                   .threads = 1,
+                   .metrics = "gpt.metrics.jsonl",
+                   .prompt = "Q: ",
+                   .data = FORTUNES_DIR};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            fputs(usage, stdout);
+            exit(0);
+        }
+        if (!strcmp(a, "--checkpoint-activations")) {
+            o->model.checkpoint = true;
+            continue;
+        }
+        size_t k = 0;
+        while (k < sizeof flags / sizeof *flags && strcmp(flags[k].name, a))
+            k++;
+        if (k == sizeof flags / sizeof *flags) {
+            fprintf(stderr, NAME ": unknown option %s\n%s", a, usage);
+            return -1;
+        }
+        if (i + 1 == argc) {
+            fprintf(stderr, NAME ": %s needs a value\n", a);
+            return -1;
+        }
+        if (set_flag(o, &flags[k], argv[++i]))
+            return -1;
+    }
+    if (o->steps > 0 && o->time > 0) {
+        fprintf(stderr, NAME ": give --steps or --time, not both\n");
+        return -1;
+    }
+    if (o->steps <= 0 && o->time <= 0)
+        o->time = 600;
+    bool ok = o->batch > 0 && o->lr > 0 && o->min_lr >= 0 && o->warmup >= 0 && o->clip > 0 &&
+              o->threads > 0 && o->eval_every >= 0 && o->eval_batches >= 0 && o->log_every > 0 &&
+              o->save_every >= 0 && o->stop_at_step >= 0 && o->sample_tokens >= 0 &&
+              o->temperature > 0 && o->weight_decay >= 0 && o->time >= 0 && o->steps >= 0;
+    if (!ok) {
+        fprintf(stderr, NAME ": batch, lr, clip, threads, log-every and temperature must be "
+                             "positive, the other counts and rates not negative\n");
+        return -1;
+    }
+    return 0;
+}
+
+/* ----------------------------------------------------------------- corpus */
+
+typedef struct corpus {
+    uint8_t *ids; /* every byte as its index in vocab */
+    int64_t n, ntrain;
+    uint8_t vocab[256];
+    int nvocab;
+} corpus;
+
+static int by_name(const void *a, const void *b) {
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Appends the regular file path to c->ids. */
+static int append_file(corpus *c, const char *path) {
+    FILE *f = fopen(path, "rb");
+    struct stat st;
+    if (!f || fstat(fileno(f), &st)) {
+        int rc = ct_seterr(CT_EIO, "%s: %s", path, strerror(errno));
+        if (f)
+            fclose(f);
+        return rc;
+    }
+    uint8_t *grown = realloc(c->ids, (size_t)(c->n + st.st_size) + 1);
+    size_t got = grown ? fread(grown + c->n, 1, (size_t)st.st_size, f) : 0;
+    fclose(f);
+    if (!grown)
+        return ct_seterr(CT_ENOMEM, "%s: out of memory", path);
+    c->ids = grown;
+    if (got != (size_t)st.st_size)
+        return ct_seterr(CT_EIO, "%s: read %zu of %lld bytes", path, got, (long long)st.st_size);
+    c->n += st.st_size;
+    return 0;
+}
+
+/* The corpus rule of docs/gpt.md: DIR's regular files (not links) whose
+ * names do not end in ".dat", in byte order of their names. */
+static int corpus_load(corpus *c, const char *dir) {
+    *c = (corpus){0};
+    DIR *d = opendir(dir);
+    if (!d)
+        return ct_seterr(CT_EIO, "%s: %s (install Debian's fortunes package: bash ci/setup.sh)",
+                         dir, strerror(errno));
+    char **names = NULL;
+    size_t n = 0;
+    int rc = 0;
+    for (struct dirent *e; !rc && (e = readdir(d));) {
+        size_t len = strlen(e->d_name);
+        char path[4096];
+        struct stat st;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        if ((len >= 4 && !strcmp(e->d_name + len - 4, ".dat")) || lstat(path, &st) ||
+            !S_ISREG(st.st_mode))
+            continue;
+        char **grown = realloc(names, sizeof *names * (n + 1));
+        if (!grown || !(grown[n] = strdup(e->d_name)))
+            rc = ct_seterr(CT_ENOMEM, "%s: out of memory", dir);
+        names = grown ? grown : names;
+        n += !rc;
+    }
+    closedir(d);
+    qsort(names, n, sizeof *names, by_name);
+    for (size_t i = 0; i < n && !rc; i++) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        rc = append_file(c, path);
+    }
+    for (size_t i = 0; i < n; i++)
+        free(names[i]);
+    free(names);
+    if (!rc && c->n < 2)
+        rc = ct_seterr(CT_EINVAL, "%s: no text to train on (install Debian's fortunes package)",
+                       dir);
+    if (rc)
+        return rc;
+    bool seen[256] = {false};
+    for (int64_t i = 0; i < c->n; i++)
+        seen[c->ids[i]] = true;
+    uint8_t index[256];
+    for (int b = 0; b < 256; b++)
+        if (seen[b]) {
+            index[b] = (uint8_t)c->nvocab;
+            c->vocab[c->nvocab++] = (uint8_t)b;
+        }
+    for (int64_t i = 0; i < c->n; i++)
+        c->ids[i] = index[c->ids[i]];
+    c->ntrain = c->n * 9 / 10;
+    return 0;
+}
+
+/* Output i (from 0) of SplitMix64 started at seed (Steele, Lea and Flood,
+ * "Fast splittable pseudorandom number generators", OOPSLA 2014). */
+static uint64_t splitmix64_n(uint64_t seed, uint64_t i) {
+    uint64_t z = seed + (i + 1) * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* Inputs x and targets y [rows, T] of the windows starting at starts[]. */
+static int windows(const corpus *c, const int64_t *starts, int64_t rows, int64_t t, ct_device dev,
+                   ct_tensor **x, ct_tensor **y) {
+    *x = ct_empty(CT_SHAPE(rows, t), CT_INT64);
+    *y = ct_empty(CT_SHAPE(rows, t), CT_INT64);
+    if (!*x || !*y)
+        return ct_errcode();
+    int64_t *px = ct_data_ptr(*x), *py = ct_data_ptr(*y);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t i = 0; i < t; i++) {
+            px[r * t + i] = c->ids[starts[r] + i];
+            py[r * t + i] = c->ids[starts[r] + i + 1];
+        }
+    *x = ct_to(*x, dev);
+    *y = ct_to(*y, dev);
+    return *x && *y ? 0 : ct_errcode();
+}
+
+/* This rank's rows of step's global batch (the batch rule of docs/gpt.md). */
+static int train_batch(const corpus *c, const options *o, int64_t step, int rank, int ranks,
+                       ct_tensor **x, ct_tensor **y) {
+    int64_t t = o->model.context, lo = o->batch * rank / ranks, hi = o->batch * (rank + 1) / ranks;
+    int64_t starts[hi - lo > 0 ? hi - lo : 1];
+    uint64_t span = (uint64_t)(c->ntrain - t);
+    for (int64_t r = lo; r < hi; r++)
+        starts[r - lo] = (int64_t)(splitmix64_n(o->seed, (uint64_t)(step * o->batch + r)) % span);
+    return windows(c, starts, hi - lo, t, o->device, x, y);
+}
+
+/* The validation split's whole batches of non-overlapping windows. */
+static int64_t val_batches(const corpus *c, const options *o) {
+    return (c->n - c->ntrain - 1) / o->model.context / o->batch;
+}
+
+/* ------------------------------------------------------------------ model */
+
+static ct_tensor *loss_of(ct_module *gpt, ct_tensor *x, ct_tensor *y) {
+    ct_tensor *logits = ct_module_forward(gpt, x);
+    int64_t v = logits ? ct_size(logits, 2) : 0;
+    return ct_cross_entropy(ct_reshape(logits, CT_SHAPE(-1, v)), ct_reshape(y, CT_SHAPE(-1)), NULL);
+}
+
+/* The mean loss over the first `limit` validation batches (all of them for
+ * limit < 0), the batches shared out among the ranks. */
+static int evaluate(ct_module *gpt, const corpus *c, const options *o, int64_t limit,
+                    ct_comm *world, double *loss) {
+    int64_t nb = val_batches(c, o), t = o->model.context;
+    if (limit >= 0 && limit < nb)
+        nb = limit;
+    int rank = ct_comm_rank(world), ranks = ct_comm_size(world), rc = 0;
+    double sums[2] = {0, 0};
+    ct_module_train(gpt, false);
+    bool prev = ct_set_grad_enabled(false);
+    for (int64_t b = rank; b < nb && !rc; b += ranks) {
+        ct_scope_begin();
+        int64_t starts[o->batch];
+        for (int64_t r = 0; r < o->batch; r++)
+            starts[r] = c->ntrain + (b * o->batch + r) * t;
+        ct_tensor *x, *y;
+        rc = windows(c, starts, o->batch, t, o->device, &x, &y);
+        ct_tensor *l = rc ? NULL : loss_of(gpt, x, y);
+        rc = l ? 0 : ct_errcode();
+        sums[0] += rc ? 0 : ct_item(l);
+        sums[1] += 1;
+        ct_scope_end();
+    }
+    ct_set_grad_enabled(prev);
+    ct_module_train(gpt, true);
+    if (!rc && ranks > 1)
+        rc = example_allreduce_sum(world, sums, 2);
+    *loss = sums[1] > 0 ? sums[0] / sums[1] : NAN;
+    return rc;
+}
+
+/* Copies the weights in path (safetensors, PyTorch's names) into params. */
+static int load_init(const char *path, const ct_param_list *params) {
+    ct_tensor_dict *d = NULL;
+    if (ct_safetensors_load(path, &d))
+        return -1;
+    int rc = 0, used = 0;
+    bool prev = ct_set_grad_enabled(false);
+    for (int i = 0; i < params->n && !rc; i++) {
+        ct_tensor *src = ct_tensor_dict_find(d, params->names[i]);
+        if (!src)
+            rc = ct_seterr(CT_EINVAL, "%s: no tensor '%s'", path, params->names[i]);
+        else if (!ct_copy_(params->tensors[i], src))
+            rc = ct_seterr(ct_errcode(), "%s: '%s': %s", path, params->names[i], ct_errmsg());
+        used++;
+    }
+    /* The tied head, when a state dict keeps it, must be the embedding. */
+    ct_tensor *head = rc ? NULL : ct_tensor_dict_find(d, "lm_head.weight");
+    ct_tensor *wte = ct_param_list_find(params, "transformer.wte.weight");
+    if (head) {
+        ct_scope_begin();
+        ct_tensor *same = ct_sum(ct_ne(head, ct_to(wte, CT_DEVICE_CPU)), NULL, 0, false);
+        if (!same || ct_item_int64(same) != 0)
+            rc = ct_seterr(CT_EINVAL,
+                           "%s: lm_head.weight differs from transformer.wte.weight, "
+                           "but ct's GPT ties them",
+                           path);
+        ct_scope_end();
+        used++;
+    }
+    ct_set_grad_enabled(prev);
+    if (!rc && used != ct_tensor_dict_count(d))
+        rc = ct_seterr(CT_EINVAL,
+                       "%s holds %d tensors, of which ct's GPT uses %d: is it this "
+                       "model's size?",
+                       path, ct_tensor_dict_count(d), used);
+    ct_tensor_dict_free(d);
+    return rc ? -1 : 0;
+}
+
+/* AdamW with decay on matrices only (not on biases, norms). */
+static ct_optim *build_optimizer(const options *o, const ct_param_list *pl) {
+    ct_tensor *decay[pl->n], *plain[pl->n];
+    int nd = 0, np = 0;
+    for (int i = 0; i < pl->n; i++) {
+        if (ct_ndim(pl->tensors[i]) >= 2)
+            decay[nd++] = pl->tensors[i];
+        else
+            plain[np++] = pl->tensors[i];
+    }
+    ct_param_group groups[2] = {{decay, nd, o->weight_decay, 1}, {plain, np, 0, 1}};
+    ct_optim_options opts = ct_optim_defaults(CT_OPTIM_ADAMW, o->lr);
+    opts.beta2 = 0.99;
+    return ct_optim_new_groups(&opts, groups, 2);
+}
+
+/* Warmup takes at most a fifth of a short run. */
+static ct_lr_schedule schedule(const options *o, int64_t total) {
+    int64_t warmup = o->warmup < total / 5 ? o->warmup : total / 5;
+    return (ct_lr_schedule){.kind = CT_LR_COSINE,
+                            .base_lr = o->lr,
+                            .warmup_steps = warmup,
+                            .warmup_start_factor = 0.01,
+                            .total_steps = total - warmup > 0 ? total - warmup : 1,
+                            .eta_min = o->min_lr};
+}
+
+/* ---------------------------------------------------------------- sampling */
+
+/* Appends n characters to the prompt, each drawn from softmax(logits / T)
+ * of the last context characters, and prints the text. */
+static int sample(ct_module *gpt, const corpus *c, const options *o) {
+    int64_t len = (int64_t)strlen(o->prompt), cap = len + o->sample_tokens;
+    int64_t *ids = malloc(sizeof *ids * (size_t)(cap > 0 ? cap : 1));
+    if (!ids)
+        return ct_seterr(CT_ENOMEM, "sample: out of memory");
+    int rc = 0;
+    for (int64_t i = 0; i < len && !rc; i++) {
+        const uint8_t *at = memchr(c->vocab, (uint8_t)o->prompt[i], (size_t)c->nvocab);
+        if (!at)
+            rc = ct_seterr(CT_EINVAL, "sample: the prompt's byte 0x%02x is not in the corpus",
+                           (uint8_t)o->prompt[i]);
+        else
+            ids[i] = at - c->vocab;
+    }
+    ct_generator gen = {.seed = o->seed, .offset = 0};
+    ct_module_train(gpt, false);
+    bool prev = ct_set_grad_enabled(false);
+    for (int64_t n = len; n < cap && !rc; n++) {
+        ct_scope_begin();
+        int64_t from = n > o->model.context ? n - o->model.context : 0;
+        ct_tensor *x = ct_to(ct_from_data(ids + from, CT_SHAPE(1, n - from), CT_INT64), o->device);
+        ct_tensor *logits = n > 0 ? ct_select(ct_select(ct_module_forward(gpt, x), 0, 0), 0, -1)
+                                  : ct_zeros(CT_SHAPE(c->nvocab), CT_FLOAT32);
+        ct_tensor *p = ct_to(ct_softmax(ct_div_scalar(logits, o->temperature), 0), CT_DEVICE_CPU);
+        ct_tensor *u = ct_rand(0, NULL, CT_FLOAT64, &gen);
+        rc = p && u ? 0 : ct_errcode();
+        double target = rc ? 0 : ct_item(u), acc = 0;
+        int64_t pick = c->nvocab - 1;
+        for (int64_t k = 0; k < c->nvocab && !rc; k++) {
+            acc += ct_get(p, &k);
+            if (acc > target) {
+                pick = k;
+                break;
+            }
+        }
+        ids[n] = pick;
+        ct_scope_end();
+    }
+    ct_set_grad_enabled(prev);
+    ct_module_train(gpt, true);
+    if (!rc) {
+        printf("--- sample (%lld characters, temperature %.2f) ---\n", (long long)o->sample_tokens,
+               o->temperature);
+        for (int64_t i = 0; i < cap; i++)
+            putchar(c->vocab[ids[i]]);
+        printf("\n---\n");
+    }
+    free(ids);
+    return rc;
+}
+
+/* --------------------------------------------------------------- training */
+
+typedef struct run {
+    const options *o;
+    const corpus *c;
+    ct_comm *world;
+    int rank, ranks;
+    ct_module *gpt;
+    ct_param_list params;
+    ct_ddp *ddp;
+    ct_optim *opt;
+    example_ckpt ckpt;
+    FILE *metrics;
+    int64_t total; /* steps in the run; saved, so that a resumed --time run keeps its schedule */
+} run;
+
+/* The run's length once RATE_STEPS steps took `elapsed` seconds (the
+ * slowest rank's), so that the whole run takes about o->time. */
+static int fix_length(run *r, int64_t done, double elapsed) {
+    double e = elapsed;
+    if (r->ranks > 1 && example_allreduce_max(r->world, &e, 1))
+        return -1;
+    int64_t fit = (int64_t)(r->o->time / (e / (double)done));
+    r->total = fit > done ? fit : done;
+    return 0;
+}
+
+static int train_step(run *r, int64_t step, const ct_lr_schedule *sched, double *loss) {
+    ct_tensor *x, *y;
+    int rc = train_batch(r->c, r->o, step, r->rank, r->ranks, &x, &y);
+    rc = rc ? rc : ct_optim_set_lr(r->opt, ct_lr_schedule_at(sched, step));
+    ct_tensor *l = rc ? NULL : loss_of(r->gpt, x, y);
+    rc = rc ? rc : l ? ct_tensor_backward(l) : ct_errcode();
+    rc = rc ? rc : ct_clip_grad_norm(r->params.tensors, r->params.n, r->o->clip, NULL);
+    rc = rc ? rc : ct_optim_step(r->opt);
+    rc = rc ? rc : ct_optim_zero_grad(r->opt, r->ddp == NULL);
+    *loss = rc ? NAN : ct_item(l);
+    return rc;
+}
+
+static int train(run *r) {
+    const options *o = r->o;
+    int64_t step = 0, tokens = o->batch * o->model.context, timed_steps = 0;
+    if (o->checkpoint_dir &&
+        (step = example_ckpt_resume(&r->ckpt, NAME, o->checkpoint_dir, r->world, r->opt)) < 0)
+        return -1;
+    if (!r->total)
+        r->total = o->steps > 0 ? o->steps : INT64_MAX / 4;
+    ct_lr_schedule sched = schedule(o, r->total);
+    example_progress prog;
+    example_progress_init(&prog, 0, r->total);
+    prog.unit = "tokens";
+    double start = example_now(), timed = 0, loss = NAN;
+    int rc = 0;
+    bool stopped = false;
+    for (; step < r->total && !rc && !stopped; step++) {
+        double t0 = example_now();
+        ct_scope_begin();
+        rc = train_step(r, step, &sched, &loss);
+        ct_scope_end();
+        if (rc)
+            break;
+        double now = example_now();
+        if (step >= UNTIMED_STEPS) {
+            timed += now - t0;
+            timed_steps++;
+        }
+        if (o->time > 0 && timed_steps == RATE_STEPS - UNTIMED_STEPS) {
+            if ((rc = fix_length(r, step + 1, now - start)))
+                break;
+            sched = schedule(o, r->total);
+            prog.steps = r->total;
+        }
+        double rate = timed > 0 ? (double)(tokens * timed_steps) / timed : 0;
+        if (step % o->log_every == 0 || step + 1 == r->total) {
+            double mean = loss;
+            if (r->ranks > 1 && (rc = example_allreduce_sum(r->world, &mean, 1)))
+                break;
+            mean /= r->ranks;
+            if (r->metrics)
+                fprintf(r->metrics,
+                        "{\"step\":%lld,\"loss\":%.7g,\"lr\":%.6g,\"tokens_per_s\":%.1f,"
+                        "\"time_s\":%.3f}\n",
+                        (long long)step, mean, ct_optim_lr(r->opt), rate, now - start);
+        }
+        if (r->rank == 0)
+            example_progress_show(&prog, 0, step + 1, loss, rate,
+                                  rate > 0 ? (double)((r->total - step - 1) * tokens) / rate : 0);
+        if (o->eval_every && (step + 1) % o->eval_every == 0 && step + 1 < r->total) {
+            double v;
+            if ((rc = evaluate(r->gpt, r->c, o, o->eval_batches, r->world, &v)))
+                break;
+            if (r->metrics) {
+                fprintf(r->metrics, "{\"step\":%lld,\"val_loss\":%.7g,\"time_s\":%.3f}\n",
+                        (long long)step + 1, v, example_now() - start);
+                fflush(r->metrics);
+            }
+        }
+        stopped = step + 1 == o->stop_at_step;
+        if (o->checkpoint_dir && ((o->save_every && (step + 1) % o->save_every == 0) || stopped))
+            rc = example_ckpt_save(&r->ckpt, o->checkpoint_dir, step + 1);
+    }
+    double train_s = example_now() - start, val = NAN;
+    if (!rc && o->checkpoint_dir)
+        rc = example_ckpt_save(&r->ckpt, o->checkpoint_dir, step);
+    if (r->rank == 0)
+        example_progress_end_epoch(&prog, 0, step, loss,
+                                   timed > 0 ? (double)(tokens * timed_steps) / timed : 0);
+    if (!rc && !stopped)
+        rc = evaluate(r->gpt, r->c, o, -1, r->world, &val);
+    if (rc)
+        return rc;
+    if (r->metrics)
+        fprintf(r->metrics, "{\"step\":%lld,\"val_loss\":%.7g,\"time_s\":%.3f}\n", (long long)step,
+                val, example_now() - start);
+    if (stopped && r->rank == 0)
+        printf(NAME ": stopped at step %lld, as --stop-at-step asks; run again to resume\n",
+               (long long)step);
+    if (!stopped && r->rank == 0 && o->sample_tokens > 0 && (rc = sample(r->gpt, r->c, o)))
+        return rc;
+    if (r->rank == 0)
+        printf("{\"bench\": \"gpt\", \"impl\": \"ct\", \"threads\": %d, \"ranks\": %d, "
+               "\"batch\": %lld, \"context\": %lld, \"layers\": %lld, \"width\": %lld, "
+               "\"steps\": %lld, \"tokens_per_s\": %.1f, \"train_s\": %.2f, \"final_loss\": %.7g, "
+               "\"val_loss\": %.7g, \"checkpoint\": %s, \"peak_bytes\": %lld}\n",
+               o->threads, r->ranks, (long long)o->batch, (long long)o->model.context,
+               (long long)o->model.layers, (long long)o->model.width, (long long)step,
+               timed > 0 ? (double)(tokens * timed_steps) / timed : 0, train_s, loss, val,
+               o->model.checkpoint ? "true" : "false", (long long)ct_memory_peak(o->device));
+    return 0;
+}
+
+/* Builds the model, its optimizer and what a checkpoint holds. */
+static int setup(run *r) {
+    const options *o = r->o;
+    ct_manual_seed(o->seed);
+    ct_gpt_config cfg = o->model;
+    cfg.vocab = r->c->nvocab;
+    r->gpt = ct_gpt_new(&cfg);
+    if (!r->gpt || (o->device.type != CT_CPU && ct_module_to(r->gpt, o->device)) ||
+        ct_module_flatten(r->gpt, r->ranks == 1) ||
+        ct_module_named_parameters(r->gpt, &r->params) ||
+        (o->init && load_init(o->init, &r->params)))
+        return -1;
+    if (r->ranks > 1) {
+        /* Checkpointed blocks run backward reentrantly, so a parameter's
+         * hook fires once per recomputation: the graph is static. */
+        ct_ddp_options d = ct_ddp_defaults();
+        d.static_graph = o->model.checkpoint;
+        if (!(r->ddp = ct_ddp_new(r->world, r->gpt, &d)))
+            return -1;
+    }
+    if (!(r->opt = build_optimizer(o, &r->params)))
+        return -1;
+    if (o->checkpoint_dir &&
+        (example_ckpt_init(&r->ckpt, &r->params, r->opt, r->world) ||
+         ct_state_add_i64(r->ckpt.st, "train.total_steps", &r->total, CT_STATE_REPLICATED)))
+        return -1;
+    if (r->rank == 0)
+        printf(NAME ": %lld layers, %lld heads, width %lld, context %lld, vocab %d, %lld "
+                    "parameters; %lld training and %lld validation characters; batch %lld, %d "
+                    "rank%s, %d thread%s each%s%s\n",
+               (long long)o->model.layers, (long long)o->model.heads, (long long)o->model.width,
+               (long long)o->model.context, r->c->nvocab,
+               (long long)ct_param_list_numel(&r->params), (long long)r->c->ntrain,
+               (long long)(r->c->n - r->c->ntrain), (long long)o->batch, r->ranks,
+               r->ranks > 1 ? "s" : "", o->threads, o->threads > 1 ? "s" : "",
+               o->model.checkpoint ? ", activation checkpointing" : "",
+               o->init ? ", weights from --init" : "");
+    fflush(stdout);
+    return 0;
+}
+
+static void teardown(run *r) {
+    ct_ddp_free(r->ddp);
+    ct_optim_free(r->opt);
+    ct_param_list_free(&r->params);
+    ct_module_free(r->gpt);
+}
+
+int main(int argc, char **argv) {
+    options o;
+    if (parse(argc, argv, &o))
+        return 2;
+    example_options eo = example_options_defaults();
+    eo.threads = o.threads;
+    if (example_init(NAME, &eo))
+        return 1;
+    if (o.device.type == CT_CUDA && o.device.index < 0)
+        o.device.index = ct_cuda_current_device();
+    corpus c;
+    run r = {.o = &o, .c = &c, .world = ct_dist_comm()};
+    r.rank = ct_comm_rank(r.world);
+    r.ranks = ct_comm_size(r.world);
+    ct_param_list_init(&r.params);
+    int rc = corpus_load(&c, o.data);
+    if (!rc && (o.batch % r.ranks || c.ntrain <= o.model.context || val_batches(&c, &o) < 1))
+        rc = ct_seterr(CT_EINVAL,
+                       "the batch (%lld) must divide among the %d ranks, and each split must "
+                       "hold a batch of %lld-character windows",
+                       (long long)o.batch, r.ranks, (long long)o.model.context);
+    if (!rc && r.rank == 0 && *o.metrics && !(r.metrics = fopen(o.metrics, "w")))
+        rc = ct_seterr(CT_EIO, "%s: %s", o.metrics, strerror(errno));
+    rc = rc ? rc : setup(&r);
+    rc = rc ? rc : train(&r);
+    if (example_ckpt_finish(&r.ckpt) && !rc)
+        rc = -1;
+    if (r.metrics)
+        fclose(r.metrics);
+    if (!rc && r.rank == 0 && o.plot && *o.metrics) {
+        if (metrics_plot(o.metrics, o.plot, NULL))
+            fprintf(stderr, NAME ": --plot: %s\n", ct_errmsg());
+        else
+            printf(NAME ": plotted %s to %s\n", o.metrics, o.plot);
+    }
+    if (rc)
+        fprintf(stderr, NAME ": %s\n", ct_errmsg());
+    teardown(&r);
+    free(c.ids);
+    ct_dist_finalize();
+    return rc ? 1 : 0;
+}
