@@ -172,8 +172,18 @@ static int d_relu(ct_node *n, args_t *a) {
 
 /* gelu(x) = x * Phi(x); Phi is recovered as gelu(x) / x (exact to a few
  * ulp), which avoids an erf op. */
+/* The activations below have a fused gradient on the CPU, used unless the
+ * backward is itself recorded (create_graph), which needs the chain of ops. */
+static bool fused_grad(ct_tensor *x) {
+    return !ct_grad_enabled() && ct_tensor_device(x).type == CT_CPU;
+}
+
 static int d_gelu(ct_node *n, args_t *a) {
     ct_tensor *x = IN(0);
+    if (fused_grad(x)) {
+        SET(0, ct__activation_grad(CT_OP_GELU, x, G));
+        return 0;
+    }
     ct_tensor *cdf = ct_where(ct_eq_scalar(x, 0), scalar_like(0.5, x), ct_div(OUT, x));
     ct_tensor *pdf = ct_mul_scalar(ct_exp(ct_mul_scalar(ct_mul(x, x), -0.5)), 0.3989422804014327);
     SET(0, ct_mul(G, ct_add(cdf, ct_mul(x, pdf))));
@@ -183,7 +193,12 @@ static int d_gelu(ct_node *n, args_t *a) {
 static int d_gelu_tanh(ct_node *n, args_t *a) {
     (void)n;
     const double k = 0.7978845608028654, c = 0.044715;
-    ct_tensor *x = IN(0), *x2 = ct_mul(x, x);
+    ct_tensor *x = IN(0);
+    if (fused_grad(x)) {
+        SET(0, ct__activation_grad(CT_OP_GELU_TANH, x, G));
+        return 0;
+    }
+    ct_tensor *x2 = ct_mul(x, x);
     ct_tensor *t = ct_tanh(ct_mul_scalar(ct_add(x, ct_mul_scalar(ct_mul(x2, x), c)), k));
     ct_tensor *dt = ct_sub(scalar_like(1, t), ct_mul(t, t));
     ct_tensor *du = ct_mul_scalar(ct_add_scalar(ct_mul_scalar(x2, 3 * c), 1), k);
@@ -195,7 +210,12 @@ static int d_gelu_tanh(ct_node *n, args_t *a) {
 
 static int d_silu(ct_node *n, args_t *a) {
     (void)n;
-    ct_tensor *x = IN(0), *s = ct_sigmoid(x);
+    ct_tensor *x = IN(0);
+    if (fused_grad(x)) {
+        SET(0, ct__activation_grad(CT_OP_SILU, x, G));
+        return 0;
+    }
+    ct_tensor *s = ct_sigmoid(x);
     ct_tensor *d = ct_mul(s, ct_add_scalar(ct_mul(x, ct_sub(scalar_like(1, s), s)), 1));
     SET(0, ct_mul(G, d));
     return 0;

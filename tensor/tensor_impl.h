@@ -255,6 +255,13 @@ void ct__iter_run_range(const ct__iter *it, ct__loop_fn loop, void *ctx, int64_t
 
 /* --------------------------------------------------------- scalar loads */
 
+/* g * f'(x) for the activation f of op (CT_OP_GELU, CT_OP_GELU_TANH,
+ * CT_OP_SILU) in one pass over CPU tensors, broadcast, in their promoted
+ * float dtype; not recorded for autograd (backward calls it with grad mode
+ * off). A new tensor owned like an op result; CT_ENOTSUP for another op or
+ * a non-float dtype. */
+ct_tensor *ct__activation_grad(ct_op op, ct_tensor *x, ct_tensor *g);
+
 /* Reserves nblocks Philox blocks of gen (NULL: the default generator) for a
  * draw made outside random.c, and returns where they start: the draw then
  * follows philox.h's layouts from (*seed, *offset). Thread-safe for the

@@ -120,6 +120,26 @@ TEST(unary) {
         check_case(&unary_cases[i]);
 }
 
+/* The fused float32 gradients of the activations (float's own tanh, erf
+ * and exp) against float64's, over the whole useful range. */
+TEST(activation_gradients_in_float32) {
+    op_fn fns[] = {f_gelu, f_gelu_tanh, f_silu};
+    ct_tensor *x32 = ct_linspace(-12, 12, 4001, CT_FLOAT32);
+    ct_tensor *g32 = ct_linspace(-2, 2, 4001, CT_FLOAT32);
+    for (size_t i = 0; i < sizeof fns / sizeof *fns; i++) {
+        ct_tensor *grads[2];
+        ct_dtype dtypes[2] = {CT_FLOAT64, CT_FLOAT32};
+        for (int d = 0; d < 2; d++) {
+            ct_tensor *x = ct_requires_grad_(ct_to_dtype(ct_clone(x32), dtypes[d]), true);
+            ct_tensor *y = fns[i](&x);
+            ct_tensor *g = ct_to_dtype(g32, dtypes[d]);
+            ASSERT_EQ(ct_backward(&y, 1, &g, false), 0);
+            grads[d] = ct_tensor_grad(x);
+        }
+        ASSERT_CLOSE(ct_to_dtype(grads[1], CT_FLOAT64), grads[0], 2e-6, 2e-6);
+    }
+}
+
 /* ----------------------------------------------------------- binary */
 
 #define BINARY(name)                                                                               \

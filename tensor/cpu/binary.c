@@ -4,6 +4,7 @@
 #include "cuda_impl.h"
 #include "cuda_kernels.h"
 #include "tensor_impl.h"
+#include "vmath.h"
 
 #include <tgmath.h>
 
@@ -118,6 +119,34 @@ static inline int64_t int_pow(int64_t x, int64_t e) {
 ARITH_OPS(STAMP_ARITH)
 #define STAMP_COMPARE(name, NAME, FEXPR, IEXPR) FOR_ALL(COMPARE, name, FEXPR)
 COMPARE_OPS(STAMP_COMPARE)
+
+/* Activation gradients g f'(x), each one pass instead of the dozen ops its
+ * formula takes as a chain. */
+#define GELU_K 0.79788456080286535588 /* sqrt(2 / pi) */
+#define GELU_C 0.044715
+#define DEFINE_ACTIVATION_GRADS(S, T)                                                              \
+    static inline T gelu_tanh_grad_##S(T x, T g) {                                                 \
+        T x2 = x * x, t = CT__VTANH((T)GELU_K * (x + (T)GELU_C * x * x2));                         \
+        T du = (T)GELU_K * (1 + (T)(3 * GELU_C) * x2);                                             \
+        return g * ((T)0.5 * (1 + t) + (T)0.5 * x * (1 - t * t) * du);                             \
+    }                                                                                              \
+    static inline T gelu_grad_##S(T x, T g) {                                                      \
+        T cdf = (T)0.5 * (1 + CT__VERF(x * (T)0.70710678118654752440));                            \
+        T pdf = CT__VEXP((T)-0.5 * x * x) * (T)0.39894228040143267794; /* 1 / sqrt(2 pi) */        \
+        return g * (cdf + x * pdf);                                                                \
+    }                                                                                              \
+    static inline T silu_grad_##S(T x, T g) {                                                      \
+        T s = 1 / (1 + CT__VEXP(-x));                                                              \
+        return g * s * (1 + x * (1 - s));                                                          \
+    }
+DEFINE_ACTIVATION_GRADS(f, float)
+DEFINE_ACTIVATION_GRADS(d, double)
+#define A_GELU_TANH(x, g) _Generic((x), float : gelu_tanh_grad_f, default : gelu_tanh_grad_d)(x, g)
+#define A_GELU(x, g)      _Generic((x), float : gelu_grad_f, default : gelu_grad_d)(x, g)
+#define A_SILU(x, g)      _Generic((x), float : silu_grad_f, default : silu_grad_d)(x, g)
+FOR_FLOATS(ARITH_FLOAT, gelu_tanh_grad, A_GELU_TANH)
+FOR_FLOATS(ARITH_FLOAT, gelu_grad, A_GELU)
+FOR_FLOATS(ARITH_FLOAT, silu_grad, A_SILU)
 
 typedef struct binary_op {
     const char *names[2][2]; /* [scalar form][in place]: add, add_, add_scalar, add_scalar_ */
@@ -420,4 +449,45 @@ ct_tensor *ct_masked_fill(ct_tensor *t, ct_tensor *mask, double value) {
 
 ct_tensor *ct_masked_fill_(ct_tensor *t, ct_tensor *mask, double value) {
     return masked_fill(t, mask, value, true);
+}
+
+ct_tensor *ct__activation_grad(ct_op op, ct_tensor *x, ct_tensor *g) {
+    static const struct {
+        ct_op op;
+        ct__loop_fn kernels[CT_NDTYPES];
+    } table[] = {{CT_OP_GELU_TANH, {ROW_FLOATS(gelu_tanh_grad)}},
+                 {CT_OP_GELU, {ROW_FLOATS(gelu_grad)}},
+                 {CT_OP_SILU, {ROW_FLOATS(silu_grad)}}};
+    const char *name = "activation_grad";
+    if (CT__CHECK(name, x, g))
+        return NULL;
+    size_t k = 0;
+    while (k < sizeof table / sizeof *table && table[k].op != op)
+        k++;
+    ct_dtype compute = ct_promote_types(x->dtype, g->dtype);
+    if (k == sizeof table / sizeof *table || !ct_dtype_is_float(compute)) {
+        ct__seterr(CT_ENOTSUP, "%s: no fused gradient of %s for %s", name, ct_op_name(op),
+                   ct_dtype_name(compute));
+        return NULL;
+    }
+    int nd;
+    int64_t shape[CT_MAX_DIMS];
+    if (ct__broadcast_shapes(name, x->ndim, x->sizes, g->ndim, g->sizes, &nd, shape))
+        return NULL;
+    ct_tensor *out = ct__new_on(name, nd, shape, compute, CT_DEVICE_CPU);
+    if (!out)
+        return NULL;
+    ct_scope_begin();
+    ct_tensor *xc = as_dtype(x, compute), *gc = as_dtype(g, compute);
+    if (xc && gc) {
+        ct__iter it;
+        ct__iter_init(&it, (ct_tensor *[]){out, xc, gc}, 3, nd, shape);
+        ct__iter_run(&it, table[k].kernels[compute], NULL, CT__GRAIN_ELEMENTWISE);
+    }
+    ct_scope_end();
+    if (!xc || !gc) {
+        ct__release(out);
+        return NULL;
+    }
+    return out;
 }

@@ -19,9 +19,9 @@ typedef struct unary_params {
 /* Float ops; x is the compute type (float or double), tgmath picks the
  * single- or double-precision function. float's exp, tanh and erf are ct's own so that
  * the loops that use it vectorize. */
-#define VEXP(x)      _Generic((x), float : ct__vexpf((float)(x)), default : exp(x))
-#define VTANH(x)     _Generic((x), float : ct__vtanhf((float)(x)), default : tanh(x))
-#define VERF(x)      _Generic((x), float : ct__verff((float)(x)), default : erf(x))
+#define VEXP(x)      CT__VEXP(x)
+#define VTANH(x)     CT__VTANH(x)
+#define VERF(x)      CT__VERF(x)
 #define F_NEG(x)     (-(x))
 #define F_ABS(x)     fabs(x)
 #define F_EXP(x)     VEXP(x)

@@ -60,4 +60,10 @@ static inline float ct__verff(float x) {
     return ct__f32_select(ax >= 1.0f, big, small);
 }
 
+/* exp, tanh and erf of float or double x: ct's vectorisable float forms,
+ * libm's for double. Needs <tgmath.h> or <math.h> for the double ones. */
+#define CT__VEXP(x)  _Generic((x), float : ct__vexpf((float)(x)), default : exp(x))
+#define CT__VTANH(x) _Generic((x), float : ct__vtanhf((float)(x)), default : tanh(x))
+#define CT__VERF(x)  _Generic((x), float : ct__verff((float)(x)), default : erf(x))
+
 #endif
