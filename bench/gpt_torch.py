@@ -7,7 +7,7 @@ batches and recipe, in eager PyTorch 1.13.
                  [--warmup N] [--weight-decay X] [--clip X] [--dropout X]
                  [--seed N] [--threads N] [--eval-every N]
                  [--eval-batches N] [--log-every N] [--metrics FILE]
-                 [--save-init FILE] [--init FILE] [--checkpoint]
+                 [--save-init FILE] [--init FILE] [--checkpoint-activations]
                  [--data DIR] [--bench]
 
 Everything that both sides must agree on is defined here and in
@@ -368,7 +368,7 @@ def parse(argv):
     p.add_argument("--metrics", default="")
     p.add_argument("--save-init", default="")
     p.add_argument("--init", default="")
-    p.add_argument("--checkpoint", action="store_true")
+    p.add_argument("--checkpoint-activations", dest="checkpoint", action="store_true")
     p.add_argument("--data", default=CORPUS_DIR)
     p.add_argument("--bench", action="store_true")
     cfg = p.parse_args(argv)

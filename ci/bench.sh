@@ -3,7 +3,7 @@
 # peers in the same run.
 #
 #   ci/bench.sh [NAME...]     NAME: ops, train, collectives, ddp, checkpoint,
-#                             rpc, cuda; with none, every benchmark
+#                             rpc, cuda, gpt; with none, every benchmark
 #
 # stdout: one JSON object per result. stderr: build output, notes, and a
 # ratio line per comparison. CT_BENCH_THREADS (default "1,2") lists the thread
@@ -22,7 +22,12 @@
 # plain zmq and torch.distributed.rpc, in as many rounds
 # (docs/rpc-design.md); cuda runs ct on cuda:0 beside cudaMemcpy, cuBLAS
 # and torch.cuda (elementwise bandwidth, matmul, fmnist_mlp --device cuda;
-# CT_BENCH_QUICK=1 for the short form; skipped without a device);
+# CT_BENCH_QUICK=1 for the short form; skipped without a device); gpt
+# trains examples/gpt beside bench/gpt_torch.py at 1 and 2 threads and ct on
+# 2 ranks, in as many rounds of CT_BENCH_GPT_STEPS steps (default 30), then
+# peak memory with and without activation checkpointing and the 200-step
+# parity run, and with CT_BENCH_GPT_TIME=S both trained for S seconds on
+# all cores, their validation losses compared and charted (docs/gpt.md);
 # PYTHON (default /usr/bin/python3, Debian's, with python3-torch) runs the
 # PyTorch peers and the summaries; CT_BENCH_BUILD_DIR moves the build.
 set -euo pipefail
@@ -36,10 +41,10 @@ build=${CT_BENCH_BUILD_DIR:-$root/build-bench}
 python=${PYTHON:-/usr/bin/python3}
 epochs=${CT_BENCH_EPOCHS:-1}
 rounds=${CT_BENCH_ROUNDS:-3}
-all=(ops train collectives ddp checkpoint rpc cuda)
+all=(ops train collectives ddp checkpoint rpc cuda gpt)
 
 usage() {
-    sed -n '2,27s/^# \{0,1\}//p' "$0"
+    sed -n '2,33s/^# \{0,1\}//p' "$0"
 }
 
 names=()
@@ -109,6 +114,7 @@ for name in "${names[@]}"; do
         ;;
     ddp) targets+=(fmnist_mlp ctlaunch bench_ddp) ;;
     rpc) targets+=(bench_rpc ctlaunch) ;;
+    gpt) targets+=(gpt ctlaunch ctplot) ;;
     checkpoint) targets+=(bench_checkpoint ctlaunch) ;;
     *) targets+=("bench_$name") ;;
     esac
@@ -905,6 +911,97 @@ run_cuda() {
             '--device flag yet"}'
     fi
     run_peer cuda_torch.py "${quick[@]}" --compare "$tmp"
+}
+
+# examples/gpt beside its PyTorch reference (docs/gpt.md, "Benchmarks"):
+# training throughput of the default model, the best of the rounds; peak
+# memory; parity over 200 steps; and, with CT_BENCH_GPT_TIME, the race of
+# the two recipes given the same wall time, charted.
+run_gpt() {
+    local gpt=$build/examples/gpt steps=${CT_BENCH_GPT_STEPS:-30} round threads flag
+    local common=(--steps "$steps" --bench --metrics "" --eval-every 0) race_dir=
+    require_count CT_BENCH_GPT_STEPS "$steps"
+    for ((round = 1; round <= rounds; round++)); do
+        echo "ci/bench.sh: gpt round $round of $rounds" >&2
+        for threads in 1 2; do
+            "$gpt" "${common[@]}" --threads "$threads" 2>/dev/null | tail -n 1 |
+                json_lines "\"round\": $round, " | tee -a "$tmp"
+            run_peer gpt_torch.py "${common[@]}" --threads "$threads" |
+                json_lines "\"round\": $round, " | tee -a "$tmp"
+        done
+        "$build/launcher/ctlaunch" -np 2 "$gpt" "${common[@]}" --threads 1 2>/dev/null |
+            grep '"bench": "gpt"' | json_lines "\"round\": $round, " | tee -a "$tmp"
+    done
+    for flag in --bench --checkpoint-activations; do
+        "$gpt" --steps 5 --bench --metrics "" --threads 1 "$flag" 2>/dev/null | tail -n 1 |
+            json_lines '"run": "memory", ' | tee -a "$tmp"
+    done
+    # Without torch it says so and exits 77; a parity failure (1) is
+    # reported by its own line and fails the run at the end.
+    local parity=0
+    run_peer gpt_parity.py --gpt "$gpt" --steps 200 | tee -a "$tmp" || parity=$?
+    if [[ -n ${CT_BENCH_GPT_TIME:-} ]]; then
+        require_count CT_BENCH_GPT_TIME "$CT_BENCH_GPT_TIME"
+        race_dir=$build/gpt-race
+        mkdir -p "$race_dir"
+        echo "ci/bench.sh: gpt race: each recipe gets $CT_BENCH_GPT_TIME s on $(nproc) cores;" \
+            "metrics, charts and ct's sample in $race_dir" >&2
+        "$gpt" --time "$CT_BENCH_GPT_TIME" --metrics "$race_dir/ct.jsonl" \
+            --plot "$race_dir/ct.png" >"$race_dir/ct.out" 2>/dev/null
+        tail -n 1 "$race_dir/ct.out" | json_lines '"run": "race", ' | tee -a "$tmp"
+        run_peer gpt_torch.py --time "$CT_BENCH_GPT_TIME" --threads "$(nproc)" \
+            --metrics "$race_dir/torch.jsonl" | json_lines '"run": "race", ' | tee -a "$tmp"
+    fi
+    run_summary "$tmp" "$race_dir" "$build/examples/ctplot" <<'EOF'
+import json, os, subprocess, sys
+lines = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+gpt = [r for r in lines if r.get("bench") == "gpt" and "tokens_per_s" in r]
+def best(impl, threads, ranks=1, run=None):
+    rates = [r["tokens_per_s"] for r in gpt if r["impl"] == impl and r["threads"] == threads
+             and r["ranks"] == ranks and r.get("run") == run]
+    return max(rates) if rates else None
+for threads in (1, 2):
+    ct, torch = best("ct", threads), best("torch", threads)
+    if ct and torch:
+        out = {"bench": "gpt", "summary": "throughput", "threads": threads,
+               "ct_tokens_per_s": ct, "torch_tokens_per_s": torch, "ratio": round(ct / torch, 3)}
+        if threads == 1:
+            out.update(target=1.5, met=ct / torch >= 1.5)
+        print(json.dumps(out))
+        print("gpt: %d thread(s): ct %.0f tokens/s, torch %.0f: %.2fx"
+              % (threads, ct, torch, ct / torch), file=sys.stderr)
+one, two = best("ct", 1), best("ct", 1, 2)
+if one and two:
+    print(json.dumps({"bench": "gpt", "summary": "ranks", "ct_1rank_tokens_per_s": one,
+                      "ct_2ranks_tokens_per_s": two, "scaling": round(two / one, 3)}))
+mem = {r["checkpoint"]: r["peak_bytes"] for r in gpt if r.get("run") == "memory"}
+if len(mem) == 2:
+    print(json.dumps({"bench": "gpt", "summary": "memory", "peak_bytes": mem[False],
+                      "peak_bytes_checkpointed": mem[True],
+                      "saved": round(1 - mem[True] / mem[False], 3)}))
+race = {r["impl"]: r for r in gpt if r.get("run") == "race"}
+if len(race) == 2:
+    ct, torch = race["ct"]["val_loss"], race["torch"]["val_loss"]
+    print(json.dumps({"bench": "gpt", "summary": "race", "seconds": race["ct"]["train_s"],
+                      "ct_val_loss": ct, "torch_val_loss": torch,
+                      "ct_steps": race["ct"]["steps"], "torch_steps": race["torch"]["steps"],
+                      "met": ct < torch}))
+    # Both runs on one chart, each field named after its implementation.
+    d = sys.argv[2]
+    with open(os.path.join(d, "race.jsonl"), "w") as out:
+        for impl in ("ct", "torch"):
+            for l in open(os.path.join(d, impl + ".jsonl")):
+                r = json.loads(l)
+                out.write(json.dumps({k if k == "time_s" else impl + "_" + k: v
+                                      for k, v in r.items()}) + "\n")
+    subprocess.run([sys.argv[3], os.path.join(d, "race.jsonl"), "-o",
+                    os.path.join(d, "race.png"), "--x", "time_s", "--title",
+                    "ct and PyTorch given the same wall time"], check=False)
+EOF
+    if ((parity == 1)); then
+        echo "ci/bench.sh: gpt: parity with PyTorch failed (see the gpt_parity line)" >&2
+        return 1
+    fi
 }
 
 tmp=$(mktemp)

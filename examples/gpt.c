@@ -7,7 +7,7 @@
  *       [--metrics FILE] [--plot FILE.png] [--init FILE.safetensors]
  *       [--checkpoint-activations] [--checkpoint-dir DIR] [--save-every N]
  *       [--stop-at-step N] [--prompt TEXT] [--sample-tokens N]
- *       [--temperature X] [--data DIR] [--device cpu|cuda|cuda:N]
+ *       [--temperature X] [--data DIR] [--device cpu|cuda|cuda:N] [--bench]
  *
  * The model, the data and the recipe are those of bench/gpt_torch.py, its
  * PyTorch reference, and docs/gpt.md is the model card:
@@ -28,6 +28,10 @@
  * whole split, then a sample of --sample-tokens characters from --prompt.
  * Progress (loss, tokens/s, ETA) goes to stderr; the last line of stdout is
  * a JSON summary. --plot renders the metrics to a PNG.
+ *
+ * --threads defaults to the machine's cores, shared among the ranks a
+ * launcher starts on it. --bench measures throughput only: no validation
+ * and no sample at the end.
  *
  * Under a launcher (`ctlaunch -np 2 gpt`, `mpirun -np 2 gpt`) each rank
  * takes its share of every global batch and ct_ddp averages gradients in
@@ -50,6 +54,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #define NAME          "gpt"
 #define FORTUNES_DIR  "/usr/share/games/fortunes"
@@ -62,7 +67,8 @@ typedef struct options {
     int64_t save_every, stop_at_step, sample_tokens;
     double time, lr, min_lr, weight_decay, clip, temperature;
     uint64_t seed;
-    int threads;
+    int threads; /* 0: the machine's cores, shared among the local ranks */
+    bool bench;  /* throughput only: no validation or sample at the end */
     const char *metrics, *plot, *init, *checkpoint_dir, *prompt, *data;
     ct_device device;
 } options;
@@ -75,7 +81,7 @@ static const char usage[] =
     "           [--metrics FILE] [--plot FILE.png] [--init FILE.safetensors]\n"
     "           [--checkpoint-activations] [--checkpoint-dir DIR] [--save-every N]\n"
     "           [--stop-at-step N] [--prompt TEXT] [--sample-tokens N]\n"
-    "           [--temperature X] [--data DIR] [--device cpu|cuda|cuda:N]\n";
+    "           [--temperature X] [--data DIR] [--device cpu|cuda|cuda:N] [--bench]\n";
 
 /* ------------------------------------------------------------------ flags */
 
@@ -158,7 +164,6 @@ static int parse(int argc, char **argv, options *o) {
                    .clip = 1.0,
                    .temperature = 0.8,
                    .seed = 1,
-                   .threads = 1,
                    .metrics = "gpt.metrics.jsonl",
                    .prompt = "Q: ",
                    .data = FORTUNES_DIR};
@@ -170,6 +175,10 @@ static int parse(int argc, char **argv, options *o) {
         }
         if (!strcmp(a, "--checkpoint-activations")) {
             o->model.checkpoint = true;
+            continue;
+        }
+        if (!strcmp(a, "--bench")) {
+            o->bench = true;
             continue;
         }
         size_t k = 0;
@@ -193,7 +202,7 @@ static int parse(int argc, char **argv, options *o) {
     if (o->steps <= 0 && o->time <= 0)
         o->time = 600;
     bool ok = o->batch > 0 && o->lr > 0 && o->min_lr >= 0 && o->warmup >= 0 && o->clip > 0 &&
-              o->threads > 0 && o->eval_every >= 0 && o->eval_batches >= 0 && o->log_every > 0 &&
+              o->threads >= 0 && o->eval_every >= 0 && o->eval_batches >= 0 && o->log_every > 0 &&
               o->save_every >= 0 && o->stop_at_step >= 0 && o->sample_tokens >= 0 &&
               o->temperature > 0 && o->weight_decay >= 0 && o->time >= 0 && o->steps >= 0;
     if (!ok) {
@@ -553,6 +562,7 @@ static int train(run *r) {
     double start = example_now(), timed = 0, loss = NAN;
     int rc = 0;
     bool stopped = false;
+    ct_memory_reset_peak(o->device);
     for (; step < r->total && !rc && !stopped; step++) {
         double t0 = example_now();
         ct_scope_begin();
@@ -579,7 +589,7 @@ static int train(run *r) {
             mean /= r->ranks;
             if (r->metrics)
                 fprintf(r->metrics,
-                        "{\"step\":%lld,\"loss\":%.7g,\"lr\":%.6g,\"tokens_per_s\":%.1f,"
+                        "{\"step\":%lld,\"loss\":%.9g,\"lr\":%.6g,\"tokens_per_s\":%.1f,"
                         "\"time_s\":%.3f}\n",
                         (long long)step, mean, ct_optim_lr(r->opt), rate, now - start);
         }
@@ -601,12 +611,16 @@ static int train(run *r) {
             rc = example_ckpt_save(&r->ckpt, o->checkpoint_dir, step + 1);
     }
     double train_s = example_now() - start, val = NAN;
+    /* The last step's loss over the whole global batch. */
+    if (!rc && r->ranks > 1 && !(rc = example_allreduce_sum(r->world, &loss, 1)))
+        loss /= r->ranks;
+    int64_t peak = ct_memory_peak(o->device); /* training's, before evaluation's */
     if (!rc && o->checkpoint_dir)
         rc = example_ckpt_save(&r->ckpt, o->checkpoint_dir, step);
     if (r->rank == 0)
         example_progress_end_epoch(&prog, 0, step, loss,
                                    timed > 0 ? (double)(tokens * timed_steps) / timed : 0);
-    if (!rc && !stopped)
+    if (!rc && !stopped && !o->bench)
         rc = evaluate(r->gpt, r->c, o, -1, r->world, &val);
     if (rc)
         return rc;
@@ -616,7 +630,8 @@ static int train(run *r) {
     if (stopped && r->rank == 0)
         printf(NAME ": stopped at step %lld, as --stop-at-step asks; run again to resume\n",
                (long long)step);
-    if (!stopped && r->rank == 0 && o->sample_tokens > 0 && (rc = sample(r->gpt, r->c, o)))
+    if (!stopped && !o->bench && r->rank == 0 && o->sample_tokens > 0 &&
+        (rc = sample(r->gpt, r->c, o)))
         return rc;
     if (r->rank == 0)
         printf("{\"bench\": \"gpt\", \"impl\": \"ct\", \"threads\": %d, \"ranks\": %d, "
@@ -626,7 +641,7 @@ static int train(run *r) {
                o->threads, r->ranks, (long long)o->batch, (long long)o->model.context,
                (long long)o->model.layers, (long long)o->model.width, (long long)step,
                timed > 0 ? (double)(tokens * timed_steps) / timed : 0, train_s, loss, val,
-               o->model.checkpoint ? "true" : "false", (long long)ct_memory_peak(o->device));
+               o->model.checkpoint ? "true" : "false", (long long)peak);
     return 0;
 }
 
@@ -678,14 +693,23 @@ static void teardown(run *r) {
     ct_module_free(r->gpt);
 }
 
+/* The machine's cores shared among the ranks a launcher starts on it. */
+static int default_threads(void) {
+    ct_world w;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int local = !ct_world_from_env(&w) && w.local_size > 0 ? w.local_size : 1;
+    return cores / local > 1 ? (int)(cores / local) : 1;
+}
+
 int main(int argc, char **argv) {
     options o;
     if (parse(argc, argv, &o))
         return 2;
     example_options eo = example_options_defaults();
-    eo.threads = o.threads;
+    eo.threads = o.threads ? o.threads : default_threads();
     if (example_init(NAME, &eo))
         return 1;
+    o.threads = eo.threads;
     if (o.device.type == CT_CUDA && o.device.index < 0)
         o.device.index = ct_cuda_current_device();
     corpus c;

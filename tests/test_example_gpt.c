@@ -1,0 +1,211 @@
+/* examples/gpt run as users run it, on a tiny model for a few steps: it
+ * trains and samples, two ranks under ctlaunch and under mpirun follow one
+ * rank, a run stopped and resumed from its checkpoint ends where an
+ * uninterrupted one does, activation checkpointing changes nothing but the
+ * memory, and bad input fails with a message that says what to fix. Parity
+ * with PyTorch is test_gpt_parity's (bench/gpt_parity.py). */
+#include "ct_test.h"
+
+#include <ct/checkpoint.h>
+
+#include <stdlib.h>
+#include <unistd.h>
+
+#define DEADLINE 120
+#define CORPUS   "/usr/share/games/fortunes"
+
+static void require_corpus(void) {
+    if (access(CORPUS "/fortunes", R_OK) != 0) {
+        printf("skipped: Debian's fortunes is not installed (ci/setup.sh installs it)\n");
+        exit(77);
+    }
+}
+
+/* argv: a launcher's words (or none), then gpt and the tiny model's flags,
+ * then extra (NULL-ended), into out (room for 64 words). */
+static void command(const char **out, const char *const *launcher, const char *const *extra) {
+    static const char *const tiny[] = {GPT_PATH, "--layers",
+                                       "2",      "--heads",
+                                       "2",      "--width",
+                                       "32",     "--context",
+                                       "32",     "--batch",
+                                       "8",      "--steps",
+                                       "12",     "--eval-every",
+                                       "0",      "--sample-tokens",
+                                       "0",      "--log-every",
+                                       "1",      "--threads",
+                                       "1",      NULL};
+    int n = 0;
+    for (int i = 0; launcher && launcher[i]; i++)
+        out[n++] = launcher[i];
+    for (int i = 0; tiny[i]; i++)
+        out[n++] = tiny[i];
+    for (int i = 0; extra && extra[i]; i++)
+        out[n++] = extra[i];
+    out[n] = NULL;
+}
+
+/* What the ranks mpirun starts run with: Open MPI leaves allocations
+ * that LeakSanitizer cannot attribute, and ThreadSanitizer needs its
+ * suppressions (as test_collectives_mpi). */
+static const char *const mpi_env[] = {"CT_BACKEND",
+                                      "ASAN_OPTIONS=detect_leaks=0",
+                                      "TSAN_OPTIONS=suppressions=" TSAN_OPENMPI_SUPP,
+                                      "OMPI_ALLOW_RUN_AS_ROOT=1",
+                                      "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1",
+                                      NULL};
+
+/* Runs gpt; fails the test unless it exits with code. */
+static bool run(tt_job *j, const char *const *launcher, const char *const *extra, int code) {
+    const char *argv[64];
+    command(argv, launcher, extra);
+    bool mpi = launcher && !strcmp(launcher[0], MPIEXEC_PATH);
+    tt_run_job(j, argv, mpi ? mpi_env : (const char *const[]){"CT_BACKEND", NULL}, DEADLINE);
+    if (tt_job_exit_code(j) == code)
+        return true;
+    tt_fail(__FILE__, __LINE__, "gpt exited %d, expected %d\n--- stdout ---\n%s--- stderr ---\n%s",
+            tt_job_exit_code(j), code, tt_tail(j->out), tt_tail(j->err));
+    return false;
+}
+
+/* A number of the JSON summary on the last line of stdout; NAN if absent. */
+static double summary(const tt_job *j, const char *key) {
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\": ", key);
+    const char *line = strstr(j->out, "{\"bench\": \"gpt\"");
+    const char *at = line ? strstr(line, pat) : NULL;
+    return at ? strtod(at + strlen(pat), NULL) : NAN;
+}
+
+static tt_job one_rank; /* the reference run, made once */
+
+static const tt_job *reference(void) {
+    if (one_rank.seconds == 0 && !run(&one_rank, NULL, NULL, 0))
+        return NULL;
+    return &one_rank;
+}
+
+TEST(trains_validates_and_samples) {
+    require_corpus();
+    char metrics[256];
+    tt_tmp_path(metrics, "gpt.jsonl");
+    static tt_job j;
+    ASSERT_TRUE(run(&j, NULL,
+                    (const char *const[]){"--metrics", metrics, "--sample-tokens", "40",
+                                          "--eval-every", "5", "--eval-batches", "3", NULL},
+                    0));
+    /* Chance is ln 114 = 4.74 nats a character; 12 steps learn letter
+     * frequencies. */
+    double loss = summary(&j, "final_loss"), val = summary(&j, "val_loss");
+    printf("  12 steps: loss %.4f, validation loss %.4f, %.0f tokens/s\n", loss, val,
+           summary(&j, "tokens_per_s"));
+    ASSERT_TRUE(loss < 4.4 && val < 4.4);
+    ASSERT_STR_CONTAINS(j.out, "--- sample (40 characters");
+    FILE *f = fopen(metrics, "r");
+    ASSERT_TRUE(f != NULL);
+    char line[512];
+    int steps = 0, evals = 0;
+    while (fgets(line, sizeof line, f)) {
+        steps += strstr(line, "\"loss\":") != NULL;
+        evals += strstr(line, "\"val_loss\":") != NULL;
+    }
+    fclose(f);
+    /* Every step's loss; the validation loss at steps 5 and 10 and at the end. */
+    ASSERT_EQ(steps, 12);
+    ASSERT_EQ(evals, 3);
+}
+
+/* Two ranks take half of every batch each and average their gradients:
+ * the same steps as one rank, up to the order of float sums. */
+static void check_two_ranks(const char *const *launcher, const char *const *extra) {
+    const tt_job *ref = reference();
+    ASSERT_TRUE(ref != NULL);
+    static tt_job j;
+    ASSERT_TRUE(run(&j, launcher, extra, 0));
+    double want = summary(ref, "final_loss"), got = summary(&j, "final_loss");
+    printf("  2 ranks: final loss %.6f, 1 rank %.6f\n", got, want);
+    ASSERT_EQ(summary(&j, "ranks"), 2);
+    ASSERT_NEAR(got, want, 1e-4 * want);
+    ASSERT_NEAR(summary(&j, "val_loss"), summary(ref, "val_loss"), 1e-4 * want);
+}
+
+TEST(two_ranks_under_ctlaunch_follow_one) {
+    require_corpus();
+    check_two_ranks((const char *const[]){CTLAUNCH_PATH, "-np", "2", NULL}, NULL);
+}
+
+TEST(two_ranks_with_activation_checkpointing_follow_one) {
+    require_corpus();
+    check_two_ranks((const char *const[]){CTLAUNCH_PATH, "-np", "2", NULL},
+                    (const char *const[]){"--checkpoint-activations", NULL});
+}
+
+TEST(two_ranks_under_mpirun_follow_one) {
+    require_corpus();
+    if (!*MPIEXEC_PATH) {
+        printf("  no mpirun in this build: nothing to check\n");
+        return;
+    }
+    check_two_ranks((const char *const[]){MPIEXEC_PATH, "-np", "2", "--oversubscribe", NULL}, NULL);
+}
+
+TEST(activation_checkpointing_saves_memory_and_changes_nothing) {
+    require_corpus();
+    const tt_job *ref = reference();
+    ASSERT_TRUE(ref != NULL);
+    static tt_job j;
+    ASSERT_TRUE(run(&j, NULL, (const char *const[]){"--checkpoint-activations", NULL}, 0));
+    ASSERT_NEAR(summary(&j, "final_loss"), summary(ref, "final_loss"), 1e-6);
+    double with = summary(&j, "peak_bytes"), without = summary(ref, "peak_bytes");
+    printf("  peak memory %.1f MB with activation checkpointing, %.1f MB without\n", with / 1e6,
+           without / 1e6);
+    ASSERT_TRUE(with < without);
+}
+
+TEST(a_stopped_run_resumes_where_it_stopped) {
+    require_corpus();
+    const tt_job *ref = reference();
+    ASSERT_TRUE(ref != NULL);
+    char dir[256];
+    tt_tmp_path(dir, "gpt-ckpt");
+    static tt_job first, second;
+    ASSERT_TRUE(run(&first, NULL,
+                    (const char *const[]){"--checkpoint-dir", dir, "--stop-at-step", "5", NULL},
+                    0));
+    ASSERT_STR_CONTAINS(first.out, "stopped at step 5");
+    ASSERT_TRUE(run(&second, NULL, (const char *const[]){"--checkpoint-dir", dir, NULL}, 0));
+    ASSERT_STR_CONTAINS(second.out, "resumed from");
+    ASSERT_STR_CONTAINS(second.out, "at step 5");
+    /* The same steps on the same batches from the same state: the same
+     * bits. */
+    ASSERT_NEAR(summary(&second, "final_loss"), summary(ref, "final_loss"), 0);
+    ASSERT_NEAR(summary(&second, "val_loss"), summary(ref, "val_loss"), 0);
+}
+
+TEST(bad_input_fails_with_a_message) {
+    require_corpus();
+    static tt_job j;
+    ASSERT_TRUE(run(&j, NULL, (const char *const[]){"--bogus", "1", NULL}, 2));
+    ASSERT_STR_CONTAINS(j.err, "unknown option --bogus");
+    ASSERT_TRUE(run(&j, NULL, (const char *const[]){"--lr", "fast", NULL}, 2));
+    ASSERT_STR_CONTAINS(j.err, "'fast' is not a number");
+    ASSERT_TRUE(run(&j, NULL, (const char *const[]){"--time", "10", NULL}, 2));
+    ASSERT_STR_CONTAINS(j.err, "not both");
+    char empty[256];
+    tt_tmp_path(empty, "no-corpus");
+    ASSERT_TRUE(run(&j, NULL, (const char *const[]){"--data", empty, NULL}, 1));
+    ASSERT_STR_CONTAINS(j.err, "fortunes");
+    /* Weights of another model's size. */
+    char init[256];
+    tt_tmp_path(init, "other.safetensors");
+    ct_tensor_dict *d = ct_tensor_dict_new();
+    ASSERT_EQ(ct_tensor_dict_add(d, "transformer.wte.weight", ct_zeros(CT_SHAPE(5, 8), CT_FLOAT32)),
+              0);
+    ASSERT_EQ(ct_safetensors_save(init, d), 0);
+    ct_tensor_dict_free(d);
+    ASSERT_TRUE(run(&j, NULL, (const char *const[]){"--init", init, NULL}, 1));
+    ASSERT_STR_CONTAINS(j.err, "transformer.wte.weight");
+    ASSERT_TRUE(
+        run(&j, NULL, (const char *const[]){"--init", "/nonexistent.safetensors", NULL}, 1));
+    ASSERT_STR_CONTAINS(j.err, "/nonexistent.safetensors");
+}
