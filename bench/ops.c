@@ -1,19 +1,22 @@
 /* bench_ops: ct's core ops next to their peers in the same run.
  *
- *   bench_ops [matmul|elementwise|rowwise]...    (default: all)
+ *   bench_ops [matmul|elementwise|rowwise|norm]...    (default: all)
  *
  * CT_BENCH_THREADS lists the thread counts (default "1,2").
  *
  * Cases: float32 matmul (square n, b plain "nn" or a transposed view "nt")
  * against a direct cblas_sgemm; add, mul and a broadcast add against memcpy
- * moving as many bytes; sum and softmax along the last dim. ops_torch.py
- * times the same cases in PyTorch.
+ * moving as many bytes; sum and softmax along the last dim; layer norm
+ * forward alone and with the gradients of x, weight and bias (norm).
+ * ops_torch.py times the same cases in PyTorch.
  *
  * stdout: one JSON object per result, with "us" (median time per call) and
  * "gflops" or "gbps" (bytes read + written). stderr: notes and one line per
  * comparison. Every op makes a fresh output, freed each iteration, as a
  * training step would. Implementations alternate within each repetition, so
  * a noisy neighbour slows them alike. */
+#include <ct/autograd.h>
+#include <ct/nn.h>
 #include <ct/tensor.h>
 
 #include "bench_time.h"
@@ -159,6 +162,23 @@ static ct_tensor *sum_last(ct_tensor *t, ct_tensor *unused) {
 static ct_tensor *softmax_last(ct_tensor *t, ct_tensor *unused) {
     (void)unused;
     return ct_softmax(t, -1);
+}
+
+/* Layer norm as a training step runs it: the forward, then (backward) the
+ * gradients of x, weight and bias for the output gradient g. */
+typedef struct ln_call {
+    ct_tensor *x, *w, *b, *g;
+    bool backward;
+} ln_call;
+
+static bool run_layer_norm(void *ctx) {
+    ln_call *c = ctx;
+    ct_scope_begin();
+    ct_tensor *y = ct_layer_norm(c->x, c->w, c->b, 1e-5), *grads[3];
+    bool ok = y && (!c->backward ||
+                    ct_grad(&y, 1, &c->g, (ct_tensor *[]){c->x, c->w, c->b}, 3, grads, NULL) == 0);
+    ct_scope_end();
+    return ok;
 }
 
 /* ------------------------------------------------------------- peers */
@@ -323,6 +343,42 @@ static void bench_rowwise(int threads) {
     }
 }
 
+/* GPT-sized rows: [batch * context, width]. Bytes are those a fused
+ * implementation must move: x in and y out; then g and x in, dx out. */
+static void bench_norm(int threads) {
+    static const int64_t shape[2] = {4096, 128};
+    ct_tensor *x = filled(2, shape), *g = filled(2, shape);
+    ct_tensor *w = filled(1, shape + 1), *b = filled(1, shape + 1);
+    ct_tensor *xg = ct_requires_grad_(ct_clone(x), true);
+    ct_tensor *wg = ct_requires_grad_(ct_clone(w), true);
+    ct_tensor *bg = ct_requires_grad_(ct_clone(b), true);
+    double n = (double)(shape[0] * shape[1]);
+    struct {
+        const char *op;
+        ln_call call;
+        double bytes;
+    } ops[] = {
+        {"layer_norm", {x, w, b, NULL, false}, 8 * n},
+        {"layer_norm_fwd_bwd", {xg, wg, bg, g, true}, 20 * n},
+    };
+    for (size_t i = 0; i < sizeof ops / sizeof *ops; i++) {
+        bench_case bc = {
+            .op = ops[i].op,
+            .size = shape[0] * shape[1],
+            .ndim = 2,
+            .shape = {shape[0], shape[1]},
+            .metric = "gbps",
+            .amount = ops[i].bytes,
+            .impls = {{"ct", run_layer_norm, &ops[i].call, 1, 0}},
+            .nimpls = 1,
+        };
+        run_case(&bc, threads);
+    }
+    ct_tensor *all[] = {x, g, w, b, xg, wg, bg};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        ct_tensor_free(all[i]);
+}
+
 /* "1,2" -> {1, 2}; returns the count, 0 on a malformed list. */
 static int parse_threads(const char *s, int *out) {
     int n = 0;
@@ -344,6 +400,7 @@ static const struct {
     {"matmul", bench_matmul},
     {"elementwise", bench_elementwise},
     {"rowwise", bench_rowwise},
+    {"norm", bench_norm},
 };
 #define NGROUPS (sizeof groups / sizeof *groups)
 
@@ -359,7 +416,7 @@ int main(int argc, char **argv) {
         while (g < NGROUPS && strcmp(argv[a], groups[g].name) != 0)
             g++;
         if (g == NGROUPS) {
-            fprintf(stderr, "usage: bench_ops [matmul|elementwise|rowwise]...\n");
+            fprintf(stderr, "usage: bench_ops [matmul|elementwise|rowwise|norm]...\n");
             return 2;
         }
     }

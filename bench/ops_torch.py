@@ -67,6 +67,20 @@ def cases(torch):
                4.0 * (numel + shape[0]), lambda t=t: t.sum(-1))
         yield ({"op": "softmax", "size": numel, "shape": list(shape)}, "gbps", 8.0 * numel,
                lambda t=t: torch.softmax(t, -1))
+    rows, width = 4096, 128
+    numel = rows * width
+    x, g = torch.rand(rows, width), torch.rand(rows, width)
+    w, b = torch.rand(width), torch.rand(width)
+    leaves = [t.clone().requires_grad_() for t in (x, w, b)]
+
+    def layer_norm_fwd_bwd():
+        y = torch.nn.functional.layer_norm(leaves[0], (width,), leaves[1], leaves[2], 1e-5)
+        return torch.autograd.grad(y, leaves, g)
+
+    yield ({"op": "layer_norm", "size": numel, "shape": [rows, width]}, "gbps", 8.0 * numel,
+           lambda: torch.nn.functional.layer_norm(x, (width,), w, b, 1e-5))
+    yield ({"op": "layer_norm_fwd_bwd", "size": numel, "shape": [rows, width]}, "gbps",
+           20.0 * numel, layer_norm_fwd_bwd)
 
 
 def blas_thread_setter():
