@@ -24,8 +24,11 @@ import subprocess
 import sys
 import tempfile
 
+# One thread for both, set before torch loads OpenBLAS.
+os.environ["OPENBLAS_NUM_THREADS"] = "1"
+os.environ["OMP_NUM_THREADS"] = "1"
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import gpt_torch  # noqa: E402  (sets the thread variables before torch loads)
+import gpt_torch  # noqa: E402
 
 TINY = ["--layers", "2", "--heads", "2", "--width", "32", "--context", "32", "--batch", "4",
         "--warmup", "5"]

@@ -5,7 +5,7 @@ batches and recipe, in eager PyTorch 1.13.
     gpt_torch.py [--layers N] [--heads N] [--width N] [--context N]
                  [--batch N] [--steps N | --time S] [--lr X] [--min-lr X]
                  [--warmup N] [--weight-decay X] [--clip X] [--dropout X]
-                 [--seed N] [--threads N] [--eval-every N]
+                 [--seed N] [--threads N] [--blas-threads N] [--eval-every N]
                  [--eval-batches N] [--log-every N] [--metrics FILE]
                  [--save-init FILE] [--init FILE] [--checkpoint-activations]
                  [--data DIR] [--bench]
@@ -24,11 +24,12 @@ docs/gpt.md, and examples/gpt implements the same rules:
     --eval-batches batches, at the end all of them;
   - the schedule: linear warmup from 0.01 x lr over --warmup steps, then
     cosine to --min-lr at the last step (ct_lr_schedule's closed form);
-    with --time S the last step is estimated from the first steps' rate so
-    that training takes about S seconds.
+    with --time S the last step is estimated from the rate of the first 12
+    steps, and again after 120, so that training takes about S seconds.
 --save-init writes the initial weights as safetensors (examples/gpt
 --init reads them); --init starts from such a file. --bench prints one JSON
-line with the training throughput. Without torch, it says so and exits 0.
+line with the training throughput. The loss of every --log-every-th step
+goes to stderr. Without torch, it says so and exits 0.
 """
 import argparse
 import json
@@ -38,10 +39,6 @@ import struct
 import sys
 import time
 
-# OpenBLAS and OpenMP read these when torch loads them: the thread count is
-# then set by --threads alone.
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 CORPUS_DIR = "/usr/share/games/fortunes"
 MASK64 = (1 << 64) - 1
@@ -316,13 +313,17 @@ def train(torch, cfg, train_ids, val_ids, out):
             timed_steps += 1
         rate = tokens * timed_steps / timed if timed > 0 else 0.0
         elapsed = time.perf_counter() - start
-        if cfg.time and step + 1 == 12:
-            # The run's length in steps, from the rate of steps 2..11.
+        if cfg.time and step + 1 in (12, 120):
+            # The run's length in steps from the rate so far, estimated
+            # after 12 steps and again after 120, as examples/gpt does.
             total = max(step + 1, int(cfg.time / (elapsed / (step + 1))))
-        if metrics and (step % cfg.log_every == 0 or step + 1 == total):
-            metrics.write(json.dumps({"step": step, "loss": loss, "lr": lr,
-                                      "tokens_per_s": round(rate, 1),
-                                      "time_s": round(elapsed, 3)}) + "\n")
+        if step % cfg.log_every == 0 or step + 1 == total:
+            print("step %5d  loss %.6f  lr %.3g  %.0f tokens/s" % (step, loss, lr, rate),
+                  file=sys.stderr)
+            if metrics:
+                metrics.write(json.dumps({"step": step, "loss": loss, "lr": lr,
+                                          "tokens_per_s": round(rate, 1),
+                                          "time_s": round(elapsed, 3)}) + "\n")
         if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < total:
             v = evaluate(torch, model, val_ids, cfg, cfg.eval_batches)
             if metrics:
@@ -331,8 +332,8 @@ def train(torch, cfg, train_ids, val_ids, out):
                               + "\n")
         step += 1
     train_s = time.perf_counter() - start
-    val = float("nan") if cfg.bench else evaluate(torch, model, val_ids, cfg, None)
-    if metrics:
+    val = None if cfg.bench else evaluate(torch, model, val_ids, cfg, None)
+    if metrics and val is not None:
         metrics.write(json.dumps({"step": step, "val_loss": val,
                                   "time_s": round(time.perf_counter() - start, 3)}) + "\n")
         metrics.close()
@@ -359,9 +360,10 @@ def parse(argv):
     p.add_argument("--warmup", type=int, default=100)
     p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument("--clip", type=float, default=1.0)
-    p.add_argument("--dropout", type=float, default=0.1)
+    p.add_argument("--dropout", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--blas-threads", type=int, default=1)
     p.add_argument("--eval-every", type=int, default=250)
     p.add_argument("--eval-batches", type=int, default=16)
     p.add_argument("--log-every", type=int, default=10)
@@ -385,6 +387,14 @@ def parse(argv):
 
 def main(argv):
     cfg = parse(argv)
+    # OpenBLAS sizes its pool from this when torch loads it (torch's
+    # set_num_threads leaves it alone). One BLAS thread beside torch's
+    # OpenMP threads is torch's fastest setting on a 2-core machine: 5.4k
+    # tokens/s at --threads 2, against 4.1k with OpenBLAS on 2 threads too,
+    # whose pool then competes with OpenMP's (docs/gpt.md).
+    if "torch" not in sys.modules:
+        os.environ["OPENBLAS_NUM_THREADS"] = str(cfg.blas_threads)
+        os.environ["OMP_NUM_THREADS"] = str(cfg.threads)
     try:
         import torch
     except ImportError:

@@ -115,6 +115,20 @@ ct_module *example_mlp_new(const example_options *o, double dropout) {
     return net;
 }
 
+ct_optim *example_optimizer(const ct_param_list *pl, const ct_optim_options *opts,
+                            double weight_decay) {
+    ct_tensor *decay[pl->n > 0 ? pl->n : 1], *plain[pl->n > 0 ? pl->n : 1];
+    int nd = 0, np = 0;
+    for (int i = 0; i < pl->n; i++) {
+        if (ct_ndim(pl->tensors[i]) >= 2)
+            decay[nd++] = pl->tensors[i];
+        else
+            plain[np++] = pl->tensors[i];
+    }
+    ct_param_group groups[2] = {{decay, nd, weight_decay, 1}, {plain, np, 0, 1}};
+    return ct_optim_new_groups(opts, groups, 2);
+}
+
 int example_data_load(example_data *d, const char *dir, bool test) {
     *d = (example_data){0};
     int rc = ct_fmnist_load(dir, true, &d->train_x, &d->train_y);

@@ -99,6 +99,12 @@ int example_data_load(example_data *d, const char *dir, bool test);
 /* Accepts a zeroed *d. */
 void example_data_free(example_data *d);
 
+/* An optimizer of opts's kind (AdamW in both examples) over pl's
+ * parameters, in two groups: weight_decay for matrices and embeddings (2 or
+ * more dims), none for biases and norms. NULL on error. */
+ct_optim *example_optimizer(const ct_param_list *pl, const ct_optim_options *opts,
+                            double weight_decay);
+
 /* ------------------------------------------------------------- reporting */
 
 /* The class of each image: images [n, 784] -> int64 [n], owned by the

@@ -145,24 +145,15 @@ static int parse(int argc, char **argv, options *o) {
     return 0;
 }
 
-/* Weight decay applies to matrices, not to biases (1-D). */
+/* SGD with momentum, or AdamW with weight decay on matrices only. */
 static ct_optim *build_optimizer(const options *o, const ct_param_list *pl) {
     if (!o->r->adamw) {
         ct_optim_options opts = ct_optim_defaults(CT_OPTIM_SGD, o->common.lr);
         opts.momentum = 0.9;
         return ct_optim_new(&opts, pl->tensors, pl->n);
     }
-    ct_tensor *decay[pl->n], *plain[pl->n];
-    int nd = 0, np = 0;
-    for (int i = 0; i < pl->n; i++) {
-        if (ct_ndim(pl->tensors[i]) >= 2)
-            decay[nd++] = pl->tensors[i];
-        else
-            plain[np++] = pl->tensors[i];
-    }
-    ct_param_group groups[2] = {{decay, nd, o->r->weight_decay, 1}, {plain, np, 0, 1}};
     ct_optim_options opts = ct_optim_defaults(CT_OPTIM_ADAMW, o->common.lr);
-    return ct_optim_new_groups(&opts, groups, 2);
+    return example_optimizer(pl, &opts, o->r->weight_decay);
 }
 
 /* Warmup takes at most a fifth of a short run (--max-steps), so that the
@@ -193,77 +184,36 @@ static int evaluate(ct_module *net, ct_tensor *images, ct_tensor *labels, double
     return rc;
 }
 
-/* What a checkpoint holds: the parameters, the optimizer's state, the step
- * and the data position (the schedule's lr follows from the step), and each
- * rank's random stream (dropout). */
+/* What a checkpoint holds: example_ckpt's entries (parameters, optimizer
+ * state, step, random streams) and the data position; the schedule's lr
+ * follows from the step. */
 typedef struct resumable {
-    ct_state *st;
-    ct_checkpointer *ck;
-    int64_t step, epoch, offset, last_saved;
+    example_ckpt ck;
+    int64_t epoch, offset;
 } resumable;
 
 static int resumable_init(resumable *r, const ct_param_list *params, ct_optim *opt,
                           ct_comm *world) {
-    *r = (resumable){.st = ct_state_new(), .ck = ct_checkpointer_new(world), .last_saved = -1};
-    int rc = r->st && r->ck ? 0 : ct_errcode();
-    for (int i = 0; !rc && i < params->n; i++)
-        rc = ct_state_add_tensor(r->st, params->names[i], params->tensors[i], CT_STATE_REPLICATED);
-    int n = rc ? 0 : ct_optim_num_states(opt);
-    for (int i = 0; !rc && i < n; i++) {
-        const char *name;
-        ct_tensor *t;
-        char key[96];
-        rc = ct_optim_state_at(opt, i, &name, &t);
-        snprintf(key, sizeof key, "optimizer.%s", name);
-        rc = rc ? rc : ct_state_add_tensor(r->st, key, t, CT_STATE_REPLICATED);
-    }
-    rc = rc ? rc : ct_state_add_i64(r->st, "train.step", &r->step, CT_STATE_REPLICATED);
-    rc = rc ? rc : ct_state_add_i64(r->st, "data.epoch", &r->epoch, CT_STATE_REPLICATED);
-    rc = rc ? rc : ct_state_add_i64(r->st, "data.offset", &r->offset, CT_STATE_REPLICATED);
-    rc = rc ? rc : ct_state_add_generator(r->st, "rng", ct_default_generator(), CT_STATE_PER_RANK);
-    /* The staging memory of background saves, faulted in now rather than
-     * in the first save. */
-    rc = rc ? rc : ct_checkpointer_reserve(r->ck, r->st);
+    int rc = example_ckpt_init(&r->ck, params, opt, world);
+    rc = rc ? rc : ct_state_add_i64(r->ck.st, "data.epoch", &r->epoch, CT_STATE_REPLICATED);
+    rc = rc ? rc : ct_state_add_i64(r->ck.st, "data.offset", &r->offset, CT_STATE_REPLICATED);
     return rc ? -1 : 0;
 }
 
-static void resumable_free(resumable *r) {
-    ct_checkpointer_free(r->ck);
-    ct_state_free(r->st);
-}
-
-/* Loads the newest checkpoint in dir, if any: the step to go on from, or
- * -1 on error. */
+/* Loads the newest checkpoint in dir, if any, and moves the loader there:
+ * the step to go on from, or -1 on error. */
 static int64_t resume(resumable *r, const char *dir, ct_comm *world, ct_loader *loader,
                       ct_optim *opt) {
-    char path[4096];
-    int found = ct_checkpoint_latest(dir, path, sizeof path);
-    if (found <= 0)
-        return found < 0 ? -1 : 0;
-    if (ct_checkpoint_load(path, r->st, world) ||
-        ct_loader_set_position(loader, r->epoch, r->offset) ||
-        ct_optim_set_step_count(opt, r->step))
+    int64_t step = example_ckpt_resume(&r->ck, "fmnist_mlp", dir, world, opt);
+    if (step > 0 && ct_loader_set_position(loader, r->epoch, r->offset))
         return -1;
-    r->last_saved = r->step;
-    if (ct_comm_rank(world) == 0)
-        printf("fmnist_mlp: resumed from %s at step %lld (epoch %lld)\n", path, (long long)r->step,
-               (long long)r->epoch + 1);
-    return r->step;
+    return step;
 }
 
 /* Starts a background save of the state after step steps (once per step). */
 static int save(resumable *r, const char *dir, int64_t step, ct_loader *loader) {
-    if (r->last_saved == step)
-        return 0;
-    r->step = step;
-    r->last_saved = step;
     ct_loader_position(loader, &r->epoch, &r->offset);
-    char path[4096];
-    snprintf(path, sizeof path, "%s/step-%08lld", dir, (long long)step);
-    ct_checkpoint_options co = ct_checkpoint_defaults();
-    co.step = step;
-    co.keep_last = 3;
-    return ct_checkpointer_save(r->ck, path, r->st, &co) ? -1 : 0;
+    return example_ckpt_save(&r->ck, dir, step);
 }
 
 static int train(const options *o, FILE *metrics) {
@@ -419,11 +369,8 @@ static int train(const options *o, FILE *metrics) {
         example_print_summary(head, more, &o->common, epochs_run, step,
                               timed > 0 ? (double)timed_samples / timed : 0, acc, epoch_loss);
     }
-    if (o->checkpoint_dir) {
-        if (ct_checkpointer_wait(ckpt.ck) && !rc)
-            rc = -1;
-        resumable_free(&ckpt);
-    }
+    if (example_ckpt_finish(&ckpt.ck) && !rc)
+        rc = -1;
     if (stopped && rank == 0)
         printf("fmnist_mlp: stopped at step %lld, as --stop-at-step asks; run again to resume\n",
                (long long)step);

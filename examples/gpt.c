@@ -19,8 +19,8 @@
  *   - AdamW (betas 0.9, 0.99; no decay on biases and norms), linear warmup
  *     then cosine decay to --min-lr, gradient clipping at --clip.
  * By default it trains for --time 600 seconds: after 12 steps it fixes the
- * run's length from their rate, so that the cosine ends on time. --steps N
- * trains exactly N steps instead.
+ * run's length from their rate, and again after 120, so that the cosine
+ * ends on time. --steps N trains exactly N steps instead.
  *
  * Every --log-every steps rank 0 appends the loss, lr and tokens/s to
  * --metrics (JSON lines), and every --eval-every steps the validation loss
@@ -56,10 +56,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define NAME          "gpt"
-#define FORTUNES_DIR  "/usr/share/games/fortunes"
-#define RATE_STEPS    12 /* --time: the run's length is fixed from this many steps */
-#define UNTIMED_STEPS 2  /* left out of tokens/s: the first steps fault memory in */
+#define NAME         "gpt"
+#define FORTUNES_DIR "/usr/share/games/fortunes"
+/* --time: the run's length in steps is estimated after RATE_STEPS steps,
+ * and again, from a longer sample, after REFINE_STEPS (still about the
+ * warmup's end, before the cosine has gone far). */
+#define RATE_STEPS    12
+#define REFINE_STEPS  120
+#define UNTIMED_STEPS 2 /* left out of tokens/s: the first steps fault memory in */
 
 typedef struct options {
     ct_gpt_config model; /* vocab from the corpus */
@@ -201,6 +205,10 @@ static int parse(int argc, char **argv, options *o) {
     }
     if (o->steps <= 0 && o->time <= 0)
         o->time = 600;
+    if (o->plot && !*o->metrics) {
+        fprintf(stderr, NAME ": --plot draws the metrics file: it needs --metrics FILE\n");
+        return -1;
+    }
     bool ok = o->batch > 0 && o->lr > 0 && o->min_lr >= 0 && o->warmup >= 0 && o->clip > 0 &&
               o->threads >= 0 && o->eval_every >= 0 && o->eval_batches >= 0 && o->log_every > 0 &&
               o->save_every >= 0 && o->stop_at_step >= 0 && o->sample_tokens >= 0 &&
@@ -274,7 +282,8 @@ static int corpus_load(corpus *c, const char *dir) {
         n += !rc;
     }
     closedir(d);
-    qsort(names, n, sizeof *names, by_name);
+    if (n > 1)
+        qsort(names, n, sizeof *names, by_name);
     for (size_t i = 0; i < n && !rc; i++) {
         char path[4096];
         snprintf(path, sizeof path, "%s/%s", dir, names[i]);
@@ -386,6 +395,27 @@ static int evaluate(ct_module *gpt, const corpus *c, const options *o, int64_t l
     return rc;
 }
 
+/* CT_ESHAPE unless src has dst's shape: ct_copy_ alone would broadcast a
+ * [1, n] tensor of a smaller model into every row. */
+static int same_shape(const char *path, const char *name, ct_tensor *src, ct_tensor *dst) {
+    bool same = ct_ndim(src) == ct_ndim(dst);
+    for (int d = 0; same && d < ct_ndim(dst); d++)
+        same = ct_size(src, d) == ct_size(dst, d);
+    if (same)
+        return 0;
+    char want[96] = "", got[96] = "";
+    for (int d = 0; d < ct_ndim(dst); d++)
+        snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", d ? ", " : "",
+                 (long long)ct_size(dst, d));
+    for (int d = 0; d < ct_ndim(src); d++)
+        snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", d ? ", " : "",
+                 (long long)ct_size(src, d));
+    return ct_seterr(CT_ESHAPE,
+                     "%s: '%s' is [%s], but this model's is [%s]: check --layers, "
+                     "--width, --context and the corpus",
+                     path, name, got, want);
+}
+
 /* Copies the weights in path (safetensors, PyTorch's names) into params. */
 static int load_init(const char *path, const ct_param_list *params) {
     ct_tensor_dict *d = NULL;
@@ -397,6 +427,8 @@ static int load_init(const char *path, const ct_param_list *params) {
         ct_tensor *src = ct_tensor_dict_find(d, params->names[i]);
         if (!src)
             rc = ct_seterr(CT_EINVAL, "%s: no tensor '%s'", path, params->names[i]);
+        else if ((rc = same_shape(path, params->names[i], src, params->tensors[i])))
+            break;
         else if (!ct_copy_(params->tensors[i], src))
             rc = ct_seterr(ct_errcode(), "%s: '%s': %s", path, params->names[i], ct_errmsg());
         used++;
@@ -404,6 +436,8 @@ static int load_init(const char *path, const ct_param_list *params) {
     /* The tied head, when a state dict keeps it, must be the embedding. */
     ct_tensor *head = rc ? NULL : ct_tensor_dict_find(d, "lm_head.weight");
     ct_tensor *wte = ct_param_list_find(params, "transformer.wte.weight");
+    if (head && (rc = same_shape(path, "lm_head.weight", head, wte)))
+        head = NULL;
     if (head) {
         ct_scope_begin();
         ct_tensor *same = ct_sum(ct_ne(head, ct_to(wte, CT_DEVICE_CPU)), NULL, 0, false);
@@ -425,20 +459,11 @@ static int load_init(const char *path, const ct_param_list *params) {
     return rc ? -1 : 0;
 }
 
-/* AdamW with decay on matrices only (not on biases, norms). */
+/* AdamW as the reference's: betas (0.9, 0.99). */
 static ct_optim *build_optimizer(const options *o, const ct_param_list *pl) {
-    ct_tensor *decay[pl->n], *plain[pl->n];
-    int nd = 0, np = 0;
-    for (int i = 0; i < pl->n; i++) {
-        if (ct_ndim(pl->tensors[i]) >= 2)
-            decay[nd++] = pl->tensors[i];
-        else
-            plain[np++] = pl->tensors[i];
-    }
-    ct_param_group groups[2] = {{decay, nd, o->weight_decay, 1}, {plain, np, 0, 1}};
     ct_optim_options opts = ct_optim_defaults(CT_OPTIM_ADAMW, o->lr);
     opts.beta2 = 0.99;
-    return ct_optim_new_groups(&opts, groups, 2);
+    return example_optimizer(pl, &opts, o->weight_decay);
 }
 
 /* Warmup takes at most a fifth of a short run. */
@@ -523,8 +548,17 @@ typedef struct run {
     int64_t total; /* steps in the run; saved, so that a resumed --time run keeps its schedule */
 } run;
 
-/* The run's length once RATE_STEPS steps took `elapsed` seconds (the
- * slowest rank's), so that the whole run takes about o->time. */
+/* v as a JSON number, or null when it is not finite (a diverged loss, a
+ * validation that did not run): JSON has no NaN. */
+static const char *json_num(char buf[32], double v) {
+    if (!isfinite(v))
+        return "null";
+    snprintf(buf, 32, "%.9g", v);
+    return buf;
+}
+
+/* The run's length once `done` steps took `elapsed` seconds (the slowest
+ * rank's), so that the whole run takes about o->time. */
 static int fix_length(run *r, int64_t done, double elapsed) {
     double e = elapsed;
     if (r->ranks > 1 && example_allreduce_max(r->world, &e, 1))
@@ -575,7 +609,7 @@ static int train(run *r) {
             timed += now - t0;
             timed_steps++;
         }
-        if (o->time > 0 && timed_steps == RATE_STEPS - UNTIMED_STEPS) {
+        if (o->time > 0 && (step + 1 == RATE_STEPS || step + 1 == REFINE_STEPS)) {
             if ((rc = fix_length(r, step + 1, now - start)))
                 break;
             sched = schedule(o, r->total);
@@ -587,11 +621,13 @@ static int train(run *r) {
             if (r->ranks > 1 && (rc = example_allreduce_sum(r->world, &mean, 1)))
                 break;
             mean /= r->ranks;
+            char nb[32];
             if (r->metrics)
                 fprintf(r->metrics,
-                        "{\"step\":%lld,\"loss\":%.9g,\"lr\":%.6g,\"tokens_per_s\":%.1f,"
+                        "{\"step\":%lld,\"loss\":%s,\"lr\":%.6g,\"tokens_per_s\":%.1f,"
                         "\"time_s\":%.3f}\n",
-                        (long long)step, mean, ct_optim_lr(r->opt), rate, now - start);
+                        (long long)step, json_num(nb, mean), ct_optim_lr(r->opt), rate,
+                        now - start);
         }
         if (r->rank == 0)
             example_progress_show(&prog, 0, step + 1, loss, rate,
@@ -624,7 +660,8 @@ static int train(run *r) {
         rc = evaluate(r->gpt, r->c, o, -1, r->world, &val);
     if (rc)
         return rc;
-    if (r->metrics)
+    char nb[2][32];
+    if (r->metrics && isfinite(val))
         fprintf(r->metrics, "{\"step\":%lld,\"val_loss\":%.7g,\"time_s\":%.3f}\n", (long long)step,
                 val, example_now() - start);
     if (stopped && r->rank == 0)
@@ -636,12 +673,13 @@ static int train(run *r) {
     if (r->rank == 0)
         printf("{\"bench\": \"gpt\", \"impl\": \"ct\", \"threads\": %d, \"ranks\": %d, "
                "\"batch\": %lld, \"context\": %lld, \"layers\": %lld, \"width\": %lld, "
-               "\"steps\": %lld, \"tokens_per_s\": %.1f, \"train_s\": %.2f, \"final_loss\": %.7g, "
-               "\"val_loss\": %.7g, \"checkpoint\": %s, \"peak_bytes\": %lld}\n",
+               "\"steps\": %lld, \"tokens_per_s\": %.1f, \"train_s\": %.2f, \"final_loss\": %s, "
+               "\"val_loss\": %s, \"checkpoint\": %s, \"peak_bytes\": %lld}\n",
                o->threads, r->ranks, (long long)o->batch, (long long)o->model.context,
                (long long)o->model.layers, (long long)o->model.width, (long long)step,
-               timed > 0 ? (double)(tokens * timed_steps) / timed : 0, train_s, loss, val,
-               o->model.checkpoint ? "true" : "false", (long long)peak);
+               timed > 0 ? (double)(tokens * timed_steps) / timed : 0, train_s,
+               json_num(nb[0], loss), json_num(nb[1], val), o->model.checkpoint ? "true" : "false",
+               (long long)peak);
     return 0;
 }
 
@@ -731,12 +769,9 @@ int main(int argc, char **argv) {
         rc = -1;
     if (r.metrics)
         fclose(r.metrics);
-    if (!rc && r.rank == 0 && o.plot && *o.metrics) {
-        if (metrics_plot(o.metrics, o.plot, NULL))
-            fprintf(stderr, NAME ": --plot: %s\n", ct_errmsg());
-        else
-            printf(NAME ": plotted %s to %s\n", o.metrics, o.plot);
-    }
+    /* On stderr, as the summary ends stdout. */
+    if (!rc && r.rank == 0 && o.plot && !(rc = metrics_plot(o.metrics, o.plot, NULL)))
+        fprintf(stderr, NAME ": wrote the chart of %s to %s\n", o.metrics, o.plot);
     if (rc)
         fprintf(stderr, NAME ": %s\n", ct_errmsg());
     teardown(&r);

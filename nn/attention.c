@@ -55,7 +55,7 @@ typedef struct att_dims {
 typedef struct att_job {
     att_dims s;
     att_mat m[ATT_NMATS];
-    bool dbl, causal;
+    bool dbl, causal, backward;
     double scale, p;
     uint64_t seed, offset;
     char *probs;           /* [units, tq, tk]: written by forward */
@@ -219,10 +219,10 @@ ATT_KERNELS(f64, double, exp)
 
 /* Scratch for a run of units: backward's dP block, the dropped weights
  * when there is dropout, and the mask (which backward always passes on). */
-static void *scratch_new(const att_job *j, bool backward, void **drop, uint8_t **keep) {
+static void *scratch_new(const att_job *j, void **drop, uint8_t **keep) {
     size_t block = (size_t)ATT_ROWS * (size_t)j->s.tk, es = j->dbl ? 8 : 4;
-    size_t ndp = backward ? block * es : 0, ndrop = j->p > 0 ? block * es : 0;
-    size_t nkeep = backward || j->p > 0 ? block : 0;
+    size_t ndp = j->backward ? block * es : 0, ndrop = j->p > 0 ? block * es : 0;
+    size_t nkeep = j->backward || j->p > 0 ? block : 0;
     char *base = malloc(ndp + ndrop + nkeep + 1);
     if (!base) {
         atomic_store(&((att_job *)j)->no_memory, true);
@@ -233,30 +233,21 @@ static void *scratch_new(const att_job *j, bool backward, void **drop, uint8_t *
     return base;
 }
 
-static void forward_range(void *ctx, int64_t lo, int64_t hi) {
+/* Units [lo, hi) of the pass j describes. */
+static void units_range(void *ctx, int64_t lo, int64_t hi) {
     const att_job *j = ctx;
     void *drop;
     uint8_t *keep;
-    void *base = scratch_new(j, false, &drop, &keep);
+    void *base = scratch_new(j, &drop, &keep);
     for (int64_t u = lo; u < hi && base; u++) {
-        if (j->dbl)
+        if (j->backward && j->dbl)
+            backward_unit_f64(j, u, base, drop, keep);
+        else if (j->backward)
+            backward_unit_f32(j, u, base, drop, keep);
+        else if (j->dbl)
             forward_unit_f64(j, u, drop, keep);
         else
             forward_unit_f32(j, u, drop, keep);
-    }
-    free(base);
-}
-
-static void backward_range(void *ctx, int64_t lo, int64_t hi) {
-    const att_job *j = ctx;
-    void *drop;
-    uint8_t *keep;
-    void *base = scratch_new(j, true, &drop, &keep);
-    for (int64_t u = lo; u < hi && base; u++) {
-        if (j->dbl)
-            backward_unit_f64(j, u, base, drop, keep);
-        else
-            backward_unit_f32(j, u, base, drop, keep);
     }
     free(base);
 }
@@ -324,6 +315,7 @@ static int att_backward(const ct_backward_args *a) {
                                       "again (create_graph) is not supported");
     ct_tensor *q = a->saved[0], *k = a->saved[1], *v = a->saved[2], *probs = a->saved[3];
     att_job j = {.s = c->s,
+                 .backward = true,
                  .dbl = q->dtype == CT_FLOAT64,
                  .causal = c->causal,
                  .scale = c->scale,
@@ -341,7 +333,7 @@ static int att_backward(const ct_backward_args *a) {
     j.gq = ct__data(gq);
     j.gk = ct__data(gk);
     j.gv = ct__data(gv);
-    ct_parallel_for(0, c->s.units, 1, backward_range, &j);
+    ct_parallel_for(0, c->s.units, 1, units_range, &j);
     if (atomic_load(&j.no_memory))
         return ct__seterr(CT_ENOMEM, "scaled_dot_product_attention: backward: out of memory");
     ct_tensor *grads[3] = {gq, gk, gv};
@@ -383,7 +375,7 @@ static ct_tensor *attention_cpu(ct_tensor *q, ct_tensor *k, ct_tensor *v, const 
     if (!rc) {
         j.probs = ct__data(probs);
         j.out = ct__data(out);
-        ct_parallel_for(0, s->units, 1, forward_range, &j);
+        ct_parallel_for(0, s->units, 1, units_range, &j);
         if (atomic_load(&j.no_memory))
             rc = ct__seterr(CT_ENOMEM, "scaled_dot_product_attention: out of memory");
     }

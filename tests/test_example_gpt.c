@@ -182,6 +182,39 @@ TEST(a_stopped_run_resumes_where_it_stopped) {
     ASSERT_NEAR(summary(&second, "val_loss"), summary(ref, "val_loss"), 0);
 }
 
+/* --time: the length in steps is fixed from the first steps' rate, so
+ * that the run ends about on time, its cosine complete. */
+TEST(a_time_budget_ends_on_time) {
+    require_corpus();
+    char metrics[256];
+    tt_tmp_path(metrics, "timed.jsonl");
+    static tt_job j;
+    const char *argv[64];
+    command(argv, NULL, (const char *const[]){"--metrics", metrics, NULL});
+    /* --steps and --time exclude each other: this run's --steps goes. */
+    for (int i = 0; argv[i]; i++)
+        if (!strcmp(argv[i], "--steps")) {
+            argv[i] = "--time";
+            argv[i + 1] = "4";
+        }
+    tt_run_job(&j, argv, (const char *const[]){"CT_BACKEND", NULL}, DEADLINE);
+    ASSERT_EQ(tt_job_exit_code(&j), 0);
+    double seconds = summary(&j, "train_s"), steps = summary(&j, "steps");
+    printf("  --time 4: %.0f steps in %.2f s\n", steps, seconds);
+    ASSERT_TRUE(steps > 12 && seconds > 2 && seconds < 8);
+    /* The last step's rate is about the schedule's floor, --min-lr. */
+    FILE *f = fopen(metrics, "r");
+    ASSERT_TRUE(f != NULL);
+    char line[512], last[512] = "";
+    while (fgets(line, sizeof line, f))
+        if (strstr(line, "\"lr\":"))
+            snprintf(last, sizeof last, "%s", line);
+    fclose(f);
+    const char *lr = strstr(last, "\"lr\":");
+    ASSERT_TRUE(lr != NULL);
+    ASSERT_NEAR(strtod(lr + 5, NULL), 2e-4, 2e-6);
+}
+
 TEST(bad_input_fails_with_a_message) {
     require_corpus();
     static tt_job j;
@@ -204,7 +237,15 @@ TEST(bad_input_fails_with_a_message) {
     ASSERT_EQ(ct_safetensors_save(init, d), 0);
     ct_tensor_dict_free(d);
     ASSERT_TRUE(run(&j, NULL, (const char *const[]){"--init", init, NULL}, 1));
-    ASSERT_STR_CONTAINS(j.err, "transformer.wte.weight");
+    ASSERT_STR_CONTAINS(j.err, "'transformer.wte.weight' is [5, 8], but this model's is [114, 32]");
+    /* One that would broadcast into every row. */
+    d = ct_tensor_dict_new();
+    ASSERT_EQ(
+        ct_tensor_dict_add(d, "transformer.wte.weight", ct_zeros(CT_SHAPE(1, 32), CT_FLOAT32)), 0);
+    ASSERT_EQ(ct_safetensors_save(init, d), 0);
+    ct_tensor_dict_free(d);
+    ASSERT_TRUE(run(&j, NULL, (const char *const[]){"--init", init, NULL}, 1));
+    ASSERT_STR_CONTAINS(j.err, "is [1, 32], but this model's is [114, 32]");
     ASSERT_TRUE(
         run(&j, NULL, (const char *const[]){"--init", "/nonexistent.safetensors", NULL}, 1));
     ASSERT_STR_CONTAINS(j.err, "/nonexistent.safetensors");
