@@ -174,12 +174,14 @@ static void show(example_progress *p, bool force, int epoch, int64_t step, doubl
         return;
     p->last_print = t;
     int s = eta > 0 && eta < 1e6 ? (int)(eta + 0.5) : 0;
-    char ep[32] = "";
+    char ep[32] = "", of[24] = "";
     if (p->epochs > 0)
         snprintf(ep, sizeof ep, "epoch %d/%d  ", epoch, p->epochs);
-    fprintf(stderr, "%s%sstep %4lld/%lld  loss %.4f  %8.0f %s/s  ETA %d:%02d:%02d%s",
-            p->tty ? "\r" : "", ep, (long long)step, (long long)p->steps, loss, rate, p->unit,
-            s / 3600, s / 60 % 60, s % 60, p->tty ? "   " : "\n");
+    if (p->steps > 0)
+        snprintf(of, sizeof of, "/%lld", (long long)p->steps);
+    fprintf(stderr, "%s%sstep %4lld%s  loss %.4f  %8.0f %s/s  ETA %d:%02d:%02d%s",
+            p->tty ? "\r" : "", ep, (long long)step, of, loss, rate, p->unit, s / 3600, s / 60 % 60,
+            s % 60, p->tty ? "   " : "\n");
     fflush(stderr);
 }
 

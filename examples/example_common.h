@@ -122,7 +122,7 @@ int example_evaluate(example_predict_fn predict, void *ctx, ct_tensor *images, c
  * line every 5 seconds, so that logs stay short. */
 typedef struct example_progress {
     int epochs;       /* 0: a run not counted in epochs */
-    int64_t steps;    /* per epoch, or in the run */
+    int64_t steps;    /* per epoch, or in the run; 0: not known (yet) */
     const char *unit; /* what the rate counts: "samples" unless set after init */
     bool tty;
     double last_print;

@@ -591,7 +591,8 @@ static int train(run *r) {
         r->total = o->steps > 0 ? o->steps : INT64_MAX / 4;
     ct_lr_schedule sched = schedule(o, r->total);
     example_progress prog;
-    example_progress_init(&prog, 0, r->total);
+    /* A --time run's length is not known before its first estimate. */
+    example_progress_init(&prog, 0, o->time > 0 && step < RATE_STEPS ? 0 : r->total);
     prog.unit = "tokens";
     double start = example_now(), timed = 0, loss = NAN;
     int rc = 0;
@@ -631,7 +632,9 @@ static int train(run *r) {
         }
         if (r->rank == 0)
             example_progress_show(&prog, 0, step + 1, loss, rate,
-                                  rate > 0 ? (double)((r->total - step - 1) * tokens) / rate : 0);
+                                  rate > 0 && prog.steps > 0
+                                      ? (double)(r->total - step - 1) * (double)tokens / rate
+                                      : 0);
         if (o->eval_every && (step + 1) % o->eval_every == 0 && step + 1 < r->total) {
             double v;
             if ((rc = evaluate(r->gpt, r->c, o, o->eval_batches, r->world, &v)))
