@@ -36,12 +36,14 @@
  * enough that a causal unit skips most of its masked keys. */
 #define ATT_ROWS 64
 
-enum { ATT_Q, ATT_K, ATT_V, ATT_GO, ATT_NMATS };
+/* The matrices a unit reads and writes: q, k, v and the output's gradient
+ * in, the output and the gradients of q, k and v out. */
+enum { ATT_Q, ATT_K, ATT_V, ATT_GO, ATT_OUT, ATT_GQ, ATT_GK, ATT_GV, ATT_NMATS };
 
-/* One operand: its data, row stride (BLAS's leading dim) and batch strides
+/* One matrix: its data, row stride (BLAS's leading dim) and batch strides
  * over the broadcast batch shape (0 where it broadcasts), in elements. */
 typedef struct att_mat {
-    const char *data;
+    char *data;
     int64_t ld;
     int64_t bstrides[CT_MAX_DIMS];
 } att_mat;
@@ -59,8 +61,6 @@ typedef struct att_job {
     double scale, p;
     uint64_t seed, offset;
     char *probs;           /* [units, tq, tk]: written by forward */
-    char *out;             /* forward: [units, tq, dv] */
-    char *gq, *gk, *gv;    /* backward: [units, t, d or dv], zeroed here */
     atomic_bool no_memory; /* a unit's scratch could not be allocated */
 } att_job;
 
@@ -71,7 +71,7 @@ static int64_t visible(const att_job *j, int64_t i) {
     return j->causal ? min64(i + 1, j->s.tk) : j->s.tk;
 }
 
-static const char *unit_of(const att_job *j, int which, int64_t u) {
+static char *unit_of(const att_job *j, int which, int64_t u) {
     int64_t off = 0, rem = u;
     for (int d = j->s.nbatch - 1; d >= 0; d--) {
         off += rem % j->s.batch[d] * j->m[which].bstrides[d];
@@ -138,7 +138,8 @@ static void draw_keep(const att_job *j, int64_t row, int64_t n, uint8_t *keep) {
         const att_dims *s = &j->s;                                                                 \
         const T *q = (const T *)unit_of(j, ATT_Q, u), *k = (const T *)unit_of(j, ATT_K, u);        \
         const T *v = (const T *)unit_of(j, ATT_V, u);                                              \
-        T *probs = (T *)j->probs + u * s->tq * s->tk, *out = (T *)j->out + u * s->tq * s->dv;      \
+        T *probs = (T *)j->probs + u * s->tq * s->tk, *out = (T *)unit_of(j, ATT_OUT, u);          \
+        int64_t lout = j->m[ATT_OUT].ld;                                                           \
         T drop_scale = j->p < 1 ? (T)(1 / (1 - j->p)) : 0;                                         \
         for (int64_t r0 = 0; r0 < s->tq; r0 += ATT_ROWS) {                                         \
             int64_t rows = min64(ATT_ROWS, s->tq - r0), nk = visible(j, r0 + rows - 1);            \
@@ -159,7 +160,7 @@ static void draw_keep(const att_job *j, int64_t row, int64_t n, uint8_t *keep) {
                 }                                                                                  \
             }                                                                                      \
             gemm(j->dbl, false, false, rows, s->dv, nk, 1, weights, s->tk, v, j->m[ATT_V].ld, 0,   \
-                 out + r0 * s->dv, s->dv);                                                         \
+                 out + r0 * lout, lout);                                                           \
         }                                                                                          \
     }                                                                                              \
                                                                                                    \
@@ -184,13 +185,16 @@ static void draw_keep(const att_job *j, int64_t row, int64_t n, uint8_t *keep) {
         const T *q = (const T *)unit_of(j, ATT_Q, u), *k = (const T *)unit_of(j, ATT_K, u);        \
         const T *v = (const T *)unit_of(j, ATT_V, u), *go = (const T *)unit_of(j, ATT_GO, u);      \
         const T *probs = (const T *)j->probs + u * s->tq * s->tk;                                  \
-        T *gq = (T *)j->gq + u * s->tq * s->d, *gk = (T *)j->gk + u * s->tk * s->d;                \
-        T *gv = (T *)j->gv + u * s->tk * s->dv;                                                    \
+        T *gq = (T *)unit_of(j, ATT_GQ, u), *gk = (T *)unit_of(j, ATT_GK, u);                      \
+        T *gv = (T *)unit_of(j, ATT_GV, u);                                                        \
         int64_t lq = j->m[ATT_Q].ld, lk = j->m[ATT_K].ld, lv = j->m[ATT_V].ld;                     \
-        int64_t lo = j->m[ATT_GO].ld;                                                              \
+        int64_t lo = j->m[ATT_GO].ld, lgq = j->m[ATT_GQ].ld, lgk = j->m[ATT_GK].ld;                \
+        int64_t lgv = j->m[ATT_GV].ld;                                                             \
         T drop_scale = j->p < 1 ? (T)(1 / (1 - j->p)) : 0;                                         \
-        memset(gk, 0, sizeof(T) * (size_t)(s->tk * s->d));                                         \
-        memset(gv, 0, sizeof(T) * (size_t)(s->tk * s->dv));                                        \
+        for (int64_t r = 0; r < s->tk; r++) {                                                      \
+            memset(gk + r * lgk, 0, sizeof(T) * (size_t)s->d);                                     \
+            memset(gv + r * lgv, 0, sizeof(T) * (size_t)s->dv);                                    \
+        }                                                                                          \
         for (int64_t r0 = 0; r0 < s->tq; r0 += ATT_ROWS) {                                         \
             int64_t rows = min64(ATT_ROWS, s->tq - r0), nk = visible(j, r0 + rows - 1);            \
             const T *pb = probs + r0 * s->tk, *weights = pb;                                       \
@@ -204,13 +208,13 @@ static void draw_keep(const att_job *j, int64_t row, int64_t n, uint8_t *keep) {
                 weights = drop;                                                                    \
             }                                                                                      \
             gemm(j->dbl, true, false, nk, s->dv, rows, 1, weights, s->tk, go + r0 * lo, lo, 1, gv, \
-                 s->dv);                                                                           \
+                 lgv);                                                                             \
             for (int64_t i = 0; i < rows; i++)                                                     \
                 softmax_grad_row_##S(j, dp + i * s->tk, pb + i * s->tk, keep + i * s->tk,          \
                                      visible(j, r0 + i), nk);                                      \
-            gemm(j->dbl, false, false, rows, s->d, nk, 1, dp, s->tk, k, lk, 0, gq + r0 * s->d,     \
-                 s->d);                                                                            \
-            gemm(j->dbl, true, false, nk, s->d, rows, 1, dp, s->tk, q + r0 * lq, lq, 1, gk, s->d); \
+            gemm(j->dbl, false, false, rows, s->d, nk, 1, dp, s->tk, k, lk, 0, gq + r0 * lgq,      \
+                 lgq);                                                                             \
+            gemm(j->dbl, true, false, nk, s->d, rows, 1, dp, s->tk, q + r0 * lq, lq, 1, gk, lgk);  \
         }                                                                                          \
     }
 
@@ -263,28 +267,30 @@ static bool blas_ready(const ct_tensor *t, int64_t *ld) {
     return (cols <= 1 || t->strides[nd - 1] == 1) && *ld >= min_ld && *ld <= INT32_MAX;
 }
 
-/* Points m at t for the batch shape of s, through a contiguous copy (owned
- * by the current scope) when BLAS cannot read t in place. Returns the
- * tensor read, or NULL. */
-static ct_tensor *describe(att_mat *m, ct_tensor *t, const att_dims *s) {
-    if (!blas_ready(t, &m->ld)) {
-        t = ct_contiguous(t);
-        if (t && !blas_ready(t, &m->ld)) {
-            char desc[CT__DESC_STR];
-            ct__seterr(CT_ENOTSUP, "scaled_dot_product_attention: %s has rows too long for BLAS",
-                       ct__desc(desc, t));
-            return NULL;
-        }
-        if (!t)
-            return NULL;
-    }
+/* Points m at t for the batch shape of s; BLAS must be able to read t in
+ * place (the kernels write outputs through m, so there is no copying). */
+static int point_at(att_mat *m, ct_tensor *t, const att_dims *s) {
+    char desc[CT__DESC_STR];
+    if (!blas_ready(t, &m->ld))
+        return ct__seterr(CT_ENOTSUP, "scaled_dot_product_attention: %s has rows too long for BLAS",
+                          ct__desc(desc, t));
     m->data = ct__data(t);
     int tb = t->ndim - 2;
     for (int d = 0; d < s->nbatch; d++) {
         int td = d - (s->nbatch - tb);
         m->bstrides[d] = td < 0 || t->sizes[td] == 1 ? 0 : t->strides[td];
     }
-    return t;
+    return 0;
+}
+
+/* An input: points m at t, through a contiguous copy (owned by the current
+ * scope) when BLAS cannot read t in place. Returns the tensor read, or
+ * NULL. */
+static ct_tensor *describe(att_mat *m, ct_tensor *t, const att_dims *s) {
+    int64_t ld;
+    if (t && !blas_ready(t, &ld))
+        t = ct_contiguous(t);
+    return t && !point_at(m, t, s) ? t : NULL;
 }
 
 /* [batch..., rows, cols] of s. */
@@ -296,6 +302,21 @@ static ct_tensor *unit_tensor(const att_dims *s, int64_t rows, int64_t cols, ct_
     return ct__new_on("scaled_dot_product_attention", s->nbatch + 2, sizes, dtype, CT_DEVICE_CPU);
 }
 
+/* x [B, T, H D] as heads [B, H, T, D], a view; x must be contiguous. */
+static ct_tensor *heads_of(ct_tensor *x, int64_t heads) {
+    int64_t b = ct_size(x, 0), t = ct_size(x, 1), c = ct_size(x, 2);
+    return ct_transpose(ct_view(x, CT_SHAPE(b, t, heads, c / heads)), 1, 2);
+}
+
+/* q, k and v of a contiguous packed projection [B, T, 3 C] as [B, H, T, D]
+ * views: the layout a fused qkv linear layer writes. */
+static void qkv_heads(ct_tensor *qkv, int64_t heads, ct_tensor *out[3]) {
+    int64_t b = ct_size(qkv, 0), t = ct_size(qkv, 1), c = ct_size(qkv, 2) / 3;
+    ct_tensor *split = ct_view(qkv, CT_SHAPE(b, t, 3, heads, c / heads));
+    for (int i = 0; i < 3; i++)
+        out[i] = ct_transpose(ct_select(split, 2, i), 1, 2);
+}
+
 /* -------------------------------------------------------------- backward */
 
 typedef struct att_ctx {
@@ -303,6 +324,7 @@ typedef struct att_ctx {
     bool causal;
     double scale, p;
     uint64_t seed, offset;
+    int64_t heads; /* > 0: one packed input (saved: qkv, probs); 0: q, k, v, probs */
 } att_ctx;
 
 static int att_backward(const ct_backward_args *a) {
@@ -313,31 +335,43 @@ static int att_backward(const ct_backward_args *a) {
     if (ct_grad_enabled())
         return ct__seterr(CT_ENOTSUP, "scaled_dot_product_attention: differentiating the backward "
                                       "again (create_graph) is not supported");
-    ct_tensor *q = a->saved[0], *k = a->saved[1], *v = a->saved[2], *probs = a->saved[3];
+    ct_dtype dt = a->saved[0]->dtype;
+    ct_tensor *in[3], *grads[3], *packed = NULL, *go = ct_to_dtype(g, dt);
+    ct_tensor *probs = a->saved[c->heads ? 1 : 3];
+    if (c->heads) {
+        qkv_heads(a->saved[0], c->heads, in);
+        packed = ct_empty(a->saved[0]->ndim, a->saved[0]->sizes, dt);
+        if (packed)
+            qkv_heads(packed, c->heads, grads);
+        go = go ? heads_of(ct_contiguous(go), c->heads) : NULL;
+    } else {
+        for (int i = 0; i < 3; i++)
+            in[i] = a->saved[i];
+        grads[0] = unit_tensor(&c->s, c->s.tq, c->s.d, dt);
+        grads[1] = unit_tensor(&c->s, c->s.tk, c->s.d, dt);
+        grads[2] = unit_tensor(&c->s, c->s.tk, c->s.dv, dt);
+    }
     att_job j = {.s = c->s,
                  .backward = true,
-                 .dbl = q->dtype == CT_FLOAT64,
+                 .dbl = dt == CT_FLOAT64,
                  .causal = c->causal,
                  .scale = c->scale,
                  .p = c->p,
                  .seed = c->seed,
                  .offset = c->offset,
                  .probs = ct__data(probs)};
-    ct_tensor *gq = unit_tensor(&c->s, c->s.tq, c->s.d, q->dtype);
-    ct_tensor *gk = unit_tensor(&c->s, c->s.tk, c->s.d, q->dtype);
-    ct_tensor *gv = unit_tensor(&c->s, c->s.tk, c->s.dv, q->dtype);
-    if (!describe(&j.m[ATT_Q], q, &c->s) || !describe(&j.m[ATT_K], k, &c->s) ||
-        !describe(&j.m[ATT_V], v, &c->s) ||
-        !describe(&j.m[ATT_GO], ct_to_dtype(g, q->dtype), &c->s) || !gq || !gk || !gv)
+    if ((c->heads && !packed) || !describe(&j.m[ATT_GO], go, &c->s))
         return ct_errcode();
-    j.gq = ct__data(gq);
-    j.gk = ct__data(gk);
-    j.gv = ct__data(gv);
+    for (int i = 0; i < 3; i++)
+        if (!grads[i] || !describe(&j.m[ATT_Q + i], in[i], &c->s) ||
+            point_at(&j.m[ATT_GQ + i], grads[i], &c->s))
+            return ct_errcode();
     ct_parallel_for(0, c->s.units, 1, units_range, &j);
     if (atomic_load(&j.no_memory))
         return ct__seterr(CT_ENOMEM, "scaled_dot_product_attention: backward: out of memory");
-    ct_tensor *grads[3] = {gq, gk, gv};
-    for (int i = 0; i < 3; i++)
+    if (c->heads)
+        grads[0] = packed;
+    for (int i = 0; i < a->ninputs; i++)
         a->grad_inputs[i] = a->needs_input_grad[i] ? grads[i] : NULL;
     return 0;
 }
@@ -346,35 +380,42 @@ static const ct_function_def att_def = {"ScaledDotProductAttentionBackward", att
 
 /* --------------------------------------------------------------- forward */
 
-static ct_tensor *attention_cpu(ct_tensor *q, ct_tensor *k, ct_tensor *v, const att_dims *s,
-                                const ct_attention_options *o, double scale) {
+/* The fused forward over q, k and v (views of the packed ins[0] when heads
+ * > 0, whose result is then [B, T, C]), recorded with inputs ins. */
+static ct_tensor *attention_cpu(ct_tensor *const qkv[3], ct_tensor *const *ins, int nins,
+                                const att_dims *s, const ct_attention_options *o, double scale,
+                                int64_t heads) {
     att_ctx *c = malloc(sizeof *c);
     if (!c) {
         ct__seterr(CT_ENOMEM, "scaled_dot_product_attention: out of memory");
         return NULL;
     }
-    *c = (att_ctx){.s = *s, .causal = o->causal, .scale = scale, .p = o->dropout_p};
+    *c = (att_ctx){.s = *s, .causal = o->causal, .scale = scale, .p = o->dropout_p, .heads = heads};
     if (c->p > 0) {
         uint64_t n = (uint64_t)(s->units * s->tq * s->tk);
         ct__generator_claim(o->gen, (n + 3) / 4, &c->seed, &c->offset);
     }
     ct_scope_begin();
     bool prev = ct_set_grad_enabled(false);
+    ct_dtype dt = qkv[0]->dtype;
     att_job j = {.s = *s,
-                 .dbl = q->dtype == CT_FLOAT64,
+                 .dbl = dt == CT_FLOAT64,
                  .causal = c->causal,
                  .scale = scale,
                  .p = c->p,
                  .seed = c->seed,
                  .offset = c->offset};
-    ct_tensor *qr = describe(&j.m[ATT_Q], q, s), *kr = describe(&j.m[ATT_K], k, s);
-    ct_tensor *vr = describe(&j.m[ATT_V], v, s);
-    ct_tensor *probs = unit_tensor(s, s->tq, s->tk, q->dtype);
-    ct_tensor *out = unit_tensor(s, s->tq, s->dv, q->dtype);
-    int rc = qr && kr && vr && probs && out ? 0 : ct_errcode();
+    ct_tensor *read[3];
+    int rc = 0;
+    for (int i = 0; i < 3 && !rc; i++)
+        rc = (read[i] = describe(&j.m[ATT_Q + i], qkv[i], s)) ? 0 : ct_errcode();
+    ct_tensor *probs = unit_tensor(s, s->tq, s->tk, dt);
+    ct_tensor *out = heads ? ct_empty(CT_SHAPE(s->batch[0], s->tq, heads * s->dv), dt)
+                           : unit_tensor(s, s->tq, s->dv, dt);
+    if (!rc && (!probs || !out || point_at(&j.m[ATT_OUT], heads ? heads_of(out, heads) : out, s)))
+        rc = ct_errcode();
     if (!rc) {
         j.probs = ct__data(probs);
-        j.out = ct__data(out);
         ct_parallel_for(0, s->units, 1, units_range, &j);
         if (atomic_load(&j.no_memory))
             rc = ct__seterr(CT_ENOMEM, "scaled_dot_product_attention: out of memory");
@@ -382,9 +423,11 @@ static ct_tensor *attention_cpu(ct_tensor *q, ct_tensor *k, ct_tensor *v, const 
     ct_set_grad_enabled(prev);
     if (rc)
         free(c);
+    else if (heads)
+        rc = ct_function_record(&att_def, c, ins, nins, &out, 1, (ct_tensor *[]){ins[0], probs}, 2);
     else
-        rc = ct_function_record(&att_def, c, (ct_tensor *[]){q, k, v}, 3, &out, 1,
-                                (ct_tensor *[]){qr, kr, vr, probs}, 4);
+        rc = ct_function_record(&att_def, c, ins, nins, &out, 1,
+                                (ct_tensor *[]){read[0], read[1], read[2], probs}, 4);
     if (!rc)
         ct_keep(out);
     ct_scope_end();
@@ -458,9 +501,39 @@ ct_tensor *ct_scaled_dot_product_attention(ct_tensor *q, ct_tensor *k, ct_tensor
     if (ct_tensor_device(q).type == CT_CUDA)
         return attention_ops(q, k, v, &s, &o, scale);
     if (q->dtype == CT_FLOAT32 || q->dtype == CT_FLOAT64)
-        return attention_cpu(q, k, v, &s, &o, scale);
+        return attention_cpu((ct_tensor *[]){q, k, v}, (ct_tensor *[]){q, k, v}, 3, &s, &o, scale,
+                             0);
     o.scale = scale;
     ct_tensor *out = ct_scaled_dot_product_attention(
         ct_to_dtype(q, CT_FLOAT32), ct_to_dtype(k, CT_FLOAT32), ct_to_dtype(v, CT_FLOAT32), &o);
     return ct_to_dtype(out, q->dtype);
+}
+
+ct_tensor *ct__attention_packed(ct_tensor *qkv, int64_t heads, const ct_attention_options *opts) {
+    const char *op = "scaled_dot_product_attention";
+    char dq[CT__DESC_STR];
+    if (CT__CHECK_ANY(op, qkv))
+        return NULL;
+    if (qkv->ndim != 3 || heads <= 0 || qkv->sizes[2] % (3 * heads)) {
+        ct__seterr(CT_ESHAPE,
+                   "%s: expected a packed qkv [B, T, 3 C] with C divisible by %lld heads, "
+                   "got %s",
+                   op, (long long)heads, ct__desc(dq, qkv));
+        return NULL;
+    }
+    bool fused = ct_tensor_device(qkv).type == CT_CPU && ct_is_contiguous(qkv) &&
+                 (qkv->dtype == CT_FLOAT32 || qkv->dtype == CT_FLOAT64);
+    ct_tensor *qkv3[3];
+    qkv_heads(fused ? qkv : ct_contiguous(qkv), heads, qkv3);
+    if (!fused) {
+        ct_tensor *y = ct_scaled_dot_product_attention(qkv3[0], qkv3[1], qkv3[2], opts);
+        return ct_reshape(ct_transpose(y, 1, 2),
+                          CT_SHAPE(qkv->sizes[0], qkv->sizes[1], qkv->sizes[2] / 3));
+    }
+    ct_attention_options o = opts ? *opts : (ct_attention_options){0};
+    att_dims s;
+    if (check(qkv3[0], qkv3[1], qkv3[2], &o, &s))
+        return NULL;
+    double scale = o.scale > 0 ? o.scale : 1 / sqrt((double)(s.d > 0 ? s.d : 1));
+    return attention_cpu(qkv3, &qkv, 1, &s, &o, scale, heads);
 }

@@ -60,17 +60,9 @@ static ct_tensor *attention_forward(ct_module *m, ct_tensor *x) {
     const block_config *c = ct_module_state(m);
     if (check_input(m, x, c->width))
         return NULL;
-    int64_t b = ct_size(x, 0), t = ct_size(x, 1), hd = c->width / c->heads;
-    /* q, k and v are views of the one projection, [B, T, 3, H, D], each
-     * read in place as [B, H, T, D]. */
-    ct_tensor *qkv = ct_view(ct_module_forward(ct_module_child(m, "c_attn"), x),
-                             CT_SHAPE(b, t, 3, c->heads, hd));
-    ct_tensor *heads[3];
-    for (int i = 0; i < 3; i++)
-        heads[i] = ct_transpose(ct_select(qkv, 2, i), 1, 2);
     ct_attention_options o = {.causal = true, .dropout_p = live_dropout(m, c->dropout)};
-    ct_tensor *y = ct_scaled_dot_product_attention(heads[0], heads[1], heads[2], &o);
-    y = ct_reshape(ct_transpose(y, 1, 2), CT_SHAPE(b, t, c->width));
+    ct_tensor *y =
+        ct__attention_packed(ct_module_forward(ct_module_child(m, "c_attn"), x), c->heads, &o);
     y = ct_module_forward(ct_module_child(m, "c_proj"), y);
     return ct_dropout(y, c->dropout, ct_module_training(m), NULL);
 }

@@ -248,3 +248,53 @@ TEST(bad_input_is_refused) {
     ASSERT_RC(ct_grad(&y, 1, NULL, &q, 1, &g, &(ct_grad_options){.create_graph = true}), CT_ENOTSUP,
               "create_graph");
 }
+
+/* The attention block reads its heads from the packed projection and
+ * writes the packed gradient: the same numbers as the op on the heads'
+ * views, dropout included (both draw from the default generator in the
+ * same order). */
+static ct_tensor *by_views(ct_module *m, ct_tensor *x) {
+    ct_module *in = ct_module_child(m, "c_attn"), *out = ct_module_child(m, "c_proj");
+    ct_tensor *qkv =
+        ct_view(ct_linear(x, ct_module_param(in, "weight"), ct_module_param(in, "bias")),
+                CT_SHAPE(2, 5, 3, 2, 3));
+    ct_tensor *h[3];
+    for (int i = 0; i < 3; i++)
+        h[i] = ct_transpose(ct_select(qkv, 2, i), 1, 2);
+    ct_attention_options o = {.causal = true, .dropout_p = 0.3};
+    ct_tensor *y = ct_scaled_dot_product_attention(h[0], h[1], h[2], &o);
+    y = ct_reshape(ct_transpose(y, 1, 2), CT_SHAPE(2, 5, 6));
+    y = ct_linear(y, ct_module_param(out, "weight"), ct_module_param(out, "bias"));
+    return ct_dropout(y, 0.3, true, NULL);
+}
+
+/* out, and the gradients of sum(out * r) for x and c_attn's weight. */
+static void block_run(ct_module *m, ct_tensor *x, bool packed, ct_tensor **out,
+                      ct_tensor *grads[2]) {
+    ct_manual_seed(8);
+    *out = packed ? ct_module_forward(m, x) : by_views(m, x);
+    ct_tensor *r = tt_rand(CT_SHAPE(2, 5, 6), CT_FLOAT32, 77);
+    ct_tensor *loss = ct_sum(ct_mul(*out, r), NULL, 0, false);
+    ct_tensor *in[2] = {x, ct_module_param(ct_module_child(m, "c_attn"), "weight")};
+    grads[0] = grads[1] = NULL;
+    if (loss)
+        ct_grad(&loss, 1, NULL, in, 2, grads, NULL);
+}
+
+TEST(the_attention_block_reads_and_writes_packed_heads) {
+    ct_manual_seed(4);
+    ct_module *m = ct_causal_self_attention_new(6, 2, 0.3);
+    ASSERT_TRUE(m != NULL);
+    ct_tensor *x = ct_requires_grad_(tt_rand(CT_SHAPE(2, 5, 6), CT_FLOAT32, 78), true);
+    ct_tensor *got, *want, *g[2], *gw[2];
+    block_run(m, x, true, &got, g);
+    block_run(m, x, false, &want, gw);
+    ASSERT_CLOSE(got, want, 1e-6, 1e-6);
+    for (int i = 0; i < 2; i++) {
+        ASSERT_TRUE(g[i] && gw[i]);
+        ASSERT_CLOSE(g[i], gw[i], 1e-5, 1e-6);
+    }
+    ASSERT_FAILS(ct_module_forward(m, ct_ones(CT_SHAPE(2, 5, 4), CT_FLOAT32)), CT_ESHAPE,
+                 "CausalSelfAttention", "[B, T, 6]");
+    ct_module_free(m);
+}
