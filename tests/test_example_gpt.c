@@ -24,17 +24,11 @@ static void require_corpus(void) {
 /* argv: a launcher's words (or none), then gpt and the tiny model's flags,
  * then extra (NULL-ended), into out (room for 64 words). */
 static void command(const char **out, const char *const *launcher, const char *const *extra) {
-    static const char *const tiny[] = {GPT_PATH, "--layers",
-                                       "2",      "--heads",
-                                       "2",      "--width",
-                                       "32",     "--context",
-                                       "32",     "--batch",
-                                       "8",      "--steps",
-                                       "12",     "--eval-every",
-                                       "0",      "--sample-tokens",
-                                       "0",      "--log-every",
-                                       "1",      "--threads",
-                                       "1",      NULL};
+    /* No metrics file unless a test asks for one (a later flag wins). */
+    static const char *const tiny[] = {
+        GPT_PATH, "--layers",    "2", "--heads",   "2",  "--width",      "32", "--context",
+        "32",     "--batch",     "8", "--steps",   "12", "--eval-every", "0",  "--sample-tokens",
+        "0",      "--log-every", "1", "--threads", "1",  "--metrics",    "",   NULL};
     int n = 0;
     for (int i = 0; launcher && launcher[i]; i++)
         out[n++] = launcher[i];
