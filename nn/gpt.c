@@ -170,7 +170,12 @@ static ct_tensor *gpt_forward(ct_module *m, ct_tensor *idx) {
     for (int i = 0; x && i < ct_module_num_children(h); i++) {
         ct_module *block = ct_module_child_at(h, i);
         if (!checkpoint) {
-            x = ct_module_forward(block, x);
+            /* A block's intermediates that backward does not keep (all of
+             * them without a graph) are freed at its end, not the
+             * caller's: inference holds one block's at a time. */
+            ct_scope_begin();
+            x = ct_keep(ct_module_forward(block, x));
+            ct_scope_end();
             continue;
         }
         ct_tensor *y;
