@@ -594,7 +594,7 @@ static int train(run *r) {
     /* A --time run's length is not known before its first estimate. */
     example_progress_init(&prog, 0, o->time > 0 && step < RATE_STEPS ? 0 : r->total);
     prog.unit = "tokens";
-    double start = example_now(), timed = 0, loss = NAN;
+    double start = example_now(), timed = 0, loss = NAN, rate = 0; /* tokens/s, timed steps */
     int rc = 0;
     bool stopped = false;
     ct_memory_reset_peak(o->device);
@@ -616,7 +616,7 @@ static int train(run *r) {
             sched = schedule(o, r->total);
             prog.steps = r->total;
         }
-        double rate = timed > 0 ? (double)(tokens * timed_steps) / timed : 0;
+        rate = timed > 0 ? (double)(tokens * timed_steps) / timed : 0;
         if (step % o->log_every == 0 || step + 1 == r->total) {
             double mean = loss;
             if (r->ranks > 1 && (rc = example_allreduce_sum(r->world, &mean, 1)))
@@ -657,8 +657,7 @@ static int train(run *r) {
     if (!rc && o->checkpoint_dir)
         rc = example_ckpt_save(&r->ckpt, o->checkpoint_dir, step);
     if (r->rank == 0)
-        example_progress_end_epoch(&prog, 0, step, loss,
-                                   timed > 0 ? (double)(tokens * timed_steps) / timed : 0);
+        example_progress_end_epoch(&prog, 0, step, loss, rate);
     if (!rc && !stopped && !o->bench)
         rc = evaluate(r->gpt, r->c, o, -1, r->world, &val);
     if (rc)
@@ -679,10 +678,9 @@ static int train(run *r) {
                "\"steps\": %lld, \"tokens_per_s\": %.1f, \"train_s\": %.2f, \"final_loss\": %s, "
                "\"val_loss\": %s, \"checkpoint\": %s, \"peak_bytes\": %lld}\n",
                o->threads, r->ranks, (long long)o->batch, (long long)o->model.context,
-               (long long)o->model.layers, (long long)o->model.width, (long long)step,
-               timed > 0 ? (double)(tokens * timed_steps) / timed : 0, train_s,
-               json_num(nb[0], loss), json_num(nb[1], val), o->model.checkpoint ? "true" : "false",
-               (long long)peak);
+               (long long)o->model.layers, (long long)o->model.width, (long long)step, rate,
+               train_s, json_num(nb[0], loss), json_num(nb[1], val),
+               o->model.checkpoint ? "true" : "false", (long long)peak);
     return 0;
 }
 
