@@ -22,9 +22,6 @@ static block_config *config_new(int64_t width, int64_t heads, double dropout) {
     return c;
 }
 
-/* The dropout probability while m trains, 0 in evaluation. */
-static double live_dropout(ct_module *m, double p) { return ct_module_training(m) ? p : 0; }
-
 /* Adds kids[i] to m under names[i], taking each (m NULL: frees them);
  * frees m and returns NULL on the first failure. */
 static ct_module *with_children(ct_module *m, const char *const *names, ct_module *const *kids,
@@ -60,7 +57,7 @@ static ct_tensor *attention_forward(ct_module *m, ct_tensor *x) {
     const block_config *c = ct_module_state(m);
     if (check_input(m, x, c->width))
         return NULL;
-    ct_attention_options o = {.causal = true, .dropout_p = live_dropout(m, c->dropout)};
+    ct_attention_options o = {.causal = true, .dropout_p = ct_module_training(m) ? c->dropout : 0};
     ct_tensor *y =
         ct__attention_packed(ct_module_forward(ct_module_child(m, "c_attn"), x), c->heads, &o);
     y = ct_module_forward(ct_module_child(m, "c_proj"), y);

@@ -4,8 +4,9 @@
  * parameters (leaf tensors that require grad), its buffers and its children,
  * each under a name, so that a tree gives every parameter a dotted name such
  * as "layers.1.weight". Built-in layers (Linear, Embedding, LayerNorm,
- * Dropout, activations) and Sequential are modules; ct_module_new() makes
- * custom ones with their own forward.
+ * Dropout, activations), the transformer blocks of a GPT (attention, MLP,
+ * Block, GPT) and Sequential are modules; ct_module_new() makes custom
+ * ones with their own forward.
  *
  * Example:
  *
