@@ -97,8 +97,7 @@ static void gemm(bool dbl, bool ta, bool tb, int64_t m, int64_t n, int64_t k, do
         cblas_dgemm(CblasRowMajor, oa, ob, (blasint)m, (blasint)n, (blasint)k, alpha, a,
                     (blasint)lda, b, (blasint)ldb, beta, c, (blasint)ldc);
     else
-        cblas_sgemm(CblasRowMajor, oa, ob, (blasint)m, (blasint)n, (blasint)k, (float)alpha, a,
-                    (blasint)lda, b, (blasint)ldb, (float)beta, c, (blasint)ldc);
+        ct__sgemm(ta, tb, m, n, k, (float)alpha, a, lda, b, ldb, (float)beta, c, ldc);
 }
 
 /* keep[c] for the n weights of row `row` (counted over all units' rows)

@@ -170,7 +170,7 @@ static void mm_block(const ct__mm_plan *p, int64_t batch, int64_t r0, int64_t r1
     blasint m = (blasint)(r1 - r0), n = (blasint)(c1 - c0), k = (blasint)p->k;
     blasint lda = (blasint)p->a.ld, ldb = (blasint)p->b.ld, ldc = (blasint)p->n;
     if (p->dtype == CT_FLOAT32)
-        cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
+        ct__sgemm(p->a.trans, p->b.trans, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
     else
         cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, 1.0, a, lda, b, ldb, 0.0, c, ldc);
 }
