@@ -122,14 +122,7 @@ COMPARE_OPS(STAMP_COMPARE)
 
 /* Activation gradients g f'(x), each one pass instead of the dozen ops its
  * formula takes as a chain. */
-#define GELU_K 0.79788456080286535588 /* sqrt(2 / pi) */
-#define GELU_C 0.044715
 #define DEFINE_ACTIVATION_GRADS(S, T)                                                              \
-    static inline T gelu_tanh_grad_##S(T x, T g) {                                                 \
-        T x2 = x * x, t = CT__VTANH((T)GELU_K * (x + (T)GELU_C * x * x2));                         \
-        T du = (T)GELU_K * (1 + (T)(3 * GELU_C) * x2);                                             \
-        return g * ((T)0.5 * (1 + t) + (T)0.5 * x * (1 - t * t) * du);                             \
-    }                                                                                              \
     static inline T gelu_grad_##S(T x, T g) {                                                      \
         T cdf = (T)0.5 * (1 + CT__VERF(x * (T)0.70710678118654752440));                            \
         T pdf = CT__VEXP((T)-0.5 * x * x) * (T)0.39894228040143267794; /* 1 / sqrt(2 pi) */        \
@@ -141,7 +134,7 @@ COMPARE_OPS(STAMP_COMPARE)
     }
 DEFINE_ACTIVATION_GRADS(f, float)
 DEFINE_ACTIVATION_GRADS(d, double)
-#define A_GELU_TANH(x, g) _Generic((x), float : gelu_tanh_grad_f, default : gelu_tanh_grad_d)(x, g)
+#define A_GELU_TANH(x, g) CT__GELU_TANH_GRAD(x, g)
 #define A_GELU(x, g)      _Generic((x), float : gelu_grad_f, default : gelu_grad_d)(x, g)
 #define A_SILU(x, g)      _Generic((x), float : silu_grad_f, default : silu_grad_d)(x, g)
 FOR_FLOATS(ARITH_FLOAT, gelu_tanh_grad, A_GELU_TANH)

@@ -176,20 +176,17 @@ GEMM_TARGET static void pack_b(int64_t kc, int64_t nc, const float *b, int64_t r
 
 /* dst = A's mc x kc block, where A(i, k) = a[i + k * csa] (A transposed:
  * its rows are contiguous down k), as 6-row panels laid out k by k. Rows
- * past mc are zero. */
+ * past mc are zero. Each k's mc values are contiguous in memory and read
+ * together, so the source streams in order. */
 GEMM_TARGET static void pack_a_trans(int64_t mc, int64_t kc, const float *a, int64_t csa,
                                      float *dst) {
-    for (int64_t i0 = 0; i0 < mc; i0 += MR, dst += kc * MR) {
-        int64_t mr = mc - i0 < MR ? mc - i0 : MR;
-        const float *src = a + i0;
-        if (mr == MR) {
-            for (int64_t k = 0; k < kc; k++)
-                memcpy(dst + k * MR, src + k * csa, MR * sizeof(float));
-            continue;
-        }
-        for (int64_t k = 0; k < kc; k++)
-            for (int64_t i = 0; i < MR; i++)
-                dst[k * MR + i] = i < mr ? src[i + k * csa] : 0;
+    int64_t full = mc / MR * MR;
+    for (int64_t k = 0; k < kc; k++) {
+        const float *src = a + k * csa;
+        for (int64_t i0 = 0; i0 < full; i0 += MR)
+            memcpy(dst + i0 * kc + k * MR, src + i0, MR * sizeof(float));
+        for (int64_t i = full; i < full + MR && full < mc; i++)
+            dst[full * kc + k * MR + i - full] = i < mc ? src[i] : 0;
     }
 }
 

@@ -9,6 +9,8 @@
 
 #include "vexp.h"
 
+#include <math.h>
+
 /* Near zero, tanh(x) = x * p(x^2), p fitted on |x| <= 0.625 (relative error
  * about 1.1e-7). Further out, tanh|x| = 1 - 2 / (e^(2|x|) + 1) has no
  * cancellation worth the name. */
@@ -65,5 +67,31 @@ static inline float ct__verff(float x) {
 #define CT__VEXP(x)  _Generic((x), float : ct__vexpf((float)(x)), default : exp(x))
 #define CT__VTANH(x) _Generic((x), float : ct__vtanhf((float)(x)), default : tanh(x))
 #define CT__VERF(x)  _Generic((x), float : ct__verff((float)(x)), default : erf(x))
+
+/* GELU's tanh form, 0.5 x (1 + tanh u) with u = sqrt(2/pi) (x + 0.044715
+ * x^3), and its gradient g d/dx. Written as x s(2u), s the sigmoid: one exp
+ * and one division, where tanh costs both and a polynomial. From -32 down
+ * the value is 0 to float and double precision, as is its limit at -inf;
+ * x is clamped there (NaN passes), so that -inf never meets an infinite
+ * exp. The derivative is s + x s (1 - s) (2u)'. */
+#define CT__GELU_TANH_DEFS(S, T, SELECT)                                                           \
+    static inline T ct__gelu_tanh_sig_##S(T x) {                                                   \
+        return 1 / (1 + CT__VEXP((T)-1.59576912160573071176 * (x + (T)0.044715 * x * x * x)));     \
+    }                                                                                              \
+    static inline T ct__gelu_tanh_##S(T x) {                                                       \
+        x = SELECT(x < -32, (T)-32, x);                                                            \
+        return x * ct__gelu_tanh_sig_##S(x);                                                       \
+    }                                                                                              \
+    static inline T ct__gelu_tanh_grad_##S(T x, T g) {                                             \
+        x = SELECT(x < -32, (T)-32, x);                                                            \
+        T s = ct__gelu_tanh_sig_##S(x);                                                            \
+        T dv = (T)1.59576912160573071176 * (1 + (T)(3 * 0.044715) * x * x);                        \
+        return g * (s + x * s * (1 - s) * dv);                                                     \
+    }
+CT__GELU_TANH_DEFS(f, float, ct__f32_select)
+CT__GELU_TANH_DEFS(d, double, ct__f64_select)
+#define CT__GELU_TANH(x) _Generic((x), float : ct__gelu_tanh_f, default : ct__gelu_tanh_d)(x)
+#define CT__GELU_TANH_GRAD(x, g)                                                                   \
+    _Generic((x), float : ct__gelu_tanh_grad_f, default : ct__gelu_tanh_grad_d)(x, g)
 
 #endif
