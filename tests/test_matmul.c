@@ -256,13 +256,13 @@ TEST(integer_wraparound) {
 }
 
 /* Shapes on each side of the float32 GEMM's tile (6 x 16) and block (k in
- * 256s, rows in 144s, columns in 1024s) edges, one row, few columns, and
- * every transpose: ct's own kernel takes the thin ones, OpenBLAS the rest
- * (tensor/cpu/gemm.c). */
+ * 256s, rows in 144s, columns in 1024s, all of k packed at once or not)
+ * edges, one row, few columns, and every transpose: ct's own kernel takes
+ * the thin ones, OpenBLAS the rest (tensor/cpu/gemm.c). */
 TEST(gemm_edges) {
     static const int64_t mnk[][3] = {
         {7, 17, 257}, {145, 33, 9}, {2, 8, 300}, {13, 1030, 5}, {150, 40, 513},
-        {6, 16, 256}, {1, 20, 30},  {9, 3, 40},  {5, 300, 300},
+        {6, 16, 256}, {1, 20, 30},  {9, 3, 40},  {5, 300, 300}, {20, 200, 600},
     };
     for (size_t i = 0; i < sizeof mnk / sizeof *mnk; i++) {
         ct_tensor *a = tt_rand(CT_SHAPE(mnk[i][0], mnk[i][2]), CT_FLOAT32, 40 + i);
