@@ -283,11 +283,12 @@ ct__loop_fn ct__cast_kernel(ct_dtype to, ct_dtype from);
 /* ------------------------------------------------------------- GEMM */
 
 /* C = alpha op(A) op(B) + beta C in float32, row-major, with cblas_sgemm's
- * arguments: op(A) is m x k, op(B) k x n, C m x n with row stride ldc; a
- * transposed operand is read down its rows. beta = 0 never reads C. Each
- * element's sum over k has one fixed order, so a product split into row or
- * column blocks has the same bits as the whole. Single-threaded (callers
- * split); thread-safe; never fails (tensor/cpu/gemm.c). */
+ * arguments: op(A) is m x k, op(B) k x n, C m x n with row stride ldc.
+ * beta = 0 never reads C. Thin products go to ct's kernel, the rest to
+ * OpenBLAS, chosen by n and k (and m >= 2); each element's sum over k has
+ * one fixed order, so a product split into row blocks of 2 rows or more has
+ * the same bits as the whole. Single-threaded (callers split); thread-safe;
+ * never fails (tensor/cpu/gemm.c). */
 void ct__sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
                int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
 

@@ -1,4 +1,5 @@
-/* ct__sgemm: ct's own float32 GEMM for x86-64 CPUs with AVX2 and FMA.
+/* ct__sgemm: ct's own float32 GEMM for x86-64 CPUs with AVX2 and FMA,
+ * for thin products; OpenBLAS computes the rest.
  *
  * Why not OpenBLAS alone: the products of training a small transformer are
  * tall and thin (4096 x 128 by 128 x 384, say). perf on examples/gpt showed
@@ -8,21 +9,23 @@
  *  - the left operand A is read in place when its rows are contiguous, and
  *    packed (6 rows interleaved) only when it is transposed, where reading
  *    it in place would use a few floats of each cache line;
- *  - the right operand B is packed once per KC x NC block into 16-column
- *    panels, which for these shapes is once per call;
- *  - C is written by the kernel alone: beta = 0 stores, other betas load.
+ *  - the right operand B is packed into 16-column panels, all of k at once
+ *    when that fits in half of L2, which for these shapes is once per call;
+ *  - C is written by the kernel alone (beta = 0 stores, other betas load),
+ *    and each row block of C is finished while it is in cache.
  *
  * The loops follow BLIS's layering (Van Zee and van de Geijn, "BLIS: A
  * Framework for Rapidly Instantiating BLAS Functionality", ACM TOMS 2015):
- * columns in NC blocks, then k in KC blocks (B's block packed, sized for
- * L2/L3), then rows in MC blocks, then a 6 x 16 register tile whose B panel
- * stays in L1 while the tile walks down the rows. On Zen 3 the 6 x 16 tile's
- * 12 accumulators cover the FMA units' latency (2 units x 4 cycles), and
- * each k costs 12 FMAs against 8 loads, so the kernel is FMA-bound.
+ * columns in NC blocks, k in KC blocks (B's block packed), rows in MC
+ * blocks, then a 6 x 16 register tile whose B panel stays in L1 while the
+ * tile walks down the rows. On Zen 3 the tile's 12 accumulators cover the
+ * FMA units' latency (2 units x 4 cycles), and each k costs 12 FMAs against
+ * 8 loads, so the kernel is FMA-bound: with its operands in L1 it ran as
+ * fast as a loop of FMAs alone.
  *
  * Each element of C is summed over k in one fixed order, KC block by KC
- * block, whatever part of C a call covers: results do not depend on how
- * ct_matmul splits C across threads.
+ * block, whatever rows a call covers: results do not depend on how
+ * ct_matmul splits C's rows across threads.
  *
  * CPUs without AVX2 and FMA, and calls for which a thread's pack buffer
  * cannot be allocated, go to OpenBLAS's cblas_sgemm. */
@@ -269,7 +272,7 @@ static float *pack_buffer(void) {
 }
 
 /* The products ct's kernel computes: those where it measured faster than
- * OpenBLAS's on Zen 3 (docs/tensor.md), that is where n or k is at most
+ * OpenBLAS's on Zen 3 (docs/decisions.md), that is where n or k is at most
  * THIN. There OpenBLAS's repacking and zeroing are a large part of the
  * work; larger products amortise them, and OpenBLAS's blocking then wins.
  * A matrix-vector product (one row, or fewer than 8 columns, which the
