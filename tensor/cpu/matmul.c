@@ -1,11 +1,14 @@
-/* ct_matmul: numpy.matmul on top of single-threaded OpenBLAS.
+/* ct_matmul: numpy.matmul on top of single-threaded GEMMs: ct's own for
+ * thin float32 products (ct__sgemm, tensor/cpu/gemm.c), OpenBLAS for the
+ * rest and for float64.
  *
  * ct parallelises on its own pool, so OpenBLAS is held to one thread and ct
  * splits each product across the pool: whole matrices of a batch, then parts
  * of one matrix. Results must not depend on the thread count, and splitting
  * the output alone does not guarantee that: an OpenBLAS micro-kernel may sum
  * a tile's k-products in an order that depends on where the tile starts
- * within the call. Two splits are known to be safe:
+ * within the call (ct's own sums in one order under any row split). Two
+ * splits are known to be safe:
  *  - rows cut at multiples of MM_ROW_ALIGN, which keeps every register tile
  *    where the unsplit call puts it (row parts follow the thread count);
  *  - fixed column blocks of MM_COL_BLOCK, used for short, wide products at
