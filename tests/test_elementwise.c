@@ -426,14 +426,14 @@ TEST(special_values_of_the_vectorised_float_functions) {
     enum { N = sizeof xs / sizeof *xs };
     ct_tensor *x = ct_from_data(xs, CT_SHAPE(N), CT_FLOAT32);
     ct_tensor *e = ct_exp(x), *t = ct_tanh(x), *s = ct_sigmoid(x), *g = ct_gelu(x);
-    ct_tensor *gt_ = ct_gelu_tanh(x);
+    ct_tensor *gtanh = ct_gelu_tanh(x);
     for (int i = 0; i < N; i++) {
         double v = xs[i];
         /* GELU's tanh form goes to its limits at both infinities. */
         double want_gt = isinf(v) ? (v > 0 ? v : 0) : (float)r_gelu_tanh(v);
-        ASSERT_TRUE(isnan(v) ? isnan(tt_at(gt_, i))
-                             : tt_at(gt_, i) == want_gt ||
-                                   fabs(tt_at(gt_, i) - want_gt) <= 4e-7 * fabs(want_gt) + 1e-37);
+        ASSERT_TRUE(isnan(v) ? isnan(tt_at(gtanh, i))
+                             : tt_at(gtanh, i) == want_gt ||
+                                   fabs(tt_at(gtanh, i) - want_gt) <= 4e-7 * fabs(want_gt) + 1e-37);
         double want_e = (float)exp(v), want_t = (float)tanh(v), want_s = (float)(1 / (1 + exp(-v)));
         double want_g = (float)(0.5 * v * erfc(-v / sqrt(2.0)));
         double ge = tt_at(e, i), gt = tt_at(t, i), gs = tt_at(s, i), gg = tt_at(g, i);

@@ -196,8 +196,8 @@ GEMM_TARGET static void pack_a_trans(int64_t mc, int64_t kc, const float *a, int
         const float *src = a + k * csa;
         for (int64_t i0 = 0; i0 < full; i0 += MR)
             memcpy(dst + i0 * kc + k * MR, src + i0, MR * sizeof(float));
-        for (int64_t i = full; i < full + MR && full < mc; i++)
-            dst[full * kc + k * MR + i - full] = i < mc ? src[i] : 0;
+        for (int64_t i = 0; i < MR && full < mc; i++)
+            dst[full * kc + k * MR + i] = full + i < mc ? src[full + i] : 0;
     }
 }
 
