@@ -5,7 +5,9 @@
  * row-major order. Files come from anywhere, so every header field is
  * checked before it sizes an allocation: the data the header declares must
  * fit in the file (exactly, for a plain file; within deflate's maximum
- * expansion, for a gzip file) before any memory is taken for it. */
+ * expansion, for a gzip file), and the tensor it loads into, whose elements
+ * may be wider than the file's, must fit in the memory limit, before any
+ * memory is taken for it. */
 #include <ct/data.h>
 
 #include "tensor_impl.h"
@@ -22,6 +24,11 @@
  * decompresses to more than 1032 times its size (zlib's FAQ, "technical
  * details"). */
 #define GZIP_MAX_RATIO 1032
+/* The variable that sets the most bytes one loaded tensor may take. Unset,
+ * the limit is GZIP_MAX_RATIO times the file's size: no file makes the
+ * reader hold more than the most its own data could inflate to, whatever
+ * the element type widens to. */
+#define MAX_BYTES_VAR "CT_IDX_MAX_BYTES"
 /* Bytes per read; a multiple of every element size. */
 #define CHUNK ((size_t)256 * 1024)
 
@@ -137,6 +144,8 @@ typedef struct header {
     int64_t numel;
     int64_t data_bytes; /* in the file */
     int64_t header_bytes;
+    int64_t total_bytes;           /* header + data: the whole (decompressed) stream */
+    int64_t out_bytes;             /* the loaded tensor's, elements widened to its dtype */
     char desc[CT__SHAPE_STR + 16]; /* "ubyte [60000, 28, 28]" */
 } header;
 
@@ -185,12 +194,20 @@ static int read_header(reader *r, header *h) {
         overflow |= __builtin_mul_overflow(h->numel, h->sizes[i], &h->numel);
     }
     overflow |= __builtin_mul_overflow(h->numel, (int64_t)h->type->file_size, &h->data_bytes);
+    overflow |= __builtin_add_overflow(h->header_bytes, h->data_bytes, &h->total_bytes);
+    overflow |=
+        __builtin_mul_overflow(h->numel, (int64_t)ct_dtype_size(h->type->dtype), &h->out_bytes);
     char shape[CT__SHAPE_STR];
     snprintf(h->desc, sizeof h->desc, "%s %s", h->type->name,
              ct__shape_str(shape, h->ndim, h->sizes));
     if (overflow)
         return ct__seterr(CT_ECORRUPT, "idx: %s: the header's %s describes more than 2^63 bytes",
                           r->path, h->desc);
+    /* Sizes whose product fits may still make strides ct cannot index (a
+     * zero beside huge sizes): corrupt too, not the caller's bad argument. */
+    if (ct__check_shape("idx", h->ndim, h->sizes, h->type->dtype))
+        return ct__seterr(CT_ECORRUPT, "idx: %s: the header's %s is a shape ct cannot hold (%s)",
+                          r->path, h->desc, ct_errmsg());
     return 0;
 }
 
@@ -202,7 +219,7 @@ static int check_fits(reader *r, const header *h, const struct stat *st) {
         return 0;
     int64_t file_bytes = (int64_t)st->st_size;
     if (gzdirect(r->f)) {
-        int64_t want = h->header_bytes + h->data_bytes;
+        int64_t want = h->total_bytes;
         if (file_bytes < want)
             return ct__seterr(CT_ECORRUPT,
                               "idx: %s: the file ends after %lld bytes; the header's %s needs %lld "
@@ -228,6 +245,49 @@ static int check_fits(reader *r, const header *h, const struct stat *st) {
     return 0;
 }
 
+/* The limit on a loaded tensor's bytes: *limit from MAX_BYTES_VAR when it
+ * is set (*from_var), else GZIP_MAX_RATIO times the file's size, or none
+ * (INT64_MAX) for a stream without a size, which can fill only as much
+ * memory as it sends. */
+static int max_bytes(const struct stat *st, int64_t *limit, bool *from_var) {
+    const char *v = getenv(MAX_BYTES_VAR);
+    *from_var = v != NULL;
+    *limit = INT64_MAX;
+    if (v) {
+        char *end;
+        errno = 0;
+        long long n = strtoll(v, &end, 10);
+        if (*v < '0' || *v > '9' || *end || errno || n <= 0)
+            return ct__seterr(CT_EINVAL,
+                              "idx: %s=\"%s\" is not a whole number of bytes from 1 to 2^63-1",
+                              MAX_BYTES_VAR, v);
+        *limit = n;
+    } else if (S_ISREG(st->st_mode) &&
+               __builtin_mul_overflow((int64_t)st->st_size, (int64_t)GZIP_MAX_RATIO, limit)) {
+        *limit = INT64_MAX;
+    }
+    return 0;
+}
+
+/* Refuses a tensor larger than the limit, before it is allocated. */
+static int check_limit(reader *r, const header *h, const struct stat *st, int64_t limit,
+                       bool from_var) {
+    if (h->out_bytes <= limit)
+        return 0;
+    const char *dtype = ct_dtype_name(h->type->dtype);
+    if (from_var)
+        return ct__seterr(CT_ENOMEM,
+                          "idx: %s: the header's %s loads as %s, %lld bytes, more than %s=%lld "
+                          "allows",
+                          r->path, h->desc, dtype, (long long)h->out_bytes, MAX_BYTES_VAR,
+                          (long long)limit);
+    return ct__seterr(CT_ENOMEM,
+                      "idx: %s: the header's %s loads as %s, %lld bytes, more than the limit of "
+                      "%lld, %d times the file's %lld bytes (set %s to allow more)",
+                      r->path, h->desc, dtype, (long long)h->out_bytes, (long long)limit,
+                      GZIP_MAX_RATIO, (long long)st->st_size, MAX_BYTES_VAR);
+}
+
 /* Reads the data into t and checks that nothing follows it. */
 static int read_data(reader *r, const header *h, ct_tensor *t) {
     uint8_t *buf = malloc(CHUNK);
@@ -244,13 +304,12 @@ static int read_data(reader *r, const header *h, ct_tensor *t) {
         if (got < 0) {
             rc = (int)got;
         } else if ((size_t)got < n * fsize) {
-            rc =
-                ct__seterr(CT_ECORRUPT,
-                           "idx: %s: the %s ends after %lld bytes; the header's %s needs "
-                           "%lld (%lld header + %lld data)%s",
-                           r->path, stream_name(r), (long long)r->pos, h->desc,
-                           (long long)(h->header_bytes + h->data_bytes), (long long)h->header_bytes,
-                           (long long)h->data_bytes, early_end_note(r));
+            rc = ct__seterr(CT_ECORRUPT,
+                            "idx: %s: the %s ends after %lld bytes; the header's %s needs "
+                            "%lld (%lld header + %lld data)%s",
+                            r->path, stream_name(r), (long long)r->pos, h->desc,
+                            (long long)h->total_bytes, (long long)h->header_bytes,
+                            (long long)h->data_bytes, early_end_note(r));
         } else {
             convert(h->type, buf, n, dst);
             dst += n * osize;
@@ -266,8 +325,7 @@ static int read_data(reader *r, const header *h, ct_tensor *t) {
                             "idx: %s: the %s continues past the %lld bytes that the header's "
                             "%s describes (trailing bytes are refused: the header or the file is "
                             "wrong)",
-                            r->path, stream_name(r), (long long)(h->header_bytes + h->data_bytes),
-                            h->desc);
+                            r->path, stream_name(r), (long long)h->total_bytes, h->desc);
     }
     free(buf);
     return rc;
@@ -289,6 +347,12 @@ ct_tensor *ct_idx_load(const char *path) {
         close(fd);
         return NULL;
     }
+    int64_t limit;
+    bool from_var;
+    if (max_bytes(&st, &limit, &from_var) != 0) {
+        close(fd);
+        return NULL;
+    }
     reader r = {.path = path, .f = gzdopen(fd, "rb")};
     if (!r.f) {
         ct__seterr(CT_ENOMEM, "idx: %s: out of memory opening the file with zlib", path);
@@ -302,6 +366,8 @@ ct_tensor *ct_idx_load(const char *path) {
     int rc = read_header(&r, &h);
     if (rc == 0)
         rc = check_fits(&r, &h, &st);
+    if (rc == 0)
+        rc = check_limit(&r, &h, &st, limit, from_var);
     if (rc == 0) {
         ct_tensor *t = ct_empty(h.ndim, h.sizes, h.type->dtype);
         if (!t)

@@ -11,6 +11,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -203,6 +204,156 @@ TEST(idx_refuses_sizes_the_file_cannot_hold) {
                       "ends after 16 bytes");
     ASSERT_LOAD_FAILS("huge_gz", o, true, CT_ECORRUPT, "864000000000000 bytes of data",
                       "deflate expands at most 1032:1");
+}
+
+TEST(idx_refuses_sizes_whose_totals_overflow) {
+    /* 2^62 sbytes fit in 63 bits, but not once they widen to int32. */
+    bytes o = {.n = 0};
+    put_header(&o, 0x09, 2, (uint32_t[]){1u << 31, 1u << 31});
+    ASSERT_LOAD_FAILS("widened_overflow", o, false, CT_ECORRUPT,
+                      "sbyte [2147483648, 2147483648] describes more than 2^63 bytes");
+    /* 2^63 - 1 ubytes, 7^2 * 73 * 127 * 337 * 92737 * 649657: the data fits,
+     * data and header together do not. */
+    o = (bytes){.n = 0};
+    put_header(&o, 0x08, 7, (uint32_t[]){7, 7, 73, 127, 337, 92737, 649657});
+    ASSERT_LOAD_FAILS("total_overflow", o, true, CT_ECORRUPT, "more than 2^63 bytes");
+    /* No elements, but strides past 2^63: a corrupt header, not a caller's
+     * bad argument. */
+    o = (bytes){.n = 0};
+    put_header(&o, 0x08, 4, (uint32_t[]){0, UINT32_MAX, UINT32_MAX, UINT32_MAX});
+    ASSERT_LOAD_FAILS("empty_huge", o, false, CT_ECORRUPT, "ubyte [0, 4294967295,",
+                      "a shape ct cannot hold");
+}
+
+/* An sbyte [n] IDX file of zeros, gzipped as far as zlib goes (about 1000:1,
+ * near deflate's limit). Returns the file's size. */
+static int64_t put_zeros_gz(char path[static 256], const char *name, uint32_t n) {
+    static const uint8_t zeros[8192];
+    bytes h = {.n = 0};
+    put_header(&h, 0x09, 1, &n);
+    gzFile f = gzopen(tt_tmp_path(path, name), "wb9");
+    if (!f || gzwrite(f, h.b, (unsigned)h.n) != (int)h.n)
+        abort();
+    for (uint32_t left = n; left > 0;) {
+        uint32_t k = left < sizeof zeros ? left : (uint32_t)sizeof zeros;
+        if (gzwrite(f, zeros, k) != (int)k)
+            abort();
+        left -= k;
+    }
+    struct stat st;
+    if (gzclose(f) != Z_OK || stat(path, &st) != 0)
+        abort();
+    return (int64_t)st.st_size;
+}
+
+/* This process's peak resident memory (VmHWM) in KiB, or -1. */
+static long peak_rss_kib(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long kib = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (strncmp(line, "VmHWM:", 6) == 0)
+            kib = atol(line + 6);
+    if (f)
+        fclose(f);
+    return kib;
+}
+
+/* How far ct_idx_load(path) raises the peak resident memory of a child
+ * process, in bytes (-1: not measurable). The child resets its peak to its
+ * current size first (proc(5), clear_refs "5"), so that what the parent
+ * held before does not count. */
+static int64_t load_peak_bytes(const char *path) {
+    int fds[2];
+    if (pipe(fds) != 0)
+        return -1;
+    pid_t pid = fork();
+    if (pid == 0) {
+        int64_t grew = -1;
+        FILE *f = fopen("/proc/self/clear_refs", "w");
+        bool reset = f && fputs("5", f) >= 0;
+        if (f && fclose(f) != 0)
+            reset = false;
+        long before = reset ? peak_rss_kib() : -1;
+        if (before >= 0 && ct_idx_load(path)) {
+            long after = peak_rss_kib();
+            grew = after >= 0 ? (int64_t)(after - before) * 1024 : -1;
+        } else if (before >= 0) {
+            grew = (int64_t)(peak_rss_kib() - before) * 1024;
+        }
+        _exit(write(fds[1], &grew, sizeof grew) == sizeof grew ? 0 : 1);
+    }
+    close(fds[1]);
+    int64_t grew = -1;
+    if (pid < 0 || read(fds[0], &grew, sizeof grew) != sizeof grew)
+        grew = -1;
+    close(fds[0]);
+    if (pid > 0)
+        waitpid(pid, NULL, 0);
+    return grew;
+}
+
+/* The file holds what its header claims; its int32 tensor would take 4000
+ * times the file. */
+static void check_widened_bound(const char *path, int64_t file_bytes, uint32_t n) {
+    char want[160], limit[96];
+    ASSERT_TRUE((int64_t)n <= 1032 * file_bytes && 4 * (int64_t)n > 1032 * file_bytes);
+    snprintf(want, sizeof want, "sbyte [%u] loads as int32, %lld bytes", n, 4 * (long long)n);
+    snprintf(limit, sizeof limit, "1032 times the file's %lld bytes", (long long)file_bytes);
+    ASSERT_FAILS(ct_idx_load(path), CT_ENOMEM, path, want, limit,
+                 "set CT_IDX_MAX_BYTES to allow more");
+    int64_t grew = load_peak_bytes(path);
+    ASSERT_TRUE(grew >= 0 && grew <= 1032 * file_bytes);
+
+    /* The variable lifts the bound to the byte; the same load, allowed, is
+     * what the bound kept out of memory. */
+    char v[32];
+    snprintf(v, sizeof v, "%lld", 4 * (long long)n - 1);
+    setenv("CT_IDX_MAX_BYTES", v, 1);
+    snprintf(limit, sizeof limit, "more than CT_IDX_MAX_BYTES=%s allows", v);
+    ASSERT_FAILS(ct_idx_load(path), CT_ENOMEM, path, want, limit);
+    snprintf(v, sizeof v, "%lld", 4 * (long long)n);
+    setenv("CT_IDX_MAX_BYTES", v, 1);
+    ct_tensor *t = ct_idx_load(path);
+    ASSERT_TRUE(t);
+    ASSERT_EQ(ct_tensor_dtype(t), CT_INT32);
+    ASSERT_EQ(ct_numel(t), n);
+    ASSERT_EQ(tt_at(t, 0), 0);
+    ASSERT_EQ(tt_at(t, n - 1), 0);
+    ASSERT_TRUE(load_peak_bytes(path) >= 4 * (int64_t)n);
+}
+
+TEST(idx_bounds_the_widened_size_of_a_gzip_file) {
+    char path[256];
+    const uint32_t n = 8u << 20;
+    int64_t file_bytes = put_zeros_gz(path, "zeros_sbyte.gz", n);
+    unsetenv("CT_IDX_MAX_BYTES");
+    check_widened_bound(path, file_bytes, n);
+    unsetenv("CT_IDX_MAX_BYTES");
+}
+
+static void check_max_bytes_var(void) {
+    bytes o = idx_file(0x0B, 1, (uint32_t[]){3}); /* 6 bytes of data, 12 loaded */
+    char path[256];
+    put_file(path, "max_bytes", o.b, o.n, false);
+    setenv("CT_IDX_MAX_BYTES", "11", 1);
+    ASSERT_FAILS(ct_idx_load(path), CT_ENOMEM, path, "short [3] loads as int32, 12 bytes",
+                 "more than CT_IDX_MAX_BYTES=11 allows");
+    setenv("CT_IDX_MAX_BYTES", "12", 1);
+    ASSERT_TRUE(ct_idx_load(path));
+    static const char *const bad[] = {"",    "abc", "0",   "-1",
+                                      " 12", "12k", "1e9", "99999999999999999999"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char want[64];
+        snprintf(want, sizeof want, "CT_IDX_MAX_BYTES=\"%s\" is not a whole number", bad[i]);
+        setenv("CT_IDX_MAX_BYTES", bad[i], 1);
+        ASSERT_FAILS(ct_idx_load(path), CT_EINVAL, want, "from 1 to 2^63-1");
+    }
+}
+
+TEST(idx_max_bytes_bounds_plain_files_and_is_checked) {
+    check_max_bytes_var();
+    unsetenv("CT_IDX_MAX_BYTES");
 }
 
 TEST(idx_refuses_truncated_data_and_trailing_bytes) {

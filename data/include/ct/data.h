@@ -79,12 +79,19 @@ extern "C" {
  * content). The element type maps to a ct dtype: ubyte -> uint8; sbyte,
  * short, int -> int32; float -> float32; double -> float64. Returns a new
  * contiguous tensor with the header's sizes (scope-owned inside a scope).
- * Errors: CT_EINVAL for a NULL path; CT_EIO when the file cannot be opened or
- * read (the system's reason is kept); CT_ECORRUPT for a bad magic number, an
- * unknown type, a dim count outside [1, 8], sizes that a file this long cannot
- * hold, a file that ends early, bytes after the data (a plain file, or the
- * decompressed stream of a gzip file), or a damaged gzip stream; CT_ENOMEM.
- * Every message names the path. Thread-safe. */
+ * The tensor may take at most CT_IDX_MAX_BYTES bytes (an environment
+ * variable, read at each call); unset, at most 1032 times the file's size,
+ * deflate's greatest expansion, so that no gzip file makes the reader hold
+ * more than its data could inflate to once sbyte and short widen to int32.
+ * Errors: CT_EINVAL for a NULL path or a CT_IDX_MAX_BYTES that is not a
+ * whole number of bytes > 0; CT_EIO when the file cannot be opened or read
+ * (the system's reason is kept); CT_ECORRUPT for a bad magic number, an
+ * unknown type, a dim count outside [1, 8], sizes that overflow or that a
+ * file this long cannot hold, a file that ends early, bytes after the data
+ * (a plain file, or the decompressed stream of a gzip file), or a damaged
+ * gzip stream; CT_ENOMEM for a tensor above the limit (the message names
+ * the limit and the sizes) or out of memory. Every message names the path.
+ * Thread-safe, while no thread changes the environment. */
 CT_API ct_tensor *ct_idx_load(const char *path);
 
 /* The directory Debian's dataset-fashion-mnist package installs. */
