@@ -52,6 +52,12 @@ typedef struct ct__coll_desc {
 
 /* "allreduce #12 (float32, 1000 elements, sum)" into buf. */
 const char *ct__desc_str(char *buf, size_t n, const ct__coll_desc *d);
+/* Appends which field of rank ra's descriptor a and rank rb's b differ,
+ * with both values: "the root differs: root 0 on rank 0, root 1 on rank
+ * 1". For a send and the recv that takes it, the op and the peer are not
+ * compared (they pair by construction). Nothing when they agree. */
+void ct__desc_differ(char *buf, size_t n, const ct__coll_desc *a, int ra, const ct__coll_desc *b,
+                     int rb);
 /* Whether two ranks' descriptors of the same collective agree. */
 bool ct__desc_match(const ct__coll_desc *a, const ct__coll_desc *b);
 /* A hash of what ct__desc_match compares, in 62 bits so that -fp cannot
@@ -155,6 +161,12 @@ typedef struct ct__backend {
 } ct__backend;
 
 extern const ct__backend ct__shm_backend;
+/* The most ranks a shm communicator takes: its segment (about 0.8 MiB per
+ * rank) then needs about 3.3 GiB. */
+#define CT__SHM_MAX_RANKS 4096
+/* The bytes of a shm communicator's segment for n ranks, into *bytes: 0,
+ * or CT_EINVAL (recorded) when n is not in [1, CT__SHM_MAX_RANKS]. */
+int ct__shm_layout_bytes(int n, size_t *bytes);
 #ifdef CT_HAVE_MPI
 extern const ct__backend ct__mpi_backend;
 #endif

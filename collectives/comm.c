@@ -59,6 +59,50 @@ const char *ct__desc_str(char *buf, size_t n, const ct__coll_desc *d) {
     return buf;
 }
 
+void ct__desc_differ(char *buf, size_t n, const ct__coll_desc *a, int ra, const ct__coll_desc *b,
+                     int rb) {
+    char x[64], y[64];
+    const char *field = NULL;
+    bool pair = ct__op_is_p2p(a->op) && ct__op_is_p2p(b->op) && a->op != b->op;
+    /* The first field that differs, in the order that explains the rest: a
+     * different operation makes the other fields incomparable. */
+    if (a->op != b->op && !pair) {
+        field = "operation";
+        snprintf(x, sizeof x, "%s", ct__op_name(a->op));
+        snprintf(y, sizeof y, "%s", ct__op_name(b->op));
+    } else if (a->dtype != b->dtype) {
+        field = "dtype";
+        snprintf(x, sizeof x, "%s",
+                 a->dtype >= 0 && a->dtype < CT_NDTYPES ? ct_dtype_name((ct_dtype)a->dtype) : "?");
+        snprintf(y, sizeof y, "%s",
+                 b->dtype >= 0 && b->dtype < CT_NDTYPES ? ct_dtype_name((ct_dtype)b->dtype) : "?");
+    } else if (a->count != b->count) {
+        field = "count";
+        snprintf(x, sizeof x, "%lld elements", (long long)a->count);
+        snprintf(y, sizeof y, "%lld elements", (long long)b->count);
+    } else if (ct__op_reduces(a->op) && a->rop != b->rop) {
+        field = "reduction";
+        snprintf(x, sizeof x, "%s",
+                 a->rop >= 0 && a->rop <= CT_REDUCE_PROD ? rop_names[a->rop] : "?");
+        snprintf(y, sizeof y, "%s",
+                 b->rop >= 0 && b->rop <= CT_REDUCE_PROD ? rop_names[b->rop] : "?");
+    } else if (ct__op_has_root(a->op) && a->root != b->root) {
+        field = "root";
+        snprintf(x, sizeof x, "root %d", a->root);
+        snprintf(y, sizeof y, "root %d", b->root);
+    } else if (pair && a->tag != b->tag) {
+        field = "tag";
+        snprintf(x, sizeof x, "tag %d", a->tag);
+        snprintf(y, sizeof y, "tag %d", b->tag);
+    } else if (a->seq != b->seq) {
+        field = "sequence number";
+        snprintf(x, sizeof x, "#%llu", (unsigned long long)a->seq);
+        snprintf(y, sizeof y, "#%llu", (unsigned long long)b->seq);
+    }
+    if (field)
+        ct__msg_append(buf, n, "the %s differs: %s on rank %d, %s on rank %d", field, x, ra, y, rb);
+}
+
 bool ct__desc_match(const ct__coll_desc *a, const ct__coll_desc *b) {
     return a->seq == b->seq && a->op == b->op && a->dtype == b->dtype && a->count == b->count &&
            (!ct__op_reduces(a->op) || a->rop == b->rop) &&

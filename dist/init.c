@@ -295,6 +295,8 @@ static int share_nccl_id(unsigned char id[CT_NCCL_ID_BYTES]) {
     return 0;
 }
 
+#include <sys/random.h> /* make_world_comm's segment name */
+
 static int make_world_comm(void) {
     ct_comm_config cfg = {
         .backend = g.backend, .rank = g.world.rank, .size = g.world.size, .timeout_s = g.timeout};
@@ -303,11 +305,19 @@ static int make_world_comm(void) {
     if (g.backend == CT_BACKEND_SHM) {
         /* Unique among the jobs on this machine (rank 0's pid) and across
          * restarts and inits; the port and restart count help a reader of
-         * /dev/shm tell jobs apart. */
-        if (g.world.rank == 0)
-            snprintf(name, sizeof name, "/ct-%d-%d-%ld-%u",
-                     g.world.master_port > 0 ? g.world.master_port : 0, g.world.restart_count,
-                     (long)getpid(), generation);
+         * /dev/shm tell jobs apart. The random part keeps another user
+         * from guessing the name and creating it first. */
+        unsigned char rnd[16];
+        if (g.world.rank == 0) {
+            if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd)
+                return ct__seterr(CT_EIO, "dist_init: getrandom for the segment name: %s",
+                                  strerror(errno));
+            int len = snprintf(name, sizeof name, "/ct-%d-%d-%ld-%u-",
+                               g.world.master_port > 0 ? g.world.master_port : 0,
+                               g.world.restart_count, (long)getpid(), generation);
+            for (size_t i = 0; i < sizeof rnd; i++)
+                len += snprintf(name + len, sizeof name - (size_t)len, "%02x", rnd[i]);
+        }
         int rc = share(name, "shared-memory segment name", "shm_name");
         if (rc)
             return rc;

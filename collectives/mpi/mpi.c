@@ -497,6 +497,13 @@ static int judge(ct_comm *c, ct_work *w) {
         ct__msg_append(msg, sizeof msg, " %s %s", many ? "have" : "has",
                        ct__desc_str(desc, sizeof desc, &all[g]));
     }
+    /* The field, between rank 0 and the first rank that differs from it. */
+    int other = 0;
+    while (group[other] == 0)
+        other++;
+    ct__msg_append(msg, sizeof msg, " (");
+    ct__desc_differ(msg, sizeof msg, &all[0], 0, &all[other], other);
+    ct__msg_append(msg, sizeof msg, ")");
     m->group_knows = true;
     return ct__work_fail(w, CT_EMISMATCH, "%s", msg);
 }
@@ -542,11 +549,12 @@ static int p2p_agree(ct_work *w) {
     if (s->op == CT__SEND && s->seq == d->seq && s->tag == d->tag && s->dtype == d->dtype &&
         s->count == d->count)
         return CT__PENDING;
-    char mine[256], theirs[256];
+    char mine[256], theirs[256], field[256] = "";
+    ct__desc_differ(field, sizeof field, s, d->root, d, w->comm->rank);
     return ct__work_fail(w, CT_EMISMATCH,
-                         "recv #%llu from rank %d: the send does not match: rank %d sent %s, "
+                         "recv #%llu from rank %d: the send does not match (%s): rank %d sent %s, "
                          "this rank posted %s",
-                         (unsigned long long)d->seq, d->root, d->root,
+                         (unsigned long long)d->seq, d->root, field, d->root,
                          ct__desc_str(theirs, sizeof theirs, s),
                          ct__desc_str(mine, sizeof mine, d));
 }

@@ -752,6 +752,10 @@ static int diagnosed(nccl_impl *n, ct_work *w) {
     }
     if (more)
         ct__msg_append(msg, sizeof msg, "; and more");
+    ct__msg_append(msg, sizeof msg, " (");
+    ct__desc_differ(msg, sizeof msg, &descs[leaders[0]], leaders[0], &descs[leaders[1]],
+                    leaders[1]);
+    ct__msg_append(msg, sizeof msg, ")");
     return work_end(n, w, ct__work_fail(w, CT_EMISMATCH, "%s", msg));
 }
 

@@ -11,9 +11,12 @@
  *     allgather, broadcast and reduce run on them as a chunked, pipelined
  *     ring (reduce-scatter then allgather for allreduce; a chain for
  *     broadcast and reduce).
- *   - pair channels: the same queues between every ordered pair of ranks,
- *     one set for alltoall and one for send/recv, so that point-to-point
- *     traffic never interleaves with a collective's.
+ *   - outboxes: per rank, a few slots that it fills with chunks of
+ *     alltoall blocks and of messages, each stamped with its receiver; a
+ *     receiver takes what is addressed to it from the sender's outbox.
+ *     Half the slots are for alltoall, half for send/recv, so that neither
+ *     can starve the other. Per rank, not per pair: the segment grows
+ *     linearly with the ranks.
  * Besides the segment, ct_comm_zeros memory is one more segment per rank
  * that every rank maps (a block); an allreduce on it runs without any
  * transport, straight from the peers' memory (see "direct" below).
@@ -36,23 +39,23 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define SHM_MAGIC   0x31304d4853544354ull /* "CTSHM01" */
-#define SHM_VERSION 2
+#define SHM_VERSION 3
 #define LINE        64
 
 /* Sizes: a ring slot holds one pipeline chunk; eight in flight keep the
  * ring busy while one end is a chunk behind. Bulletins take operations of
- * up to BULLETIN_BYTES per rank. Pair channels are smaller, and shrink as
- * the number of pairs grows. */
+ * up to BULLETIN_BYTES per rank. An outbox has OUT_SLOTS slots, half of
+ * them for each kind of traffic (two in flight per kind keep a transfer
+ * pipelined). */
 #define RING_SLOT      (64 * 1024)
 #define RING_SLOTS     8
 #define BULLETIN_BYTES (64 * 1024)
-#define PAIR_SLOTS     4
-#define PAIR_SLOT_MAX  (32 * 1024)
-#define PAIR_SLOT_MIN  4096
-#define PAIR_BUDGET    (64u << 20) /* bytes for both sets of pair channels */
+#define OUT_SLOT       (32 * 1024)
+#define OUT_SLOTS      4
 #define NAME_MAX_LEN   200
 #define ACC_BYTES      (2 * BULLETIN_BYTES) /* the reduction accumulator */
 
@@ -69,26 +72,23 @@ typedef struct chan_ctl {
     _Alignas(LINE) atomic_uint_fast64_t tail; /* slots consumed, written by the receiver */
 } chan_ctl;
 
-/* A rank's running collective, and where its data lies when that is in a
- * block: block 0 when it is not. */
-typedef struct active_op {
-    ct__coll_desc desc;
-    uint64_t block;
-    int64_t offset; /* bytes into the block */
-} active_op;
-
 typedef struct rank_ctl {
     _Alignas(LINE) atomic_int pid;
-    /* The collective this rank runs, as a seqlock: odd while it changes. */
-    atomic_uint_fast64_t active_version;
-    active_op active;
-    _Alignas(LINE) atomic_uint_fast64_t done_seq; /* last bulletin round it finished reading */
-    _Alignas(LINE) atomic_uint_fast64_t direct;   /* seq * 2 + 1: its direct share is out */
+    _Alignas(LINE) atomic_uint_fast64_t direct; /* seq * 2 + 1: its direct share is out */
 } rank_ctl;
 
+/* A rank's announcement of a collective, one per sequence parity: every
+ * collective on every path announces itself here when it starts, and
+ * completes only once every rank's announcement of it agrees (agree()).
+ * That makes each collective a rendezvous, so a rank is never two
+ * collectives ahead of another: the buffer of parity seq & 1 is free again
+ * once seq + 1 has completed, and nobody reads it then. A small
+ * operation's input (the bulletin) travels with its announcement. */
 typedef struct bulletin {
-    _Alignas(LINE) atomic_uint_fast64_t seq; /* the posted operation's seq */
+    _Alignas(LINE) atomic_uint_fast64_t seq; /* the announced operation's seq */
     ct__coll_desc desc;
+    uint64_t block; /* the ct_comm_zeros block holding its data, 0 when none */
+    int64_t offset; /* bytes into the block */
     _Alignas(LINE) char data[BULLETIN_BYTES];
 } bulletin;
 
@@ -97,7 +97,6 @@ typedef struct header {
     uint32_t version;
     int32_t size;
     uint64_t bytes;
-    int64_t pair_slot;
     _Alignas(LINE) atomic_int attached;
     _Alignas(LINE) atomic_int abort_claim; /* the first rank to fail the group sets it */
     atomic_int abort_code;                 /* then this: 0, or that failure's CT_E* code */
@@ -105,19 +104,26 @@ typedef struct header {
     char abort_msg[CT__MSG_LEN];
 } header;
 
+/* An outbox slot: free (for 0), or holding a chunk for rank for - 1. The
+ * sender writes it only while it is free; only that receiver reads the
+ * rest, and frees it. */
+typedef struct out_meta {
+    _Alignas(LINE) atomic_int for_rank;
+    ct__coll_desc desc; /* of the sender's operation */
+    int64_t offset;     /* of the chunk in the block or message, in bytes */
+    int64_t bytes;
+} out_meta;
+
 typedef struct layout {
-    size_t ctl, bulletins, ring_ctl, ring_meta, ring_data, pair_ctl, pair_meta, pair_data, bytes;
-    int64_t pair_slot;
+    size_t ctl, bulletins, ring_ctl, ring_meta, ring_data, out_meta, out_data, bytes;
 } layout;
 
 static size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
+/* Every part is per rank, so the segment holds n times a constant (about
+ * 0.8 MiB, most of it the ring's slots) and a header. */
 static layout make_layout(int n) {
     layout l;
-    size_t npairs = (size_t)n * (size_t)n * 2;
-    int64_t pair = PAIR_BUDGET / (npairs * PAIR_SLOTS);
-    pair = pair > PAIR_SLOT_MAX ? PAIR_SLOT_MAX : pair < PAIR_SLOT_MIN ? PAIR_SLOT_MIN : pair;
-    l.pair_slot = pair / LINE * LINE;
     size_t page = 4096, off = round_up(sizeof(header), page);
     l.ctl = off;
     off = round_up(off + (size_t)n * sizeof(rank_ctl), page);
@@ -129,14 +135,22 @@ static layout make_layout(int n) {
     off = round_up(off + (size_t)n * RING_SLOTS * sizeof(slot_meta), page);
     l.ring_data = off;
     off += (size_t)n * RING_SLOTS * RING_SLOT;
-    l.pair_ctl = off;
-    off += npairs * sizeof(chan_ctl);
-    l.pair_meta = off;
-    off = round_up(off + npairs * PAIR_SLOTS * sizeof(slot_meta), page);
-    l.pair_data = off;
-    off += npairs * PAIR_SLOTS * (size_t)l.pair_slot;
+    l.out_meta = off;
+    off = round_up(off + (size_t)n * OUT_SLOTS * sizeof(out_meta), page);
+    l.out_data = off;
+    off += (size_t)n * OUT_SLOTS * OUT_SLOT;
     l.bytes = round_up(off, page);
     return l;
+}
+
+int ct__shm_layout_bytes(int n, size_t *bytes) {
+    if (n < 1 || n > CT__SHM_MAX_RANKS)
+        return ct__seterr(CT_EINVAL,
+                          "comm_new: the shm backend takes 1 to %d ranks on one machine, not %d "
+                          "(use the mpi backend across machines)",
+                          CT__SHM_MAX_RANKS, n);
+    *bytes = make_layout(n).bytes;
+    return 0;
 }
 
 /* One direction of traffic between two ranks, seen from one end. */
@@ -148,7 +162,7 @@ typedef struct chan {
     uint64_t count; /* this end's own counter: head for a sender, tail for a receiver */
 } chan;
 
-enum { PAIR_COLL, PAIR_P2P };
+enum { OUT_COLL, OUT_P2P };
 
 /* ct_comm_zeros memory: every rank's segment of one allocation, as mapped
  * here. Owned by its storage; listed in its communicator's registry while
@@ -179,12 +193,12 @@ typedef struct shm {
     rank_ctl *ctl;
     int n, rank;
     chan ring_out, ring_in;
-    chan *pair_out[2], *pair_in[2]; /* [kind][peer] */
     bool *p2p_busy_out, *p2p_busy_in;
     int64_t *a2a_sent, *a2a_got; /* bytes per peer of the active alltoall */
-    uint64_t parity_seq[2];      /* the last bulletin round that used each buffer */
     void *acc;                   /* the accumulator of bulletin reductions */
     int *pidfds;
+    int guard_fd; /* rank 0 while the others attach: start_guard's pipe */
+    pid_t guard;
     ct__coll_desc active; /* this rank's active collective; seq 0 when none */
     registry *blocks;
     uint64_t nblocks; /* made so far */
@@ -207,8 +221,12 @@ static chan make_chan(shm *s, size_t ctl_off, size_t meta_off, size_t data_off, 
     };
 }
 
-static size_t pair_index(shm *s, int kind, int from, int to) {
-    return ((size_t)kind * (size_t)s->n + (size_t)from) * (size_t)s->n + (size_t)to;
+static out_meta *out_meta_of(shm *s, int r, int i) {
+    return (out_meta *)(s->base + s->l.out_meta) + (size_t)r * OUT_SLOTS + i;
+}
+
+static char *out_data_of(shm *s, int r, int i) {
+    return s->base + s->l.out_data + ((size_t)r * OUT_SLOTS + (size_t)i) * OUT_SLOT;
 }
 
 /* ------------------------------------------------------------- channels */
@@ -242,13 +260,16 @@ static void chan_release(chan *ch) {
     atomic_store_explicit(&ch->ctl->tail, ++ch->count, memory_order_release);
 }
 
-/* "ranks disagree at collective #7: rank 0 has ..., rank 1 has ..." */
+/* "ranks disagree at collective #7 (the root differs: root 0 on rank 0,
+ * root 1 on rank 1): rank 0 has ..., rank 1 has ..." */
 static void disagree(char *msg, int me, const ct__coll_desc *mine, int peer,
                      const ct__coll_desc *theirs) {
     char a[256], b[256];
-    snprintf(msg, CT__MSG_LEN, "ranks disagree at %s #%llu: rank %d has %s, rank %d has %s",
-             ct__op_is_p2p(mine->op) ? "message" : "collective", (unsigned long long)mine->seq, me,
-             ct__desc_str(a, sizeof a, mine), peer, ct__desc_str(b, sizeof b, theirs));
+    snprintf(msg, CT__MSG_LEN, "ranks disagree at %s #%llu (",
+             ct__op_is_p2p(mine->op) ? "message" : "collective", (unsigned long long)mine->seq);
+    ct__desc_differ(msg, CT__MSG_LEN, mine, me, theirs, peer);
+    ct__msg_append(msg, CT__MSG_LEN, "): rank %d has %s, rank %d has %s", me,
+                   ct__desc_str(a, sizeof a, mine), peer, ct__desc_str(b, sizeof b, theirs));
 }
 
 static int mismatch(ct_work *w, int peer, const ct__coll_desc *theirs) {
@@ -271,13 +292,14 @@ typedef enum path {
     PATH_DIRECT,
     PATH_RING,
     PATH_CHAIN,
-    PATH_PAIRS
+    PATH_OUTBOX
 } path;
 
 /* Per-work state, in w->be. */
 typedef struct shm_work {
     path path;
-    bool posted;      /* bulletin: this rank's post is out */
+    int agreed;       /* ranks whose announcement agrees with this one, in rank order */
+    bool moved;       /* this rank's data movement is over; agreement may not be */
     int64_t task;     /* ring/chain: the next task */
     int64_t ntasks;   /* ring/chain */
     int64_t chunk;    /* ring/chain: elements per chunk */
@@ -305,48 +327,39 @@ static int64_t post_bytes(const ct_work *w, int n) {
     }
 }
 
-static void publish_active(shm *s, const ct__coll_desc *d, const shm_block *b, int64_t offset) {
-    rank_ctl *me = ctl_of(s, s->rank);
-    uint64_t v = atomic_load_explicit(&me->active_version, memory_order_relaxed);
-    atomic_store_explicit(&me->active_version, v + 1, memory_order_relaxed);
-    atomic_thread_fence(memory_order_release);
-    me->active = (active_op){*d, b ? b->id : 0, offset};
-    atomic_store_explicit(&me->active_version, v + 2, memory_order_release);
-    s->active = *d;
+/* ------------------------------------------------------------ agreement */
+
+/* Announces w (with its input when it takes the bulletins, and the block
+ * holding its data, if any). The buffer is free: see struct bulletin. */
+static void announce(shm *s, ct_work *w, bool post, const shm_block *blk, int64_t offset) {
+    bulletin *b = bulletin_of(s, s->rank, w->desc.seq);
+    bool has_data = w->desc.op != CT__BROADCAST || w->desc.root == s->rank;
+    if (post && has_data && w->in)
+        memcpy(b->data, w->in, (size_t)post_bytes(w, s->n));
+    b->desc = w->desc;
+    b->block = blk ? blk->id : 0;
+    b->offset = offset;
+    atomic_store_explicit(&b->seq, w->desc.seq, memory_order_release);
+    s->active = w->desc;
 }
 
-/* Reads rank r's active collective; false while it changes. */
-static bool read_active(shm *s, int r, active_op *out) {
-    rank_ctl *c = ctl_of(s, r);
-    uint64_t v1 = atomic_load_explicit(&c->active_version, memory_order_acquire);
-    if (v1 & 1)
-        return false;
-    *out = c->active;
-    atomic_thread_fence(memory_order_acquire);
-    return atomic_load_explicit(&c->active_version, memory_order_relaxed) == v1;
+/* Whether every rank announced w's collective with the same descriptor:
+ * CT__DONE once all have, CT__PENDING while one has not, CT_EMISMATCH
+ * (w->msg naming the field) when one differs. Picks up where the last call
+ * stopped, so a waiting rank reads each announcement once. */
+static int agree(shm *s, ct_work *w) {
+    shm_work *st = state(w);
+    for (; st->agreed < s->n; st->agreed++) {
+        const bulletin *b = bulletin_of(s, st->agreed, w->desc.seq);
+        if (atomic_load_explicit(&b->seq, memory_order_acquire) != w->desc.seq)
+            return CT__PENDING;
+        if (!ct__desc_match(&b->desc, &w->desc))
+            return mismatch(w, st->agreed, &b->desc);
+    }
+    return CT__DONE;
 }
 
 /* ------------------------------------------------------------ bulletins */
-
-/* Whether every peer finished reading this rank's previous post in the
- * buffer seq will use. */
-static bool bulletin_free(shm *s, uint64_t seq) {
-    uint64_t last = s->parity_seq[seq & 1];
-    for (int r = 0; r < s->n; r++)
-        if (atomic_load_explicit(&ctl_of(s, r)->done_seq, memory_order_acquire) < last)
-            return false;
-    return true;
-}
-
-static void bulletin_post(shm *s, ct_work *w) {
-    bulletin *b = bulletin_of(s, s->rank, w->desc.seq);
-    bool has_data = w->desc.op != CT__BROADCAST || w->desc.root == s->rank;
-    if (has_data && w->in)
-        memcpy(b->data, w->in, (size_t)post_bytes(w, s->n));
-    b->desc = w->desc;
-    atomic_store_explicit(&b->seq, w->desc.seq, memory_order_release);
-    s->parity_seq[w->desc.seq & 1] = w->desc.seq;
-}
 
 /* out := the reduction of len elements from each rank's src, in rank
  * order, so that every rank computes bitwise the same result. out may be
@@ -383,22 +396,9 @@ static void bulletin_reduce(shm *s, ct_work *w, void *out, int64_t lo, int64_t l
     reduce_ranks(s, w, out, src, len);
 }
 
+/* Every rank's post is in and agrees: reads what this rank needs of them. */
 static int bulletin_progress(shm *s, ct_work *w) {
-    shm_work *st = state(w);
     uint64_t seq = w->desc.seq;
-    if (!st->posted) {
-        if (!bulletin_free(s, seq))
-            return CT__PENDING;
-        bulletin_post(s, w);
-        st->posted = true;
-    }
-    for (int r = 0; r < s->n; r++) {
-        bulletin *b = bulletin_of(s, r, seq);
-        if (atomic_load_explicit(&b->seq, memory_order_acquire) != seq)
-            return CT__PENDING;
-        if (!ct__desc_match(&b->desc, &w->desc))
-            return mismatch(w, r, &b->desc);
-    }
     int64_t count = w->desc.count, e = (int64_t)esize(w);
     switch (w->desc.op) {
     case CT__ALLREDUCE: bulletin_reduce(s, w, w->out, 0, count); break;
@@ -427,7 +427,6 @@ static int bulletin_progress(shm *s, ct_work *w) {
     }
     default: break;
     }
-    atomic_store_explicit(&ctl_of(s, s->rank)->done_seq, seq, memory_order_release);
     return CT__DONE;
 }
 
@@ -471,21 +470,14 @@ static int64_t share_lo(int64_t count, int n, int r) {
     return r == n ? count : count * r / n / 16 * 16;
 }
 
-/* Whether every rank has published this allreduce: 1 when every one keeps
- * it at the same place of the same block, 0 when some do not, CT__AGAIN
- * while a rank has not arrived, a CT_E* code when one runs another op. */
-static int decide_direct(shm *s, ct_work *w) {
+/* Every rank announced this allreduce, alike: whether every one keeps it
+ * at the same place of the same block. */
+static bool decide_direct(shm *s, ct_work *w) {
     shm_work *st = state(w);
     bool same = true;
     for (int r = 0; r < s->n; r++) {
-        active_op theirs;
-        if (r == s->rank)
-            continue;
-        if (!read_active(s, r, &theirs) || theirs.desc.seq < w->desc.seq)
-            return CT__AGAIN;
-        if (!ct__desc_match(&theirs.desc, &w->desc))
-            return mismatch(w, r, &theirs.desc);
-        same &= theirs.block == st->blk->id && theirs.offset == st->offset;
+        const bulletin *b = bulletin_of(s, r, w->desc.seq);
+        same &= b->block == st->blk->id && b->offset == st->offset;
     }
     return same;
 }
@@ -694,33 +686,46 @@ static int chain_progress(shm *s, ct_work *w) {
     return CT__DONE;
 }
 
-/* ------------------------------------------------------------ pairs */
+/* ------------------------------------------------------------ outboxes */
 
-/* Moves as much of a message as the channel allows: from buf into ch
- * (sending) or from ch into buf (receiving), bytes in all, *done so far. A
- * message takes at least one slot, so that an empty one still pairs its
- * two ends. */
-static int pair_move(ct_work *w, chan *ch, bool sending, char *buf, int64_t bytes, int64_t *done,
-                     int peer) {
+/* Slot i of kind's half of an outbox. */
+static int out_slot(int kind, int i) { return kind * (OUT_SLOTS / 2) + i; }
+
+/* Moves as much of a message as the outboxes allow: from buf into this
+ * rank's outbox for peer (sending) or out of peer's outbox into buf
+ * (receiving), bytes in all, *done so far. Chunks of a message travel in
+ * order (one slot per chunk, the offset on each), so a receiver takes the
+ * chunk at *done and leaves the others. A message takes at least one slot,
+ * so that an empty one still pairs its two ends. */
+static int out_move(shm *s, ct_work *w, int kind, bool sending, char *buf, int64_t bytes,
+                    int64_t *done, int peer) {
     while (*done < bytes || (bytes == 0 && *done == 0)) {
-        int64_t len = bytes - *done < ch->slot_bytes ? bytes - *done : ch->slot_bytes;
+        int64_t len = bytes - *done < OUT_SLOT ? bytes - *done : OUT_SLOT;
+        int i, owner = sending ? s->rank : peer;
+        out_meta *m = NULL;
+        for (i = 0; i < OUT_SLOTS / 2; i++) {
+            m = out_meta_of(s, owner, out_slot(kind, i));
+            int to = atomic_load_explicit(&m->for_rank, memory_order_acquire);
+            if (sending ? to == 0
+                        : to == s->rank + 1 && m->desc.seq == w->desc.seq && m->offset == *done)
+                break;
+        }
+        if (i == OUT_SLOTS / 2)
+            return CT__PENDING;
+        char *data = out_data_of(s, owner, out_slot(kind, i));
         if (sending) {
-            void *slot = chan_slot_to_write(ch);
-            if (!slot)
-                return CT__PENDING;
-            memcpy(slot, buf + *done, (size_t)len);
-            chan_publish(ch, &w->desc, len);
+            memcpy(data, buf + *done, (size_t)len);
+            m->desc = w->desc;
+            m->offset = *done;
+            m->bytes = len;
+            atomic_store_explicit(&m->for_rank, peer + 1, memory_order_release);
         } else {
-            const slot_meta *meta;
-            const void *slot = chan_slot_to_read(ch, &meta);
-            if (!slot)
-                return CT__PENDING;
-            bool ok = ct__op_is_p2p(w->desc.op) ? message_match(&meta->desc, &w->desc)
-                                                : ct__desc_match(&meta->desc, &w->desc);
+            bool ok = kind == OUT_P2P ? message_match(&m->desc, &w->desc) && m->bytes == len
+                                      : ct__desc_match(&m->desc, &w->desc);
             if (!ok)
-                return mismatch(w, peer, &meta->desc);
-            memcpy(buf + *done, slot, (size_t)len);
-            chan_release(ch);
+                return mismatch(w, peer, &m->desc);
+            memcpy(buf + *done, data, (size_t)len);
+            atomic_store_explicit(&m->for_rank, 0, memory_order_release);
         }
         *done += len;
         if (bytes == 0)
@@ -735,13 +740,12 @@ static int alltoall_progress(shm *s, ct_work *w) {
     for (int q = 0; q < s->n; q++) {
         if (q == s->rank)
             continue;
-        int rc = pair_move(w, &s->pair_out[PAIR_COLL][q], true, (char *)w->in + q * block, block,
-                           &s->a2a_sent[q], q);
+        int rc =
+            out_move(s, w, OUT_COLL, true, (char *)w->in + q * block, block, &s->a2a_sent[q], q);
         if (rc < 0)
             return rc;
         done &= rc == CT__DONE;
-        rc = pair_move(w, &s->pair_in[PAIR_COLL][q], false, (char *)w->out + q * block, block,
-                       &s->a2a_got[q], q);
+        rc = out_move(s, w, OUT_COLL, false, (char *)w->out + q * block, block, &s->a2a_got[q], q);
         if (rc < 0)
             return rc;
         done &= rc == CT__DONE;
@@ -783,7 +787,7 @@ static int shm_start(ct_comm *c, ct_work *w) {
     bool small = post_bytes(w, s->n) <= BULLETIN_BYTES;
     if (s->n > 1 && !small && w->desc.op == CT__ALLREDUCE)
         st->blk = find_block(s, w->out, w->desc.count * e, &st->offset);
-    publish_active(s, &w->desc, st->blk, st->offset);
+    announce(s, w, small && s->n > 1, st->blk, st->offset);
     if (s->n == 1) {
         st->path = PATH_LOCAL;
     } else if (small) {
@@ -796,7 +800,7 @@ static int shm_start(ct_comm *c, ct_work *w) {
                     (w->desc.op == CT__REDUCE ? (int64_t)ct__acc_size((ct_dtype)w->desc.dtype) : e);
         st->ntasks = (w->desc.count + st->chunk - 1) / st->chunk;
     } else if (w->desc.op == CT__ALLTOALL) {
-        st->path = PATH_PAIRS;
+        st->path = PATH_OUTBOX;
         memset(s->a2a_sent, 0, (size_t)s->n * sizeof *s->a2a_sent);
         memset(s->a2a_got, 0, (size_t)s->n * sizeof *s->a2a_got);
         int64_t part = w->desc.count / s->n * e;
@@ -806,6 +810,40 @@ static int shm_start(ct_comm *c, ct_work *w) {
         ring_start(s, w, st);
     }
     return CT__PENDING;
+}
+
+/* A collective of several ranks: its data moves on its path while the
+ * announcements are checked, and it completes only once both are done, on
+ * every path alike. Slot stamps keep the channel paths from using a
+ * disagreeing peer's data before the announcements say so; the bulletins
+ * and the direct path read peers' data only once they agree. */
+static int collective_progress(shm *s, ct_work *w) {
+    shm_work *st = state(w);
+    int agreed = agree(s, w);
+    if (agreed < 0)
+        return agreed;
+    if (!st->moved) {
+        bool reads_posts = st->path == PATH_BULLETIN || st->path == PATH_DECIDE;
+        if (reads_posts && agreed != CT__DONE)
+            return CT__PENDING;
+        if (st->path == PATH_DECIDE) {
+            st->path = decide_direct(s, w) ? PATH_DIRECT : PATH_RING;
+            if (st->path == PATH_RING)
+                ring_start(s, w, st);
+        }
+        int rc;
+        switch (st->path) {
+        case PATH_BULLETIN: rc = bulletin_progress(s, w); break;
+        case PATH_DIRECT: rc = direct_progress(s, w); break;
+        case PATH_RING: rc = ring_progress(s, w); break;
+        case PATH_CHAIN: rc = chain_progress(s, w); break;
+        default: rc = alltoall_progress(s, w); break;
+        }
+        if (rc != CT__DONE)
+            return rc;
+        st->moved = true;
+    }
+    return agreed;
 }
 
 /* A single rank: every collective is a copy, or nothing. */
@@ -827,35 +865,13 @@ static int shm_progress(ct_comm *c, ct_work *w) {
     if (ct__op_is_p2p(w->desc.op)) {
         bool sending = w->desc.op == CT__SEND;
         int peer = w->desc.root;
-        chan *ch = sending ? &s->pair_out[PAIR_P2P][peer] : &s->pair_in[PAIR_P2P][peer];
-        rc = pair_move(w, ch, sending, sending ? w->in : w->out, w->desc.count * (int64_t)esize(w),
-                       &st->done, peer);
+        rc = out_move(s, w, OUT_P2P, sending, sending ? w->in : w->out,
+                      w->desc.count * (int64_t)esize(w), &st->done, peer);
         if (rc != CT__PENDING)
             (sending ? s->p2p_busy_out : s->p2p_busy_in)[peer] = false;
         return rc;
     }
-    switch (st->path) {
-    case PATH_LOCAL:
-        local_run(w);
-        rc = CT__DONE;
-        break;
-    case PATH_BULLETIN: rc = bulletin_progress(s, w); break;
-    case PATH_DECIDE:
-        rc = decide_direct(s, w);
-        if (rc == CT__AGAIN)
-            return CT__PENDING;
-        if (rc < 0)
-            break;
-        st->path = rc ? PATH_DIRECT : PATH_RING;
-        if (!rc)
-            ring_start(s, w, st);
-        rc = rc ? direct_progress(s, w) : ring_progress(s, w);
-        break;
-    case PATH_DIRECT: rc = direct_progress(s, w); break;
-    case PATH_RING: rc = ring_progress(s, w); break;
-    case PATH_CHAIN: rc = chain_progress(s, w); break;
-    default: rc = alltoall_progress(s, w); break;
-    }
+    rc = st->path == PATH_LOCAL ? (local_run(w), CT__DONE) : collective_progress(s, w);
     if (rc == CT__DONE && st->path == PATH_DIRECT)
         atomic_fetch_add_explicit(&c->direct, 1, memory_order_relaxed);
     if (rc != CT__PENDING)
@@ -895,14 +911,6 @@ static int shm_poll(ct_comm *c, char *msg) {
             snprintf(msg, CT__MSG_LEN, "%s: rank %d (pid %d) died", desc, r, pid);
             return CT_EPEER;
         }
-        /* Ranks on different paths for the same operation wait on different
-         * transports; only their published descriptors show it. */
-        active_op theirs;
-        if (s->active.seq && read_active(s, r, &theirs) && theirs.desc.seq == s->active.seq &&
-            !ct__desc_match(&theirs.desc, &s->active)) {
-            disagree(msg, s->rank, &s->active, r, &theirs.desc);
-            return CT_EMISMATCH;
-        }
     }
     return 0;
 }
@@ -917,10 +925,10 @@ static void shm_describe_timeout(ct_comm *c, const ct_work *w, char *msg) {
     ct__msg_append(msg, CT__MSG_LEN, "; ranks that did not arrive:");
     int missing = 0;
     for (int r = 0; r < s->n; r++) {
-        active_op theirs;
-        bool known = read_active(s, r, &theirs);
-        /* A rank arrived if it runs this operation or a later one. */
-        if (r == s->rank || (known && theirs.desc.seq >= w->desc.seq))
+        /* A rank arrived if it announced this operation or a later one. */
+        uint64_t s0 = atomic_load(&bulletin_of(s, r, 0)->seq),
+                 s1 = atomic_load(&bulletin_of(s, r, 1)->seq);
+        if (r == s->rank || s0 >= w->desc.seq || s1 >= w->desc.seq)
             continue;
         ct__msg_append(msg, CT__MSG_LEN, "%s %d", missing ? "," : "", r);
         missing++;
@@ -1105,10 +1113,6 @@ static void shm_free(shm *s) {
                 close(s->pidfds[r]);
     if (s->base)
         munmap(s->base, s->l.bytes);
-    for (int k = 0; k < 2; k++) {
-        free(s->pair_out[k]);
-        free(s->pair_in[k]);
-    }
     free(s->p2p_busy_out);
     free(s->p2p_busy_in);
     free(s->a2a_sent);
@@ -1123,6 +1127,53 @@ static void shm_destroy(ct_comm *c) {
     c->impl = NULL;
 }
 
+/* The name must go once every rank has attached, even if rank 0 dies
+ * before that (a SIGTERM has no handler in most programs, and SIGKILL
+ * never has one). A child process holds the other end of a pipe: when
+ * rank 0 says every rank attached (it unlinked the name itself), the child
+ * just exits; when the pipe closes without that, rank 0 failed or died, and
+ * the child unlinks the name. It ignores the signals a launcher sends the
+ * job, and calls only async-signal-safe functions. Returns the pipe's
+ * write end, or -1 (then nothing guards the name: the caller goes on). */
+static int start_guard(const char *name, pid_t *guard) {
+    int p[2];
+    if (pipe2(p, O_CLOEXEC) != 0)
+        return -1;
+    pid_t pid = fork();
+    if (pid == 0) {
+        struct sigaction ign = {.sa_handler = SIG_IGN};
+        sigaction(SIGTERM, &ign, NULL);
+        sigaction(SIGINT, &ign, NULL);
+        sigaction(SIGHUP, &ign, NULL);
+        close(p[1]);
+        char byte;
+        ssize_t got;
+        while ((got = read(p[0], &byte, 1)) < 0 && errno == EINTR)
+            ;
+        if (got != 1)
+            shm_unlink(name);
+        _exit(0);
+    }
+    close(p[0]);
+    if (pid < 0) {
+        close(p[1]);
+        return -1;
+    }
+    *guard = pid;
+    return p[1];
+}
+
+/* ok: every rank attached and the name is gone; the guard just exits. */
+static void stop_guard(int fd, pid_t guard, bool ok) {
+    if (fd < 0)
+        return;
+    if (ok)
+        (void)!write(fd, "", 1);
+    close(fd);
+    while (waitpid(guard, NULL, 0) < 0 && errno == EINTR)
+        ;
+}
+
 /* Rank 0 creates and sizes the segment, then marks it ready. */
 static int create_segment(shm *s) {
     int fd = shm_open(s->name, O_CREAT | O_EXCL | O_RDWR, 0600);
@@ -1134,6 +1185,7 @@ static int create_segment(shm *s) {
                               s->name);
         return shm_errno("comm_new", "creation", s->name);
     }
+    s->guard_fd = start_guard(s->name, &s->guard);
     int rc = size_segment(fd, s->l.bytes, "comm_new", s->name);
     if (rc == 0) {
         s->base = mmap(NULL, s->l.bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
@@ -1151,18 +1203,49 @@ static int create_segment(shm *s) {
     s->hdr->version = SHM_VERSION;
     s->hdr->size = s->n;
     s->hdr->bytes = s->l.bytes;
-    s->hdr->pair_slot = s->l.pair_slot;
     atomic_thread_fence(memory_order_release);
     __atomic_store_n(&s->hdr->magic, SHM_MAGIC, __ATOMIC_RELEASE);
+    return 0;
+}
+
+/* Whether the segment behind fd is one this rank may trust: owned by this
+ * user, reachable by nobody else, of the size this layout has (or still
+ * empty, before rank 0 sizes it). 0, 1 while empty, or CT_EINVAL
+ * recorded. */
+static int check_segment(shm *s, int fd, struct stat *sb) {
+    if (fstat(fd, sb) != 0)
+        return shm_errno("comm_new", "fstat", s->name);
+    if (sb->st_uid != geteuid())
+        return ct__seterr(CT_EINVAL,
+                          "comm_new: shared memory %s belongs to uid %u, not this process's %u: "
+                          "refusing a segment another user made",
+                          s->name, (unsigned)sb->st_uid, (unsigned)geteuid());
+    if (sb->st_mode & 077)
+        return ct__seterr(CT_EINVAL,
+                          "comm_new: shared memory %s has mode %03o: refusing a segment other "
+                          "users can reach (ct makes them 0600)",
+                          s->name, (unsigned)(sb->st_mode & 0777));
+    if (sb->st_size == 0)
+        return 1;
+    if ((size_t)sb->st_size != s->l.bytes)
+        return ct__seterr(CT_EINVAL,
+                          "comm_new: shared memory %s has %lld bytes; %d ranks lay out %zu: "
+                          "refusing a segment of another layout or world size",
+                          s->name, (long long)sb->st_size, s->n, s->l.bytes);
     return 0;
 }
 
 /* The other ranks wait for rank 0's segment, then map it. */
 static int attach_segment(shm *s, double deadline, double timeout) {
     for (;;) {
-        int fd = shm_open(s->name, O_RDWR, 0);
+        int fd = shm_open(s->name, O_RDWR | O_NOFOLLOW, 0);
         struct stat sb;
-        if (fd >= 0 && fstat(fd, &sb) == 0 && (size_t)sb.st_size >= sizeof(header)) {
+        int checked = fd >= 0 ? check_segment(s, fd, &sb) : 1;
+        if (checked < 0) {
+            close(fd);
+            return checked;
+        }
+        if (fd >= 0 && checked == 0) {
             void *p = mmap(NULL, (size_t)sb.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
             close(fd);
             if (p == MAP_FAILED)
@@ -1223,25 +1306,12 @@ static void open_pidfds(shm *s) {
             s->pidfds[r] = (int)syscall(SYS_pidfd_open, atomic_load(&ctl_of(s, r)->pid), 0);
 }
 
-static int build_channels(shm *s) {
+static void build_channels(shm *s) {
     int n = s->n;
     s->ring_out = make_chan(s, s->l.ring_ctl, s->l.ring_meta, s->l.ring_data, (size_t)s->rank,
                             RING_SLOT, RING_SLOTS);
     s->ring_in = make_chan(s, s->l.ring_ctl, s->l.ring_meta, s->l.ring_data,
                            (size_t)((s->rank + n - 1) % n), RING_SLOT, RING_SLOTS);
-    for (int k = 0; k < 2; k++) {
-        s->pair_out[k] = calloc((size_t)n, sizeof(chan));
-        s->pair_in[k] = calloc((size_t)n, sizeof(chan));
-        if (!s->pair_out[k] || !s->pair_in[k])
-            return ct__seterr(CT_ENOMEM, "comm_new: out of memory");
-        for (int q = 0; q < n; q++) {
-            s->pair_out[k][q] = make_chan(s, s->l.pair_ctl, s->l.pair_meta, s->l.pair_data,
-                                          pair_index(s, k, s->rank, q), s->l.pair_slot, PAIR_SLOTS);
-            s->pair_in[k][q] = make_chan(s, s->l.pair_ctl, s->l.pair_meta, s->l.pair_data,
-                                         pair_index(s, k, q, s->rank), s->l.pair_slot, PAIR_SLOTS);
-        }
-    }
-    return 0;
 }
 
 static int shm_init_named(ct_comm *c, const char *name) {
@@ -1251,6 +1321,9 @@ static int shm_init_named(ct_comm *c, const char *name) {
                           "comm_new: shm_name '%s' must be '/' and up to %d more bytes without "
                           "another '/'",
                           name ? name : "(null)", NAME_MAX_LEN);
+    size_t bytes;
+    if (ct__shm_layout_bytes(n, &bytes))
+        return CT_EINVAL;
     shm *s = calloc(1, sizeof *s);
     if (!s)
         return ct__seterr(CT_ENOMEM, "comm_new: out of memory");
@@ -1276,6 +1349,7 @@ static int shm_init_named(ct_comm *c, const char *name) {
     }
     for (int r = 0; r < n; r++)
         s->pidfds[r] = -1;
+    s->guard_fd = -1;
     double timeout = c->timeout, deadline = ct__now() + timeout;
     int rc = s->rank == 0 ? create_segment(s) : attach_segment(s, deadline, timeout);
     if (rc == 0) {
@@ -1285,10 +1359,14 @@ static int shm_init_named(ct_comm *c, const char *name) {
         rc = await_ranks(s, deadline, timeout);
         if (s->rank == 0)
             shm_unlink(s->name);
+    } else if (s->rank == 0 && s->base) {
+        shm_unlink(s->name);
     }
+    if (s->rank == 0)
+        stop_guard(s->guard_fd, s->guard, rc == 0);
     if (rc == 0) {
         open_pidfds(s);
-        rc = build_channels(s);
+        build_channels(s);
     }
     if (rc) {
         shm_free(s);
