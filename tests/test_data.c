@@ -134,8 +134,9 @@ TEST(idx_round_trips_every_type_plain_and_gzipped) {
                 ASSERT_TRUE(ct_is_contiguous(got));
                 for (int d = 0; d < shapes[s].ndim; d++)
                     ASSERT_EQ(ct_size(got, d), shapes[s].sizes[d]);
+                /* Compared as doubles: -1e300 has no long long. */
                 for (int64_t i = 0; i < ct_numel(got); i++)
-                    ASSERT_EQ(tt_at(got, i), value(types[t], i));
+                    ASSERT_NEAR(tt_at(got, i), value(types[t], i), 0);
             }
         }
     }
