@@ -13,12 +13,17 @@
 /* The format version this ct writes, and the newest major it reads. */
 #define CK_FORMAT_NAME  "ct-checkpoint"
 #define CK_FORMAT_MAJOR 1
-#define CK_FORMAT_MINOR 0
+#define CK_FORMAT_MINOR 1
 #define CK_MANIFEST     "manifest.json"
-/* Present in a directory a save is still writing; a stale one is removed. */
+/* Present in a directory a save is still writing; it names the saver (a
+ * random token, pid and host) so that only a provably stale one is
+ * removed. */
 #define CK_TMP_MARKER ".ct-checkpoint-incomplete"
-#define CK_ALIGN      64
-#define CK_NAME_MAX   1024
+/* Format 1.1: each data file's bytes are checksummed in blocks of this
+ * size (the last one shorter), so that a partial read is checked too. */
+#define CK_BLOCK_BYTES (INT64_C(1) << 20)
+#define CK_ALIGN       64
+#define CK_NAME_MAX    1024
 /* Integers in JSON are exact in a double up to 2^53: sizes and offsets in a
  * manifest stay below it. */
 #define CK_INT_MAX (INT64_C(1) << 53)
@@ -105,7 +110,18 @@ typedef struct ck_value {
 typedef struct ck_file {
     char *name;
     int64_t nbytes;
+    /* Format 1.1: XXH3-64 of each block_bytes-long block of the file;
+     * nblocks 0 (1.0) when the manifest has none. */
+    int64_t block_bytes, nblocks;
+    uint64_t *blocks;
 } ck_file;
+
+/* Names to indices, for lookups and duplicate checks in constant time. */
+typedef struct ck_names {
+    const char **names; /* [cap], NULL where empty */
+    int *index;         /* [cap] */
+    size_t cap, n;
+} ck_names;
 
 typedef struct ck_manifest {
     int major, minor;
@@ -121,6 +137,8 @@ typedef struct ck_manifest {
     int nvalues;
     char **meta; /* [2 * nmeta] */
     int nmeta;
+    ck_names tensor_names, value_names; /* filled by the parser; empty: search */
+    uint64_t text_xxh3;                 /* read from a file: XXH3-64 of its text (the version) */
 } ck_manifest;
 
 /* Parses and checks a manifest: structure, types, versions, required
@@ -141,8 +159,16 @@ int ct__manifest_find_tensor(const ck_manifest *m, const char *name);
 int ct__manifest_find_value(const ck_manifest *m, const char *name);
 /* Reads path/manifest.json and parses it (not partial). */
 int ct__manifest_read(const char *path, ck_manifest **out);
+/* Reads manifest.json in the directory dirfd (path names it in messages). */
+int ct__manifest_read_at(int dirfd, const char *path, ck_manifest **out);
 
 /* ----------------------------------------------------------- file system */
+
+/* Opens name in the directory dirfd for reading: a regular file only, never
+ * through a symlink, and without blocking on a FIFO or a device. shown
+ * names it in messages. CT_ECORRUPT for a symlink or a file that is not
+ * regular, CT_EIO (ENOENT: *missing true) otherwise. */
+int ct__open_regular(int dirfd, const char *name, const char *shown, bool *missing);
 
 /* fsync on a directory by path. */
 int ct__fsync_dir(const char *path);
@@ -214,10 +240,18 @@ typedef struct ck_hasher ck_hasher;
 /* A checkpoint's manifest and its files, opened on first use. */
 typedef struct ck_reader {
     char *path;
+    int dirfd; /* the directory, opened once: a rename over path does not
+                * change what this reader reads */
     ck_manifest *m;
     int *fds;          /* [m->nfiles], -1 until opened */
     ck_hasher *hasher; /* checks chunks read whole while the next is read */
     bool no_hasher;    /* its thread could not start: check them in line */
+    char *block;       /* [block_cap]: the last block read whole and checked */
+    int64_t block_cap;
+    int block_file; /* its file, -1 for none */
+    int64_t block_index;
+    bool *chunk_checked; /* 1.0, by tensor's first chunk + c: checked whole */
+    int64_t *chunk_base; /* [ntensors]: the tensor's first chunk in chunk_checked */
 } ck_reader;
 
 /* Reads and checks path's manifest. */
@@ -230,6 +264,10 @@ int ct__reader_file(ck_reader *r, int i, int *fd, char *name, size_t cap);
  * checksum's CT_ECORRUPT, or 0. Call it before the memory read into is
  * freed or handed out, and before reporting success. */
 int ct__reader_finish(ck_reader *r);
+/* CT_ECORRUPT for block b of f (named file), read for tensor, whose bytes
+ * hash to got. */
+int ct__block_mismatch(const char *file, const ck_file *f, int64_t b, const char *tensor,
+                       uint64_t got);
 /* CT_ECORRUPT for chunk c of t in file, whose bytes hash to got. */
 int ct__checksum_mismatch(const char *file, const ck_tensor *t, const ck_chunk *c, uint64_t got);
 /* Reads the box (box_off, box_sizes) of tensor i into dst (contiguous,

@@ -106,3 +106,38 @@ int ct__pread_all(int fd, void *buf, size_t len, int64_t off, const char *path) 
     }
     return 0;
 }
+
+int ct__open_regular(int dirfd, const char *name, const char *shown, bool *missing) {
+    *missing = false;
+    /* O_NONBLOCK: opening a FIFO for reading would wait for a writer. */
+    int fd = openat(dirfd, name, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) {
+        *missing = errno == ENOENT;
+        if (errno == ELOOP)
+            return ct__seterr(CT_ECORRUPT,
+                              "%s: a symbolic link; a checkpoint's files must be regular files in "
+                              "its directory",
+                              shown);
+        return ct__seterr(*missing ? CT_ECORRUPT : CT_EIO, "%s: %s", shown, strerror(errno));
+    }
+    struct stat sb;
+    int rc = 0;
+    if (fstat(fd, &sb) != 0)
+        rc = ct__seterr(CT_EIO, "%s: %s", shown, strerror(errno));
+    else if (!S_ISREG(sb.st_mode))
+        rc = ct__seterr(CT_ECORRUPT,
+                        "%s: not a regular file (%s); a checkpoint holds only regular "
+                        "files",
+                        shown,
+                        S_ISFIFO(sb.st_mode)   ? "a FIFO"
+                        : S_ISDIR(sb.st_mode)  ? "a directory"
+                        : S_ISSOCK(sb.st_mode) ? "a socket"
+                                               : "a device");
+    else if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0)
+        rc = ct__seterr(CT_EIO, "%s: %s", shown, strerror(errno));
+    if (rc) {
+        close(fd);
+        return rc;
+    }
+    return fd;
+}

@@ -112,16 +112,44 @@ int ct__reader_finish(ck_reader *r) { return hasher_wait(r->hasher); }
 
 /* ---------------------------------------------------------------- reader */
 
+/* Whether the directory the reader holds is no longer the one at its path:
+ * a save swapped a new checkpoint in (and may be removing this one). */
+static bool replaced(const ck_reader *r) {
+    struct stat held, now;
+    return fstat(r->dirfd, &held) == 0 && (held.st_nlink == 0 || stat(r->path, &now) != 0 ||
+                                           now.st_ino != held.st_ino || now.st_dev != held.st_dev);
+}
+
+static int replaced_error(const ck_reader *r) {
+    return ct__seterr(CT_ESTATE,
+                      "%s: replaced by a concurrent save while it was being read; load it again",
+                      r->path);
+}
+
 int ct__reader_open(const char *path, ck_reader *r) {
-    *r = (ck_reader){0};
-    int rc = ct__manifest_read(path, &r->m);
-    if (rc)
-        return rc;
+    *r = (ck_reader){.dirfd = -1, .block_file = -1};
     r->path = strdup(path);
-    r->fds = malloc(sizeof(int) * (size_t)(r->m->nfiles + 1));
-    if (!r->path || !r->fds) {
-        ct__reader_close(r);
+    if (!r->path)
         return ct__seterr(CT_ENOMEM, "%s: out of memory", path);
+    /* The path itself may go through symlinks (a user's choice); what is
+     * inside it is opened relative to this one descriptor, so that a save
+     * renaming a new version into place does not change what is read. */
+    r->dirfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int rc = 0;
+    if (r->dirfd < 0)
+        rc = ct__seterr(CT_EIO, "%s: %s%s", path, strerror(errno),
+                        errno == ENOENT || errno == ENOTDIR ? " (not a committed ct checkpoint)"
+                                                            : "");
+    if (!rc) {
+        rc = ct__manifest_read_at(r->dirfd, path, &r->m);
+        if (rc && replaced(r))
+            rc = replaced_error(r);
+    }
+    if (!rc && !(r->fds = malloc(sizeof(int) * (size_t)(r->m->nfiles + 1))))
+        rc = ct__seterr(CT_ENOMEM, "%s: out of memory", path);
+    if (rc) {
+        ct__reader_close(r);
+        return rc;
     }
     for (int i = 0; i < r->m->nfiles; i++)
         r->fds[i] = -1;
@@ -145,10 +173,15 @@ void ct__reader_close(ck_reader *r) {
     for (int i = 0; r->fds && i < r->m->nfiles; i++)
         if (r->fds[i] >= 0)
             close(r->fds[i]);
+    if (r->dirfd >= 0)
+        close(r->dirfd);
     free(r->fds);
+    free(r->block);
+    free(r->chunk_checked);
+    free(r->chunk_base);
     ct__manifest_free(r->m);
     free(r->path);
-    *r = (ck_reader){0};
+    *r = (ck_reader){.dirfd = -1, .block_file = -1};
 }
 
 int ct__reader_file(ck_reader *r, int i, int *fd, char *name, size_t cap) {
@@ -158,13 +191,17 @@ int ct__reader_file(ck_reader *r, int i, int *fd, char *name, size_t cap) {
         *fd = r->fds[i];
         return 0;
     }
-    int got = open(name, O_RDONLY | O_CLOEXEC);
+    bool missing;
+    int got = ct__open_regular(r->dirfd, f->name, name, &missing);
+    if (got < 0 && missing)
+        return replaced(r) ? replaced_error(r)
+                           : ct__seterr(CT_ECORRUPT,
+                                        "%s: %s (the manifest lists it; the checkpoint is damaged)",
+                                        name, strerror(ENOENT));
     if (got < 0)
-        return ct__seterr(errno == ENOENT ? CT_ECORRUPT : CT_EIO, "%s: %s%s", name, strerror(errno),
-                          errno == ENOENT ? " (the manifest lists it; the checkpoint is damaged)"
-                                          : "");
+        return got;
     struct stat sb;
-    if (fstat(got, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size != f->nbytes) {
+    if (fstat(got, &sb) != 0 || sb.st_size != f->nbytes) {
         int rc = ct__seterr(CT_ECORRUPT, "%s: %lld bytes, but the manifest says %lld%s", name,
                             (long long)sb.st_size, (long long)f->nbytes,
                             sb.st_size < f->nbytes ? " (truncated)" : "");
@@ -173,6 +210,101 @@ int ct__reader_file(ck_reader *r, int i, int *fd, char *name, size_t cap) {
     }
     *fd = r->fds[i] = got;
     return 0;
+}
+
+int ct__block_mismatch(const char *file, const ck_file *f, int64_t b, const char *tensor,
+                       uint64_t got) {
+    int64_t lo = b * f->block_bytes,
+            hi = lo + f->block_bytes < f->nbytes ? lo + f->block_bytes : f->nbytes;
+    return ct__seterr(CT_ECORRUPT,
+                      "%s: block %lld (bytes %lld..%lld) in tensor '%s': checksum %016llx, but "
+                      "the manifest says %016llx; the file is damaged",
+                      file, (long long)b, (long long)lo, (long long)hi, tensor,
+                      (unsigned long long)got, (unsigned long long)f->blocks[b]);
+}
+
+/* Reads bytes [off, off + len) of file fi into dst, each block they touch
+ * checked against its checksum first (format 1.1). A block read only in
+ * part is kept, so that the next run in it costs no read. */
+static int read_checked(ck_reader *r, int fi, int fd, const char *file, const ck_tensor *t,
+                        int64_t off, int64_t len, char *dst) {
+    const ck_file *f = &r->m->files[fi];
+    int64_t bb = f->block_bytes;
+    for (int64_t b = off / bb; b * bb < off + len; b++) {
+        int64_t bs = b * bb, be = bs + bb < f->nbytes ? bs + bb : f->nbytes;
+        int64_t s = off > bs ? off : bs, e = off + len < be ? off + len : be;
+        if (s == bs && e == be) {
+            int rc = ct__pread_all(fd, dst + (s - off), (size_t)(be - bs), bs, file);
+            uint64_t got = rc ? 0 : XXH3_64bits(dst + (s - off), (size_t)(be - bs));
+            if (rc || got != f->blocks[b])
+                return rc ? rc : ct__block_mismatch(file, f, b, t->name, got);
+            continue;
+        }
+        if (r->block_file != fi || r->block_index != b) {
+            if (r->block_cap < bb) {
+                char *buf = realloc(r->block, (size_t)bb);
+                if (!buf)
+                    return ct__seterr(CT_ENOMEM, "%s: out of memory", file);
+                r->block = buf;
+                r->block_cap = bb;
+            }
+            r->block_file = -1;
+            int rc = ct__pread_all(fd, r->block, (size_t)(be - bs), bs, file);
+            uint64_t got = rc ? 0 : XXH3_64bits(r->block, (size_t)(be - bs));
+            if (rc || got != f->blocks[b])
+                return rc ? rc : ct__block_mismatch(file, f, b, t->name, got);
+            r->block_file = fi;
+            r->block_index = b;
+        }
+        memcpy(dst + (s - off), r->block + (s - bs), (size_t)(e - s));
+    }
+    return 0;
+}
+
+/* Format 1.0 has no block checksums: a chunk read in part is hashed whole,
+ * once per reader, before its bytes are used. */
+static int check_chunk_whole(ck_reader *r, int fd, const char *file, const ck_tensor *t,
+                             const ck_chunk *c) {
+    const ck_manifest *m = r->m;
+    if (!r->chunk_checked) {
+        int64_t n = 0;
+        r->chunk_base = malloc(sizeof(int64_t) * (size_t)(m->ntensors + 1));
+        for (int i = 0; r->chunk_base && i < m->ntensors; i++) {
+            r->chunk_base[i] = n;
+            n += m->tensors[i].nchunks;
+        }
+        r->chunk_checked = r->chunk_base ? calloc((size_t)n + 1, sizeof(bool)) : NULL;
+        if (!r->chunk_checked)
+            return ct__seterr(CT_ENOMEM, "%s: out of memory", file);
+    }
+    bool *done = &r->chunk_checked[r->chunk_base[t - m->tensors] + (c - t->chunks)];
+    if (*done)
+        return 0;
+    int64_t piece = INT64_C(1) << 20;
+    if (r->block_cap < piece) {
+        char *buf = realloc(r->block, (size_t)piece);
+        if (!buf)
+            return ct__seterr(CT_ENOMEM, "%s: out of memory", file);
+        r->block = buf;
+        r->block_cap = piece;
+    }
+    r->block_file = -1;
+    XXH3_state_t *hs = XXH3_createState();
+    int rc = hs && XXH3_64bits_reset(hs) == XXH_OK
+                 ? 0
+                 : ct__seterr(CT_ENOMEM, "%s: out of memory", file);
+    for (int64_t off = 0; !rc && off < c->nbytes; off += piece) {
+        int64_t n = c->nbytes - off < piece ? c->nbytes - off : piece;
+        rc = ct__pread_all(fd, r->block, (size_t)n, c->byte_offset + off, file);
+        if (!rc)
+            XXH3_64bits_update(hs, r->block, (size_t)n);
+    }
+    uint64_t got = rc ? 0 : XXH3_64bits_digest(hs);
+    XXH3_freeState(hs);
+    if (!rc && got != c->xxh3)
+        rc = ct__checksum_mismatch(file, t, c, got);
+    *done = !rc;
+    return rc;
 }
 
 int ct__read_overlap(ck_reader *r, int fd, const char *file, const ck_tensor *t, const ck_chunk *c,
@@ -202,7 +334,8 @@ int ct__read_overlap(ck_reader *r, int fd, const char *file, const ck_tensor *t,
         run *= ext[k];
     }
     int64_t cstride[CT_MAX_DIMS], bstride[CT_MAX_DIMS];
-    for (int d = nd - 1, cs = 1, bs = 1; d >= 0; d--) {
+    int64_t cs = 1, bs = 1;
+    for (int d = nd - 1; d >= 0; d--) {
         cstride[d] = cs;
         bstride[d] = bs;
         cs *= c->sizes[d];
@@ -221,6 +354,15 @@ int ct__read_overlap(ck_reader *r, int fd, const char *file, const ck_tensor *t,
         uint64_t got = XXH3_64bits(p, (size_t)c->nbytes);
         return got == c->xxh3 ? 0 : ct__checksum_mismatch(file, t, c, got);
     }
+    /* A chunk read in part: its blocks' checksums (1.1), or the whole
+     * chunk's first (1.0), check every byte that is used. */
+    const ck_file *f = &r->m->files[c->file];
+    bool blocks = f->nblocks > 0;
+    if (!whole && !blocks) {
+        int rc = check_chunk_whole(r, fd, file, t, c);
+        if (rc)
+            return rc;
+    }
     XXH3_state_t *hs = whole ? XXH3_createState() : NULL;
     if (whole && (!hs || XXH3_64bits_reset(hs) != XXH_OK)) {
         XXH3_freeState(hs);
@@ -236,7 +378,9 @@ int ct__read_overlap(ck_reader *r, int fd, const char *file, const ck_tensor *t,
             bo += (i - box_off[d]) * bstride[d];
         }
         char *p = dst + bo * (int64_t)es;
-        rc = ct__pread_all(fd, p, (size_t)run * es, c->byte_offset + fo * (int64_t)es, file);
+        int64_t at = c->byte_offset + fo * (int64_t)es;
+        rc = !whole && blocks ? read_checked(r, c->file, fd, file, t, at, run * (int64_t)es, p)
+                              : ct__pread_all(fd, p, (size_t)run * es, at, file);
         if (rc)
             break;
         if (hs)
@@ -367,16 +511,21 @@ static int load_value(const ck_reader *r, const ck_entry *e, int rank, int size)
     return 0;
 }
 
-int ct_checkpoint_load(const char *path, ct_state *st, ct_comm *comm) {
-    const char *fn = "ct_checkpoint_load";
-    int rc = ct__state_check(st, fn);
-    if (rc)
-        return rc;
-    if (!path || !*path)
-        return ct__seterr(CT_EINVAL, "%s: the path is NULL or empty", fn);
-    int rank = comm ? ct_comm_rank(comm) : 0, size = comm ? ct_comm_size(comm) : 1;
+/* One attempt: this rank's reader, the version every rank pinned compared,
+ * then its entries. */
+static int load_once(const char *path, ct_state *st, ct_comm *comm, int rank, int size) {
     ck_reader r;
-    rc = ct__reader_open(path, &r);
+    int rc = ct__reader_open(path, &r);
+    uint64_t version = rc ? 0 : r.m->text_xxh3;
+    ck_blob *all = NULL;
+    rc = ct__agree(comm, rc, &version, sizeof version, &all);
+    for (int k = 1; !rc && k < size; k++)
+        if (memcmp(all[k].data, all[0].data, sizeof version))
+            rc = ct__seterr(CT_ESTATE,
+                            "%s: rank %d and rank 0 read different versions of it: replaced by a "
+                            "concurrent save while it was being read; load it again",
+                            path, k);
+    ct__blobs_free(all, size);
     for (int i = 0; !rc && i < st->n; i++) {
         const ck_entry *e = &st->entries[i];
         rc = e->type == CK_TENSOR ? load_tensor(&r, e, rank, size) : load_value(&r, e, rank, size);
@@ -389,4 +538,24 @@ int ct_checkpoint_load(const char *path, ct_state *st, ct_comm *comm) {
         ct__reader_close(&r);
     /* Every rank returns the same result: no rank trains on alone. */
     return ct__agree(comm, rc, NULL, 0, NULL);
+}
+
+/* A save that replaces the checkpoint while it is read makes the reader's
+ * pinned version vanish, or the ranks pin different ones: then every rank
+ * (the verdict is shared) loads again, from the newer one. */
+#define LOAD_ATTEMPTS 5
+
+int ct_checkpoint_load(const char *path, ct_state *st, ct_comm *comm) {
+    const char *fn = "ct_checkpoint_load";
+    int rc = ct__state_check(st, fn);
+    if (rc)
+        return rc;
+    if (!path || !*path)
+        return ct__seterr(CT_EINVAL, "%s: the path is NULL or empty", fn);
+    int rank = comm ? ct_comm_rank(comm) : 0, size = comm ? ct_comm_size(comm) : 1;
+    for (int attempt = 1;; attempt++) {
+        rc = load_once(path, st, comm, rank, size);
+        if (rc != CT_ESTATE || !strstr(ct_errmsg(), "concurrent save") || attempt == LOAD_ATTEMPTS)
+            return rc;
+    }
 }

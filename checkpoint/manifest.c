@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 /* A manifest larger than this is not one ct wrote (a million chunks take
  * about 200 MB); refusing it bounds what a hostile file can make us
@@ -20,9 +21,15 @@ void ct__manifest_free(ck_manifest *m) {
     if (!m)
         return;
     free(m->writer);
-    for (int i = 0; i < m->nfiles; i++)
+    for (int i = 0; i < m->nfiles; i++) {
         free(m->files[i].name);
+        free(m->files[i].blocks);
+    }
     free(m->files);
+    free(m->tensor_names.names);
+    free(m->tensor_names.index);
+    free(m->value_names.names);
+    free(m->value_names.index);
     for (int i = 0; i < m->ntensors; i++) {
         free(m->tensors[i].name);
         free(m->tensors[i].chunks);
@@ -41,15 +48,66 @@ void ct__manifest_free(ck_manifest *m) {
     free(m);
 }
 
+static size_t name_slot(const ck_names *s, const char *name) {
+    size_t i = (size_t)XXH3_64bits(name, strlen(name)) & (s->cap - 1);
+    while (s->names[i] && strcmp(s->names[i], name))
+        i = (i + 1) & (s->cap - 1);
+    return i;
+}
+
+/* Adds name (borrowed: it must outlive s) as index; the index of an entry
+ * already there under that name, -1 if none, or CT_ENOMEM's -2. */
+static int names_add(ck_names *s, const char *name, int index) {
+    if (2 * (s->n + 1) > s->cap) {
+        ck_names g = {calloc(s->cap ? 2 * s->cap : 64, sizeof(char *)),
+                      calloc(s->cap ? 2 * s->cap : 64, sizeof(int)), s->cap ? 2 * s->cap : 64, 0};
+        if (!g.names || !g.index) {
+            free(g.names);
+            free(g.index);
+            return -2;
+        }
+        for (size_t i = 0; i < s->cap; i++)
+            if (s->names[i]) {
+                size_t j = name_slot(&g, s->names[i]);
+                g.names[j] = s->names[i];
+                g.index[j] = s->index[i];
+            }
+        g.n = s->n;
+        free(s->names);
+        free(s->index);
+        *s = g;
+    }
+    size_t i = name_slot(s, name);
+    if (s->names[i])
+        return s->index[i];
+    s->names[i] = name;
+    s->index[i] = index;
+    s->n++;
+    return -1;
+}
+
+static int names_find(const ck_names *s, const char *name) {
+    if (!s->cap)
+        return -2;
+    size_t i = name_slot(s, name);
+    return s->names[i] ? s->index[i] : -1;
+}
+
 int ct__manifest_find_tensor(const ck_manifest *m, const char *name) {
-    for (int i = 0; i < m->ntensors; i++)
+    int i = names_find(&m->tensor_names, name);
+    if (i != -2)
+        return i;
+    for (i = 0; i < m->ntensors; i++)
         if (!strcmp(m->tensors[i].name, name))
             return i;
     return -1;
 }
 
 int ct__manifest_find_value(const ck_manifest *m, const char *name) {
-    for (int i = 0; i < m->nvalues; i++)
+    int i = names_find(&m->value_names, name);
+    if (i != -2)
+        return i;
+    for (i = 0; i < m->nvalues; i++)
         if (!strcmp(m->values[i].name, name))
             return i;
     return -1;
@@ -57,10 +115,12 @@ int ct__manifest_find_value(const ck_manifest *m, const char *name) {
 
 /* ------------------------------------------------------------- checking */
 
+/* The number of elements of a box, or -1 when it overflows int64. */
 static int64_t box_numel(int ndim, const int64_t *sizes) {
     int64_t n = 1;
     for (int d = 0; d < ndim; d++)
-        n *= sizes[d];
+        if (__builtin_mul_overflow(n, sizes[d], &n))
+            return -1;
     return n;
 }
 
@@ -81,9 +141,91 @@ static int by_offsets(const void *pa, const void *pb, void *ctx) {
     return 0;
 }
 
+/* At most this many corners (chunks x 2^dims split) are checked: it bounds
+ * the table below to 256 MiB; ct's own saves need one chunk per rank. */
+#define CORNERS_MAX (INT64_C(1) << 23)
+
+/* A box's indicator is the signed sum of the orthants at its 2^d corners
+ * (+ at offsets, - at offsets + sizes, per dim), and orthants at distinct
+ * points are independent: the chunks tile the tensor exactly (every
+ * element once) if and only if their corners' signed weights, summed
+ * point by point, equal the tensor's own. A hash table of corners makes
+ * that linear in the chunks, for any hostile manifest. */
+typedef struct corner {
+    uint64_t hash; /* 0: an empty slot */
+    uint32_t id;   /* chunk << 8 | which corner (a bit per dim: its far end) */
+    int32_t weight;
+} corner;
+
+#define TENSOR_CORNER 0xffffffu /* in place of a chunk: the tensor's corners */
+
+static void corner_point(const ck_tensor *t, const int *dims, int nd, uint32_t id, int64_t *p) {
+    uint32_t c = id >> 8, mask = id & 0xff;
+    for (int i = 0; i < nd; i++) {
+        int d = dims[i];
+        int64_t lo = c == TENSOR_CORNER ? 0 : t->chunks[c].offsets[d];
+        int64_t size = c == TENSOR_CORNER ? t->sizes[d] : t->chunks[c].sizes[d];
+        p[i] = mask >> i & 1 ? lo + size : lo;
+    }
+}
+
+/* 0 and *tiles, 1 past CORNERS_MAX, -1 out of memory. */
+static int corners_tile(const ck_tensor *t, bool *tiles) {
+    /* Dims every chunk spans whole add nothing: leave them out. */
+    int dims[CT_MAX_DIMS], nd = 0;
+    for (int d = 0; d < t->ndim; d++) {
+        bool whole = true;
+        for (int c = 0; c < t->nchunks && whole; c++)
+            whole = t->chunks[c].offsets[d] == 0 && t->chunks[c].sizes[d] == t->sizes[d];
+        if (!whole)
+            dims[nd++] = d;
+    }
+    int64_t n = ((int64_t)t->nchunks + 1) << nd;
+    if (n > CORNERS_MAX)
+        return 1;
+    size_t cap = 64;
+    while ((int64_t)cap < 2 * n)
+        cap *= 2;
+    corner *tab = calloc(cap, sizeof *tab);
+    if (!tab)
+        return -1;
+    int64_t p[CT_MAX_DIMS], q[CT_MAX_DIMS];
+    size_t pbytes = sizeof(int64_t) * (size_t)nd;
+    for (int64_t c = 0; c <= t->nchunks; c++)
+        for (uint32_t mask = 0; mask < (1u << nd); mask++) {
+            uint32_t id = (c == t->nchunks ? TENSOR_CORNER : (uint32_t)c) << 8 | mask;
+            corner_point(t, dims, nd, id, p);
+            int32_t sign = (__builtin_popcount(mask) & 1 ? -1 : 1) * (c == t->nchunks ? -1 : 1);
+            uint64_t h = XXH3_64bits(p, pbytes) | 1;
+            for (size_t i = (size_t)h & (cap - 1);; i = (i + 1) & (cap - 1)) {
+                if (!tab[i].hash) {
+                    tab[i] = (corner){h, id, sign};
+                    break;
+                }
+                if (tab[i].hash != h)
+                    continue;
+                corner_point(t, dims, nd, tab[i].id, q);
+                if (!memcmp(p, q, pbytes)) {
+                    tab[i].weight += sign;
+                    break;
+                }
+            }
+        }
+    bool ok = true;
+    for (size_t i = 0; i < cap && ok; i++)
+        ok = tab[i].weight == 0;
+    free(tab);
+    *tiles = ok;
+    return 0;
+}
+
 int ct__manifest_check_tiling(const ck_tensor *t, const char *where) {
     char shape[CT__SHAPE_STR], a[CT__SHAPE_STR], b[CT__SHAPE_STR];
     int64_t total = box_numel(t->ndim, t->sizes), covered = 0;
+    if (total < 0 || total > CK_INT_MAX)
+        return ct__seterr(CT_ECORRUPT,
+                          "%s: tensor '%s' %s: its number of elements overflows (more than 2^53)",
+                          where, t->name, ct__shape_str(shape, t->ndim, t->sizes));
     for (int c = 0; c < t->nchunks; c++) {
         const ck_chunk *k = &t->chunks[c];
         for (int d = 0; d < t->ndim; d++)
@@ -92,22 +234,43 @@ int ct__manifest_check_tiling(const ck_tensor *t, const char *where) {
                     CT_ECORRUPT, "%s: tensor '%s' %s: chunk %d of shape %s at %s lies outside it",
                     where, t->name, ct__shape_str(shape, t->ndim, t->sizes), c,
                     ct__shape_str(a, t->ndim, k->sizes), ct__shape_str(b, t->ndim, k->offsets));
+        /* Inside the tensor, a chunk has at most total elements. */
         if (__builtin_add_overflow(covered, box_numel(t->ndim, k->sizes), &covered))
             covered = INT64_MAX;
     }
-    /* Chunks inside the tensor that cover as many elements as it has tile it
-     * exactly unless two overlap: a sweep in the order of the first
-     * dimension compares only chunks whose rows meet. */
+    if (covered != total)
+        return ct__seterr(
+            CT_ECORRUPT, "%s: tensor '%s' %s has %lld elements, but its %d chunks cover %lld%s",
+            where, t->name, ct__shape_str(shape, t->ndim, t->sizes), (long long)total, t->nchunks,
+            (long long)covered, covered > total ? " (chunks overlap)" : "");
+    /* With no elements, every chunk is empty and covers nothing twice. */
+    if (total == 0)
+        return 0;
+    bool tiles = true;
+    int rc = corners_tile(t, &tiles);
+    if (rc < 0)
+        return ct__seterr(CT_ENOMEM, "%s: out of memory", where);
+    if (rc > 0)
+        return ct__seterr(CT_ECORRUPT,
+                          "%s: tensor '%s' %s: %d chunks split in %d dims are more than ct checks "
+                          "(%lld corners)",
+                          where, t->name, ct__shape_str(shape, t->ndim, t->sizes), t->nchunks,
+                          t->ndim, (long long)CORNERS_MAX);
+    if (tiles)
+        return 0;
+    /* They cover as many elements as the tensor has, yet not each once: some
+     * overlap. Name two, if a bounded search of the sweep finds them. */
     int *order = malloc(sizeof(int) * ((size_t)(unsigned)t->nchunks + 1));
     if (!order)
         return ct__seterr(CT_ENOMEM, "%s: out of memory", where);
     for (int c = 0; c < t->nchunks; c++)
         order[c] = c;
     qsort_r(order, (size_t)t->nchunks, sizeof(int), by_offsets, (void *)t);
-    int rc = 0;
-    for (int i = 0; i < t->nchunks && !rc; i++) {
+    int64_t budget = INT64_C(1) << 22;
+    rc = 0;
+    for (int i = 0; i < t->nchunks && !rc && budget > 0; i++) {
         const ck_chunk *ci = &t->chunks[order[i]];
-        for (int j = i + 1; j < t->nchunks && !rc; j++) {
+        for (int j = i + 1; j < t->nchunks && !rc && budget-- > 0; j++) {
             const ck_chunk *cj = &t->chunks[order[j]];
             if (t->ndim > 0 && cj->offsets[0] >= ci->offsets[0] + ci->sizes[0])
                 break;
@@ -119,11 +282,11 @@ int ct__manifest_check_tiling(const ck_tensor *t, const char *where) {
         }
     }
     free(order);
-    if (!rc && covered != total)
+    if (!rc)
         rc = ct__seterr(CT_ECORRUPT,
-                        "%s: tensor '%s' %s has %lld elements, but its %d chunks cover %lld", where,
-                        t->name, ct__shape_str(shape, t->ndim, t->sizes), (long long)total,
-                        t->nchunks, (long long)covered);
+                        "%s: tensor '%s' %s: its %d chunks overlap (they cover as many elements as "
+                        "it has, but not each one once)",
+                        where, t->name, ct__shape_str(shape, t->ndim, t->sizes), t->nchunks);
     return rc;
 }
 
@@ -347,19 +510,23 @@ static int parse_tensor(const parser *p, const ck_manifest *m, const cJSON *j, i
                  m->world_size, t->nchunks);
         return corrupt(p, ctx, msg);
     }
-    for (int i = 0; i < t->nchunks; i++) {
+    bool *seen = calloc((size_t)m->world_size, sizeof *seen);
+    if (!seen)
+        return ct__seterr(CT_ENOMEM, "%s: out of memory", p->where);
+    for (int i = 0; i < t->nchunks && !rc; i++) {
         const ck_chunk *k = &t->chunks[i];
-        for (int d = 0; d < t->ndim; d++)
+        for (int d = 0; d < t->ndim && !rc; d++)
             if (k->offsets[d] != 0 || k->sizes[d] != t->sizes[d])
-                return corrupt(p, ctx, "a per-rank chunk is not the whole tensor");
-        for (int o = 0; o < i; o++)
-            if (t->chunks[o].rank == k->rank) {
-                char msg[96];
-                snprintf(msg, sizeof msg, "rank %d has two chunks", k->rank);
-                return corrupt(p, ctx, msg);
-            }
+                rc = corrupt(p, ctx, "a per-rank chunk is not the whole tensor");
+        if (!rc && seen[k->rank]) {
+            char msg[96];
+            snprintf(msg, sizeof msg, "rank %d has two chunks", k->rank);
+            rc = corrupt(p, ctx, msg);
+        }
+        seen[k->rank] = true;
     }
-    return 0;
+    free(seen);
+    return rc;
 }
 
 static int get_type(const parser *p, const cJSON *j, const char *ctx, ck_type *out) {
@@ -433,6 +600,44 @@ static int parse_value(const parser *p, const ck_manifest *m, const cJSON *j, in
     return 0;
 }
 
+/* Format 1.1's block checksums of a file: "block_bytes" and "xxh3_blocks",
+ * 16 hex digits per block, as many blocks as the file's size needs. */
+static int parse_blocks(const parser *p, const cJSON *f, const char *ctx, ck_file *file) {
+    int rc = get_int(p, f, "block_bytes", CK_ALIGN, INT64_C(1) << 30, &file->block_bytes, ctx);
+    if (rc)
+        return rc;
+    const char *hex = get_str(p, f, "xxh3_blocks", ctx, &rc);
+    if (rc)
+        return rc;
+    int64_t n = (file->nbytes + file->block_bytes - 1) / file->block_bytes;
+    if ((int64_t)strlen(hex) != 16 * n) {
+        char msg[200];
+        snprintf(msg, sizeof msg,
+                 "'xxh3_blocks' holds %zu hex digits, not 16 for each of its %lld "
+                 "blocks of %lld bytes",
+                 strlen(hex), (long long)n, (long long)file->block_bytes);
+        return corrupt(p, ctx, msg);
+    }
+    file->blocks = malloc(sizeof(uint64_t) * (size_t)(n + 1));
+    if (!file->blocks)
+        return ct__seterr(CT_ENOMEM, "%s: out of memory", p->where);
+    for (int64_t b = 0; b < n; b++) {
+        uint64_t v = 0;
+        for (int k = 0; k < 16; k++) {
+            char ch = hex[16 * b + k];
+            int x = ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : -1;
+            if (x < 0)
+                return corrupt(p, ctx,
+                               "'xxh3_blocks' holds a character that is not a lower-case "
+                               "hex digit");
+            v = v << 4 | (uint64_t)x;
+        }
+        file->blocks[b] = v;
+    }
+    file->nblocks = n;
+    return 0;
+}
+
 static int parse_files(const parser *p, const cJSON *root, ck_manifest *m) {
     const cJSON *files = cJSON_GetObjectItemCaseSensitive(root, "files");
     if (!cJSON_IsArray(files))
@@ -441,29 +646,43 @@ static int parse_files(const parser *p, const cJSON *root, ck_manifest *m) {
     m->files = calloc((size_t)(n ? n : 1), sizeof *m->files);
     if (!m->files)
         return ct__seterr(CT_ENOMEM, "%s: out of memory", p->where);
+    ck_names names = {0};
+    int rc = 0;
     const cJSON *f;
     cJSON_ArrayForEach(f, files) {
         char ctx[64];
         snprintf(ctx, sizeof ctx, "file %d", m->nfiles);
-        if (!cJSON_IsObject(f))
-            return corrupt(p, ctx, "not an object");
+        if (!cJSON_IsObject(f)) {
+            rc = corrupt(p, ctx, "not an object");
+            break;
+        }
         ck_file *file = &m->files[m->nfiles];
-        int rc = get_name(p, f, ctx, &file->name);
+        rc = get_name(p, f, ctx, &file->name);
         if (rc)
-            return rc;
+            break;
         m->nfiles++;
         /* A file name is a name in the checkpoint's directory, never a
          * path. */
-        if (strchr(file->name, '/') || !strcmp(file->name, ".") || !strcmp(file->name, ".."))
-            return corrupt(p, ctx, "its name is a path, not a file name");
-        for (int o = 0; o < m->nfiles - 1; o++)
-            if (!strcmp(m->files[o].name, file->name))
-                return corrupt(p, ctx, "its name appears twice");
+        if (strchr(file->name, '/') || !strcmp(file->name, ".") || !strcmp(file->name, "..")) {
+            rc = corrupt(p, ctx, "its name is a path, not a file name");
+            break;
+        }
+        int seen = names_add(&names, file->name, m->nfiles - 1);
+        if (seen != -1) {
+            free(names.names);
+            free(names.index);
+            return seen == -2 ? ct__seterr(CT_ENOMEM, "%s: out of memory", p->where)
+                              : corrupt(p, ctx, "its name appears twice");
+        }
         rc = get_int(p, f, "bytes", 0, CK_INT_MAX, &file->nbytes, ctx);
+        if (!rc && m->minor >= 1)
+            rc = parse_blocks(p, f, ctx, file);
         if (rc)
-            return rc;
+            break;
     }
-    return 0;
+    free(names.names);
+    free(names.index);
+    return rc;
 }
 
 static int parse_meta(const parser *p, const cJSON *root, ck_manifest *m) {
@@ -476,21 +695,31 @@ static int parse_meta(const parser *p, const cJSON *root, ck_manifest *m) {
     m->meta = calloc((size_t)(2 * n + 1), sizeof(char *));
     if (!m->meta)
         return ct__seterr(CT_ENOMEM, "%s: out of memory", p->where);
+    ck_names keys = {0};
     const cJSON *kv;
     cJSON_ArrayForEach(kv, meta) {
         if (!cJSON_IsString(kv) || !kv->string || !printable(kv->string, CK_NAME_MAX))
             return corrupt(p, "metadata",
                            "a key that is not printable ASCII, or a value that is "
                            "not a string");
-        for (int o = 0; o < m->nmeta; o++)
-            if (!strcmp(m->meta[2 * o], kv->string))
-                return corrupt(p, "metadata", "a key appears twice");
+        int seen = names_add(&keys, kv->string, m->nmeta);
+        if (seen != -1) {
+            free(keys.names);
+            free(keys.index);
+            return seen == -2 ? ct__seterr(CT_ENOMEM, "%s: out of memory", p->where)
+                              : corrupt(p, "metadata", "a key appears twice");
+        }
         m->meta[2 * m->nmeta] = strdup(kv->string);
         m->meta[2 * m->nmeta + 1] = strdup(kv->valuestring);
         m->nmeta++;
-        if (!m->meta[2 * m->nmeta - 2] || !m->meta[2 * m->nmeta - 1])
+        if (!m->meta[2 * m->nmeta - 2] || !m->meta[2 * m->nmeta - 1]) {
+            free(keys.names);
+            free(keys.index);
             return ct__seterr(CT_ENOMEM, "%s: out of memory", p->where);
+        }
     }
+    free(keys.names);
+    free(keys.index);
     return 0;
 }
 
@@ -574,7 +803,10 @@ static int parse_root(const parser *p, const cJSON *root, ck_manifest *m) {
         rc = parse_tensor(p, m, j, m->ntensors - 1, t);
         if (rc)
             return rc;
-        if (ct__manifest_find_tensor(m, t->name) != m->ntensors - 1)
+        int seen = names_add(&m->tensor_names, t->name, m->ntensors - 1);
+        if (seen == -2)
+            return ct__seterr(CT_ENOMEM, "%s: out of memory", p->where);
+        if (seen != -1)
             return corrupt(p, t->name, "two tensors have this name");
     }
     cJSON_ArrayForEach(j, values) {
@@ -582,7 +814,10 @@ static int parse_root(const parser *p, const cJSON *root, ck_manifest *m) {
         rc = parse_value(p, m, j, m->nvalues - 1, val);
         if (rc)
             return rc;
-        if (ct__manifest_find_value(m, val->name) != m->nvalues - 1)
+        int seen = names_add(&m->value_names, val->name, m->nvalues - 1);
+        if (seen == -2)
+            return ct__seterr(CT_ENOMEM, "%s: out of memory", p->where);
+        if (seen != -1)
             return corrupt(p, val->name, "two values have this name");
     }
     return parse_meta(p, root, m);
@@ -622,34 +857,49 @@ int ct__manifest_parse(const char *text, size_t len, const char *where, bool par
     return 0;
 }
 
-int ct__manifest_read(const char *path, ck_manifest **out) {
+int ct__manifest_read_at(int dirfd, const char *path, ck_manifest **out) {
     *out = NULL;
     size_t plen = strlen(path) + sizeof("/" CK_MANIFEST);
     char *file = malloc(plen);
     if (!file)
         return ct__seterr(CT_ENOMEM, "%s: out of memory", path);
     snprintf(file, plen, "%s/" CK_MANIFEST, path);
-    int rc = 0;
     char *text = NULL;
-    int fd = open(file, O_RDONLY | O_CLOEXEC);
-    struct stat sb;
-    if (fd < 0 || fstat(fd, &sb) != 0) {
-        rc = ct__seterr(CT_EIO, "%s: %s%s", file, strerror(errno),
-                        errno == ENOENT ? " (not a committed ct checkpoint)" : "");
-    } else if (sb.st_size > MANIFEST_MAX_BYTES) {
+    bool missing = false;
+    int fd = ct__open_regular(dirfd, CK_MANIFEST, file, &missing);
+    int rc = fd < 0 ? fd : 0;
+    struct stat sb = {0};
+    if (missing)
+        rc = ct__seterr(CT_EIO, "%s: %s (not a committed ct checkpoint)", file, strerror(ENOENT));
+    else if (!rc && fstat(fd, &sb) != 0)
+        rc = ct__seterr(CT_EIO, "%s: %s", file, strerror(errno));
+    else if (!rc && sb.st_size > MANIFEST_MAX_BYTES)
         rc = ct__seterr(CT_ECORRUPT, "%s: %lld bytes, more than a manifest may hold (%lld)", file,
                         (long long)sb.st_size, (long long)MANIFEST_MAX_BYTES);
-    } else if (!(text = malloc((size_t)sb.st_size + 1))) {
+    else if (!rc && !(text = malloc((size_t)sb.st_size + 1)))
         rc = ct__seterr(CT_ENOMEM, "%s: out of memory", file);
-    } else {
+    else if (!rc)
         rc = ct__pread_all(fd, text, (size_t)sb.st_size, 0, file);
-    }
     if (fd >= 0)
         close(fd);
     if (!rc)
         rc = ct__manifest_parse(text, (size_t)sb.st_size, file, false, out);
+    if (!rc)
+        (*out)->text_xxh3 = XXH3_64bits(text, (size_t)sb.st_size);
     free(text);
     free(file);
+    return rc;
+}
+
+int ct__manifest_read(const char *path, ck_manifest **out) {
+    *out = NULL;
+    int dirfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dirfd < 0)
+        return ct__seterr(CT_EIO, "%s: %s%s", path, strerror(errno),
+                          errno == ENOENT || errno == ENOTDIR ? " (not a committed ct checkpoint)"
+                                                              : "");
+    int rc = ct__manifest_read_at(dirfd, path, out);
+    close(dirfd);
     return rc;
 }
 
@@ -710,8 +960,23 @@ char *ct__manifest_emit(const ck_manifest *m) {
         for (int i = 0; i < m->nfiles; i++) {
             cJSON *f = cJSON_CreateObject();
             cJSON_AddItemToArray(files, f);
-            cJSON_AddStringToObject(f, "name", m->files[i].name);
-            cJSON_AddNumberToObject(f, "bytes", (double)m->files[i].nbytes);
+            const ck_file *file = &m->files[i];
+            cJSON_AddStringToObject(f, "name", file->name);
+            cJSON_AddNumberToObject(f, "bytes", (double)file->nbytes);
+            if (!file->nblocks && file->nbytes)
+                continue;
+            char *hex = malloc(16 * (size_t)file->nblocks + 1);
+            if (!hex) {
+                cJSON_Delete(root);
+                ct__seterr(CT_ENOMEM, "writing a checkpoint manifest: out of memory");
+                return NULL;
+            }
+            hex[0] = '\0';
+            for (int64_t b = 0; b < file->nblocks; b++)
+                snprintf(hex + 16 * b, 17, "%016llx", (unsigned long long)file->blocks[b]);
+            cJSON_AddNumberToObject(f, "block_bytes", (double)file->block_bytes);
+            cJSON_AddStringToObject(f, "xxh3_blocks", hex);
+            free(hex);
         }
     }
     cJSON *tensors = cJSON_AddArrayToObject(root, "tensors");

@@ -221,6 +221,69 @@ static int verify_chunk(ck_reader *r, const ck_tensor *t, const ck_chunk *c, cha
     return got == c->xxh3 ? 0 : ct__checksum_mismatch(name, t, c, got);
 }
 
+/* The tensor that the first chunk holding bytes [lo, hi) of file fi
+ * belongs to, or "padding". */
+static const char *tensor_at(const ck_manifest *m, int fi, int64_t lo, int64_t hi) {
+    for (int i = 0; i < m->ntensors; i++)
+        for (int c = 0; c < m->tensors[i].nchunks; c++) {
+            const ck_chunk *k = &m->tensors[i].chunks[c];
+            if (k->file == fi && k->byte_offset < hi && lo < k->byte_offset + k->nbytes)
+                return m->tensors[i].name;
+        }
+    return "(padding)";
+}
+
+/* Format 1.1: every block of every file, each damaged one listed (the
+ * first few in full) in one CT_ECORRUPT. */
+#define DAMAGE_LISTED 8
+
+static int verify_blocks(ck_reader *r, int64_t *done, int64_t total,
+                         void (*progress)(int64_t, int64_t, void *), void *ctx) {
+    const ck_manifest *m = r->m;
+    char list[DAMAGE_LISTED * 1200] = "", *at = list;
+    int64_t damaged = 0;
+    char *buf = NULL;
+    int64_t cap = 0;
+    int rc = 0;
+    for (int fi = 0; !rc && fi < m->nfiles; fi++) {
+        const ck_file *f = &m->files[fi];
+        int fd;
+        char name[4096];
+        if (!f->nblocks || (rc = ct__reader_file(r, fi, &fd, name, sizeof name)))
+            continue;
+        if (cap < f->block_bytes) {
+            char *p = realloc(buf, (size_t)f->block_bytes);
+            if (!p) {
+                rc = ct__seterr(CT_ENOMEM, "%s: out of memory", name);
+                break;
+            }
+            buf = p;
+            cap = f->block_bytes;
+        }
+        for (int64_t b = 0; !rc && b < f->nblocks; b++) {
+            int64_t lo = b * f->block_bytes;
+            int64_t n = f->nbytes - lo < f->block_bytes ? f->nbytes - lo : f->block_bytes;
+            rc = ct__pread_all(fd, buf, (size_t)n, lo, name);
+            if (!rc && XXH3_64bits(buf, (size_t)n) != f->blocks[b] && damaged++ < DAMAGE_LISTED)
+                at += snprintf(at, (size_t)(list + sizeof list - at),
+                               "%s%s: block %lld (bytes %lld..%lld) in tensor '%.200s'",
+                               damaged > 1 ? "; " : "", name, (long long)b, (long long)lo,
+                               (long long)(lo + n), tensor_at(m, fi, lo, lo + n));
+            *done += n;
+            if (progress)
+                progress(*done, total, ctx);
+        }
+    }
+    free(buf);
+    if (!rc && damaged)
+        rc = ct__seterr(CT_ECORRUPT,
+                        "%lld damaged block%s (checksums differ from the manifest's): "
+                        "%s%s; the checkpoint is damaged",
+                        (long long)damaged, damaged > 1 ? "s" : "", list,
+                        damaged > DAMAGE_LISTED ? "; ..." : "");
+    return rc;
+}
+
 int ct_checkpoint_reader_verify(ct_checkpoint_reader *ck,
                                 void (*progress)(int64_t, int64_t, void *), void *ctx) {
     int rc = check(ck, "ct_checkpoint_reader_verify");
@@ -231,9 +294,12 @@ int ct_checkpoint_reader_verify(ct_checkpoint_reader *ck,
     for (int i = 0; i < m->ntensors; i++)
         for (int c = 0; c < m->tensors[i].nchunks; c++)
             total += m->tensors[i].chunks[c].nbytes;
-    char *buf = malloc((size_t)VERIFY_PIECE);
-    XXH3_state_t *hs = XXH3_createState();
-    if (!buf || !hs)
+    for (int i = 0; i < m->nfiles; i++)
+        total += m->files[i].nblocks ? m->files[i].nbytes : 0;
+    rc = verify_blocks(&ck->r, &done, total, progress, ctx);
+    char *buf = rc ? NULL : malloc((size_t)VERIFY_PIECE);
+    XXH3_state_t *hs = rc ? NULL : XXH3_createState();
+    if (!rc && (!buf || !hs))
         rc = ct__seterr(CT_ENOMEM, "ct_checkpoint_reader_verify: out of memory");
     for (int i = 0; !rc && i < m->ntensors; i++)
         for (int c = 0; !rc && c < m->tensors[i].nchunks; c++)

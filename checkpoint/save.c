@@ -5,8 +5,10 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -15,6 +17,9 @@
  * still in cache from the hash's read, and the disk starts on each piece
  * while the next is hashed and copied in. */
 #define WRITE_PIECE (INT64_C(8) << 20)
+/* Within a piece, the chunk's hash and its blocks' hashes read the same
+ * bytes one after the other while they are in L2. */
+#define HASH_PIECE (INT64_C(256) << 10)
 
 ct_checkpoint_options ct_checkpoint_defaults(void) {
     return (ct_checkpoint_options){.step = -1, .keep_last = 0};
@@ -346,7 +351,10 @@ static int lay_out(ck_manifest *m, int size) {
             continue;
         char name[32];
         snprintf(name, sizeof name, "data-%05d.bin", r);
-        m->files[m->nfiles] = (ck_file){strdup(name), end};
+        m->files[m->nfiles] = (ck_file){.name = strdup(name),
+                                        .nbytes = end,
+                                        .block_bytes = CK_BLOCK_BYTES,
+                                        .nblocks = (end + CK_BLOCK_BYTES - 1) / CK_BLOCK_BYTES};
         if (!m->files[m->nfiles++].name)
             return ct__seterr(CT_ENOMEM, "checkpoint save: out of memory");
     }
@@ -421,6 +429,7 @@ int ct__save_plan(ct_state *st, ct_comm *comm, const ct_checkpoint_options *o, c
             m->ntensors = 0;
             m->values = NULL;
             m->nvalues = 0;
+            m->tensor_names = m->value_names = (ck_names){0};
             if (!m->writer)
                 rc = ct__seterr(CT_ENOMEM, "checkpoint save: out of memory");
         }
@@ -474,34 +483,123 @@ static bool is_file(const char *dir, const char *name) {
     return yes;
 }
 
-/* A "*.tmp" directory is ours to remove when a save was writing it (the
- * marker) or it holds a manifest (a replaced or retired checkpoint whose
- * removal a crash cut short). */
-static int remove_stale(const char *parent) {
-    DIR *d = opendir(parent);
-    if (!d)
-        return ct__seterr(CT_EIO, "%s: %s", parent, strerror(errno));
+/* The marker names the save that wrote it: a random token, and the pid,
+ * host and boot of its process. */
+typedef struct owner {
+    char token[33];
+    long pid;
+    char host[256];
+    char boot[40];
+} owner;
+
+static void read_boot_id(char *out, size_t cap) {
+    out[0] = '\0';
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "re");
+    if (f) {
+        if (!fgets(out, (int)cap, f))
+            out[0] = '\0';
+        out[strcspn(out, "\n")] = '\0';
+        fclose(f);
+    }
+}
+
+static int make_owner(owner *o) {
+    unsigned char raw[16];
+    if (getrandom(raw, sizeof raw, 0) != (ssize_t)sizeof raw)
+        return ct__seterr(CT_EIO, "checkpoint save: getrandom: %s", strerror(errno));
+    for (int i = 0; i < 16; i++)
+        snprintf(o->token + 2 * i, 3, "%02x", raw[i]);
+    o->pid = (long)getpid();
+    if (gethostname(o->host, sizeof o->host - 1) != 0)
+        o->host[0] = '\0';
+    o->host[sizeof o->host - 1] = '\0';
+    read_boot_id(o->boot, sizeof o->boot);
+    return 0;
+}
+
+/* The marker's owner; false when it names none (empty, or not ct's). */
+static bool read_owner(int dirfd, const char *tmp, owner *o) {
+    char *path = join(tmp, CK_TMP_MARKER);
+    bool missing;
+    int fd = path ? ct__open_regular(dirfd, path, path, &missing) : -1;
+    free(path);
+    ct_errclear();
+    if (fd < 0)
+        return false;
+    char text[1024];
+    ssize_t n = pread(fd, text, sizeof text - 1, 0);
+    close(fd);
+    if (n <= 0)
+        return false;
+    text[n] = '\0';
+    *o = (owner){.pid = -1};
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        if (!strncmp(line, "owner ", 6))
+            snprintf(o->token, sizeof o->token, "%s", line + 6);
+        else if (!strncmp(line, "pid ", 4))
+            o->pid = strtol(line + 4, NULL, 10);
+        else if (!strncmp(line, "host ", 5))
+            snprintf(o->host, sizeof o->host, "%s", line + 5);
+        else if (!strncmp(line, "boot ", 5))
+            snprintf(o->boot, sizeof o->boot, "%s", line + 5);
+    }
+    return o->token[0] && o->pid > 0 && o->host[0];
+}
+
+/* Whether the save that wrote marker owner o is provably over: it was made
+ * on this host, and that host has rebooted since or has no process o->pid.
+ * A tmp from another host, or one a live process may still be writing, is
+ * never removed. */
+static bool owner_gone(const owner *o, const owner *me) {
+    if (strcmp(o->host, me->host))
+        return false;
+    if (o->boot[0] && me->boot[0] && strcmp(o->boot, me->boot))
+        return true;
+    return kill((pid_t)o->pid, 0) != 0 && errno == ESRCH;
+}
+
+/* A "*.tmp" directory in parent is removed when it holds a manifest and no
+ * marker (a replaced or retired checkpoint whose removal a crash cut short:
+ * a save removes its marker only after the rename), or when its marker
+ * names a save that is provably over (owner_gone). Another save's tmp in
+ * progress, and any directory ct did not make, stay. */
+static int remove_stale(const char *parent, const owner *me) {
+    int dirfd = open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    DIR *d = dirfd >= 0 ? fdopendir(dup(dirfd)) : NULL;
+    if (!d) {
+        int rc = ct__seterr(CT_EIO, "%s: %s", parent, strerror(errno));
+        if (dirfd >= 0)
+            close(dirfd);
+        return rc;
+    }
     int rc = 0;
     struct dirent *de;
     while (!rc && (de = readdir(d))) {
         if (!ends_with(de->d_name, ".tmp") || de->d_name[0] == '.')
             continue;
         char *p = join(parent, de->d_name);
+        owner o;
+        bool marked = p && is_file(p, CK_TMP_MARKER);
         if (!p)
             rc = ct_errcode();
-        else if (is_file(p, CK_TMP_MARKER) || is_file(p, CK_MANIFEST))
+        else if (marked ? read_owner(dirfd, de->d_name, &o) && owner_gone(&o, me)
+                        : is_file(p, CK_MANIFEST))
             rc = ct__remove_tree(p);
         free(p);
     }
     closedir(d);
+    close(dirfd);
     return rc;
 }
 
 static int prepare(const char *path, const char *tmp) {
+    owner me;
     char *parent = ct__parent_dir(path);
     int rc = parent ? ct__make_dirs(parent) : ct_errcode();
     if (!rc)
-        rc = remove_stale(parent);
+        rc = make_owner(&me);
+    if (!rc)
+        rc = remove_stale(parent, &me);
     /* PATH.tmp itself, whatever it holds: a save of PATH owns that name. */
     if (!rc)
         rc = ct__remove_tree(tmp);
@@ -512,9 +610,15 @@ static int prepare(const char *path, const char *tmp) {
         rc = ct_errcode();
     if (!rc) {
         int fd = open(marker, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+        char text[512];
+        int n = snprintf(text, sizeof text,
+                         "ct-checkpoint save in progress\nowner %s\npid %ld\nhost %s\nboot %s\n",
+                         me.token, me.pid, me.host, me.boot);
         if (fd < 0)
             rc = ct__seterr(CT_EIO, "%s: %s", marker, strerror(errno));
         else
+            rc = ct__pwrite_all(fd, text, (size_t)n, 0, marker);
+        if (fd >= 0)
             close(fd);
     }
     free(marker);
@@ -522,8 +626,35 @@ static int prepare(const char *path, const char *tmp) {
     return rc;
 }
 
+/* The checksums of a file's blocks, computed as its bytes are written, in
+ * order: chunks, and the zeros between them. */
+typedef struct block_sums {
+    XXH3_state_t *hs;
+    int64_t pos;   /* bytes of the file hashed so far */
+    uint64_t *out; /* [nblocks] */
+} block_sums;
+
+static void blocks_feed(block_sums *b, const char *p, int64_t n) {
+    while (n > 0) {
+        int64_t room = CK_BLOCK_BYTES - b->pos % CK_BLOCK_BYTES, take = n < room ? n : room;
+        XXH3_64bits_update(b->hs, p, (size_t)take);
+        b->pos += take;
+        p += take;
+        n -= take;
+        if (b->pos % CK_BLOCK_BYTES == 0) {
+            b->out[b->pos / CK_BLOCK_BYTES - 1] = XXH3_64bits_digest(b->hs);
+            XXH3_64bits_reset(b->hs);
+        }
+    }
+}
+
+static void blocks_pad_to(block_sums *b, int64_t pos) {
+    static const char zeros[CK_ALIGN];
+    blocks_feed(b, zeros, pos - b->pos);
+}
+
 static int write_source(int fd, const char *file, const ck_manifest *m, const ck_source *s,
-                        uint64_t *hash) {
+                        block_sums *blocks, uint64_t *hash) {
     const ck_chunk *c = &m->tensors[s->tensor].chunks[s->chunk];
     ct_tensor *src = ct__ck_on_host(s->t);
     if (src && !ct_is_contiguous(src)) {
@@ -540,9 +671,17 @@ static int write_source(int fd, const char *file, const ck_manifest *m, const ck
     int rc = hs && XXH3_64bits_reset(hs) == XXH_OK
                  ? 0
                  : ct__seterr(CT_ENOMEM, "%s: out of memory", file);
+    /* Chunks are laid out in the order they are written, after padding
+     * that is zeros. */
+    CT_ASSERT(blocks->pos <= c->byte_offset && c->byte_offset - blocks->pos < CK_ALIGN);
+    blocks_pad_to(blocks, c->byte_offset);
     for (int64_t done = 0; done < c->nbytes && !rc; done += WRITE_PIECE) {
         int64_t n = c->nbytes - done < WRITE_PIECE ? c->nbytes - done : WRITE_PIECE;
-        XXH3_64bits_update(hs, data + done, (size_t)n);
+        for (int64_t h = 0; h < n; h += HASH_PIECE) {
+            int64_t k = n - h < HASH_PIECE ? n - h : HASH_PIECE;
+            XXH3_64bits_update(hs, data + done + h, (size_t)k);
+            blocks_feed(blocks, data + done + h, k);
+        }
         rc = ct__pwrite_all(fd, data + done, (size_t)n, c->byte_offset + done, file);
         /* Only a start: the fsync at the end is what makes it durable. */
         if (!rc)
@@ -555,7 +694,8 @@ static int write_source(int fd, const char *file, const ck_manifest *m, const ck
     return rc;
 }
 
-/* This rank's file, fsynced; the chunks' checksums into hashes. */
+/* This rank's file, fsynced; the chunks' checksums into hashes, then its
+ * blocks' (hashes has room for both). */
 static int write_file(const char *tmp, const ck_plan *plan, uint64_t *hashes) {
     if (plan->file < 0)
         return 0;
@@ -563,15 +703,21 @@ static int write_file(const char *tmp, const ck_plan *plan, uint64_t *hashes) {
     char *file = join(tmp, f->name);
     if (!file)
         return ct_errcode();
-    int rc = 0;
-    int fd = open(file, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (fd < 0)
+    block_sums blocks = {XXH3_createState(), 0, hashes + plan->nsources};
+    int rc = blocks.hs && XXH3_64bits_reset(blocks.hs) == XXH_OK
+                 ? 0
+                 : ct__seterr(CT_ENOMEM, "%s: out of memory", file);
+    int fd = rc ? -1 : open(file, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (!rc && fd < 0)
         rc = ct__seterr(CT_EIO, "%s: %s", file, strerror(errno));
     /* The padding between chunks reads as zeros. */
-    else if (ftruncate(fd, (off_t)f->nbytes) != 0)
+    else if (!rc && ftruncate(fd, (off_t)f->nbytes) != 0)
         rc = ct__seterr(CT_EIO, "%s: %s", file, strerror(errno));
     for (int i = 0; i < plan->nsources && !rc; i++)
-        rc = write_source(fd, file, plan->m, &plan->sources[i], &hashes[i]);
+        rc = write_source(fd, file, plan->m, &plan->sources[i], &blocks, &hashes[i]);
+    if (!rc && blocks.pos % CK_BLOCK_BYTES)
+        blocks.out[blocks.pos / CK_BLOCK_BYTES] = XXH3_64bits_digest(blocks.hs);
+    XXH3_freeState(blocks.hs);
     if (!rc && fsync(fd) != 0)
         rc = ct__seterr(CT_EIO, "%s: fsync: %s", file, strerror(errno));
     if (fd >= 0 && close(fd) != 0 && !rc)
@@ -585,6 +731,7 @@ static int write_file(const char *tmp, const ck_plan *plan, uint64_t *hashes) {
 static int fill_hashes(ck_manifest *m, const ck_blob *all, int size) {
     for (int r = 0; r < size; r++) {
         size_t k = 0;
+        int fi = -1; /* rank r's file */
         for (int i = 0; i < m->ntensors; i++)
             for (int c = 0; c < m->tensors[i].nchunks; c++) {
                 ck_chunk *ch = &m->tensors[i].chunks[c];
@@ -597,7 +744,21 @@ static int fill_hashes(ck_manifest *m, const ck_blob *all, int size) {
                                       r, all[r].len / sizeof(uint64_t));
                 memcpy(&ch->xxh3, all[r].data + k * sizeof(uint64_t), sizeof(uint64_t));
                 k++;
+                fi = ch->file;
             }
+        if (fi < 0)
+            continue;
+        ck_file *f = &m->files[fi];
+        if ((k + (size_t)f->nblocks) * sizeof(uint64_t) != all[r].len)
+            return ct__seterr(CT_EMISMATCH,
+                              "checkpoint save: rank %d sent %zu checksums, not its %zu chunks' "
+                              "and its file's %lld blocks'",
+                              r, all[r].len / sizeof(uint64_t), k, (long long)f->nblocks);
+        f->blocks = malloc(sizeof(uint64_t) * (size_t)(f->nblocks + 1));
+        if (!f->blocks)
+            return ct__seterr(CT_ENOMEM, "checkpoint save: out of memory");
+        memcpy(f->blocks, all[r].data + k * sizeof(uint64_t),
+               sizeof(uint64_t) * (size_t)f->nblocks);
     }
     return 0;
 }
@@ -740,20 +901,27 @@ static int commit(const char *path, const char *tmp, ck_manifest *m, const ck_bl
                   const ct_checkpoint_options *o) {
     char *marker = join(tmp, CK_TMP_MARKER);
     char *parent = ct__parent_dir(path);
-    int rc = marker && parent ? fill_hashes(m, all, size) : ct_errcode();
+    char *placed = join(path, CK_TMP_MARKER);
+    int rc = marker && parent && placed ? fill_hashes(m, all, size) : ct_errcode();
     if (!rc)
         rc = write_manifest(tmp, m);
-    if (!rc && unlink(marker) != 0)
-        rc = ct__seterr(CT_EIO, "%s: %s", marker, strerror(errno));
     if (!rc)
         rc = ct__fsync_dir(tmp);
+    /* The marker goes only after the rename: until then the tmp is another
+     * saver's to spare, manifest or not (see remove_stale). A checkpoint
+     * that a crash left holding it loads all the same. */
     if (!rc)
         rc = move_into_place(tmp, path);
+    if (!rc && unlink(placed) != 0)
+        rc = ct__seterr(CT_EIO, "%s: %s", placed, strerror(errno));
+    if (!rc)
+        rc = ct__fsync_dir(path);
     if (!rc)
         rc = ct__fsync_dir(parent);
     if (!rc && o->keep_last > 0)
         rc = retire(path, o->keep_last);
     free(marker);
+    free(placed);
     free(parent);
     return rc;
 }
@@ -768,10 +936,12 @@ int ct__save_write(const char *path, ck_plan *plan, ct_comm *comm, const ct_chec
     uint64_t *hashes = NULL;
     ck_blob *all = NULL;
     if (!rc) {
-        hashes = calloc((size_t)plan->nsources + 1, sizeof *hashes);
+        int64_t nblocks = plan->file >= 0 ? plan->m->files[plan->file].nblocks : 0;
+        size_t n = (size_t)plan->nsources + (size_t)nblocks;
+        hashes = calloc(n + 1, sizeof *hashes);
         rc = hashes ? write_file(tmp, plan, hashes)
                     : ct__seterr(CT_ENOMEM, "checkpoint save: out of memory");
-        rc = ct__agree(comm, rc, hashes, sizeof *hashes * (size_t)plan->nsources, &all);
+        rc = ct__agree(comm, rc, hashes, sizeof *hashes * n, &all);
     }
     if (!rc) {
         rc = plan->rank == 0 ? commit(path, tmp, plan->m, all, plan->size, o) : 0;

@@ -167,7 +167,7 @@ TEST(an_opened_checkpoint_lists_its_tensors_chunks_and_values_and_verifies) {
     int major, minor;
     ct_checkpoint_reader_version(ck, &major, &minor);
     ASSERT_EQ(major, 1);
-    ASSERT_EQ(minor, 0);
+    ASSERT_EQ(minor, 1);
     ASSERT_EQ(ct_checkpoint_reader_step(ck), 42);
     ASSERT_EQ(ct_checkpoint_reader_world_size(ck), 1);
     ASSERT_EQ(ct_checkpoint_reader_num_tensors(ck), 4);
@@ -307,12 +307,13 @@ TEST(keep_last_retires_the_oldest_and_stale_tmp_directories_go) {
     fixture a;
     fixture_init(&a, 9);
     char path[400];
-    /* Debris a crashed save leaves (the marker), and a user's directory
-     * that merely ends in .tmp, which must stay. */
+    /* Debris a crash leaves (a replaced checkpoint not yet removed: a
+     * manifest, no marker), and a user's directory that merely ends in .tmp,
+     * which must stay. */
     snprintf(path, sizeof path, "%s/old.tmp", dir);
     mkdir(path, 0755);
-    snprintf(path, sizeof path, "%s/old.tmp/.ct-checkpoint-incomplete", dir);
-    ASSERT_TRUE(spit(path, ""));
+    snprintf(path, sizeof path, "%s/old.tmp/manifest.json", dir);
+    ASSERT_TRUE(spit(path, "{}"));
     snprintf(path, sizeof path, "%s/mine.tmp", dir);
     mkdir(path, 0755);
     ct_checkpoint_options o = ct_checkpoint_defaults();
@@ -439,7 +440,7 @@ TEST(hostile_manifests_fail_cleanly_with_a_precise_error) {
     const hostile cases[] = {
         {"\"format\":\"ct-checkpoint\"", "\"format\":\"other\"", CT_ECORRUPT,
          "not a ct checkpoint"},
-        {"\"major\":1", "\"major\":2", CT_EVERSION, "format version 2.0"},
+        {"\"major\":1", "\"major\":2", CT_EVERSION, "format version 2.1"},
         {"\"required_features\":[]", "\"required_features\":[\"zstd\"]", CT_EVERSION, "'zstd'"},
         {"\"bytes\":80", "\"bytes\":1e300", CT_ECORRUPT, "not an integer"},
         {"\"byte_offset\":0", "\"byte_offset\":-64", CT_ECORRUPT, "byte_offset"},
@@ -490,7 +491,7 @@ TEST(a_newer_minor_version_with_unknown_fields_still_loads) {
     saved(dir, path, sizeof path, &a);
     fixture_init(&b, 12);
     snprintf(manifest, sizeof manifest, "%s/manifest.json", path);
-    ASSERT_TRUE(edit(manifest, "\"minor\":0", "\"minor\":7"));
+    ASSERT_TRUE(edit(manifest, "\"minor\":1", "\"minor\":7"));
     ASSERT_TRUE(
         edit(manifest, "\"world_size\"", "\"compression\":{\"kind\":\"none\"},\"world_size\""));
     ASSERT_TRUE(edit(manifest, "\"xxh3\"", "\"future_field\":[1,2],\"xxh3\""));
@@ -545,4 +546,347 @@ TEST(every_golden_checkpoint_still_loads) {
             ASSERT_EQ(ct_get(v, &i), 3 * i - 5);
         ASSERT_EQ(ct_get(r, (int64_t[]){2, 2}), 8);
     }
+}
+
+/* ------------------------------------------------ hardening (issue 20) */
+
+/* Flips the bit 0x10 of the byte at off in file. */
+static bool flip(const char *file, off_t off) {
+    int fd = open(file, O_RDWR);
+    unsigned char byte;
+    bool ok = fd >= 0 && pread(fd, &byte, 1, off) == 1;
+    byte ^= 0x10;
+    ok = ok && pwrite(fd, &byte, 1, off) == 1;
+    if (fd >= 0)
+        close(fd);
+    return ok;
+}
+
+/* w: float32 [16, 65536] (4 MiB, four 1 MiB blocks), w[i, j] = i, saved
+ * whole by one rank at dir/name; path gets its path. */
+#define BIG_ROWS 16
+#define BIG_COLS 65536
+static int save_big(const char *dir, const char *name, char *path, size_t cap) {
+    snprintf(path, cap, "%s/%s", dir, name);
+    ct_tensor *w = ct_empty(CT_SHAPE(BIG_ROWS, BIG_COLS), CT_FLOAT32);
+    float *p = ct_data_ptr(w);
+    for (int64_t i = 0; i < BIG_ROWS * BIG_COLS; i++)
+        p[i] = (float)(i / BIG_COLS);
+    ct_state *st = ct_state_new();
+    ct_state_add_tensor(st, "w", w, CT_STATE_REPLICATED);
+    int rc = ct_checkpoint_save(path, st, NULL, NULL);
+    ct_state_free(st);
+    return rc;
+}
+
+/* Loads rows [lo, lo + n) of the big w as one rank's shard. */
+static int load_rows(const char *path, int64_t lo, int64_t n, float *first) {
+    ct_tensor *w = ct_zeros(CT_SHAPE(n, BIG_COLS), CT_FLOAT32);
+    ct_state *st = ct_state_new();
+    ct_state_add_shard(st, "w", w, 2, (int64_t[]){BIG_ROWS, BIG_COLS}, (int64_t[]){lo, 0});
+    int rc = ct_checkpoint_load(path, st, NULL);
+    *first = ((float *)ct_data_ptr(w))[0];
+    ct_state_free(st);
+    return rc;
+}
+
+/* A resharding load reads a chunk partly; every byte it reads is checked
+ * against the checksum of its 1 MiB block, and only the damaged block
+ * fails. */
+TEST(a_partial_read_of_a_damaged_chunk_fails_naming_the_block) {
+    char *dir = tmpdir(), path[400], file[600];
+    ASSERT_EQ(save_big(dir, "big", path, sizeof path), 0);
+    snprintf(file, sizeof file, "%s/data-00000.bin", path);
+    ASSERT_TRUE(flip(file, (3 << 20) + (1 << 19)));
+    float first = -1;
+    ASSERT_RC(load_rows(path, 8, 8, &first), CT_ECORRUPT, "data-00000.bin", "block 3",
+              "bytes 3145728..4194304", "tensor 'w'");
+    ASSERT_EQ(load_rows(path, 0, 8, &first), 0);
+    ASSERT_EQ(first, 0);
+    ASSERT_EQ(load_rows(path, 4, 4, &first), 0);
+    ASSERT_EQ(first, 4);
+    ct_checkpoint_reader *ck = NULL;
+    ASSERT_EQ(ct_checkpoint_reader_open(path, &ck), 0);
+    ASSERT_RC(ct_checkpoint_reader_verify(ck, NULL, NULL), CT_ECORRUPT, "data-00000.bin",
+              "block 3 (bytes 3145728..4194304)", "1 damaged block");
+    ct_checkpoint_reader_close(ck);
+}
+
+/* A format-1.0 checkpoint has no block checksums: a chunk read partly is
+ * checked whole first. */
+TEST(a_partial_read_of_a_damaged_version_1_0_chunk_fails) {
+    char *dir = tmpdir(), path[400], cmd[1200], file[600];
+    snprintf(path, sizeof path, "%s/v1.0", dir);
+    snprintf(cmd, sizeof cmd, "cp -r '%s/checkpoint/v1.0' '%s'", CT_TEST_DATA_DIR, path);
+    ASSERT_EQ(system(cmd), 0);
+    snprintf(file, sizeof file, "%s/data-00001.bin", path);
+    ASSERT_TRUE(flip(file, 4)); /* w[3, 1], in rank 1's chunk */
+    ct_tensor *w = ct_zeros(CT_SHAPE(7, 4), CT_FLOAT32);
+    ct_state *st = ct_state_new();
+    ct_state_add_shard(st, "w", w, 2, (int64_t[]){7, 10}, (int64_t[]){0, 0});
+    ASSERT_RC(ct_checkpoint_load(path, st, NULL), CT_ECORRUPT, "data-00001.bin", "tensor 'w'",
+              "checksum");
+    ct_state_free(st);
+}
+
+/* Runs fn(arg) in a child that must exit 0 within 10 s: an open that would
+ * block on a FIFO fails the test instead of hanging it. */
+static bool within_10s(int (*fn)(const char *), const char *arg) {
+    pid_t pid = fork();
+    if (pid == 0)
+        _exit(fn(arg));
+    double t0 = tt_now();
+    int status = 0;
+    while (waitpid(pid, &status, WNOHANG) == 0) {
+        if (tt_now() - t0 > 10) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &status, 0);
+            tt_fail(__FILE__, __LINE__, "opening %s hung", arg);
+            return false;
+        }
+        nanosleep(&(struct timespec){0, 2000000}, NULL);
+    }
+    return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+static int refused_as_not_regular(const char *path) {
+    ct_checkpoint_reader *ck = NULL;
+    int rc = ct_checkpoint_reader_open(path, &ck);
+    fprintf(stderr, "  %s: %s\n", ct_errname(rc), ct_errmsg());
+    return rc == CT_ECORRUPT && strstr(ct_errmsg(), "not a regular file") ? 0 : 1;
+}
+
+static int refused_as_symlink(const char *path) {
+    ct_checkpoint_reader *ck = NULL;
+    int rc = ct_checkpoint_reader_open(path, &ck);
+    fprintf(stderr, "  %s: %s\n", ct_errname(rc), ct_errmsg());
+    return rc == CT_ECORRUPT && strstr(ct_errmsg(), "symbolic link") ? 0 : 1;
+}
+
+TEST(a_fifo_or_a_symlink_in_a_checkpoint_is_refused_without_hanging) {
+    char *dir = tmpdir(), path[400], file[600], outside[600], link[600];
+    fixture a;
+    saved(dir, path, sizeof path, &a);
+    snprintf(file, sizeof file, "%s/data-00000.bin", path);
+    snprintf(outside, sizeof outside, "%s/outside.bin", dir);
+    ASSERT_EQ(rename(file, outside), 0);
+    ASSERT_EQ(mkfifo(file, 0644), 0);
+    double t0 = tt_now();
+    ASSERT_TRUE(within_10s(refused_as_not_regular, path));
+    printf("  data file a FIFO: refused in %.1f ms\n", 1e3 * (tt_now() - t0));
+    /* A symlink to a good copy outside the directory. */
+    ASSERT_EQ(unlink(file), 0);
+    ASSERT_EQ(symlink(outside, file), 0);
+    ASSERT_TRUE(within_10s(refused_as_symlink, path));
+    ASSERT_RC(ct_checkpoint_load(path, a.st, NULL), CT_ECORRUPT, "data-00000.bin", "symbolic link");
+    ASSERT_EQ(unlink(file), 0);
+    ASSERT_EQ(rename(outside, file), 0);
+    snprintf(file, sizeof file, "%s/manifest.json", path);
+    snprintf(outside, sizeof outside, "%s/manifest.json", dir);
+    ASSERT_EQ(rename(file, outside), 0);
+    ASSERT_EQ(mkfifo(file, 0644), 0);
+    t0 = tt_now();
+    ASSERT_TRUE(within_10s(refused_as_not_regular, path));
+    printf("  manifest.json a FIFO: refused in %.1f ms\n", 1e3 * (tt_now() - t0));
+    ASSERT_EQ(unlink(file), 0);
+    ASSERT_EQ(rename(outside, file), 0);
+    /* The checkpoint's own path may go through a symlink. */
+    snprintf(link, sizeof link, "%s/via-link", dir);
+    ASSERT_EQ(symlink(path, link), 0);
+    ASSERT_EQ(ct_checkpoint_load(link, a.st, NULL), 0);
+    fixture_free(&a);
+}
+
+/* A manifest of one tensor with n chunks, written to dir/name: shape [1, n]
+ * float32, chunk j at [0, j] of size [1, 1], except that the last chunk
+ * repeats the first (an overlap and a gap) when overlap is true. */
+static void hostile_chunks(const char *path, int n, bool overlap) {
+    char file[600];
+    mkdir(path, 0755);
+    snprintf(file, sizeof file, "%s/data-00000.bin", path);
+    int fd = open(file, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) {
+        ftruncate(fd, (off_t)n * 4);
+        close(fd);
+    }
+    snprintf(file, sizeof file, "%s/manifest.json", path);
+    FILE *f = fopen(file, "w");
+    fprintf(f,
+            "{\"format\":\"ct-checkpoint\",\"version\":{\"major\":1,\"minor\":0},\"writer\":\"x\","
+            "\"required_features\":[],\"world_size\":1,\"files\":[{\"name\":\"data-00000.bin\","
+            "\"bytes\":%d}],\"tensors\":[{\"name\":\"w\",\"dtype\":\"float32\",\"kind\":"
+            "\"sharded\",\"shape\":[1,%d],\"chunks\":[",
+            4 * n, n);
+    for (int j = 0; j < n; j++) {
+        int at = overlap && j == n - 1 ? 0 : j;
+        fprintf(f,
+                "%s{\"offsets\":[0,%d],\"sizes\":[1,1],\"rank\":0,\"file\":0,\"byte_offset\":%d,"
+                "\"bytes\":4,\"xxh3\":\"0000000000000000\"}",
+                j ? "," : "", at, 4 * j);
+    }
+    fprintf(f, "]}],\"values\":[]}");
+    fclose(f);
+}
+
+/* Same, with n tensors of one element each, the last named as the first. */
+static void hostile_names(const char *path, int n) {
+    char file[600];
+    mkdir(path, 0755);
+    snprintf(file, sizeof file, "%s/manifest.json", path);
+    FILE *f = fopen(file, "w");
+    fprintf(f, "{\"format\":\"ct-checkpoint\",\"version\":{\"major\":1,\"minor\":0},\"writer\":"
+               "\"x\",\"required_features\":[],\"world_size\":1,\"files\":[],\"tensors\":[");
+    for (int j = 0; j < n; j++)
+        fprintf(f,
+                "%s{\"name\":\"t%d\",\"dtype\":\"float32\",\"kind\":\"sharded\",\"shape\":[0],"
+                "\"chunks\":[]}",
+                j ? "," : "", j == n - 1 ? 0 : j);
+    fprintf(f, "],\"values\":[]}");
+    fclose(f);
+}
+
+/* The tiling and duplicate-name checks run in n log n at worst: a hostile
+ * manifest of 200k chunks (or tensors) is refused in well under a second. */
+TEST(a_hostile_manifest_of_200k_chunks_or_names_is_checked_in_linear_time) {
+    char *dir = tmpdir(), path[400];
+    ct_checkpoint_reader *ck = NULL;
+    int n = 200000;
+    snprintf(path, sizeof path, "%s/chunks", dir);
+    hostile_chunks(path, n, true);
+    double t0 = tt_now();
+    ASSERT_RC(ct_checkpoint_reader_open(path, &ck), CT_ECORRUPT, "tensor 'w'", "overlap");
+    double t_overlap = tt_now() - t0;
+    snprintf(path, sizeof path, "%s/tiles", dir);
+    hostile_chunks(path, n, false);
+    t0 = tt_now();
+    ASSERT_EQ(ct_checkpoint_reader_open(path, &ck), 0);
+    ct_checkpoint_reader_close(ck);
+    double t_tiles = tt_now() - t0;
+    snprintf(path, sizeof path, "%s/names", dir);
+    hostile_names(path, n);
+    t0 = tt_now();
+    ASSERT_RC(ct_checkpoint_reader_open(path, &ck), CT_ECORRUPT, "two tensors have this name");
+    double t_names = tt_now() - t0;
+    printf("  %d chunks, one overlapping: %.0f ms; %d tiling chunks: %.0f ms; %d tensors, one "
+           "name twice: %.0f ms\n",
+           n, 1e3 * t_overlap, n, 1e3 * t_tiles, n, 1e3 * t_names);
+    ASSERT_TRUE(t_overlap < 3 && t_tiles < 3 && t_names < 3);
+}
+
+/* Sizes are overflow-checked: a [2^32, 2^32] tensor does not wrap to zero
+ * elements (which its zero chunks would "cover"). */
+TEST(a_shape_whose_size_overflows_is_refused) {
+    char *dir = tmpdir(), path[400], file[600];
+    snprintf(path, sizeof path, "%s/huge", dir);
+    mkdir(path, 0755);
+    snprintf(file, sizeof file, "%s/manifest.json", path);
+    ASSERT_TRUE(spit(file, "{\"format\":\"ct-checkpoint\",\"version\":{\"major\":1,\"minor\":0},"
+                           "\"writer\":\"x\",\"required_features\":[],\"world_size\":1,\"files\":"
+                           "[],\"tensors\":[{\"name\":\"w\",\"dtype\":\"float32\",\"kind\":"
+                           "\"sharded\",\"shape\":[4294967296,4294967296],\"chunks\":[]}],"
+                           "\"values\":[]}"));
+    ct_checkpoint_reader *ck = NULL;
+    ASSERT_RC(ct_checkpoint_reader_open(path, &ck), CT_ECORRUPT, "tensor 'w'", "overflow");
+}
+
+/* A child saves states of different content over one path as fast as it
+ * can; every load meanwhile must see one of them whole: the tensors and
+ * the step of the same save (or fail saying why), never a mix. */
+TEST(a_load_during_saves_reads_one_version_whole) {
+    char *dir = tmpdir(), path[400];
+    snprintf(path, sizeof path, "%s/busy", dir);
+    int64_t n = 1 << 16;
+    ct_tensor *x = ct_zeros(CT_SHAPE(n), CT_INT64), *y = ct_zeros(CT_SHAPE(n), CT_INT64);
+    int64_t step = 0;
+    ct_state *st = ct_state_new();
+    ct_state_add_tensor(st, "x", x, CT_STATE_REPLICATED);
+    ct_state_add_tensor(st, "y", y, CT_STATE_REPLICATED);
+    ct_state_add_i64(st, "step", &step, CT_STATE_REPLICATED);
+    ASSERT_EQ(ct_checkpoint_save(path, st, NULL, NULL), 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        for (step = 1;; step++) {
+            int64_t *px = ct_data_ptr(x), *py = ct_data_ptr(y);
+            for (int64_t i = 0; i < n; i++) {
+                px[i] = step;
+                py[i] = -step;
+            }
+            if (ct_checkpoint_save(path, st, NULL, NULL) != 0)
+                _exit(3);
+        }
+    }
+    int loads = 0, ok = 0, retried = 0, mixed = 0;
+    double t0 = tt_now();
+    while (tt_now() - t0 < 1.5) {
+        step = -1;
+        int rc = ct_checkpoint_load(path, st, NULL);
+        loads++;
+        const int64_t *px = ct_data_ptr(x), *py = ct_data_ptr(y);
+        if (rc == 0 && px[0] == step && px[n - 1] == step && py[0] == -step && py[n - 1] == -step)
+            ok++;
+        else if (rc != 0 && strstr(ct_errmsg(), "concurrent save"))
+            retried++;
+        else {
+            if (!mixed++)
+                fprintf(stderr, "  load %d: %s %s; step %lld, x %lld, y %lld\n", loads,
+                        ct_errname(rc), ct_errmsg(), (long long)step, (long long)px[0],
+                        (long long)py[0]);
+        }
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    printf("  %d loads during saves: %d whole, %d refused as replaced, %d mixed or damaged\n",
+           loads, ok, retried, mixed);
+    ct_state_free(st);
+    ASSERT_EQ(mixed, 0);
+    ASSERT_TRUE(ok > 0);
+}
+
+/* Two savers in one directory: the removal of stale "*.tmp" directories by
+ * one must spare the other's save in progress, while a tmp whose saver is
+ * provably gone (same host, no such process) is removed. */
+TEST(stale_tmp_removal_spares_another_savers_save_in_progress) {
+    char *dir = tmpdir(), a[400], b[400];
+    snprintf(a, sizeof a, "%s/a", dir);
+    snprintf(b, sizeof b, "%s/b", dir);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fails = 0;
+        char big_path[400];
+        for (int i = 0; i < 20; i++) {
+            if (save_big(dir, "b", big_path, sizeof big_path) != 0) {
+                if (!fails)
+                    fprintf(stderr, "  saver b: %s\n", ct_errmsg());
+                fails++;
+            }
+        }
+        _exit(fails > 100 ? 100 : fails);
+    }
+    fixture f;
+    fixture_init(&f, 13);
+    int fails = 0;
+    int status = 0;
+    while (waitpid(pid, &status, WNOHANG) == 0)
+        fails += save_fixture(&f, a, 1) != 0;
+    ASSERT_EQ(fails, 0);
+    ASSERT_TRUE(WIFEXITED(status));
+    ASSERT_EQ(WEXITSTATUS(status), 0);
+    /* The debris of a saver that died: its marker names a pid that is gone. */
+    pid_t dead = fork();
+    if (dead == 0)
+        _exit(0);
+    waitpid(dead, NULL, 0);
+    char host[256] = "";
+    gethostname(host, sizeof host - 1);
+    char path[600], text[800];
+    snprintf(path, sizeof path, "%s/dead.tmp", dir);
+    mkdir(path, 0755);
+    snprintf(path, sizeof path, "%s/dead.tmp/.ct-checkpoint-incomplete", dir);
+    snprintf(text, sizeof text, "ct-checkpoint save in progress\nowner %032x\npid %d\nhost %s\n", 7,
+             (int)dead, host);
+    ASSERT_TRUE(spit(path, text));
+    ASSERT_EQ(save_fixture(&f, a, 2), 0);
+    snprintf(path, sizeof path, "%s/dead.tmp", dir);
+    ASSERT_TRUE(!exists(path));
+    fixture_free(&f);
 }

@@ -150,6 +150,65 @@ TEST(convert_goes_to_safetensors_and_back) {
     ct_checkpoint_reader_close(ck);
 }
 
+/* A chunk read only in part when resharding is checked all the same: a
+ * flipped byte in block 3 of a one-rank checkpoint fails convert --shards 2
+ * (which reads half of the chunk on each new rank), naming the file and the
+ * block, and verify lists the block. The 1.0 golden checkpoint, which has
+ * no block checksums, is refused too. */
+TEST(convert_refuses_a_damaged_chunk_that_it_reads_only_in_part) {
+    char src[400], dst[400], file[600];
+    snprintf(src, sizeof src, "%s/whole", tmp());
+    snprintf(dst, sizeof dst, "%s/halves", tmp());
+    ct_tensor *w = ct_zeros(CT_SHAPE(16, 65536), CT_FLOAT32);
+    ct_state *st = ct_state_new();
+    ct_state_add_tensor(st, "w", w, CT_STATE_REPLICATED);
+    ASSERT_EQ(ct_checkpoint_save(src, st, NULL, NULL), 0);
+    ct_state_free(st);
+    snprintf(file, sizeof file, "%s/data-00000.bin", src);
+    int fd = open(file, O_RDWR);
+    ASSERT_EQ(pwrite(fd, "\x7f", 1, (3 << 20) + 12345), 1);
+    close(fd);
+    ASSERT_EQ(ctckpt("convert", src, dst, "--shards", "2"), 2);
+    TT_ASSERT_JOB(&job_, strstr(job_.err, "data-00000.bin") && strstr(job_.err, "block 3") &&
+                             strstr(job_.err, "damaged"));
+    ASSERT_EQ(ctckpt("verify", src, NULL, NULL, NULL), 1);
+    TT_ASSERT_JOB(&job_, strstr(job_.err, "1 damaged block") &&
+                             strstr(job_.err, "block 3 (bytes 3145728..4194304) in tensor 'w'"));
+    char copy[400];
+    snprintf(copy, sizeof copy, "%s/golden-damaged", tmp());
+    sh("cp -r '%s' '%s'", golden(), copy);
+    snprintf(file, sizeof file, "%s/data-00000.bin", copy);
+    fd = open(file, O_RDWR);
+    ASSERT_EQ(pwrite(fd, "\x7f", 1, 4), 1);
+    close(fd);
+    snprintf(dst, sizeof dst, "%s/golden-thirds", tmp());
+    tt_run_job(&job_,
+               (const char *const[]){CTCKPT_PATH, "convert", copy, dst, "--shards", "3",
+                                     "--drop-per-rank", NULL},
+               (const char *const[]){NULL}, DEADLINE);
+    TT_ASSERT_JOB(&job_, tt_job_exit_code(&job_) == 2 && strstr(job_.err, "data-00000.bin") &&
+                             strstr(job_.err, "checksum"));
+}
+
+/* A FIFO in place of the manifest or a data file: info refuses it at once
+ * instead of waiting for a writer forever. */
+TEST(info_refuses_a_fifo_in_place_of_a_file_without_hanging) {
+    char copy[400], file[600];
+    snprintf(copy, sizeof copy, "%s/fifo", tmp());
+    sh("cp -r '%s' '%s'", golden(), copy);
+    snprintf(file, sizeof file, "%s/data-00001.bin", copy);
+    ASSERT_EQ(unlink(file), 0);
+    ASSERT_EQ(mkfifo(file, 0644), 0);
+    ASSERT_EQ(ctckpt("info", copy, NULL, NULL, NULL), 2);
+    TT_ASSERT_JOB(&job_, strstr(job_.err, "data-00001.bin") && strstr(job_.err, "a FIFO"));
+    printf("  info with a FIFO for a data file: exit 2 in %.3f s\n", job_.seconds);
+    snprintf(file, sizeof file, "%s/manifest.json", copy);
+    ASSERT_EQ(unlink(file), 0);
+    ASSERT_EQ(mkfifo(file, 0644), 0);
+    ASSERT_EQ(ctckpt("info", copy, NULL, NULL, NULL), 2);
+    TT_ASSERT_JOB(&job_, strstr(job_.err, "manifest.json") && strstr(job_.err, "a FIFO"));
+}
+
 /* ------------------------------------------------------------ fmnist_mlp */
 
 static bool have_data(void) {
