@@ -505,7 +505,7 @@ TEST(a_newer_minor_version_with_unknown_fields_still_loads) {
 
 /* Every format version ct has written, as it wrote it (tests/data/checkpoint/
  * README.md says what each holds). */
-static const char *const golden[] = {"v1.0"};
+static const char *const golden[] = {"v1.0", "v1.1"};
 
 TEST(every_golden_checkpoint_still_loads) {
     for (size_t g = 0; g < sizeof golden / sizeof *golden; g++) {

@@ -183,9 +183,15 @@ CT_API int ct_checkpoint_save(const char *path, ct_state *st, ct_comm *comm,
                               const ct_checkpoint_options *opts);
 /* Loads every entry of st from the checkpoint at path, in place. Entries the
  * checkpoint has but st lacks are not read. Collective over comm (NULL: this
- * process alone). Every chunk a rank reads whole is checked against its
- * checksum; ct_checkpoint_reader_verify() checks all of them. After an
- * error the state may be partly loaded: load again, or start afresh. */
+ * process alone). Every byte read is checked: a chunk read whole against
+ * its checksum, a chunk read in part against those of the 1 MiB blocks it
+ * touches (format 1.0: the whole chunk's, read first). Files are opened
+ * through one directory descriptor, so the load reads one version even if
+ * a save replaces path meanwhile (then it retries: CT_ESTATE after 5
+ * tries). Errors: CT_ECORRUPT (damage, a symlink or non-regular file),
+ * CT_EIO, CT_EVERSION, CT_EINVAL (the state does not match), CT_ESTATE.
+ * After an error the state may be partly loaded: load again, or start
+ * afresh. */
 CT_API int ct_checkpoint_load(const char *path, ct_state *st, ct_comm *comm);
 /* Finds the committed checkpoint with the highest step among the
  * directories in dir and writes its path to out (cap bytes). Returns 1 when
@@ -280,8 +286,10 @@ CT_API int ct_checkpoint_reader_value(const ct_checkpoint_reader *ck, int i, int
 CT_API int ct_checkpoint_reader_num_meta(const ct_checkpoint_reader *ck);
 CT_API int ct_checkpoint_reader_meta(const ct_checkpoint_reader *ck, int i, const char **key,
                                      const char **value);
-/* Reads every chunk of every file and checks its checksum. The first
- * problem is the error; progress (nullable) is called after each chunk with
+/* Reads every block of every file (format 1.1) and every chunk, and checks
+ * their checksums. Damaged blocks give one CT_ECORRUPT naming each (file,
+ * block index, byte range, tensor; the first 8 in full); otherwise the
+ * first problem is the error. progress (nullable) is called as it goes with
  * the bytes checked so far and in all. */
 CT_API int ct_checkpoint_reader_verify(ct_checkpoint_reader *ck,
                                        void (*progress)(int64_t done, int64_t total, void *ctx),
