@@ -2,7 +2,8 @@
  * them.
  *
  *   ctlaunch -np N [--nnodes M --node-rank K --master HOST:PORT]
- *            [--log-dir DIR] [--ranks LIST] [--max-restarts R] [--grace S]
+ *            [--master-port PORT] [--bind ADDR] [--log-dir DIR]
+ *            [--ranks LIST] [--max-restarts R] [--grace S]
  *            [--hang-timeout S] PROGRAM [ARGS...]
  *
  * Each rank runs PROGRAM in its own process group with the CT_* variables
@@ -12,14 +13,27 @@
  * stderr; ctlaunch exits with that rank's code. With --hang-timeout, a
  * watcher thread reads the ranks' heartbeats from the store and stops a job
  * whose ranks stopped making progress. --help says more.
+ *
+ * No process outlives the job: ranks die with ctlaunch (PR_SET_PDEATHSIG),
+ * ctlaunch is a subreaper, so a rank's orphaned children become its own,
+ * and every generation ends by stopping whatever is left of each rank's
+ * process group and of those orphans. docs/launcher.md has the guarantees.
  */
 #define _GNU_SOURCE
 
 #include <ct/dist.h>
 
+#include "tail.h"
+
+#include <arpa/inet.h>
+#include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
 #include <math.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -29,14 +43,18 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
-#define MAX_RANKS  1024
-#define TAIL_LINES 20
-#define LINE_MAX_  4096
+#define MAX_RANKS 1024
+#define LINE_MAX_ 4096
+/* How long teardown waits for SIGKILLed processes to go before it gives
+ * up on them with a warning (one in uninterruptible sleep may take long). */
+#define KILL_WAIT_S 5
 /* ctlaunch's exit code after a hang, as timeout(1)'s. */
 #define HANG_EXIT_CODE 124
 /* A byte on the signal pipe that is no signal: the watcher found a hang. */
@@ -52,12 +70,21 @@ static const char usage_text[] =
     "  -np N               ranks on this node (required)\n"
     "  --nnodes M          nodes in the job (default 1)\n"
     "  --node-rank K       this node's index, 0 <= K < M (default 0)\n"
-    "  --master HOST:PORT  the store's address, given to every rank as CT_MASTER_ADDR\n"
-    "                      and CT_MASTER_PORT; node 0's ctlaunch hosts the store on\n"
-    "                      PORT. Without it (one node only), ctlaunch hosts the store\n"
-    "                      on 127.0.0.1 at a free port, so jobs never collide\n"
-    "  --log-dir DIR       also write each rank's output to DIR/rank.N.out and\n"
-    "                      DIR/rank.N.err\n"
+    "  --master HOST:PORT  the store's address; node 0's ctlaunch hosts the store on\n"
+    "                      PORT, the other nodes' ranks get HOST and PORT in\n"
+    "                      CT_MASTER_ADDR and CT_MASTER_PORT. Without it (one node\n"
+    "                      only), ctlaunch hosts the store at a free port, so jobs\n"
+    "                      never collide\n"
+    "  --master-port PORT  one node: the store's port, instead of a free one\n"
+    "  --bind ADDR         where node 0 hosts the store: an IPv4 address or an\n"
+    "                      interface name of this machine ('*' is every interface).\n"
+    "                      Default: 127.0.0.1 on one node; with --nnodes > 1 the\n"
+    "                      address HOST of --master resolves to, which must be this\n"
+    "                      machine's\n"
+    "  --log-dir DIR       also append each rank's output to DIR/rank.N.out and\n"
+    "                      DIR/rank.N.err (mode 600), under a header per restart;\n"
+    "                      DIR is created (mode 700) or must be this user's own real\n"
+    "                      directory, not writable by others\n"
     "  --ranks LIST        show only these ranks on the console, e.g. 0 or 0,2-3\n"
     "                      (default: all)\n"
     "  --max-restarts R    restart the whole group up to R times after a failure;\n"
@@ -79,6 +106,10 @@ static const char usage_text[] =
     "exits with its code (128 + the signal for a signal). SIGINT, SIGTERM, SIGHUP,\n"
     "SIGQUIT, SIGUSR1 and SIGUSR2 are forwarded to every rank.\n"
     "\n"
+    "No process outlives the job: when the ranks have exited, what is left of their\n"
+    "process groups and their orphaned children get SIGTERM, then SIGKILL after the\n"
+    "grace period; if ctlaunch itself is killed, the ranks get SIGKILL.\n"
+    "\n"
     "With --hang-timeout, a hang is reported with each rank's progress, how long ago\n"
     "it changed and the collective it waits in; the ranks are stopped as after a\n"
     "failure (and restarted under --max-restarts), and ctlaunch exits with 124.\n";
@@ -87,28 +118,41 @@ typedef struct options {
     int np, nnodes, node_rank, max_restarts;
     double grace;
     double hang_timeout; /* seconds; 0: no hang detection */
-    char *master_host;   /* owned */
+    char *master_host;   /* owned: --master's HOST, or 127.0.0.1 */
+    const char *bind;    /* --bind, or NULL for the default policy */
+    /* Where this node's ranks (and the watcher) reach the store: node 0's
+     * listening address, or master_host on the other nodes. Owned. */
+    char *store_addr;
     const char *log_dir;
     int master_port;
     bool *show; /* [np]: ranks shown on the console */
     char **argv;
 } options;
 
+/* A --log-dir file, open for the whole run: each generation appends. */
+typedef struct logfile {
+    int fd; /* -1: none, or given up after a write error */
+    char name[32];
+    bool midline; /* the last byte written was not a newline */
+} logfile;
+
 /* Collects a stream's bytes into lines. */
 typedef struct stream {
     int fd; /* -1 once closed */
     char buf[LINE_MAX_];
     size_t len;
-    FILE *log;
+    logfile *log; /* NULL without --log-dir */
 } stream;
 
 typedef struct rank {
     pid_t pid; /* 0 once reaped */
+    /* The rank's process group, kept after the rank is reaped, since its
+     * children may live on in it; 0 once the group is empty. */
+    pid_t pgid;
     int status;
     bool exited;
     stream out, err;
-    char tail[TAIL_LINES][256]; /* the last stderr lines, a ring */
-    int ntail;
+    ct__tail tail; /* the last stderr lines */
 } rank;
 
 /* Signals ctlaunch handles: all but SIGCHLD are forwarded to the ranks. */
@@ -179,6 +223,7 @@ static void parse_ranks(const char *list, bool *show, int np) {
 static void parse(int argc, char **argv, options *o) {
     *o = (options){.nnodes = 1, .grace = 5};
     const char *ranks = NULL;
+    bool master_port_flag = false;
     int i = 1;
     for (; i < argc && argv[i][0] == '-'; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -215,6 +260,13 @@ static void parse(int argc, char **argv, options *o) {
             o->hang_timeout = strtod(v, &end);
             if (!*v || *end || !(o->hang_timeout > 0) || !isfinite(o->hang_timeout))
                 die_usage("--hang-timeout needs seconds > 0, got '%s'", v);
+        } else if (!strcmp(a, "--bind")) {
+            if (!*v)
+                die_usage("--bind needs an IPv4 address or an interface name");
+            o->bind = v;
+        } else if (!strcmp(a, "--master-port")) {
+            o->master_port = parse_int(a, v, 1, 65535);
+            master_port_flag = true;
         } else if (!strcmp(a, "--master")) {
             const char *colon = strrchr(v, ':');
             if (!colon || colon == v)
@@ -228,6 +280,8 @@ static void parse(int argc, char **argv, options *o) {
     }
     if (o->np == 0)
         die_usage("-np N is required");
+    if (master_port_flag && o->master_host)
+        die_usage("give the store's port once: --master HOST:PORT or --master-port PORT");
     if (!o->master_host && o->nnodes > 1)
         die_usage("--nnodes %d needs --master HOST:PORT, the same on every node", o->nnodes);
     if (!o->master_host)
@@ -267,7 +321,7 @@ static void exec_rank(const options *o, int local, int restart, int out, int err
     set_env_int("CT_WORLD_SIZE", (long)o->nnodes * o->np);
     set_env_int("CT_LOCAL_RANK", local);
     set_env_int("CT_LOCAL_WORLD_SIZE", o->np);
-    setenv("CT_MASTER_ADDR", o->master_host, 1);
+    setenv("CT_MASTER_ADDR", o->store_addr, 1);
     set_env_int("CT_MASTER_PORT", o->master_port);
     set_env_int("CT_RESTART_COUNT", restart);
     if (!getenv("CT_NUM_THREADS")) {
@@ -279,18 +333,139 @@ static void exec_rank(const options *o, int local, int restart, int out, int err
     _exit(127);
 }
 
-static FILE *open_log(const options *o, int local, const char *kind) {
-    if (!o->log_dir)
-        return NULL;
-    char path[4096];
-    snprintf(path, sizeof path, "%s/rank.%d.%s", o->log_dir, local, kind);
-    FILE *f = fopen(path, "w");
-    if (!f)
-        fprintf(stderr, "ctlaunch: cannot write %s: %s\n", path, strerror(errno));
-    return f;
+/* ------------------------------------------------------------- logging */
+
+/* Opens --log-dir, which ctlaunch makes (mode 0700) or which must be a real
+ * directory of this user that others cannot write to: someone else who can
+ * write there could swap a log for a link to a file of this user's. The
+ * files are opened relative to the fd, so the directory cannot be swapped
+ * either. Returns the fd, or -1 after a message. */
+static int open_log_dir(const char *path) {
+    if (mkdir(path, 0700) && errno != EEXIST) {
+        fprintf(stderr, "ctlaunch: cannot create --log-dir %s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    int dir = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    struct stat st;
+    if (dir < 0 || fstat(dir, &st)) {
+        int e = errno;
+        struct stat lst;
+        bool link = e == ELOOP || (!lstat(path, &lst) && S_ISLNK(lst.st_mode));
+        fprintf(stderr, "ctlaunch: --log-dir %s: %s\n", path,
+                link           ? "is a symbolic link; name the directory itself"
+                : e == ENOTDIR ? "is not a directory"
+                               : strerror(e));
+        if (dir >= 0)
+            close(dir);
+        return -1;
+    }
+    const char *why = st.st_uid != geteuid() ? "belongs to another user"
+                      : st.st_mode & S_IWOTH ? "is writable by others (chmod o-w it)"
+                                             : NULL;
+    if (why) {
+        fprintf(stderr, "ctlaunch: --log-dir %s %s; choose a directory of your own\n", path, why);
+        close(dir);
+        return -1;
+    }
+    return dir;
 }
 
-static int spawn(const options *o, rank *ranks, int restart) {
+/* Opens (or creates) DIR/rank.<local>.<kind> for appending: close-on-exec
+ * so later ranks do not inherit it, no symlink followed, and a regular file
+ * only (O_NONBLOCK, so that a FIFO planted there fails instead of blocking
+ * ctlaunch). Mode 0600: logs hold whatever a program prints. */
+static int open_log(int dir, const char *dir_path, logfile *f, int local, const char *kind) {
+    snprintf(f->name, sizeof f->name, "rank.%d.%s", local, kind);
+    f->fd = openat(dir, f->name,
+                   O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0600);
+    struct stat st;
+    int e = f->fd < 0 || fstat(f->fd, &st) ? errno : 0;
+    /* A FIFO without a reader fails to open (ENXIO): say what it is. */
+    if (e && e != ELOOP && !fstatat(dir, f->name, &st, AT_SYMLINK_NOFOLLOW) && !S_ISREG(st.st_mode))
+        e = 0;
+    const char *why = e == ELOOP ? "it is a symbolic link, which ctlaunch does not follow"
+                      : e        ? strerror(e)
+                      : !S_ISREG(st.st_mode) ? "it is not a regular file"
+                                             : NULL;
+    if (why) {
+        fprintf(stderr, "ctlaunch: cannot log to %s/%s: %s\n", dir_path, f->name, why);
+        if (f->fd >= 0)
+            close(f->fd);
+        f->fd = -1;
+        return -1;
+    }
+    return 0;
+}
+
+/* The log files of every local rank, [2 * np]: out, err. NULL without
+ * --log-dir. */
+static logfile *open_logs(const options *o) {
+    if (!o->log_dir)
+        return NULL;
+    int dir = open_log_dir(o->log_dir);
+    logfile *logs = dir < 0 ? NULL : calloc(2 * (size_t)o->np, sizeof *logs);
+    if (dir >= 0 && !logs)
+        perror("ctlaunch");
+    for (int r = 0; logs && r < o->np; r++)
+        if (open_log(dir, o->log_dir, &logs[2 * r], r, "out") ||
+            open_log(dir, o->log_dir, &logs[2 * r + 1], r, "err")) {
+            for (int i = 0; i < 2 * r + 2; i++)
+                if (logs[i].fd >= 0)
+                    close(logs[i].fd);
+            free(logs);
+            logs = NULL;
+        }
+    if (dir >= 0)
+        close(dir);
+    return logs;
+}
+
+static void close_logs(logfile *logs, int np) {
+    for (int i = 0; logs && i < 2 * np; i++)
+        if (logs[i].fd >= 0)
+            close(logs[i].fd);
+    free(logs);
+}
+
+/* Appends to a log; after a write error (a full disk) it says so once and
+ * logs no more to that file, and the ranks carry on. */
+static void log_write(logfile *f, const char *buf, size_t len) {
+    if (!f || f->fd < 0 || len == 0)
+        return;
+    for (size_t done = 0; done < len;) {
+        ssize_t n = write(f->fd, buf + done, len - done);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            fprintf(stderr, "ctlaunch: cannot write %s: %s; it logs no more\n", f->name,
+                    n < 0 ? strerror(errno) : "nothing written");
+            close(f->fd);
+            f->fd = -1;
+            return;
+        }
+        done += (size_t)n;
+    }
+    f->midline = buf[len - 1] != '\n';
+}
+
+/* Marks where a generation's output starts, so that a restart keeps what
+ * the failed generation wrote and a reader can tell the two apart. */
+static void log_header(logfile *f, int restart, long global) {
+    if (!f || f->fd < 0)
+        return;
+    char when[64], line[160];
+    time_t t = time(NULL);
+    struct tm tm;
+    if (!localtime_r(&t, &tm) || !strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S%z", &tm))
+        snprintf(when, sizeof when, "%lld s after the epoch", (long long)t);
+    int n =
+        snprintf(line, sizeof line, "%s==== ctlaunch: generation %d, rank %ld, started %s ====\n",
+                 f->midline ? "\n" : "", restart, global, when);
+    log_write(f, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
+}
+
+static int spawn(const options *o, rank *ranks, logfile *logs, int restart) {
+    pid_t parent = getpid();
     for (int r = 0; r < o->np; r++) {
         int out[2], err[2];
         if (pipe2(out, O_CLOEXEC) || pipe2(err, O_CLOEXEC)) {
@@ -306,6 +481,14 @@ static int spawn(const options *o, rank *ranks, int restart) {
         sigprocmask(SIG_BLOCK, &all, &old);
         pid_t pid = fork();
         if (pid == 0) {
+            /* The rank dies with ctlaunch, even of SIGKILL; if ctlaunch is
+             * already gone, prctl came too late and the rank must not start. */
+            if (prctl(PR_SET_PDEATHSIG, SIGKILL)) {
+                fprintf(stderr, "ctlaunch: prctl(PR_SET_PDEATHSIG): %s\n", strerror(errno));
+                _exit(127);
+            }
+            if (getppid() != parent)
+                _exit(127);
             for (size_t i = 0; i < sizeof forwarded / sizeof *forwarded; i++)
                 signal(forwarded[i], SIG_DFL);
             signal(SIGPIPE, SIG_DFL);
@@ -321,9 +504,12 @@ static int spawn(const options *o, rank *ranks, int restart) {
         close(out[1]);
         close(err[1]);
         rank *k = &ranks[r];
-        *k = (rank){.pid = pid};
-        k->out = (stream){.fd = out[0], .log = open_log(o, r, "out")};
-        k->err = (stream){.fd = err[0], .log = open_log(o, r, "err")};
+        *k = (rank){.pid = pid, .pgid = pid};
+        k->out = (stream){.fd = out[0], .log = logs ? &logs[2 * r] : NULL};
+        k->err = (stream){.fd = err[0], .log = logs ? &logs[2 * r + 1] : NULL};
+        long global = (long)o->node_rank * o->np + r;
+        log_header(k->out.log, restart, global);
+        log_header(k->err.log, restart, global);
         fcntl(out[0], F_SETFL, O_NONBLOCK);
         fcntl(err[0], F_SETFL, O_NONBLOCK);
     }
@@ -332,51 +518,37 @@ static int spawn(const options *o, rank *ranks, int restart) {
 
 /* -------------------------------------------------------------- output */
 
-static void remember(rank *k, const char *line, size_t len) {
-    char *slot = k->tail[k->ntail++ % TAIL_LINES];
-    size_t n = len < 255 ? len : 255;
-    memcpy(slot, line, n);
-    slot[n] = 0;
-}
-
-/* Writes one complete line of rank r's stream. */
+/* Passes on one complete line of rank r's stream: to the console (the
+ * caller flushes) and, for stderr, to the tail kept for a failure report. */
 static void emit(const options *o, rank *ranks, int r, bool is_err, const char *line, size_t len) {
     rank *k = &ranks[r];
-    stream *s = is_err ? &k->err : &k->out;
-    if (s->log) {
-        fwrite(line, 1, len, s->log);
-        fputc('\n', s->log);
-        fflush(s->log);
-    }
     if (is_err)
-        remember(k, line, len);
-    if (o->show[r]) {
-        FILE *f = is_err ? stderr : stdout;
-        fprintf(f, "[rank %ld] %.*s\n", (long)o->node_rank * o->np + r, (int)len, line);
-        fflush(f);
-    }
+        ct__tail_push(&k->tail, line, len);
+    if (o->show[r])
+        fprintf(is_err ? stderr : stdout, "[rank %ld] %.*s\n", (long)o->node_rank * o->np + r,
+                (int)len, line);
 }
 
-/* Reads what is available; returns false once the stream is closed. */
+/* Reads once, at most a buffer's worth: a rank that writes without pause
+ * then gets one turn per poll round like every other stream, and cannot
+ * hold up reaping, signals or the other ranks' output. Returns false once
+ * the stream is closed. */
 static bool drain(const options *o, rank *ranks, int r, bool is_err) {
     stream *s = is_err ? &ranks[r].err : &ranks[r].out;
-    for (;;) {
-        ssize_t n = read(s->fd, s->buf + s->len, sizeof s->buf - s->len);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-            return true;
-        if (n <= 0) {
-            if (s->len > 0)
-                emit(o, ranks, r, is_err, s->buf, s->len);
-            s->len = 0;
-            close(s->fd);
-            s->fd = -1;
-            if (s->log)
-                fclose(s->log);
-            s->log = NULL;
-            return false;
-        }
+    ssize_t n;
+    do
+        n = read(s->fd, s->buf + s->len, sizeof s->buf - s->len);
+    while (n < 0 && errno == EINTR);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+        return true;
+    if (n <= 0) {
+        if (s->len > 0)
+            emit(o, ranks, r, is_err, s->buf, s->len);
+        s->len = 0;
+        close(s->fd);
+        s->fd = -1;
+    } else {
+        log_write(s->log, s->buf + s->len, (size_t)n);
         s->len += (size_t)n;
         char *start = s->buf, *nl;
         while ((nl = memchr(start, '\n', (size_t)(s->buf + s->len - start)))) {
@@ -384,7 +556,7 @@ static bool drain(const options *o, rank *ranks, int r, bool is_err) {
             start = nl + 1;
         }
         size_t rest = (size_t)(s->buf + s->len - start);
-        /* A line longer than the buffer is written in pieces. */
+        /* A line longer than the buffer is passed on in pieces. */
         if (rest == sizeof s->buf) {
             emit(o, ranks, r, is_err, s->buf, rest);
             rest = 0;
@@ -392,6 +564,9 @@ static bool drain(const options *o, rank *ranks, int r, bool is_err) {
         memmove(s->buf, start, rest);
         s->len = rest;
     }
+    if (o->show[r])
+        fflush(is_err ? stderr : stdout);
+    return s->fd >= 0;
 }
 
 /* ------------------------------------------------------- hang detection */
@@ -519,8 +694,7 @@ static char *watcher_judge(const watcher *w, double t) {
 static void *watcher_main(void *arg) {
     watcher *w = arg;
     const options *o = w->o;
-    /* Node 0 hosts the store in this process; other nodes reach node 0's. */
-    const char *host = o->node_rank == 0 ? "127.0.0.1" : o->master_host;
+    const char *host = o->store_addr;
     pthread_mutex_lock(&w->mu);
     for (;;) {
         struct timespec until;
@@ -654,10 +828,145 @@ static int exit_code(int status) {
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-static void signal_all(const rank *ranks, int np, int sig) {
-    for (int r = 0; r < np; r++)
-        if (ranks[r].pid > 0)
-            kill(-ranks[r].pid, sig);
+/* Sends sig to every rank's process group that still has a member,
+ * including the groups of ranks already reaped (their children may live
+ * on there); sig 0 only checks. Forgets a group once it is empty, so that
+ * a later process group that reuses the id is never signalled. Returns how
+ * many groups are left. */
+static int signal_all(rank *ranks, int np, int sig) {
+    int left = 0;
+    for (int r = 0; r < np; r++) {
+        if (ranks[r].pgid <= 0)
+            continue;
+        if (kill(-ranks[r].pgid, sig) && errno == ESRCH)
+            ranks[r].pgid = 0;
+        else
+            left++;
+    }
+    return left;
+}
+
+/* Reaps every child that has ended: a rank not reaped yet (when spawning
+ * failed) or an orphan re-parented to ctlaunch; an unreaped zombie would
+ * keep its process group from emptying. */
+static void reap_all(rank *ranks, int np) {
+    int status;
+    pid_t pid;
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0)
+        for (int r = 0; r < np; r++)
+            if (ranks[r].pid == pid) {
+                ranks[r].pid = 0;
+                ranks[r].status = status;
+                ranks[r].exited = true;
+            }
+}
+
+/* ctlaunch's children that are not ranks: processes orphaned by a rank's
+ * exit, re-parented to ctlaunch as their subreaper, from any process group.
+ * Found in /proc (the kernel keeps no list a program can read otherwise).
+ * Returns how many pids it put in pids[cap]; more are found next round. */
+static size_t find_orphans(const rank *ranks, int np, pid_t *pids, size_t cap) {
+    DIR *proc = opendir("/proc");
+    if (!proc)
+        return 0;
+    pid_t self = getpid();
+    size_t n = 0;
+    struct dirent *e;
+    while (n < cap && (e = readdir(proc))) {
+        if (!isdigit((unsigned char)e->d_name[0]))
+            continue;
+        char path[300], stat[512];
+        snprintf(path, sizeof path, "/proc/%s/stat", e->d_name);
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        ssize_t len = fd < 0 ? -1 : read(fd, stat, sizeof stat - 1);
+        if (fd >= 0)
+            close(fd);
+        if (len <= 0)
+            continue;
+        stat[len] = 0;
+        /* "pid (comm) state ppid ...": comm may hold spaces and parentheses. */
+        const char *paren = strrchr(stat, ')');
+        char state;
+        long ppid;
+        if (!paren || sscanf(paren + 1, " %c %ld", &state, &ppid) != 2 || ppid != self)
+            continue;
+        pid_t pid = (pid_t)atol(e->d_name);
+        bool is_rank = false;
+        for (int r = 0; r < np; r++)
+            is_rank |= ranks[r].pid == pid;
+        if (!is_rank)
+            pids[n++] = pid;
+    }
+    closedir(proc);
+    return n;
+}
+
+/* Passes on what the generation's streams still hold and closes them:
+ * once stop_leftovers has run, nothing holds a pipe open, so each ends
+ * within a pipe's capacity (the bound is for a pipe that still does not). */
+static void close_streams(const options *o, rank *ranks) {
+    for (int r = 0; r < o->np; r++)
+        for (int e = 0; e < 2; e++) {
+            stream *s = e ? &ranks[r].err : &ranks[r].out;
+            for (int i = 0; i < 64 && s->fd >= 0; i++)
+                drain(o, ranks, r, e);
+            if (s->fd >= 0) {
+                close(s->fd);
+                s->fd = -1;
+            }
+        }
+}
+
+/* Stops every process the generation left behind: what remains of each
+ * rank's process group and the orphans re-parented to ctlaunch. SIGTERM
+ * (unless the supervisor sent it already, when kill_at is when SIGKILL is
+ * due), SIGKILL after the grace period, until kill() finds no group
+ * (ESRCH) and no orphan is left, or KILL_WAIT_S after the SIGKILL. */
+static void stop_leftovers(const options *o, rank *ranks, double kill_at) {
+    pid_t orphans[256], termed_orphans[256];
+    size_t ntermed = 0;
+    bool termed = kill_at > 0, killed = false;
+    double give_up = 0;
+    for (;;) {
+        reap_all(ranks, o->np);
+        size_t norphans = find_orphans(ranks, o->np, orphans, sizeof orphans / sizeof *orphans);
+        int groups = signal_all(ranks, o->np, 0);
+        if (groups == 0 && norphans == 0)
+            return;
+        if (!termed) {
+            signal_all(ranks, o->np, SIGTERM);
+            kill_at = now() + o->grace;
+            termed = true;
+        }
+        /* Orphans get SIGTERM once each, when first seen: those in process
+         * groups of their own get no group's signal. */
+        for (size_t i = 0; i < norphans && !killed; i++) {
+            bool seen = false;
+            for (size_t j = 0; j < ntermed; j++)
+                seen |= termed_orphans[j] == orphans[i];
+            if (!seen && ntermed < sizeof termed_orphans / sizeof *termed_orphans) {
+                termed_orphans[ntermed++] = orphans[i];
+                kill(orphans[i], SIGTERM);
+            }
+        }
+        if (now() >= kill_at) {
+            signal_all(ranks, o->np, SIGKILL);
+            for (size_t i = 0; i < norphans; i++)
+                kill(orphans[i], SIGKILL);
+            if (!killed)
+                give_up = now() + KILL_WAIT_S;
+            killed = true;
+        }
+        if (killed && now() >= give_up) {
+            fprintf(stderr,
+                    "ctlaunch: %d process group%s and %zu other process%s of the job did not end "
+                    "%d s after SIGKILL; giving up on them\n",
+                    groups, groups == 1 ? "" : "s", norphans, norphans == 1 ? "" : "es",
+                    KILL_WAIT_S);
+            return;
+        }
+        nanosleep(&(struct timespec){0, 20 * 1000 * 1000}, NULL);
+    }
 }
 
 static void report(const options *o, rank *ranks, int r) {
@@ -669,19 +978,20 @@ static void report(const options *o, rank *ranks, int r) {
     else
         fprintf(stderr, "ctlaunch: rank %ld failed first: it was killed by signal %d (%s)\n",
                 global, WTERMSIG(k->status), strsignal(WTERMSIG(k->status)));
-    int n = k->ntail < TAIL_LINES ? k->ntail : TAIL_LINES;
+    size_t n = ct__tail_size(&k->tail);
     if (n > 0)
-        fprintf(stderr, "ctlaunch: the last %d line%s of rank %ld's stderr:\n", n, n > 1 ? "s" : "",
-                global);
-    for (int i = k->ntail - n; i < k->ntail; i++)
-        fprintf(stderr, "    %s\n", k->tail[i % TAIL_LINES]);
+        fprintf(stderr, "ctlaunch: the last %zu line%s of rank %ld's stderr:\n", n,
+                n > 1 ? "s" : "", global);
+    for (size_t i = 0; i < n; i++)
+        fprintf(stderr, "    %s\n", ct__tail_line(&k->tail, i));
 }
 
 /* How a generation of the group ended. */
 typedef struct outcome {
     enum { ENDED_OK, ENDED_FAILED, ENDED_HUNG, ENDED_SIGNAL } how;
-    int rank;   /* ENDED_FAILED: the local rank that failed first */
-    int signal; /* ENDED_SIGNAL: the signal that stopped it */
+    int rank;       /* ENDED_FAILED: the local rank that failed first */
+    int signal;     /* ENDED_SIGNAL: the signal that stopped it */
+    double kill_at; /* when SIGTERM was sent, when SIGKILL is due; else 0 */
 } outcome;
 
 /* Runs one generation of the group to the end. */
@@ -694,8 +1004,9 @@ static outcome supervise(const options *o, rank *ranks, watcher *watch) {
     if (!fds) {
         perror("ctlaunch");
         signal_all(ranks, np, SIGKILL);
-        return (outcome){.how = ENDED_SIGNAL, .signal = SIGKILL};
+        return (outcome){.how = ENDED_SIGNAL, .signal = SIGKILL, .kill_at = now()};
     }
+    double pruned = now(); /* when empty process groups were last forgotten */
     for (;;) {
         int open_streams = 0, n = 0;
         fds[n++] = (struct pollfd){.fd = signal_pipe[0], .events = POLLIN};
@@ -712,9 +1023,9 @@ static outcome supervise(const options *o, rank *ranks, watcher *watch) {
         int timeout = kill_at > 0 ? (int)((kill_at - now()) * 1000) + 1 : 1000;
         poll(fds, (nfds_t)n, timeout < 0 ? 0 : timeout);
         for (int r = 0; r < np; r++) {
-            if (ranks[r].out.fd >= 0)
+            if (fds[1 + 2 * r].revents)
                 drain(o, ranks, r, false);
-            if (ranks[r].err.fd >= 0)
+            if (fds[2 + 2 * r].revents)
                 drain(o, ranks, r, true);
         }
         unsigned char sigs[64];
@@ -743,7 +1054,10 @@ static outcome supervise(const options *o, rank *ranks, watcher *watch) {
         }
         int status;
         pid_t pid;
+        bool reaped = false;
+        /* Orphans re-parented to ctlaunch are reaped here too. */
         while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+            reaped = true;
             for (int r = 0; r < np; r++) {
                 if (ranks[r].pid != pid)
                     continue;
@@ -759,24 +1073,132 @@ static outcome supervise(const options *o, rank *ranks, watcher *watch) {
                 }
             }
         }
+        if (reaped || now() - pruned >= 1) {
+            signal_all(ranks, np, 0);
+            pruned = now();
+        }
         if (kill_at > 0 && now() >= kill_at && alive > 0) {
             signal_all(ranks, np, SIGKILL);
             kill_at = now() + 3600;
         }
     }
     free(fds);
+    /* SIGKILL may already have been sent (kill_at pushed an hour on);
+     * stop_leftovers then sends it again at once. */
+    double due = kill_at > now() + 3000 ? now() : kill_at;
     if (stop_signal)
-        return (outcome){.how = ENDED_SIGNAL, .signal = stop_signal};
+        return (outcome){.how = ENDED_SIGNAL, .signal = stop_signal, .kill_at = due};
     if (hung)
-        return (outcome){.how = ENDED_HUNG};
-    return first >= 0 ? (outcome){.how = ENDED_FAILED, .rank = first} : (outcome){.how = ENDED_OK};
+        return (outcome){.how = ENDED_HUNG, .kill_at = due};
+    return first >= 0 ? (outcome){.how = ENDED_FAILED, .rank = first, .kill_at = due}
+                      : (outcome){.how = ENDED_OK};
+}
+
+/* ------------------------------------------------------ store placement */
+
+/* Whether addr (network order) is an address of one of this machine's
+ * interfaces; with name, the interface must be that one. */
+static bool local_ipv4(struct in_addr *addr, const char *name) {
+    struct ifaddrs *ifs;
+    if (getifaddrs(&ifs))
+        return false;
+    bool found = false;
+    for (struct ifaddrs *i = ifs; i && !found; i = i->ifa_next) {
+        if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET)
+            continue;
+        struct in_addr a = ((struct sockaddr_in *)i->ifa_addr)->sin_addr;
+        if (name ? !strcmp(i->ifa_name, name) : a.s_addr == addr->s_addr) {
+            *addr = a;
+            found = true;
+        }
+    }
+    freeifaddrs(ifs);
+    return found;
+}
+
+/* Decides where node 0 hosts the store (listen, an address ct_store_server_new
+ * takes) and where this node's ranks reach it (o->store_addr). Nothing
+ * listens on every interface unless --bind '*' asks: a store others can
+ * reach is a store others can write. Returns 0, or 1 after a message. */
+/* --master's host as one of this machine's addresses, into *a; 1 after a
+ * message when it resolves to none of them. */
+static int master_address(const options *o, struct in_addr *a) {
+    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *res;
+    int rc = getaddrinfo(o->master_host, NULL, &hints, &res);
+    if (rc) {
+        fprintf(stderr,
+                "ctlaunch: cannot resolve --master's host '%s': %s; pass --bind ADDR, the address "
+                "of this machine that the other nodes reach\n",
+                o->master_host, gai_strerror(rc));
+        return 1;
+    }
+    bool found = false;
+    char first[INET_ADDRSTRLEN] = "";
+    for (struct addrinfo *i = res; i && !found; i = i->ai_next) {
+        *a = ((struct sockaddr_in *)i->ai_addr)->sin_addr;
+        if (!first[0])
+            inet_ntop(AF_INET, a, first, sizeof first);
+        found = local_ipv4(a, NULL);
+    }
+    freeaddrinfo(res);
+    if (found)
+        return 0;
+    char what[600];
+    if (strcmp(first, o->master_host))
+        snprintf(what, sizeof what, "%s resolves to %s, which", o->master_host, first);
+    else
+        snprintf(what, sizeof what, "%s", first);
+    fprintf(stderr,
+            "ctlaunch: --master %s:%d: %s is not an address of this machine, and node 0 hosts the "
+            "store there; run node 0 on that host, or pass --bind ADDR with the address or "
+            "interface of this machine that the other nodes reach\n",
+            o->master_host, o->master_port, what);
+    return 1;
+}
+
+static int place_store(options *o, char bind_at[static INET_ADDRSTRLEN]) {
+    if (o->node_rank != 0) {
+        o->store_addr = strdup(o->master_host);
+        return o->store_addr ? 0 : (perror("ctlaunch"), 1);
+    }
+    struct in_addr a;
+    bool everywhere = o->bind && !strcmp(o->bind, "*");
+    if (everywhere || (!o->bind && o->nnodes == 1)) {
+        /* Every rank is on this machine, or '*' was asked for: the ranks
+         * reach the store on loopback. */
+        inet_pton(AF_INET, "127.0.0.1", &a);
+    } else if (o->bind) {
+        if (inet_pton(AF_INET, o->bind, &a) != 1 && !local_ipv4(&a, o->bind)) {
+            fprintf(stderr,
+                    "ctlaunch: --bind %s is neither an IPv4 address nor an interface of this "
+                    "machine with one\n",
+                    o->bind);
+            return 1;
+        }
+    } else if (master_address(o, &a)) {
+        return 1;
+    }
+    char reach[INET_ADDRSTRLEN];
+    inet_ntop(AF_INET, &a, reach, sizeof reach);
+    snprintf(bind_at, INET_ADDRSTRLEN, "%s", everywhere ? "*" : reach);
+    o->store_addr = strdup(reach);
+    return o->store_addr ? 0 : (perror("ctlaunch"), 1);
 }
 
 int main(int argc, char **argv) {
     options o;
     parse(argc, argv, &o);
-    if (o.log_dir && mkdir(o.log_dir, 0777) && errno != EEXIST) {
-        fprintf(stderr, "ctlaunch: cannot create --log-dir %s: %s\n", o.log_dir, strerror(errno));
+    /* Orphans of the ranks become ctlaunch's children, so that they can
+     * be found and stopped with the job. */
+    if (prctl(PR_SET_CHILD_SUBREAPER, 1))
+        fprintf(stderr,
+                "ctlaunch: warning: cannot become a subreaper (%s); a rank's orphaned "
+                "children in process groups of their own may outlive the job\n",
+                strerror(errno));
+    logfile *logs = open_logs(&o);
+    char bind_at[INET_ADDRSTRLEN];
+    if ((o.log_dir && !logs) || place_store(&o, bind_at)) {
+        close_logs(logs, o.np);
         return 1;
     }
     if (pipe2(signal_pipe, O_CLOEXEC | O_NONBLOCK)) {
@@ -793,7 +1215,7 @@ int main(int argc, char **argv) {
      * Without --master it binds a free port, published to the ranks. */
     ct_store_server *store = NULL;
     if (o.node_rank == 0) {
-        store = ct_store_server_new(o.master_port ? "*" : "127.0.0.1", o.master_port);
+        store = ct_store_server_new(bind_at, o.master_port);
         if (!store) {
             fprintf(stderr, "ctlaunch: cannot host the store: %s\n", ct_errmsg());
             return 1;
@@ -806,6 +1228,9 @@ int main(int argc, char **argv) {
         ct_store_server_free(store);
         return 1;
     }
+    /* Ranks a failed spawn did not reach have no streams. */
+    for (int r = 0; r < o.np; r++)
+        ranks[r].out.fd = ranks[r].err.fd = -1;
     watcher watch;
     if (watcher_start(&watch, &o)) {
         watcher_free(&watch);
@@ -816,13 +1241,17 @@ int main(int argc, char **argv) {
     int code = 0;
     for (int restart = 0;; restart++) {
         watcher_watch(&watch, restart);
-        if (spawn(&o, ranks, restart)) {
+        if (spawn(&o, ranks, logs, restart)) {
             signal_all(ranks, o.np, SIGKILL);
+            stop_leftovers(&o, ranks, now());
+            close_streams(&o, ranks);
             code = 1;
             break;
         }
         outcome end = supervise(&o, ranks, &watch);
         watcher_watch(&watch, -1);
+        stop_leftovers(&o, ranks, end.kill_at);
+        close_streams(&o, ranks);
         if (end.how == ENDED_OK || end.how == ENDED_SIGNAL) {
             code = end.how == ENDED_SIGNAL ? 128 + end.signal : 0;
             break;
@@ -840,6 +1269,8 @@ int main(int argc, char **argv) {
     free(ranks);
     free(o.show);
     free(o.master_host);
+    free(o.store_addr);
+    close_logs(logs, o.np);
     ct_store_server_free(store);
     return code;
 }

@@ -15,6 +15,18 @@
  *   beat S         ct_dist_init, then ct_dist_heartbeat() for S seconds
  *                  without a collective, then ct_dist_finalize
  *   sleep S        sleeps S seconds without ct_dist_init
+ *   flood FILE [R CODE]
+ *                  every rank appends "pid=<pid>" to FILE; then rank 0
+ *                  writes to stdout as fast as it can, rank R fails with
+ *                  CODE after 0.3 s, and the other ranks wait
+ *   orphan HOW     starts a child that prints "pid=<pid>" and sleeps,
+ *                  then exits 0. HOW: "group" (the child stays in the
+ *                  rank's process group), "stubborn" (it also ignores
+ *                  SIGTERM) or "setsid" (it leaves for a session of its own)
+ *   fds            prints "fd N -> TARGET" for each open fd above 2
+ *   listen         prints "listen ADDR:PORT" for the TCP listener on
+ *                  CT_MASTER_PORT, from /proc/net/tcp, or "listen none";
+ *                  then "master=CT_MASTER_ADDR:CT_MASTER_PORT"
  *
  * Every mode first prints "pid=<pid>", so the test can check that no rank
  * is left behind. Waiting ranks give up after 30 s. The dist modes work
@@ -22,6 +34,9 @@
 #define _DEFAULT_SOURCE
 
 #include <ct/dist.h>
+
+#include <dirent.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -96,6 +111,121 @@ static int dist_mode(bool fail_first_run) {
         return 1;
     }
     return ct_dist_is_initialized();
+}
+
+static int flood_mode(int rank, int argc, char **argv) {
+    char pid[32];
+    int fd = open(argv[2], O_WRONLY | O_CREAT | O_APPEND, 0600);
+    int len = snprintf(pid, sizeof pid, "pid=%ld\n", (long)getpid());
+    if (fd < 0 || write(fd, pid, (size_t)len) != len || close(fd)) {
+        perror(argv[2]);
+        return 1;
+    }
+    if (rank == 0) {
+        static char flood[4096];
+        for (size_t i = 0; i < sizeof flood; i++)
+            flood[i] = i % 2 ? '\n' : 'y';
+        while (write(STDOUT_FILENO, flood, sizeof flood) > 0)
+            ;
+        return 1;
+    }
+    if (argc > 4 && rank == atoi(argv[3])) {
+        sleep_s(0.3);
+        fprintf(stderr, "rank %d: failing beside a flood\n", rank);
+        return atoi(argv[4]);
+    }
+    printf("ready\n");
+    fflush(stdout);
+    return wait_a_while();
+}
+
+/* The child is ready once it says so on a pipe, so that the rank exits
+ * only after the child has taken its place (its own session, SIGTERM
+ * ignored). */
+static int orphan_mode(const char *how) {
+    int ready[2];
+    if (pipe(ready)) {
+        perror("pipe");
+        return 1;
+    }
+    fflush(stdout);
+    pid_t child = fork();
+    if (child < 0) {
+        perror("fork");
+        return 1;
+    }
+    if (child == 0) {
+        if (!strcmp(how, "setsid"))
+            setsid();
+        if (!strcmp(how, "stubborn"))
+            signal(SIGTERM, SIG_IGN);
+        int null = open("/dev/null", O_RDWR);
+        dup2(null, STDIN_FILENO);
+        dup2(null, STDOUT_FILENO);
+        dup2(null, STDERR_FILENO);
+        if (write(ready[1], "x", 1) != 1)
+            _exit(1);
+        for (int i = 0; i < 300; i++)
+            sleep_s(0.1);
+        _exit(0);
+    }
+    char x;
+    close(ready[1]);
+    if (read(ready[0], &x, 1) != 1) {
+        fprintf(stderr, "orphan: the child did not get ready\n");
+        return 1;
+    }
+    printf("pid=%ld\n", (long)child);
+    return 0;
+}
+
+static int fds_mode(void) {
+    DIR *d = opendir("/proc/self/fd");
+    if (!d) {
+        perror("/proc/self/fd");
+        return 1;
+    }
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        int fd = atoi(e->d_name);
+        if (e->d_name[0] == '.' || fd <= 2 || fd == dirfd(d))
+            continue;
+        char link[64], target[4096];
+        snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+        ssize_t n = readlink(link, target, sizeof target - 1);
+        target[n > 0 ? n : 0] = 0;
+        printf("fd %d -> %s\n", fd, target);
+    }
+    closedir(d);
+    printf("fds listed\n");
+    return 0;
+}
+
+static int listen_mode(void) {
+    FILE *f = fopen("/proc/net/tcp", "r");
+    if (!f) {
+        perror("/proc/net/tcp");
+        return 1;
+    }
+    unsigned port = (unsigned)atoi(env("CT_MASTER_PORT"));
+    char line[512];
+    bool found = false;
+    while (fgets(line, sizeof line, f)) {
+        unsigned addr, lport, state;
+        if (sscanf(line, " %*d: %x:%x %*x:%*x %x", &addr, &lport, &state) == 3 && lport == port &&
+            state == 0x0A) {
+            /* /proc/net/tcp prints the address as the host reads the
+             * network-order word. */
+            unsigned char *b = (unsigned char *)&addr;
+            printf("listen %u.%u.%u.%u:%u\n", b[0], b[1], b[2], b[3], lport);
+            found = true;
+        }
+    }
+    fclose(f);
+    if (!found)
+        printf("listen none\n");
+    printf("master=%s:%s\n", env("CT_MASTER_ADDR"), env("CT_MASTER_PORT"));
+    return 0;
 }
 
 int main(int argc, char **argv) {
@@ -188,6 +318,14 @@ int main(int argc, char **argv) {
         sleep_s(atof(argv[2]));
         return 0;
     }
+    if (!strcmp(mode, "flood") && argc > 2)
+        return flood_mode(rank, argc, argv);
+    if (!strcmp(mode, "orphan") && argc > 2)
+        return orphan_mode(argv[2]);
+    if (!strcmp(mode, "fds"))
+        return fds_mode();
+    if (!strcmp(mode, "listen"))
+        return listen_mode();
     fprintf(stderr, "ctlaunch_rank: unknown mode '%s'\n", mode);
     return 2;
 }

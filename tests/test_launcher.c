@@ -1,13 +1,21 @@
 /* ctlaunch, run for real: variables, output, the first failure, stopping
  * the other ranks, signals, restarts, logs, ct_dist_init under ctlaunch,
- * hang detection, and bad flags. Each run has a deadline, and every rank is
- * checked to be gone afterwards. */
+ * hang detection, supervision that loses no process (a flooding rank, a
+ * rank's children, ctlaunch killed), the log directory's checks, the
+ * store's bind address, and bad flags. Each run has a deadline, and every
+ * rank is checked to be gone afterwards. */
 #include "ct_test.h"
 
+#include "tail.h"
+
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -25,12 +33,21 @@ static void slurp(int fd, char *buf, size_t cap) {
     close(fd);
 }
 
-/* Runs ctlaunch with args; when signal_after > 0, sends it sig once its
- * stdout holds `ready` lines. Kills it (and fails) past timeout seconds. */
-static void run_full(result *r, const char *const *args, double timeout, int sig, int ready) {
+/* How run_full runs ctlaunch. */
+typedef struct run_how {
+    double timeout; /* kill it (and fail) past this many seconds */
+    int sig;        /* 0, or a signal to send it ... */
+    int ready;      /* ... once its stdout holds this many "ready" */
+    double after;   /* ... and this many seconds have passed */
+    bool no_stdout; /* its stdout goes to /dev/null (sig then needs ready 0) */
+} run_how;
+
+static void run_full(result *r, const char *const *args, const run_how *how) {
     char out_path[] = "/tmp/ct_launch_out_XXXXXX", err_path[] = "/tmp/ct_launch_err_XXXXXX";
-    int out = mkstemp(out_path), err = mkstemp(err_path);
-    unlink(out_path);
+    int out = how->no_stdout ? open("/dev/null", O_RDWR) : mkstemp(out_path),
+        err = mkstemp(err_path);
+    if (!how->no_stdout)
+        unlink(out_path);
     unlink(err_path);
     const char *argv[64] = {CTLAUNCH_PATH};
     int n = 1;
@@ -47,21 +64,21 @@ static void run_full(result *r, const char *const *args, double timeout, int sig
     }
     bool signalled = false;
     r->status = -1;
-    while (tt_now() - t0 < timeout) {
+    while (tt_now() - t0 < how->timeout) {
         int st;
         if (waitpid(pid, &st, WNOHANG) == pid) {
             r->status = st;
             break;
         }
-        if (sig && !signalled) {
+        if (how->sig && !signalled) {
             char buf[16384];
-            ssize_t got = pread(out, buf, sizeof buf - 1, 0);
+            ssize_t got = how->no_stdout ? 0 : pread(out, buf, sizeof buf - 1, 0);
             buf[got > 0 ? got : 0] = 0;
             int seen = 0;
             for (char *p = buf; (p = strstr(p, "ready")); p++)
                 seen++;
-            if (seen >= ready) {
-                kill(pid, sig);
+            if (seen >= how->ready && tt_now() - t0 >= how->after) {
+                kill(pid, how->sig);
                 signalled = true;
             }
         }
@@ -77,21 +94,65 @@ static void run_full(result *r, const char *const *args, double timeout, int sig
 }
 
 static void run(result *r, const char *const *args, double timeout) {
-    run_full(r, args, timeout, 0, 0);
+    run_full(r, args, &(run_how){.timeout = timeout});
 }
 
-/* Every pid=N the ranks printed is gone (allowing a moment for the kernel
- * to reap them). */
-static bool no_rank_left(const char *out) {
-    for (const char *p = out; (p = strstr(p, "pid=")); p += 4) {
+/* Whether pid has ended: it is gone, or a zombie that its new parent (the
+ * nearest subreaper, once ctlaunch is gone) has yet to reap. */
+static bool pid_ended(pid_t pid) {
+    char path[64], stat[512];
+    snprintf(path, sizeof path, "/proc/%ld/stat", (long)pid);
+    int fd = open(path, O_RDONLY);
+    if (fd < 0)
+        return true;
+    ssize_t n = read(fd, stat, sizeof stat - 1);
+    close(fd);
+    stat[n > 0 ? n : 0] = 0;
+    const char *paren = strrchr(stat, ')');
+    return !paren || paren[1] == 0 || paren[2] == 'Z' || paren[2] == 'X';
+}
+
+/* Every pid=N in text is gone, allowing up to two seconds for signals to
+ * land and the kernel to reap. */
+static bool no_rank_left(const char *text) {
+    double deadline = tt_now() + 2;
+    for (const char *p = text; (p = strstr(p, "pid=")); p += 4) {
         pid_t pid = (pid_t)atol(p + 4);
-        int tries = 0;
-        while (kill(pid, 0) == 0 && tries++ < 100)
+        while (!pid_ended(pid) && tt_now() < deadline)
             usleep(10000);
-        if (kill(pid, 0) == 0)
+        if (!pid_ended(pid)) {
+            fprintf(stderr, "pid %ld outlived its job\n", (long)pid);
+            kill(pid, SIGKILL);
             return false;
+        }
     }
     return true;
+}
+
+/* The file's text (NUL-terminated, cut to cap - 1 bytes); "" if absent. */
+static const char *read_text(const char *path, char *buf, size_t cap) {
+    buf[0] = 0;
+    int fd = open(path, O_RDONLY);
+    if (fd < 0)
+        return buf;
+    ssize_t n = read(fd, buf, cap - 1);
+    buf[n > 0 ? n : 0] = 0;
+    close(fd);
+    return buf;
+}
+
+/* A TCP port that was free on 127.0.0.1 a moment ago. */
+static int free_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    int port = -1;
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+        port = ntohs(a.sin_port);
+    if (fd >= 0)
+        close(fd);
+    return port;
 }
 
 static int code_of(const result *r) {
@@ -109,11 +170,13 @@ TEST(every_rank_gets_its_variables_and_prefixed_output) {
     ASSERT_STR_CONTAINS(r.out, "[rank 2] rank=2 world=3 local=2");
     ASSERT_TRUE(!strstr(r.out, "threads=(unset)"));
     /* Node 1 of 2: global ranks continue where node 0's end, and the store
-     * is node 0's. */
+     * is node 0's. (A job across nodes needs a secret they share.) */
+    setenv("CT_JOB_SECRET", "test-launcher-shared-secret", 1);
     run(&r,
         (const char *[]){"-np", "2", "--nnodes", "2", "--node-rank", "1", "--master",
                          "10.0.0.7:4242", RANK_PATH, "env", NULL},
         20);
+    unsetenv("CT_JOB_SECRET");
     ASSERT_EQ(code_of(&r), 0);
     ASSERT_STR_CONTAINS(r.out,
                         "[rank 3] rank=3 world=4 local=1 local_world=2 master=10.0.0.7:4242");
@@ -151,13 +214,14 @@ TEST(a_rank_killed_by_a_signal_is_reported) {
 
 TEST(sigterm_is_forwarded_and_ranks_that_ignore_it_are_killed) {
     static result r;
-    run_full(&r, (const char *[]){"-np", "3", RANK_PATH, "wait", NULL}, 20, SIGTERM, 3);
+    run_full(&r, (const char *[]){"-np", "3", RANK_PATH, "wait", NULL},
+             &(run_how){.timeout = 20, .sig = SIGTERM, .ready = 3});
     ASSERT_EQ(code_of(&r), 128 + SIGTERM);
     ASSERT_STR_CONTAINS(r.err, "stopping the ranks");
     ASSERT_TRUE(no_rank_left(r.out));
     /* Ranks that ignore SIGTERM get SIGKILL after the grace period. */
-    run_full(&r, (const char *[]){"-np", "2", "--grace", "0.5", RANK_PATH, "stubborn", NULL}, 20,
-             SIGTERM, 2);
+    run_full(&r, (const char *[]){"-np", "2", "--grace", "0.5", RANK_PATH, "stubborn", NULL},
+             &(run_how){.timeout = 20, .sig = SIGTERM, .ready = 2});
     ASSERT_EQ(code_of(&r), 128 + SIGTERM);
     ASSERT_TRUE(r.seconds >= 0.5 && r.seconds < 10);
     ASSERT_TRUE(no_rank_left(r.out));
@@ -251,6 +315,258 @@ TEST(hang_timeout_spares_ranks_that_make_progress_or_send_no_heartbeats) {
         30);
     ASSERT_EQ(code_of(&r), 0);
     ASSERT_TRUE(!strstr(r.err, "hang"));
+}
+
+TEST(a_rank_flooding_its_output_does_not_stall_the_supervisor) {
+    static result r;
+    char pidfile[256], pids[64];
+    tt_tmp_path(pidfile, "flood.pid");
+    /* Rank 0 writes lines faster than ctlaunch forwards them (to
+     * /dev/null, so the test writes no large files); rank 1 fails after
+     * 0.3 s. ctlaunch must still reap rank 1, stop rank 0 and exit. */
+    run_full(
+        &r,
+        (const char *[]){"-np", "2", "--grace", "1", RANK_PATH, "flood", pidfile, "1", "3", NULL},
+        &(run_how){.timeout = 15, .no_stdout = true});
+    ASSERT_EQ(code_of(&r), 3);
+    ASSERT_STR_CONTAINS(r.err, "rank 1 failed first: it exited with code 3");
+    ASSERT_STR_CONTAINS(r.err, "failing beside a flood");
+    ASSERT_TRUE(r.seconds < 3);
+    ASSERT_TRUE(no_rank_left(read_text(pidfile, pids, sizeof pids)));
+    /* A signal is still forwarded promptly: SIGTERM once the flood runs. */
+    unlink(pidfile);
+    run_full(&r, (const char *[]){"-np", "2", RANK_PATH, "flood", pidfile, NULL},
+             &(run_how){.timeout = 15, .sig = SIGTERM, .after = 0.5, .no_stdout = true});
+    ASSERT_EQ(code_of(&r), 128 + SIGTERM);
+    ASSERT_TRUE(r.seconds < 4.5);
+    ASSERT_TRUE(no_rank_left(read_text(pidfile, pids, sizeof pids)));
+}
+
+TEST(a_ranks_children_do_not_outlive_the_job) {
+    static result r;
+    /* The rank exits 0 and leaves a child in its process group. */
+    run(&r, (const char *[]){"-np", "2", RANK_PATH, "orphan", "group", NULL}, 15);
+    ASSERT_EQ(code_of(&r), 0);
+    ASSERT_TRUE(r.seconds < 4);
+    ASSERT_TRUE(no_rank_left(r.out));
+    /* A child that ignores SIGTERM gets SIGKILL after the grace period. */
+    run(&r, (const char *[]){"-np", "1", "--grace", "0.5", RANK_PATH, "orphan", "stubborn", NULL},
+        15);
+    ASSERT_EQ(code_of(&r), 0);
+    ASSERT_TRUE(r.seconds >= 0.5 && r.seconds < 4);
+    ASSERT_TRUE(no_rank_left(r.out));
+    /* A child that left the group for a session of its own is re-parented
+     * to ctlaunch (a subreaper), which stops it too. */
+    run(&r, (const char *[]){"-np", "1", RANK_PATH, "orphan", "setsid", NULL}, 15);
+    ASSERT_EQ(code_of(&r), 0);
+    ASSERT_TRUE(r.seconds < 4);
+    ASSERT_TRUE(no_rank_left(r.out));
+}
+
+TEST(killing_ctlaunch_with_sigkill_stops_every_rank) {
+    static result r;
+    run_full(&r, (const char *[]){"-np", "3", RANK_PATH, "wait", NULL},
+             &(run_how){.timeout = 15, .sig = SIGKILL, .ready = 3});
+    ASSERT_EQ(code_of(&r), 1000 + SIGKILL);
+    ASSERT_STR_CONTAINS(r.out, "ready");
+    ASSERT_TRUE(no_rank_left(r.out));
+}
+
+/* Removes dir's rank.N.{out,err} for N < np, then dir. */
+static void remove_logs(const char *dir, int np) {
+    char path[512];
+    for (int i = 0; i < np; i++) {
+        snprintf(path, sizeof path, "%s/rank.%d.out", dir, i);
+        unlink(path);
+        snprintf(path, sizeof path, "%s/rank.%d.err", dir, i);
+        unlink(path);
+    }
+    rmdir(dir);
+}
+
+TEST(log_dir_appends_every_generation_under_a_header) {
+    static result r;
+    char dir[256], path[512], text[8192];
+    tt_tmp_path(dir, "logs_restart");
+    run(&r,
+        (const char *[]){"-np", "2", "--max-restarts", "1", "--log-dir", dir, RANK_PATH, "restart",
+                         NULL},
+        20);
+    ASSERT_EQ(code_of(&r), 0);
+    /* ctlaunch made the directory, private to this user, and the files. */
+    struct stat st;
+    ASSERT_EQ(stat(dir, &st), 0);
+    ASSERT_EQ(st.st_mode & 0777, 0700);
+    snprintf(path, sizeof path, "%s/rank.1.err", dir);
+    ASSERT_EQ(stat(path, &st), 0);
+    ASSERT_EQ(st.st_mode & 0777, 0600);
+    /* The failed generation's stderr, the one that says why, survives the
+     * restart. */
+    read_text(path, text, sizeof text);
+    ASSERT_STR_CONTAINS(text, "==== ctlaunch: generation 0, rank 1, started 20");
+    ASSERT_STR_CONTAINS(text, "failing on purpose on the first run");
+    ASSERT_STR_CONTAINS(text, "==== ctlaunch: generation 1, rank 1, started ");
+    ASSERT_TRUE(strstr(text, "generation 0") < strstr(text, "failing on purpose"));
+    ASSERT_TRUE(strstr(text, "failing on purpose") < strstr(text, "generation 1"));
+    snprintf(path, sizeof path, "%s/rank.1.out", dir);
+    read_text(path, text, sizeof text);
+    ASSERT_STR_CONTAINS(text, "==== ctlaunch: generation 1, rank 1, started ");
+    ASSERT_STR_CONTAINS(text, "ok restart=1");
+    /* A second job in the same directory appends. */
+    run(&r, (const char *[]){"-np", "2", "--log-dir", dir, RANK_PATH, "env", NULL}, 20);
+    ASSERT_EQ(code_of(&r), 0);
+    read_text(path, text, sizeof text);
+    ASSERT_STR_CONTAINS(text, "ok restart=1");
+    ASSERT_STR_CONTAINS(text, "rank=1 world=2");
+    remove_logs(dir, 2);
+}
+
+TEST(log_dir_refuses_symlinks_and_directories_others_can_write) {
+    static result r;
+    char dir[256], link[256], victim[256], path[512], text[256];
+    tt_tmp_path(dir, "logs_checked");
+    tt_tmp_path(link, "logs_link");
+    tt_tmp_path(victim, "victim");
+    ASSERT_EQ(mkdir(dir, 0700), 0);
+    /* The directory named is a symlink. */
+    ASSERT_EQ(symlink(dir, link), 0);
+    run(&r, (const char *[]){"-np", "1", "--log-dir", link, RANK_PATH, "env", NULL}, 10);
+    ASSERT_EQ(code_of(&r), 1);
+    ASSERT_STR_CONTAINS(r.err, "--log-dir");
+    ASSERT_STR_CONTAINS(r.err, "symbolic link");
+    ASSERT_TRUE(!strstr(r.out, "rank=0"));
+    /* A log file is a symlink to a file elsewhere: not followed, not
+     * written. */
+    int fd = open(victim, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    ASSERT_TRUE(fd >= 0 && write(fd, "precious\n", 9) == 9);
+    close(fd);
+    snprintf(path, sizeof path, "%s/rank.0.err", dir);
+    ASSERT_EQ(symlink(victim, path), 0);
+    run(&r, (const char *[]){"-np", "1", "--log-dir", dir, RANK_PATH, "env", NULL}, 10);
+    ASSERT_EQ(code_of(&r), 1);
+    ASSERT_STR_CONTAINS(r.err, "rank.0.err");
+    ASSERT_STR_CONTAINS(r.err, "symbolic link");
+    ASSERT_TRUE(!strcmp(read_text(victim, text, sizeof text), "precious\n"));
+    unlink(path);
+    /* A FIFO in place of a log file is refused, not waited on. */
+    ASSERT_EQ(mkfifo(path, 0600), 0);
+    run(&r, (const char *[]){"-np", "1", "--log-dir", dir, RANK_PATH, "env", NULL}, 10);
+    ASSERT_EQ(code_of(&r), 1);
+    ASSERT_STR_CONTAINS(r.err, "not a regular file");
+    unlink(path);
+    /* A directory others can write to. */
+    ASSERT_EQ(chmod(dir, 0777), 0);
+    run(&r, (const char *[]){"-np", "1", "--log-dir", dir, RANK_PATH, "env", NULL}, 10);
+    ASSERT_EQ(code_of(&r), 1);
+    ASSERT_STR_CONTAINS(r.err, "writable by others");
+    ASSERT_EQ(chmod(dir, 0700), 0);
+    /* A file where the directory should be. */
+    run(&r, (const char *[]){"-np", "1", "--log-dir", victim, RANK_PATH, "env", NULL}, 10);
+    ASSERT_EQ(code_of(&r), 1);
+    ASSERT_STR_CONTAINS(r.err, "not a directory");
+    unlink(link);
+    unlink(victim);
+    remove_logs(dir, 1);
+}
+
+TEST(log_fds_do_not_leak_into_ranks) {
+    static result r;
+    char dir[256];
+    tt_tmp_path(dir, "logs_fds");
+    run(&r,
+        (const char *[]){"-np", "3", "--max-restarts", "1", "--log-dir", dir, RANK_PATH, "fds",
+                         NULL},
+        20);
+    ASSERT_EQ(code_of(&r), 0);
+    ASSERT_STR_CONTAINS(r.out, "[rank 2] fds listed");
+    ASSERT_TRUE(!strstr(r.out, dir));
+    remove_logs(dir, 3);
+}
+
+TEST(the_stderr_tail_counts_lines_in_64_bits) {
+    /* A job that writes more than 2^31 (or 2^32) lines: the ring keeps
+     * the last ones in order, never indexing outside itself. */
+    static ct__tail t;
+    const uint64_t starts[] = {0, (uint64_t)INT_MAX - 3, (uint64_t)UINT32_MAX - 3};
+    for (size_t s = 0; s < sizeof starts / sizeof *starts; s++) {
+        memset(&t, 0, sizeof t);
+        t.count = starts[s];
+        char line[32];
+        for (int i = 0; i < 30; i++) {
+            snprintf(line, sizeof line, "line %d", i);
+            ct__tail_push(&t, line, strlen(line));
+        }
+        ASSERT_EQ(ct__tail_size(&t), CT__TAIL_LINES);
+        for (size_t i = 0; i < CT__TAIL_LINES; i++) {
+            snprintf(line, sizeof line, "line %d", (int)(30 - CT__TAIL_LINES + i));
+            ASSERT_STR_CONTAINS(ct__tail_line(&t, i), line);
+        }
+    }
+    memset(&t, 0, sizeof t);
+    ct__tail_push(&t, "only", 4);
+    ASSERT_EQ(ct__tail_size(&t), 1);
+    ASSERT_STR_CONTAINS(ct__tail_line(&t, 0), "only");
+}
+
+/* The address the listener on CT_MASTER_PORT has, from a "listen" rank. */
+static const char *listener(const result *r) {
+    const char *p = strstr(r->out, "] listen ");
+    return p ? p + 9 : "(no listen line)";
+}
+
+TEST(the_store_binds_loopback_unless_the_job_spans_machines) {
+    static result r;
+    char master[64], port_flag[16], expected[64];
+    int port = free_port();
+    ASSERT_TRUE(port > 0);
+    snprintf(master, sizeof master, "127.0.0.1:%d", port);
+    snprintf(port_flag, sizeof port_flag, "%d", port);
+    snprintf(expected, sizeof expected, "127.0.0.1:%d\n", port);
+    /* One node: loopback, whatever --master or --master-port say. */
+    run(&r, (const char *[]){"-np", "1", "--master", master, RANK_PATH, "listen", NULL}, 10);
+    ASSERT_EQ(code_of(&r), 0);
+    ASSERT_STR_CONTAINS(listener(&r), expected);
+    run(&r, (const char *[]){"-np", "1", "--master-port", port_flag, RANK_PATH, "listen", NULL},
+        10);
+    ASSERT_EQ(code_of(&r), 0);
+    ASSERT_STR_CONTAINS(listener(&r), expected);
+    /* The ranks are told where the store listens, not the name given. */
+    snprintf(master, sizeof master, "localhost:%d", port);
+    run(&r, (const char *[]){"-np", "1", "--master", master, RANK_PATH, "listen", NULL}, 10);
+    ASSERT_EQ(code_of(&r), 0);
+    ASSERT_STR_CONTAINS(listener(&r), expected);
+    char told[64];
+    snprintf(told, sizeof told, "master=127.0.0.1:%d\n", port);
+    ASSERT_STR_CONTAINS(r.out, told);
+    snprintf(master, sizeof master, "127.0.0.1:%d", port);
+    /* Several nodes: the address --master names, when it is this host's.
+     * (A job across nodes needs a secret they share.) */
+    setenv("CT_JOB_SECRET", "test-launcher-shared-secret", 1);
+    run(&r,
+        (const char *[]){"-np", "1", "--nnodes", "2", "--master", master, RANK_PATH, "listen",
+                         NULL},
+        10);
+    ASSERT_EQ(code_of(&r), 0);
+    ASSERT_STR_CONTAINS(listener(&r), expected);
+    /* ... and a clear error when it is not (192.0.2.1 is TEST-NET-1). */
+    snprintf(master, sizeof master, "192.0.2.1:%d", port);
+    run(&r,
+        (const char *[]){"-np", "1", "--nnodes", "2", "--master", master, RANK_PATH, "listen",
+                         NULL},
+        10);
+    ASSERT_EQ(code_of(&r), 1);
+    ASSERT_STR_CONTAINS(r.err, "192.0.2.1 is not an address of this machine");
+    ASSERT_STR_CONTAINS(r.err, "--bind");
+    /* --bind overrides. */
+    run(&r,
+        (const char *[]){"-np", "1", "--nnodes", "2", "--master", master, "--bind", "127.0.0.1",
+                         RANK_PATH, "listen", NULL},
+        10);
+    ASSERT_EQ(code_of(&r), 0);
+    unsetenv("CT_JOB_SECRET");
+    ASSERT_STR_CONTAINS(listener(&r), expected);
+    run(&r, (const char *[]){"--help", NULL}, 10);
+    ASSERT_STR_CONTAINS(r.out, "--bind ADDR");
 }
 
 TEST(bad_usage_names_the_flag) {
