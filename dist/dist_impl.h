@@ -32,7 +32,28 @@ typedef enum ct__store_status {
     CT__STORE_REFUSED, /* bad request; the payload is the server's reason */
     CT__STORE_RANGE,   /* add overflowed; the payload is the reason */
     CT__STORE_NOMEM,   /* the server ran out of memory */
+    CT__STORE_FULL,    /* a limit of the server's; the payload names it */
 } ct__store_status;
+
+/* What a server holds at most: keys (CT_STORE_MAX_KEYS_TOTAL), bytes of keys
+ * and values (CT_STORE_MAX_BYTES) and clients (CT_STORE_MAX_CLIENTS). */
+typedef struct ct__store_limits {
+    size_t max_keys, max_bytes, max_clients;
+} ct__store_limits;
+
+/* The defaults, overridden by those variables; CT_EINVAL names a variable
+ * that is not a positive whole number. */
+int ct__store_limits_from_env(ct__store_limits *l);
+
+/* For the fuzzer: a server that no thread serves and no socket reaches
+ * (free it with ct_store_server_free); feed() handles one message as the
+ * server's thread would, frames[0] being the sender's routing id and its
+ * replies going nowhere; consistent() checks the table's bookkeeping and
+ * limits. One thread at a time. */
+struct zmq_msg_t;
+ct_store_server *ct__store_server_new_detached(void);
+void ct__store_server_feed(ct_store_server *s, struct zmq_msg_t *frames, int n, bool truncated);
+bool ct__store_server_consistent(const ct_store_server *s);
 
 /* Header layout, little-endian: magic u32 @0, op u8 @4, status u8 @5,
  * reserved u16 @6, request id u64 @8, timeout in ms u32 @16 (requests; how
@@ -89,6 +110,50 @@ static inline bool ct__store_hdr_decode(const void *frame, size_t len, ct__store
 }
 
 const char *ct__store_op_name(int op);
+
+/* Where a listener of this rank binds (bind) and the host the other ranks
+ * reach it by (host): name when given, else loopback when every rank is on
+ * this machine, else this host's name. bind is host's IPv4 address, which
+ * must not be a loopback one when the ranks span machines; CT_BIND_ADDR
+ * overrides it ("*" for every interface, when that is wanted). Errors:
+ * CT_EINVAL naming the host that does not resolve or resolves to loopback. */
+#define CT__BIND_LEN 128
+int ct__listen_address(const ct_world *w, const char *name, char bind[CT__BIND_LEN],
+                       char host[256]);
+
+/* A limit from the environment: variable name, a whole number >= 1, or def
+ * when unset. Errors: CT_EINVAL naming the variable and its value. */
+int ct__env_limit(const char *name, size_t def, size_t *out);
+
+/* ------------------------------------------------------------- auth (auth.c) */
+
+/* A listener's authentication: the ZAP handler's socket, served by the
+ * listener's own thread (poll zap for ZMQ_POLLIN, then ct__auth_serve), and
+ * what it has refused. Used by one thread. */
+typedef struct ct__auth {
+    void *zap;       /* a REP socket on zmq's ZAP endpoint of the listener's context */
+    const char *who; /* "the store server", for log lines */
+    char secret[CT_SECRET_MAX + 1];
+    unsigned long long accepted, refused, unlogged;
+    double logged_at;
+} ct__auth;
+
+/* Makes sock (not yet bound) accept only connections that prove the job's
+ * secret, with a ZAP handler in ctx (one per context). Errors: the secret's
+ * (a bad CT_JOB_SECRET or CT_SECRET_FILE), CT_EFOREIGN from zmq. */
+int ct__auth_listen(void *ctx, void *sock, ct__auth *a, const char *who);
+/* Answers one waiting ZAP request, if any; refusals are logged to stderr
+ * with the peer's address, at most once a second. */
+void ct__auth_serve(ct__auth *a);
+void ct__auth_close(ct__auth *a);
+/* Gives sock (not yet connected) the job's secret, and user as the name the
+ * listener sees ("User-Id" on its messages). */
+int ct__auth_client(void *sock, const char *user);
+/* Copies the process's secret, finding it first if needed. */
+int ct__secret_copy(char out[CT_SECRET_MAX + 1]);
+/* Whether the program or the environment chose the secret (rather than a
+ * random one of this process's own). */
+bool ct__secret_configured(void);
 
 /* FNV-1a, 64 bits: the store's hash table and data parallel's model hash. */
 static inline uint64_t ct__fnv1a(const void *data, size_t n) {

@@ -11,6 +11,7 @@
  * docs/dist.md describes the choices; this file keeps one process-wide
  * state, touched only by the thread that calls init and finalize, except
  * for the atomics ct_dist_heartbeat() and the heartbeat thread use. */
+#include "dist_impl.h"
 #include "init_mpi.h"
 
 #include <ct/cuda.h>
@@ -232,23 +233,17 @@ static int connect_store(const char *host, int port) {
 }
 
 /* Under an MPI launcher there is no ctlaunch: rank 0 hosts the store on a
- * free port of every interface and tells the others where (CT_MASTER_ADDR,
- * when set, names the host the others should use; else its host name). */
+ * free port and tells the others where (ct__listen_address). */
 static int host_store(void) {
     char addr[SHARED_LEN] = "";
     int rc = 0;
     if (g.world.rank == 0) {
-        g.server = ct_store_server_new("*", 0);
-        char host[256] = "";
-        const char *master = getenv("CT_MASTER_ADDR");
-        if (master)
-            snprintf(host, sizeof host, "%s", master);
-        else if (gethostname(host, sizeof host - 1))
-            snprintf(host, sizeof host, "127.0.0.1");
-        if (g.server)
-            snprintf(addr, sizeof addr, "%s:%d", host, ct_store_server_port(g.server));
-        else
+        char bind[CT__BIND_LEN], host[256];
+        rc = ct__listen_address(&g.world, getenv("CT_MASTER_ADDR"), bind, host);
+        if (!rc && !(g.server = ct_store_server_new(bind, 0)))
             rc = with_context("dist_init: rank 0 cannot host the store");
+        if (!rc)
+            snprintf(addr, sizeof addr, "%s:%d", host, ct_store_server_port(g.server));
     }
     /* Rank 0 shares even after a failure, so that the others fail now
      * rather than at their timeout. */
@@ -436,9 +431,38 @@ static void teardown(bool orderly) {
     g = (struct dist){0};
 }
 
+/* Under an MPI launcher every rank takes rank 0's secret, which MPI carries
+ * (the launcher's channel is the job's to trust): the one rank 0 was given,
+ * or a random one. */
+static int share_secret(void) {
+    char secret[SHARED_LEN] = "";
+    int rc = 0;
+    if (g.world.rank == 0) {
+        char own[CT_SECRET_MAX + 1];
+        rc = ct__secret_copy(own);
+        if (!rc && strlen(own) >= SHARED_LEN)
+            rc = ct__seterr(CT_EINVAL,
+                            "dist_init: rank 0's job secret is %zu bytes; under an MPI launcher "
+                            "it is shared by MPI and may be at most %d",
+                            strlen(own), SHARED_LEN - 1);
+        if (!rc)
+            memcpy(secret, own, strlen(own) + 1);
+        memset(own, 0, sizeof own);
+    }
+    int shared = ct__dist_mpi_share(secret, SHARED_LEN, "the job's secret", g.timeout);
+    if (!rc && !shared && g.world.rank != 0)
+        rc = secret[0] ? ct_secret_set(secret)
+                       : ct__seterr(CT_EPEER, "dist_init: rank 0 could not share the job's "
+                                              "secret (its own error says why)");
+    memset(secret, 0, sizeof secret);
+    return rc ? rc : shared;
+}
+
 static int join(void) {
     int rc;
     if (g.mpi && (rc = ct__dist_mpi_init(&g.world)))
+        return rc;
+    if (g.mpi && (rc = share_secret()))
         return rc;
     /* On one machine ct's shm collectives beat the MPI library's (the fmnist
      * recipe on 2 ranks: 46,600-55,200 samples/s against 28,700-35,400,

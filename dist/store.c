@@ -4,7 +4,7 @@
  * the server answers a resend from its cache, so nothing is applied twice,
  * and replies to older ids are dropped here. A monitor socket tells whether
  * the connection is up, which turns a silent deadline into CT_EPEER when the
- * server is gone. */
+ * server is gone, and whether the server refused the job's secret. */
 #include "dist_impl.h"
 
 #include "tensor_impl.h"
@@ -31,7 +31,7 @@ struct ct_store {
     double timeout_s;
     void *ctx, *sock, *monitor;
     uint64_t next_id;
-    bool connected, ever_connected;
+    bool connected, ever_connected, refused;
     char host[256];
 };
 
@@ -125,8 +125,11 @@ static void drain_monitor(ct_store *s) {
             memcpy(&event, zmq_msg_data(&m), sizeof event);
         while (zmq_msg_more(&m) && zmq_msg_recv(&m, s->monitor, 0) >= 0)
             ;
-        if (event == ZMQ_EVENT_CONNECTED)
+        /* Connected means through the handshake, which proves the secret. */
+        if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED)
             s->connected = s->ever_connected = true;
+        else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
+            s->refused = true;
         else if (event == ZMQ_EVENT_DISCONNECTED || event == ZMQ_EVENT_CLOSED)
             s->connected = false;
     }
@@ -189,6 +192,9 @@ static int status_error(ct_store *s, const call *c, uint8_t status, zmq_msg_t *p
     case CT__STORE_RANGE: return STORE_ERR(CT_ERANGE, c, "%.*s", len, text);
     case CT__STORE_NOMEM:
         return STORE_ERR(CT_ENOMEM, c, "the server at %s:%d is out of memory", s->host, s->port);
+    case CT__STORE_FULL:
+        return STORE_ERR(CT_ENOMEM, c, "the server at %s:%d is full: %.*s", s->host, s->port, len,
+                         text);
     default:
         return STORE_ERR(CT_ECORRUPT, c, "the server at %s:%d answered with unknown status %d",
                          s->host, s->port, status);
@@ -222,9 +228,15 @@ static int roundtrip(ct_store *s, const call *c, const frame *args, int nargs, z
             return STORE_ERR(CT_EFOREIGN, c, "zmq_poll failed: %s", zmq_strerror(zmq_errno()));
         if (items[1].revents)
             drain_monitor(s);
+        if (s->refused)
+            return STORE_ERR(CT_EAUTH, c,
+                             "the store server at %s:%d refused this process's job secret; every "
+                             "process of a job needs the same one (ctlaunch's, or CT_JOB_SECRET / "
+                             "CT_SECRET_FILE, docs/security.md)",
+                             s->host, s->port);
         if (!items[0].revents)
             continue;
-        ct__store_hdr r;
+        ct__store_hdr r = {0};
         int got;
         while ((got = recv_reply(s, h.id, &r, payload, has_payload)) >= 0) {
             if (got == 1)
@@ -338,12 +350,17 @@ ct_store *ct_store_connect(const char *host, int port, double timeout_s) {
         zmq_setsockopt(s->sock, ZMQ_RECONNECT_IVL, &ivl, sizeof ivl) != 0 ||
         zmq_setsockopt(s->sock, ZMQ_RECONNECT_IVL_MAX, &ivl_max, sizeof ivl_max) != 0 ||
         zmq_socket_monitor(s->sock, "inproc://ct-store-monitor",
-                           ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_CLOSED) != 0 ||
+                           ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
+                               ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_CLOSED) != 0 ||
         !(s->monitor = zmq_socket(s->ctx, ZMQ_PAIR)) ||
         zmq_setsockopt(s->monitor, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
         zmq_connect(s->monitor, "inproc://ct-store-monitor") != 0) {
         ct__seterr(CT_EFOREIGN, "store connect %s:%d: cannot set up zmq: %s", host, port,
                    zmq_strerror(zmq_errno()));
+        ct_store_free(s);
+        return NULL;
+    }
+    if (ct__auth_client(s->sock, "store-client")) {
         ct_store_free(s);
         return NULL;
     }

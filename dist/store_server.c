@@ -7,7 +7,12 @@
  * gets the cached reply instead of being applied again, which is what makes
  * a resent add safe. A get or wait whose keys are missing becomes a waiter,
  * answered when a later set/add/compare_set supplies them or with a timeout
- * status when its deadline passes. */
+ * status when its deadline passes.
+ *
+ * Values are reference-counted blobs: a reply, queued by zmq or cached for a
+ * resend, shares the stored value instead of copying it, so what a client
+ * that never reads can make the server hold is bounded by the table's own
+ * limits. Only clients that prove the job's secret get in (auth.c). */
 #include "dist_impl.h"
 
 #include "tensor_impl.h"
@@ -16,6 +21,7 @@
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -32,6 +38,8 @@
  * it every second. */
 #define CLIENT_IDLE_S 600.0
 #define SWEEP_S       60.0
+/* Replies zmq may queue for one client that does not read them. */
+#define CLIENT_SNDHWM 16
 
 const char *ct__store_op_name(int op) {
     static const char *names[CT__STORE_NOPS] = {
@@ -54,7 +62,6 @@ typedef struct entry {
     char *key;
     size_t klen;
     void *val;
-    size_t vlen;
 } entry;
 
 typedef struct map {
@@ -147,6 +154,53 @@ static void map_clear(map *m, void (*free_val)(void *)) {
     memset(m, 0, sizeof *m);
 }
 
+int ct__store_limits_from_env(ct__store_limits *l) {
+    int rc = ct__env_limit("CT_STORE_MAX_KEYS_TOTAL", (size_t)1 << 20, &l->max_keys);
+    if (!rc)
+        rc = ct__env_limit("CT_STORE_MAX_BYTES", (size_t)1 << 30, &l->max_bytes);
+    if (!rc)
+        rc = ct__env_limit("CT_STORE_MAX_CLIENTS", (size_t)1 << 16, &l->max_clients);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- blobs */
+
+/* An immutable byte string shared by the table, cached replies and zmq's
+ * queues; zmq drops its references from its own threads. */
+typedef struct blob {
+    atomic_size_t refs;
+    size_t len;
+    unsigned char data[];
+} blob;
+
+static blob *blob_new(const void *data, size_t len) {
+    blob *b = malloc(sizeof *b + (len ? len : 1));
+    if (!b)
+        return NULL;
+    atomic_init(&b->refs, 1);
+    b->len = len;
+    if (len)
+        memcpy(b->data, data, len);
+    return b;
+}
+
+static blob *blob_ref(blob *b) {
+    if (b)
+        atomic_fetch_add_explicit(&b->refs, 1, memory_order_relaxed);
+    return b;
+}
+
+static void blob_unref(void *p) {
+    blob *b = p;
+    if (b && atomic_fetch_sub_explicit(&b->refs, 1, memory_order_acq_rel) == 1)
+        free(b);
+}
+
+static void blob_zmq_free(void *data, void *hint) {
+    (void)data;
+    blob_unref(hint);
+}
+
 /* --------------------------------------------------------------- server */
 
 typedef struct client {
@@ -154,15 +208,13 @@ typedef struct client {
     double last_seen;
     bool seen, answered;
     uint8_t hdr[CT__STORE_HDR_LEN];
-    void *payload; /* the last reply, resent for a repeated request */
-    size_t plen;
-    bool has_payload;
+    blob *payload; /* the last reply's, resent for a repeated request; NULL if none */
 } client;
 
 static void client_free(void *p) {
     client *c = p;
     if (c)
-        free(c->payload);
+        blob_unref(c->payload);
     free(c);
 }
 
@@ -181,8 +233,12 @@ struct ct_store_server {
     int port;
     void *ctx, *router, *ctl_in, *ctl_out;
     pthread_t thread;
-    map kv;      /* key -> value */
-    map clients; /* routing id -> client */
+    bool served; /* thread runs serve(); false for a detached server */
+    ct__auth auth;
+    ct__store_limits limits;
+    map kv;          /* key -> blob */
+    size_t kv_bytes; /* keys' and values' bytes in kv */
+    map clients;     /* routing id -> client */
     waiter *waiters;
     size_t nwaiters, capwaiters;
     double next_sweep;
@@ -201,37 +257,45 @@ static void waiter_remove(ct_store_server *s, size_t i) {
 }
 
 /* A ROUTER drops messages for peers that are gone or full, so this never
- * blocks. */
+ * blocks; the payload is sent without a copy. */
 static void send_reply(ct_store_server *s, const void *route, size_t rlen, const uint8_t *hdr,
-                       const void *payload, size_t plen, bool has_payload) {
+                       blob *payload) {
     zmq_send(s->router, route, rlen, ZMQ_SNDMORE);
-    zmq_send(s->router, hdr, CT__STORE_HDR_LEN, has_payload ? ZMQ_SNDMORE : 0);
-    if (has_payload)
-        zmq_send(s->router, payload, plen, 0);
+    zmq_send(s->router, hdr, CT__STORE_HDR_LEN, payload ? ZMQ_SNDMORE : 0);
+    if (!payload)
+        return;
+    zmq_msg_t m;
+    if (zmq_msg_init_data(&m, payload->data, payload->len, blob_zmq_free, blob_ref(payload))) {
+        blob_unref(payload);
+        return;
+    }
+    if (zmq_msg_send(&m, s->router, 0) < 0)
+        zmq_msg_close(&m);
 }
 
 /* Sends (and caches for resends) the reply to request id of the client at
- * route. */
+ * route; payload (NULL for none) is borrowed. */
 static void reply(ct_store_server *s, const void *route, size_t rlen, uint64_t id, uint8_t op,
-                  uint8_t status, const void *payload, size_t plen, bool has_payload) {
+                  uint8_t status, blob *payload) {
     client *c = NULL;
     entry *e = map_find(&s->clients, route, rlen);
-    if (e && (c = e->val) && c->last_id == id && !c->answered) {
-        void *copy = malloc(plen ? plen : 1);
-        if (copy) {
-            if (plen)
-                memcpy(copy, payload, plen);
-            c->payload = copy;
-            c->plen = plen;
-            c->has_payload = has_payload;
-            c->answered = true;
-        }
-    }
     uint8_t hdr[CT__STORE_HDR_LEN];
     ct__store_hdr_encode(hdr, &(ct__store_hdr){.op = op, .status = status, .id = id});
-    if (c && c->answered)
+    if (e && (c = e->val) && c->last_id == id && !c->answered) {
+        c->payload = blob_ref(payload);
+        c->answered = true;
         memcpy(c->hdr, hdr, sizeof hdr);
-    send_reply(s, route, rlen, hdr, payload, plen, has_payload);
+    }
+    send_reply(s, route, rlen, hdr, payload);
+}
+
+/* Replies with the bytes at data, or with a NOMEM status when they cannot
+ * be held. */
+static void reply_bytes(ct_store_server *s, const void *route, size_t rlen, uint64_t id, uint8_t op,
+                        uint8_t status, const void *data, size_t len) {
+    blob *b = blob_new(data, len);
+    reply(s, route, rlen, id, op, b ? status : CT__STORE_NOMEM, b);
+    blob_unref(b);
 }
 
 static void reply_text(ct_store_server *s, const void *route, size_t rlen, uint64_t id, uint8_t op,
@@ -243,7 +307,7 @@ static void reply_text(ct_store_server *s, const void *route, size_t rlen, uint6
     va_start(ap, fmt);
     vsnprintf(text, sizeof text, fmt, ap);
     va_end(ap);
-    reply(s, route, rlen, id, op, status, text, strlen(text), true);
+    reply_bytes(s, route, rlen, id, op, status, text, strlen(text));
 }
 
 /* The keys of w not yet in the table, quoted and comma-separated. */
@@ -265,9 +329,9 @@ static bool waiter_try(ct_store_server *s, const waiter *w) {
             return false;
     if (w->op == CT__STORE_GET) {
         entry *e = map_find(&s->kv, w->keys[0], strlen(w->keys[0]));
-        reply(s, w->route, w->route_len, w->id, w->op, CT__STORE_OK, e->val, e->vlen, true);
+        reply(s, w->route, w->route_len, w->id, w->op, CT__STORE_OK, e->val);
     } else {
-        reply(s, w->route, w->route_len, w->id, w->op, CT__STORE_OK, NULL, 0, false);
+        reply(s, w->route, w->route_len, w->id, w->op, CT__STORE_OK, NULL);
     }
     return true;
 }
@@ -406,39 +470,80 @@ static const char *check_args(const ct__store_hdr *h, zmq_msg_t *args, int nargs
     return NULL;
 }
 
-/* Stores a copy of val under key; the entry, or NULL when out of memory
- * (leaving the table as it was). */
+/* Why storing len bytes under key would pass one of the table's limits
+ * (written into why), or NULL. */
+static const char *over_limit(ct_store_server *s, const void *key, size_t klen, size_t len,
+                              char *why, size_t size) {
+    entry *e = map_find(&s->kv, key, klen);
+    size_t keys = s->kv.count + (e ? 0 : 1);
+    size_t bytes = s->kv_bytes - (e ? klen + ((blob *)e->val)->len : 0) + klen + len;
+    if (keys > s->limits.max_keys)
+        snprintf(why, size,
+                 "the store holds %zu keys, its limit (CT_STORE_MAX_KEYS_TOTAL=%zu); delete keys "
+                 "or raise the limit",
+                 s->kv.count, s->limits.max_keys);
+    else if (bytes > s->limits.max_bytes)
+        snprintf(why, size,
+                 "storing %zu bytes would make the store hold %zu bytes, over its limit "
+                 "(CT_STORE_MAX_BYTES=%zu)",
+                 klen + len, bytes, s->limits.max_bytes);
+    else
+        return NULL;
+    return why;
+}
+
+/* Stores val under key; the entry, or NULL when out of memory (leaving the
+ * table as it was). The caller checked over_limit(). */
+static entry *kv_put_blob(ct_store_server *s, const void *key, size_t klen, blob *val) {
+    entry *e = map_upsert(&s->kv, key, klen);
+    if (!e)
+        return NULL;
+    if (e->val)
+        s->kv_bytes -= klen + ((blob *)e->val)->len;
+    blob_unref(e->val);
+    e->val = blob_ref(val);
+    s->kv_bytes += klen + val->len;
+    return e;
+}
+
 static entry *kv_put(ct_store_server *s, const void *key, size_t klen, const void *val,
                      size_t len) {
-    void *copy = malloc(len ? len : 1);
-    entry *e = copy ? map_upsert(&s->kv, key, klen) : NULL;
-    if (!e) {
-        free(copy);
-        return NULL;
-    }
-    if (len)
-        memcpy(copy, val, len);
-    free(e->val);
-    e->val = copy;
-    e->vlen = len;
+    blob *b = blob_new(val, len);
+    entry *e = b ? kv_put_blob(s, key, klen, b) : NULL;
+    blob_unref(b);
     return e;
+}
+
+static void kv_remove(ct_store_server *s, entry **slot) {
+    s->kv_bytes -= (*slot)->klen + ((blob *)(*slot)->val)->len;
+    map_unlink(&s->kv, slot, blob_unref);
 }
 
 /* Applies one valid request and answers it (or parks it as a waiter). */
 static void execute(ct_store_server *s, const void *route, size_t rlen, const ct__store_hdr *h,
                     zmq_msg_t *args, int nargs) {
-#define ANSWER(status, p, n, has) reply(s, route, rlen, h->id, h->op, status, p, n, has)
-#define OOM()                     reply_text(s, route, rlen, h->id, h->op, CT__STORE_NOMEM, "server out of memory")
+#define ANSWER(status, b)  reply(s, route, rlen, h->id, h->op, status, b)
+#define ANSWER_BYTES(p, n) reply_bytes(s, route, rlen, h->id, h->op, CT__STORE_OK, p, n)
+#define OOM()              reply_text(s, route, rlen, h->id, h->op, CT__STORE_NOMEM, "server out of memory")
+#define REFUSE_IF_FULL(vlen)                                                                       \
+    do {                                                                                           \
+        char why_[256];                                                                            \
+        if (over_limit(s, key, klen, vlen, why_, sizeof why_)) {                                   \
+            reply_text(s, route, rlen, h->id, h->op, CT__STORE_FULL, "%s", why_);                  \
+            return;                                                                                \
+        }                                                                                          \
+    } while (0)
     const char *key = nargs ? zmq_msg_data(&args[0]) : NULL;
     size_t klen = nargs ? zmq_msg_size(&args[0]) : 0;
     switch (h->op) {
-    case CT__STORE_PING: ANSWER(CT__STORE_OK, NULL, 0, false); return;
+    case CT__STORE_PING: ANSWER(CT__STORE_OK, NULL); return;
     case CT__STORE_SET: {
+        REFUSE_IF_FULL(zmq_msg_size(&args[1]));
         if (!kv_put(s, key, klen, zmq_msg_data(&args[1]), zmq_msg_size(&args[1]))) {
             OOM();
             return;
         }
-        ANSWER(CT__STORE_OK, NULL, 0, false);
+        ANSWER(CT__STORE_OK, NULL);
         wake_waiters(s);
         return;
     }
@@ -458,9 +563,10 @@ static void execute(ct_store_server *s, const void *route, size_t rlen, const ct
     case CT__STORE_ADD: {
         int64_t delta = (int64_t)ct__store_get_u64(zmq_msg_data(&args[1])), old = 0, sum;
         entry *e = map_find(&s->kv, key, klen);
-        if (e && !parse_counter(e->val, e->vlen, &old)) {
+        blob *cur = e ? e->val : NULL;
+        if (cur && !parse_counter(cur->data, cur->len, &old)) {
             reply_text(s, route, rlen, h->id, h->op, CT__STORE_REFUSED,
-                       "the value (%zu bytes) is not a decimal integer", e->vlen);
+                       "the value (%zu bytes) is not a decimal integer", cur->len);
             return;
         }
         if (__builtin_add_overflow(old, delta, &sum)) {
@@ -470,33 +576,37 @@ static void execute(ct_store_server *s, const void *route, size_t rlen, const ct
         }
         char text[32];
         int n = snprintf(text, sizeof text, "%" PRId64, sum);
+        REFUSE_IF_FULL((size_t)n);
         if (!kv_put(s, key, klen, text, (size_t)n)) {
             OOM();
             return;
         }
         uint8_t out[8];
         ct__store_put_u64(out, (uint64_t)sum);
-        ANSWER(CT__STORE_OK, out, sizeof out, true);
+        ANSWER_BYTES(out, sizeof out);
         wake_waiters(s);
         return;
     }
     case CT__STORE_CAS: {
         zmq_msg_t *expected = &args[1], *desired = &args[2];
         entry *e = map_find(&s->kv, key, klen);
-        bool match = e ? e->vlen == zmq_msg_size(expected) &&
-                             memcmp(e->val, zmq_msg_data(expected), e->vlen) == 0
-                       : zmq_msg_size(expected) == 0;
+        blob *cur = e ? e->val : NULL;
+        bool match = cur ? cur->len == zmq_msg_size(expected) &&
+                               memcmp(cur->data, zmq_msg_data(expected), cur->len) == 0
+                         : zmq_msg_size(expected) == 0;
         if (!match) {
-            zmq_msg_t *now = e ? NULL : expected;
-            ANSWER(CT__STORE_OK, now ? zmq_msg_data(now) : e->val,
-                   now ? zmq_msg_size(now) : e->vlen, true);
+            if (cur)
+                ANSWER(CT__STORE_OK, cur);
+            else
+                ANSWER_BYTES(zmq_msg_data(expected), zmq_msg_size(expected));
             return;
         }
+        REFUSE_IF_FULL(zmq_msg_size(desired));
         if (!(e = kv_put(s, key, klen, zmq_msg_data(desired), zmq_msg_size(desired)))) {
             OOM();
             return;
         }
-        ANSWER(CT__STORE_OK, e->val, e->vlen, true);
+        ANSWER(CT__STORE_OK, e->val);
         wake_waiters(s);
         return;
     }
@@ -504,17 +614,22 @@ static void execute(ct_store_server *s, const void *route, size_t rlen, const ct
         uint8_t all = 1;
         for (int i = 0; i < nargs; i++)
             all &= map_find(&s->kv, zmq_msg_data(&args[i]), zmq_msg_size(&args[i])) != NULL;
-        ANSWER(CT__STORE_OK, &all, 1, true);
+        ANSWER_BYTES(&all, 1);
         return;
     }
     case CT__STORE_DELETE: {
-        uint8_t existed = map_remove(&s->kv, key, klen, free);
-        ANSWER(CT__STORE_OK, &existed, 1, true);
+        entry **slot = map_slot(&s->kv, key, klen);
+        uint8_t existed = slot && *slot;
+        if (existed)
+            kv_remove(s, slot);
+        ANSWER_BYTES(&existed, 1);
         return;
     }
     }
 #undef ANSWER
+#undef ANSWER_BYTES
 #undef OOM
+#undef REFUSE_IF_FULL
 }
 
 /* frames[0] is the routing id, frames[1] the header. */
@@ -524,6 +639,12 @@ static void handle(ct_store_server *s, zmq_msg_t *frames, int n, bool truncated)
         return; /* not this protocol: nothing to answer to */
     const void *route = zmq_msg_data(&frames[0]);
     size_t rlen = zmq_msg_size(&frames[0]);
+    if (!map_find(&s->clients, route, rlen) && s->clients.count >= s->limits.max_clients) {
+        reply_text(s, route, rlen, h.id, h.op, CT__STORE_FULL,
+                   "the store serves %zu clients, its limit (CT_STORE_MAX_CLIENTS=%zu)",
+                   s->clients.count, s->limits.max_clients);
+        return;
+    }
     entry *e = map_upsert(&s->clients, route, rlen);
     if (!e || (!e->val && !(e->val = calloc(1, sizeof(client))))) {
         if (e)
@@ -536,11 +657,11 @@ static void handle(ct_store_server *s, zmq_msg_t *frames, int n, bool truncated)
         /* A resend: answer it again if answered; a pending one is still
          * parked, and anything older is stale. */
         if (h.id == c->last_id && c->answered)
-            send_reply(s, route, rlen, c->hdr, c->payload, c->plen, c->has_payload);
+            send_reply(s, route, rlen, c->hdr, c->payload);
         return;
     }
     drop_waiters_of(s, route, rlen);
-    free(c->payload);
+    blob_unref(c->payload);
     *c = (client){.last_id = h.id, .last_seen = c->last_seen, .seen = true};
     char why[256];
     if (check_args(&h, frames + 2, n - 2, truncated, why, sizeof why)) {
@@ -608,11 +729,15 @@ static void *serve(void *arg) {
             if (ms < timeout_ms)
                 timeout_ms = ms;
         }
-        zmq_pollitem_t items[] = {{s->ctl_in, 0, ZMQ_POLLIN, 0}, {s->router, 0, ZMQ_POLLIN, 0}};
-        if (zmq_poll(items, 2, timeout_ms) < 0 && zmq_errno() != EINTR)
+        zmq_pollitem_t items[] = {{s->ctl_in, 0, ZMQ_POLLIN, 0},
+                                  {s->router, 0, ZMQ_POLLIN, 0},
+                                  {s->auth.zap, 0, ZMQ_POLLIN, 0}};
+        if (zmq_poll(items, 3, timeout_ms) < 0 && zmq_errno() != EINTR)
             break;
         if (items[0].revents)
             break;
+        if (items[2].revents)
+            ct__auth_serve(&s->auth);
         for (int i = 0; i < BATCH && serve_one(s); i++)
             ;
         expire_waiters(s);
@@ -623,6 +748,7 @@ static void *serve(void *arg) {
 static void server_close(ct_store_server *s) {
     if (s->router)
         zmq_close(s->router);
+    ct__auth_close(&s->auth);
     if (s->ctl_in)
         zmq_close(s->ctl_in);
     if (s->ctl_out)
@@ -632,7 +758,7 @@ static void server_close(ct_store_server *s) {
     for (size_t i = 0; i < s->nwaiters; i++)
         waiter_clear(&s->waiters[i]);
     free(s->waiters);
-    map_clear(&s->kv, free);
+    map_clear(&s->kv, blob_unref);
     map_clear(&s->clients, client_free);
     s->magic = SERVER_DEAD;
     free(s);
@@ -653,13 +779,17 @@ ct_store_server *ct_store_server_new(const char *host, int port) {
         return NULL;
     }
     if (!host)
-        host = "*";
+        host = "127.0.0.1";
     ct_store_server *s = calloc(1, sizeof *s);
     if (!s) {
         ct__seterr(CT_ENOMEM, "store server: out of memory");
         return NULL;
     }
     s->magic = SERVER_MAGIC;
+    if (ct__store_limits_from_env(&s->limits)) {
+        server_close(s);
+        return NULL;
+    }
     if (!(s->ctx = zmq_ctx_new()) || !(s->router = zsocket(s, ZMQ_ROUTER)) ||
         !(s->ctl_in = zsocket(s, ZMQ_PAIR)) || !(s->ctl_out = zsocket(s, ZMQ_PAIR)) ||
         zmq_bind(s->ctl_in, "inproc://ct-store-ctl") != 0 ||
@@ -668,10 +798,15 @@ ct_store_server *ct_store_server_new(const char *host, int port) {
         server_close(s);
         return NULL;
     }
-    int one = 1;
+    if (ct__auth_listen(s->ctx, s->router, &s->auth, "the store server")) {
+        server_close(s);
+        return NULL;
+    }
+    int one = 1, hwm = CLIENT_SNDHWM;
     int64_t maxmsg = (int64_t)CT_STORE_MAX_VALUE + 64;
     zmq_setsockopt(s->router, ZMQ_ROUTER_HANDOVER, &one, sizeof one);
     zmq_setsockopt(s->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
+    zmq_setsockopt(s->router, ZMQ_SNDHWM, &hwm, sizeof hwm);
     char endpoint[300];
     if (port)
         snprintf(endpoint, sizeof endpoint, "tcp://%s:%d", host, port);
@@ -694,6 +829,7 @@ ct_store_server *ct_store_server_new(const char *host, int port) {
     }
     s->port = atoi(colon + 1);
     int rc = pthread_create(&s->thread, NULL, serve, s);
+    s->served = rc == 0;
     if (rc != 0) {
         ct__seterr(CT_EFOREIGN, "store server: cannot start its thread: %s", strerror(rc));
         server_close(s);
@@ -712,7 +848,43 @@ void ct_store_server_free(ct_store_server *s) {
     if (!s)
         return;
     CT_ASSERT(s->magic == SERVER_MAGIC);
-    zmq_send(s->ctl_out, "", 0, 0);
-    pthread_join(s->thread, NULL);
+    if (s->served) {
+        zmq_send(s->ctl_out, "", 0, 0);
+        pthread_join(s->thread, NULL);
+    }
     server_close(s);
+}
+
+ct_store_server *ct__store_server_new_detached(void) {
+    ct_store_server *s = calloc(1, sizeof *s);
+    if (!s) {
+        ct__seterr(CT_ENOMEM, "store server: out of memory");
+        return NULL;
+    }
+    s->magic = SERVER_MAGIC;
+    if (ct__store_limits_from_env(&s->limits) || !(s->ctx = zmq_ctx_new()) ||
+        !(s->router = zsocket(s, ZMQ_ROUTER))) {
+        if (!ct_errcode())
+            ct__seterr(CT_EFOREIGN, "store server: cannot set up zmq: %s",
+                       zmq_strerror(zmq_errno()));
+        server_close(s);
+        return NULL;
+    }
+    s->next_sweep = now_s() + SWEEP_S;
+    return s;
+}
+
+void ct__store_server_feed(ct_store_server *s, zmq_msg_t *frames, int n, bool truncated) {
+    handle(s, frames, n, truncated);
+    expire_waiters(s);
+}
+
+bool ct__store_server_consistent(const ct_store_server *s) {
+    size_t bytes = 0, keys = 0;
+    for (size_t i = 0; i < s->kv.nbuckets; i++)
+        for (const entry *e = s->kv.buckets[i]; e; e = e->next, keys++)
+            bytes += e->klen + ((const blob *)e->val)->len;
+    return keys == s->kv.count && bytes == s->kv_bytes && keys <= s->limits.max_keys &&
+           bytes <= s->limits.max_bytes && s->clients.count <= s->limits.max_clients &&
+           s->nwaiters <= s->clients.count;
 }

@@ -1,12 +1,17 @@
 /* Finding the world from the environment: ctlaunch's CT_* variables, Open
  * MPI's, PMI's (MPICH, Intel MPI) and Slurm's, first match wins; none of
  * them is a world of one. */
-#include <ct/dist.h>
+#include "dist_impl.h"
 
 #include "tensor_impl.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netdb.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 /* The variables one launcher sets; local_* may be NULL when it has none. */
 typedef struct source {
@@ -53,6 +58,59 @@ static int read_int(const source *src, const char *name, long lo, long hi, long 
         return ct__seterr(CT_EINVAL, "world: %s=\"%s\" is not a whole number in [%ld, %ld]", name,
                           v, lo, hi);
     *out = (int)x;
+    return 0;
+}
+
+/* The IPv4 address host names, in out. */
+static int resolve_ipv4(const char *host, char out[INET_ADDRSTRLEN]) {
+    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *res = NULL;
+    int err = getaddrinfo(host, NULL, &hints, &res);
+    if (err || !res)
+        return ct__seterr(CT_EINVAL, "cannot resolve '%s': %s", host,
+                          err ? gai_strerror(err) : "no IPv4 address");
+    inet_ntop(AF_INET, &((struct sockaddr_in *)res->ai_addr)->sin_addr, out, INET_ADDRSTRLEN);
+    freeaddrinfo(res);
+    return 0;
+}
+
+int ct__listen_address(const ct_world *w, const char *name, char bind[CT__BIND_LEN],
+                       char host[256]) {
+    bool one_machine = w->local_size == w->size;
+    if (name)
+        snprintf(host, 256, "%s", name);
+    else if (one_machine)
+        snprintf(host, 256, "127.0.0.1");
+    else if (gethostname(host, 255) != 0)
+        return ct__seterr(CT_EIO, "gethostname: %s", strerror(errno));
+    host[255] = 0;
+    const char *forced = getenv("CT_BIND_ADDR");
+    if (forced) {
+        snprintf(bind, CT__BIND_LEN, "%s", forced);
+        return 0;
+    }
+    int rc = resolve_ipv4(host, bind);
+    if (rc == 0 && !one_machine && strncmp(bind, "127.", 4) == 0)
+        rc = ct__seterr(CT_EINVAL,
+                        "the ranks span machines, but '%s' resolves to the loopback address %s, "
+                        "which the other machines cannot reach; set CT_MASTER_ADDR (the store) or "
+                        "CT_BIND_ADDR to this host's address on the ranks' network",
+                        host, bind);
+    return rc;
+}
+
+int ct__env_limit(const char *name, size_t def, size_t *out) {
+    const char *v = getenv(name);
+    if (!v) {
+        *out = def;
+        return 0;
+    }
+    char *end;
+    errno = 0;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (!*v || *v == '-' || *end || errno || x == 0 || x > SIZE_MAX)
+        return ct__seterr(CT_EINVAL, "%s=\"%s\" is not a whole number in [1, %zu] (default %zu)",
+                          name, v, (size_t)SIZE_MAX, def);
+    *out = (size_t)x;
     return 0;
 }
 

@@ -4,6 +4,8 @@
  * the design. */
 #include "rpc_impl.h"
 
+#include "dist_impl.h"
+
 #include <errno.h>
 #include <math.h>
 #include <poll.h>
@@ -140,6 +142,10 @@ static struct {
     int self, n;
     peer *peers;
     void *zctx, *router;
+    ct__auth auth; /* the router's; served by the I/O thread */
+    /* Calls queued or running per caller: [0] for callers that are no
+     * worker, [1 + id] for worker id; at most max_pending each. */
+    size_t *inflight, max_pending;
     int wake_fd;
     pthread_t io;
     bool stop_io;
@@ -338,6 +344,10 @@ static int connect_peer(peer *p, int id) {
     int timeout_ms = (int)(g.o.heartbeat_timeout_s * 1000), ivl_ms = timeout_ms / 5;
     char mon[64];
     snprintf(mon, sizeof mon, "inproc://ct-rpc-monitor-%d", id);
+    char user[32];
+    snprintf(user, sizeof user, "worker%d", g.self);
+    if (p->dealer && ct__auth_client(p->dealer, user))
+        return ct_errcode();
     if (!p->dealer || zmq_setsockopt(p->dealer, ZMQ_ROUTING_ID, &me, sizeof me) ||
         zmq_setsockopt(p->dealer, ZMQ_LINGER, &linger, sizeof linger) ||
         zmq_setsockopt(p->dealer, ZMQ_HEARTBEAT_IVL, &ivl_ms, sizeof ivl_ms) ||
@@ -466,8 +476,22 @@ static void drain(void *sock, bool more) {
     zmq_msg_close(&m);
 }
 
+/* The worker id of a caller: its routing id is the 2-byte id a peer's
+ * DEALER sets, and the name it authenticated with (user, zmq's "User-Id")
+ * says the same; anything else is a caller that is no worker (-1). */
+static int caller_id(zmq_msg_t *route, const char *user) {
+    uint16_t from;
+    if (zmq_msg_size(route) != sizeof from)
+        return -1;
+    memcpy(&from, zmq_msg_data(route), sizeof from);
+    char want[32];
+    snprintf(want, sizeof want, "worker%u", (unsigned)from);
+    return from < g.n && user && !strcmp(user, want) ? from : -1;
+}
+
 /* A message on the ROUTER: a request from a peer's DEALER, or anything at
- * all from anyone else. Whatever it is, it never takes the agent down. */
+ * all from another process of the job. Whatever it is, it never takes the
+ * agent down. */
 static void on_request(void) {
     zmq_msg_t route, head;
     zmq_msg_init(&route);
@@ -475,8 +499,13 @@ static void on_request(void) {
     if (zmq_msg_recv(&route, g.router, 0) < 0)
         return;
     bool more = zmq_msg_more(&route);
-    if (more && zmq_msg_recv(&head, g.router, 0) >= 0)
+    char user[32] = "";
+    if (more && zmq_msg_recv(&head, g.router, 0) >= 0) {
         more = zmq_msg_more(&head);
+        const char *u = zmq_msg_gets(&head, "User-Id");
+        if (u)
+            snprintf(user, sizeof user, "%s", u);
+    }
     rpc_header h = {0};
     int rc = ct__rpc_header_parse(zmq_msg_data(&head), zmq_msg_size(&head), &h);
     zmq_msg_close(&head);
@@ -519,18 +548,31 @@ static void on_request(void) {
         return;
     }
     j->h = h;
-    uint16_t from = 0;
-    j->from = -1;
-    if (zmq_msg_size(&route) == sizeof from) {
-        memcpy(&from, zmq_msg_data(&route), sizeof from);
-        j->from = from < g.n ? from : -1;
-    }
-    zmq_msg_init(&j->route);
-    zmq_msg_move(&j->route, &route);
+    j->from = caller_id(&route, user);
     pthread_mutex_lock(&g.mu);
-    QUEUE_PUSH(g.jobs_head, g.jobs_tail, j);
-    pthread_cond_signal(&g.jobs_cv);
+    size_t *count = &g.inflight[1 + j->from];
+    bool full = *count >= g.max_pending;
+    if (!full) {
+        ++*count;
+        zmq_msg_init(&j->route);
+        zmq_msg_move(&j->route, &route);
+        QUEUE_PUSH(g.jobs_head, g.jobs_tail, j);
+        pthread_cond_signal(&g.jobs_cv);
+    }
     pthread_mutex_unlock(&g.mu);
+    if (full) {
+        char who[32] = "callers that are no worker";
+        if (j->from >= 0)
+            snprintf(who, sizeof who, "worker %d", j->from);
+        reply_error(&route, &h,
+                    ct__seterr(CT_ENOMEM,
+                               "rpc: worker '%s' has %zu calls from %s queued or running, its "
+                               "limit (CT_RPC_MAX_PENDING=%zu); '%s' is refused",
+                               g.peers[g.self].name, g.max_pending, who, g.max_pending, j->fn));
+        zmq_msg_close(&route);
+        ct_rpc_args_free(j->in);
+        free(j);
+    }
 }
 
 static ct_future *find_pending(uint64_t id) {
@@ -671,8 +713,8 @@ static void expire(double now) {
 
 static void *io_main(void *arg) {
     (void)arg;
-    zmq_pollitem_t *items = calloc((size_t)(2 + 2 * g.n), sizeof *items);
-    int *who = calloc((size_t)(2 + 2 * g.n), sizeof *who);
+    zmq_pollitem_t *items = calloc((size_t)(3 + 2 * g.n), sizeof *items);
+    int *who = calloc((size_t)(3 + 2 * g.n), sizeof *who);
     /* Every peer is connected from the start, so that the death of any of
      * them is seen (its connection drops) even by a worker that only ever
      * answered it: that fails the contexts they share. */
@@ -697,6 +739,7 @@ static void *io_main(void *arg) {
         int n = 0;
         items[n++] = (zmq_pollitem_t){.socket = g.router, .events = ZMQ_POLLIN};
         items[n++] = (zmq_pollitem_t){.fd = g.wake_fd, .events = ZMQ_POLLIN};
+        items[n++] = (zmq_pollitem_t){.socket = g.auth.zap, .events = ZMQ_POLLIN};
         for (int i = 0; i < g.n; i++) {
             if (!g.peers[i].dealer)
                 continue;
@@ -712,9 +755,11 @@ static void *io_main(void *arg) {
             if (read(g.wake_fd, &v, sizeof v) < 0 && errno != EAGAIN)
                 break;
         }
+        if (items[2].revents)
+            ct__auth_serve(&g.auth);
         if (items[0].revents)
             on_request();
-        for (int k = 2; k < n; k++)
+        for (int k = 3; k < n; k++)
             if (items[k].revents && who[k] >= 0)
                 on_reply(&g.peers[who[k]], who[k]);
             else if (items[k].revents)
@@ -855,8 +900,9 @@ static void *handler_main(void *arg) {
         run_job(j);
         ct_rpc_args_free(j->in);
         zmq_msg_close(&j->route);
-        free(j);
         pthread_mutex_lock(&g.mu);
+        g.inflight[1 + j->from]--;
+        free(j);
         g.busy--;
         pthread_cond_broadcast(&g.idle_cv);
     }
@@ -962,14 +1008,17 @@ static void teardown(void) {
     }
     if (g.router)
         zmq_close(g.router);
+    ct__auth_close(&g.auth);
     if (g.zctx)
         zmq_ctx_term(g.zctx);
     if (g.wake_fd >= 0)
         close(g.wake_fd);
     free(g.peers);
     free(g.handlers);
+    free(g.inflight);
     g.peers = NULL;
     g.handlers = NULL;
+    g.inflight = NULL;
     g.router = g.zctx = NULL;
     g.wake_fd = -1;
     g.nhandlers = g.npending = 0;
@@ -1000,9 +1049,16 @@ int ct_rpc_init(const ct_rpc_options *opts) {
                           NAME_MAX_LEN);
     g.self = w->rank;
     g.n = w->size;
+    size_t max_message;
+    int rc = ct__env_limit("CT_RPC_MAX_PENDING", 1024, &g.max_pending);
+    if (!rc)
+        rc = ct__env_limit("CT_RPC_MAX_FRAME_BYTES", (size_t)4 << 30, &max_message);
+    if (rc)
+        return rc;
     g.peers = calloc((size_t)g.n, sizeof *g.peers);
     g.handlers = calloc((size_t)g.o.handler_threads, sizeof *g.handlers);
-    if (!g.peers || !g.handlers) {
+    g.inflight = calloc((size_t)g.n + 1, sizeof *g.inflight);
+    if (!g.peers || !g.handlers || !g.inflight) {
         teardown();
         return ct__seterr(CT_ENOMEM, "%s: out of memory", fn);
     }
@@ -1010,20 +1066,27 @@ int ct_rpc_init(const ct_rpc_options *opts) {
         snprintf(g.peers[g.self].name, sizeof g.peers[g.self].name, "%s", g.o.name);
     else
         snprintf(g.peers[g.self].name, sizeof g.peers[g.self].name, "worker%d", g.self);
-    /* On one machine loopback; across machines the host's name. */
-    char host[256] = "127.0.0.1";
-    if (w->local_size && w->local_size != w->size && gethostname(host, sizeof host) != 0)
-        snprintf(host, sizeof host, "127.0.0.1");
+    /* On one machine loopback; across machines this host's address. */
+    char host[256], bind[CT__BIND_LEN], listen[CT__BIND_LEN + 16];
     char bound[300] = "", endpoint[320];
     size_t blen = sizeof bound;
     int linger = 1000;
+    int64_t max_frame = (int64_t)(max_message < INT64_MAX ? max_message : INT64_MAX);
+    if ((rc = ct__listen_address(w, NULL, bind, host))) {
+        teardown();
+        return rc;
+    }
+    snprintf(listen, sizeof listen, "tcp://%s:*", bind);
     g.zctx = zmq_ctx_new();
     g.router = g.zctx ? zmq_socket(g.zctx, ZMQ_ROUTER) : NULL;
-    int rc = 0;
+    if (g.router && (rc = ct__auth_listen(g.zctx, g.router, &g.auth, "the RPC agent"))) {
+        teardown();
+        return rc;
+    }
     if (!g.router || zmq_setsockopt(g.router, ZMQ_LINGER, &linger, sizeof linger) ||
-        zmq_bind(g.router, "tcp://*:*") ||
-        zmq_getsockopt(g.router, ZMQ_LAST_ENDPOINT, bound, &blen))
-        rc = ct__seterr(CT_EFOREIGN, "%s: binding the worker's socket: %s", fn,
+        zmq_setsockopt(g.router, ZMQ_MAXMSGSIZE, &max_frame, sizeof max_frame) ||
+        zmq_bind(g.router, listen) || zmq_getsockopt(g.router, ZMQ_LAST_ENDPOINT, bound, &blen))
+        rc = ct__seterr(CT_EFOREIGN, "%s: binding the worker's socket to %s: %s", fn, listen,
                         zmq_strerror(zmq_errno()));
     const char *port = strrchr(bound, ':');
     snprintf(endpoint, sizeof endpoint, "tcp://%s%s", host, port ? port : ":0");

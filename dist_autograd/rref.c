@@ -2,6 +2,8 @@
  * the handle. */
 #include "rpc_impl.h"
 
+#include "dist_impl.h"
+
 #include <stdlib.h>
 
 #define RREF_MAGIC 0x63745272u /* "ctRr" */
@@ -20,10 +22,50 @@ typedef struct held {
     struct held *next;
 } held;
 
+/* Values are held only for the job's workers, so that a holder's death
+ * frees them, and at most CT_RPC_MAX_RREFS for each. */
 static struct {
     pthread_mutex_t mu;
     held *head;
+    size_t *count; /* per holder: [id], of ncount */
+    int ncount;
 } R = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+/* Counts one more value for holder; under R.mu. */
+static int count_new(int holder) {
+    size_t limit;
+    int rc = ct__env_limit("CT_RPC_MAX_RREFS", 65536, &limit);
+    if (rc)
+        return rc;
+    if (holder < 0)
+        return ct__seterr(CT_EINVAL, "rref: only the job's workers may hold remote references; "
+                                     "this caller is no worker");
+    if (holder >= R.ncount) {
+        int n = holder + 1;
+        size_t *c = realloc(R.count, (size_t)n * sizeof *c);
+        if (!c)
+            return ct__seterr(CT_ENOMEM, "rref: out of memory");
+        memset(c + R.ncount, 0, (size_t)(n - R.ncount) * sizeof *c);
+        R.count = c;
+        R.ncount = n;
+    }
+    if (R.count[holder] >= limit)
+        return ct__seterr(CT_ENOMEM,
+                          "rref: worker %d holds %zu remote references here, its limit "
+                          "(CT_RPC_MAX_RREFS=%zu); free some (ct_rref_free)",
+                          holder, R.count[holder], limit);
+    R.count[holder]++;
+    return 0;
+}
+
+/* Unlinks *p, a value no longer held; under R.mu. */
+static held *unlink_held(held **p) {
+    held *h = *p;
+    *p = h->next;
+    if (h->holder >= 0 && h->holder < R.ncount)
+        R.count[h->holder]--;
+    return h;
+}
 
 static held **find(int64_t id) {
     held **p = &R.head;
@@ -45,17 +87,26 @@ void ct__rref_on_new(const rpc_call *c, ct_rpc_args *in, rpc_reply *r) {
     const char *fn = rc ? NULL : ct_rpc_args_string(in, 0);
     if (!rc && !fn)
         rc = ct_errcode();
+    if (!rc) {
+        pthread_mutex_lock(&R.mu);
+        rc = count_new(c->from);
+        pthread_mutex_unlock(&R.mu);
+    }
+    bool counted = !rc;
     if (!rc && !(rc = ct__rpc_args_extend(args, in, 1)))
         rc = ct__rpc_run_fn(fn, args, out);
-    if (!rc && !(rc = ct_rpc_args_add_int(id, (int64_t)c->id))) {
-        *h = (held){(int64_t)c->id, c->from, out, NULL};
-        pthread_mutex_lock(&R.mu);
-        h->next = R.head;
+    if (!rc)
+        rc = ct_rpc_args_add_int(id, (int64_t)c->id);
+    pthread_mutex_lock(&R.mu);
+    if (!rc) {
+        *h = (held){(int64_t)c->id, c->from, out, R.head};
         R.head = h;
-        pthread_mutex_unlock(&R.mu);
         out = NULL;
         h = NULL;
+    } else if (counted) {
+        R.count[c->from]--;
     }
+    pthread_mutex_unlock(&R.mu);
     ct__rpc_reply(r, rc, id);
     free(h);
     ct_rpc_args_free(out);
@@ -104,14 +155,13 @@ static void drop(held *h) {
     free(h);
 }
 
+/* Only the holder frees a value. */
 void ct__rref_on_del(const rpc_call *c, ct_rpc_args *in, rpc_reply *r) {
-    (void)c;
     int64_t id = ct_rpc_args_int(in, 0);
     int rc = ct_errcode();
     pthread_mutex_lock(&R.mu);
-    held **p = rc ? NULL : find(id), *h = p ? *p : NULL;
-    if (h)
-        *p = h->next;
+    held **p = rc ? NULL : find(id),
+         *h = p && *p && (*p)->holder == c->from ? unlink_held(p) : NULL;
     pthread_mutex_unlock(&R.mu);
     if (h)
         drop(h);
@@ -124,14 +174,18 @@ static void drop_held_by(int holder) {
     pthread_mutex_lock(&R.mu);
     held *gone = NULL;
     for (held **p = &R.head; *p;) {
-        held *h = *p;
-        if (holder < 0 || h->holder == holder) {
-            *p = h->next;
+        if (holder < 0 || (*p)->holder == holder) {
+            held *h = unlink_held(p);
             h->next = gone;
             gone = h;
         } else {
-            p = &h->next;
+            p = &(*p)->next;
         }
+    }
+    if (holder < 0) {
+        free(R.count);
+        R.count = NULL;
+        R.ncount = 0;
     }
     pthread_mutex_unlock(&R.mu);
     while (gone) {

@@ -81,6 +81,10 @@ static const char usage_text[] =
     "                      Default: 127.0.0.1 on one node; with --nnodes > 1 the\n"
     "                      address HOST of --master resolves to, which must be this\n"
     "                      machine's\n"
+    "  --secret-file F     the job's secret, the same file on every node (mode 600;\n"
+    "                      default: CT_SECRET_FILE, else a new random secret, which\n"
+    "                      works for one node only); store and RPC connections must\n"
+    "                      prove it, and the ranks get it in CT_JOB_SECRET\n"
     "  --log-dir DIR       also append each rank's output to DIR/rank.N.out and\n"
     "                      DIR/rank.N.err (mode 600), under a header per restart;\n"
     "                      DIR is created (mode 700) or must be this user's own real\n"
@@ -124,6 +128,7 @@ typedef struct options {
      * listening address, or master_host on the other nodes. Owned. */
     char *store_addr;
     const char *log_dir;
+    const char *secret_file; /* --secret-file, else CT_SECRET_FILE; NULL: a new secret */
     int master_port;
     bool *show; /* [np]: ranks shown on the console */
     char **argv;
@@ -260,6 +265,8 @@ static void parse(int argc, char **argv, options *o) {
             o->hang_timeout = strtod(v, &end);
             if (!*v || *end || !(o->hang_timeout > 0) || !isfinite(o->hang_timeout))
                 die_usage("--hang-timeout needs seconds > 0, got '%s'", v);
+        } else if (!strcmp(a, "--secret-file")) {
+            o->secret_file = v;
         } else if (!strcmp(a, "--bind")) {
             if (!*v)
                 die_usage("--bind needs an IPv4 address or an interface name");
@@ -1094,6 +1101,37 @@ static outcome supervise(const options *o, rank *ranks, watcher *watch) {
                       : (outcome){.how = ENDED_OK};
 }
 
+/* The job's secret: from --secret-file or CT_SECRET_FILE (every node reads
+ * the same file), else CT_JOB_SECRET when an outer launcher set one, else a
+ * new random one, which only this node's ranks learn. The ranks get it in
+ * the environment, never on a command line, where ps would show it. */
+static int setup_secret(const options *o) {
+    char secret[CT_SECRET_MAX + 1];
+    const char *file = o->secret_file ? o->secret_file : getenv("CT_SECRET_FILE");
+    const char *given = getenv("CT_JOB_SECRET");
+    if (!file && !given && o->nnodes > 1) {
+        fprintf(stderr,
+                "ctlaunch: --nnodes %d: every node needs the same secret; pass --secret-file F "
+                "(a file of mode 600, the same on every node)\n",
+                o->nnodes);
+        return 1;
+    }
+    bool inherited = !file && given;
+    int rc = file        ? ct_secret_read_file(file, secret)
+             : inherited ? ct_secret_set(given)
+                         : ct_secret_generate(secret);
+    if (!rc && !inherited)
+        rc = ct_secret_set(secret);
+    if (!rc && !inherited && setenv("CT_JOB_SECRET", secret, 1)) {
+        perror("ctlaunch: setenv");
+        rc = 1;
+    }
+    memset(secret, 0, sizeof secret);
+    if (rc < 0)
+        fprintf(stderr, "ctlaunch: the job's secret: %s\n", ct_errmsg());
+    return rc;
+}
+
 /* ------------------------------------------------------ store placement */
 
 /* Whether addr (network order) is an address of one of this machine's
@@ -1211,6 +1249,8 @@ int main(int argc, char **argv) {
         sigaction(forwarded[i], &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
 
+    if (setup_secret(&o))
+        return 1;
     /* Node 0 hosts the store the ranks meet through; it outlives restarts.
      * Without --master it binds a free port, published to the ranks. */
     ct_store_server *store = NULL;

@@ -18,8 +18,14 @@
  *              silent, it answers no heartbeat, and the caller's future
  *              fails with CT_EPEER naming it after the heartbeat timeout
  *   garbage    rank 0 sends noise and a malformed request straight to
- *              rank 1's socket: the malformed request gets an error reply,
- *              and rank 1 goes on serving calls
+ *              rank 1's socket, with the job's secret: the malformed request
+ *              gets an error reply, and rank 1 goes on serving calls
+ *   outsiders  rank 0 calls rank 1's echo from sockets without the secret or
+ *              with a wrong one, or with the secret but worker 0's routing
+ *              id, which worker 0 holds (no answer ever comes); and with the
+ *              secret and an unused worker id under another name (served as
+ *              a caller that is no worker: ct.rref_new is refused); rank 1
+ *              serves on
  *
  * Every rank prints "pid=<pid>" first (tt_rank.c). */
 #include "ct_test.h"
@@ -326,24 +332,70 @@ static void request_header(unsigned char h[40]) {
     h[8] = 42;
 }
 
+/* A raw DEALER connected to rank 1's RPC socket, proving secret (NULL: no
+ * credentials), with routing id route (NULL: zmq's own) and a receive
+ * timeout of wait_ms. */
+static void *raw_to_rank1(void *ctx, const char *secret, const uint16_t *route, int wait_ms) {
+    void *store_value = NULL;
+    size_t len = 0;
+    TT_CHECK_RC("reading rank 1's address",
+                ct_store_get(ct_dist_store(), "rpc/0/1", &store_value, &len, TIMEOUT));
+    char text[400] = "";
+    snprintf(text, sizeof text, "%.*s", (int)len, (const char *)store_value);
+    free(store_value);
+    const char *endpoint = strchr(text, ' ');
+    void *s = zmq_socket(ctx, ZMQ_DEALER);
+    int linger = 0;
+    zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_setsockopt(s, ZMQ_RCVTIMEO, &wait_ms, sizeof wait_ms);
+    if (secret) {
+        zmq_setsockopt(s, ZMQ_PLAIN_USERNAME, "impostor", 8);
+        zmq_setsockopt(s, ZMQ_PLAIN_PASSWORD, secret, strlen(secret));
+    }
+    if (route)
+        zmq_setsockopt(s, ZMQ_ROUTING_ID, route, sizeof *route);
+    if (!endpoint || zmq_connect(s, endpoint + 1))
+        tt_fail(__FILE__, __LINE__, "connecting to '%s'", text);
+    return s;
+}
+
+/* Sends a request for fn with one string argument arg (none when NULL), as
+ * id 42 (the description's layout: docs/rpc-design.md), and returns the
+ * reply header's kind (2 response, 3 error), or -1 when none came in
+ * time. */
+static int call_raw(void *s, const char *fn, const char *arg) {
+    unsigned char h[40], desc[300];
+    request_header(h);
+    size_t n = strlen(fn), at = 0;
+    uint32_t count = arg ? 1 : 0;
+    desc[at++] = (unsigned char)n;
+    memcpy(desc + at, fn, n);
+    at += n;
+    memcpy(desc + at, &count, 4);
+    at += 4;
+    if (arg) {
+        uint32_t len = (uint32_t)strlen(arg);
+        desc[at++] = CT_RPC_STRING;
+        memcpy(desc + at, &len, 4);
+        memcpy(desc + at + 4, arg, len);
+        at += 4 + len;
+    }
+    zmq_send(s, h, sizeof h, ZMQ_SNDMORE | ZMQ_DONTWAIT);
+    zmq_send(s, desc, at, ZMQ_DONTWAIT);
+    unsigned char reply[64];
+    int got = zmq_recv(s, reply, sizeof reply, 0);
+    int more = 0;
+    size_t optlen = sizeof more;
+    while (got >= 0 && !zmq_getsockopt(s, ZMQ_RCVMORE, &more, &optlen) && more)
+        zmq_recv(s, desc, sizeof desc, 0);
+    return got == 40 && reply[16] == 42 ? reply[6] : -1;
+}
+
 TEST(garbage) {
     if (!join())
         return;
     if (rank_ == 0) {
-        void *store_value = NULL;
-        size_t len = 0;
-        TT_CHECK_RC("reading rank 1's address",
-                    ct_store_get(ct_dist_store(), "rpc/0/1", &store_value, &len, TIMEOUT));
-        char text[400] = "";
-        snprintf(text, sizeof text, "%.*s", (int)len, (const char *)store_value);
-        free(store_value);
-        const char *endpoint = strchr(text, ' ');
-        void *ctx = zmq_ctx_new(), *s = zmq_socket(ctx, ZMQ_DEALER);
-        int linger = 0, wait_ms = 5000;
-        zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
-        zmq_setsockopt(s, ZMQ_RCVTIMEO, &wait_ms, sizeof wait_ms);
-        if (!endpoint || zmq_connect(s, endpoint + 1))
-            tt_fail(__FILE__, __LINE__, "connecting to '%s'", text);
+        void *ctx = zmq_ctx_new(), *s = raw_to_rank1(ctx, getenv("CT_JOB_SECRET"), NULL, 5000);
         zmq_send(s, "hello", 5, 0);
         zmq_send(s, "\x01\x02", 2, ZMQ_SNDMORE);
         zmq_send(s, "noise", 5, ZMQ_SNDMORE);
@@ -361,6 +413,48 @@ TEST(garbage) {
         zmq_ctx_term(ctx);
         ct_rpc_args *none = ct_rpc_args_new(), *out = NULL;
         TT_CHECK_RC("echo after the noise", ct_rpc_sync("worker1", "echo", none, 0, &out));
+        ct_rpc_args_free(out);
+        ct_rpc_args_free(none);
+    }
+    leave();
+}
+
+TEST(outsiders) {
+    if (!join())
+        return;
+    if (rank_ == 0) {
+        void *ctx = zmq_ctx_new();
+        const char *secrets[] = {NULL, "a-wrong-secret-0123456789"};
+        for (int i = 0; i < 2; i++) {
+            void *s = raw_to_rank1(ctx, secrets[i], NULL, 1000);
+            int kind = call_raw(s, "echo", NULL);
+            if (kind != -1)
+                tt_fail(__FILE__, __LINE__, "a caller %s was answered (kind %d)",
+                        i ? "with a wrong secret" : "without credentials", kind);
+            zmq_close(s);
+        }
+        /* The secret and worker 0's routing id, which worker 0 holds: zmq
+         * keeps the first connection's route, so the second gets nothing. */
+        uint16_t route = 0;
+        void *s = raw_to_rank1(ctx, getenv("CT_JOB_SECRET"), &route, 1000);
+        int kind = call_raw(s, "echo", NULL);
+        if (kind != -1)
+            tt_fail(__FILE__, __LINE__, "a second connection as worker 0 was answered (%d)", kind);
+        zmq_close(s);
+        /* The secret and an unused worker id, but not the worker's name: a
+         * caller that is no worker, whose calls are served but who may hold
+         * no value. */
+        route = 1;
+        s = raw_to_rank1(ctx, getenv("CT_JOB_SECRET"), &route, 5000);
+        int echo_kind = call_raw(s, "echo", NULL), rref_kind = call_raw(s, "ct.rref_new", "echo");
+        if (echo_kind != 2 || rref_kind != 3)
+            tt_fail(__FILE__, __LINE__,
+                    "an impostor's echo got kind %d (want 2) and its ct.rref_new kind %d (want 3)",
+                    echo_kind, rref_kind);
+        zmq_close(s);
+        zmq_ctx_term(ctx);
+        ct_rpc_args *none = ct_rpc_args_new(), *out = NULL;
+        TT_CHECK_RC("echo after the outsiders", ct_rpc_sync("worker1", "echo", none, 0, &out));
         ct_rpc_args_free(out);
         ct_rpc_args_free(none);
     }

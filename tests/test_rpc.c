@@ -1,6 +1,7 @@
 /* RPC across real processes: rpc_rank under ctlaunch. Calls of every kind,
  * remote errors, unknown functions, timeouts, a worker that dies inside a
- * call, and noise sent straight to a worker's socket. Each run has a
+ * call, noise sent straight to a worker's socket, and outsiders without
+ * the job's secret. Each run has a
  * deadline, and every rank (each prints pid=N) is checked to be gone
  * afterwards. */
 #include "ct_test.h"
@@ -24,3 +25,4 @@ TEST(a_worker_that_hangs_is_declared_dead_by_its_silence) {
     runs(2, "peer_hangs", 128 + SIGKILL, 1);
 }
 TEST(noise_sent_to_a_worker_does_not_stop_it) { runs(2, "garbage", 0, -1); }
+TEST(outsiders_without_the_secret_get_no_answer) { runs(2, "outsiders", 0, -1); }

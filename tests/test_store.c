@@ -1,7 +1,8 @@
 /* The dist/ key-value store: its operations, timeouts, failures of the
- * server, many threads and processes at once, and hostile messages on the
- * wire. Every blocking call has a short timeout, so a bug fails instead of
- * hanging. */
+ * server, many threads and processes at once, hostile messages on the wire
+ * from inside the job, outsiders without the job's secret, and the
+ * server's limits. Every blocking call has a short timeout, so a bug fails
+ * instead of hanging. */
 #include "ct_test.h"
 
 #include <ct/dist.h>
@@ -20,6 +21,33 @@
  * builds never call it. */
 const char *__tsan_default_suppressions(void);
 const char *__tsan_default_suppressions(void) { return "race:libzmq.so\nrace:libstdc++.so\n"; }
+
+/* This process's job secret, which the raw sockets below prove by hand. */
+#define SECRET "test-store-secret-0123456789"
+
+__attribute__((constructor)) static void set_secret(void) {
+    if (ct_secret_set(SECRET) != 0)
+        abort();
+}
+
+/* Gives a raw socket the job's credentials, as ct's own clients have. */
+static void *with_secret(void *sock, const char *secret) {
+    zmq_setsockopt(sock, ZMQ_PLAIN_USERNAME, "test", 4);
+    zmq_setsockopt(sock, ZMQ_PLAIN_PASSWORD, secret, strlen(secret));
+    return sock;
+}
+
+/* This process's resident memory, in bytes. */
+static double rss_bytes(void) {
+    FILE *f = fopen("/proc/self/statm", "r");
+    long pages = 0, resident = 0;
+    if (f) {
+        if (fscanf(f, "%ld %ld", &pages, &resident) != 2)
+            resident = 0;
+        fclose(f);
+    }
+    return (double)resident * (double)sysconf(_SC_PAGESIZE);
+}
 
 static void sleep_s(double s) {
     struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
@@ -439,7 +467,7 @@ TEST(hostile_messages_do_not_crash_the_server) {
     fixture f;
     ASSERT_TRUE(fixture_init(&f));
     void *ctx = zmq_ctx_new();
-    void *raw = zmq_socket(ctx, ZMQ_DEALER);
+    void *raw = with_secret(zmq_socket(ctx, ZMQ_DEALER), SECRET);
     int zero = 0;
     zmq_setsockopt(raw, ZMQ_LINGER, &zero, sizeof zero);
     char endpoint[64];
@@ -510,7 +538,7 @@ TEST(hostile_messages_do_not_crash_the_server) {
 
 /* A DEALER with the given routing id, connected to the server on port. */
 static void *raw_client(void *ctx, int port, const char *route) {
-    void *sock = zmq_socket(ctx, ZMQ_DEALER);
+    void *sock = with_secret(zmq_socket(ctx, ZMQ_DEALER), SECRET);
     int zero = 0;
     char endpoint[64];
     snprintf(endpoint, sizeof endpoint, "tcp://127.0.0.1:%d", port);
@@ -547,5 +575,149 @@ TEST(a_reconnected_client_is_known_again) {
     zmq_close(third);
     zmq_ctx_term(ctx);
     ASSERT_TRUE(value_is(f.store, "n", "2", 1));
+    fixture_free(&f);
+}
+
+/* An outsider without the secret (none at all, or a wrong one) gets no
+ * request served: nothing it sends is stored, and it costs the server no
+ * memory. */
+TEST(outsiders_without_the_secret_are_refused) {
+    fixture f;
+    ASSERT_TRUE(fixture_init(&f));
+    double before = rss_bytes();
+    pid_t pid = fork();
+    if (pid == 0) {
+        void *ctx = zmq_ctx_new();
+        char endpoint[64];
+        snprintf(endpoint, sizeof endpoint, "tcp://127.0.0.1:%d", f.port);
+        static char value[1 << 20];
+        memset(value, 'x', sizeof value);
+        uint8_t h[20];
+        for (int k = 0; k < 2; k++) {
+            void *raw = zmq_socket(ctx, ZMQ_DEALER);
+            int zero = 0;
+            zmq_setsockopt(raw, ZMQ_LINGER, &zero, sizeof zero);
+            if (k == 1)
+                with_secret(raw, "a-wrong-secret-0123456789");
+            zmq_connect(raw, endpoint);
+            for (int i = 0; i < 150; i++) {
+                char key[32];
+                snprintf(key, sizeof key, "outsider/%d", i);
+                header(h, 2 /* set */, (uint64_t)i + 1, 0);
+                /* Without a peer that took it, a DEALER's send would block. */
+                zmq_send(raw, h, sizeof h, ZMQ_SNDMORE | ZMQ_DONTWAIT);
+                zmq_send(raw, key, strlen(key), ZMQ_SNDMORE | ZMQ_DONTWAIT);
+                zmq_send(raw, value, sizeof value, ZMQ_DONTWAIT);
+                sleep_s(0.002);
+            }
+            int got = recv_status(raw, 1, (char[8]){0}, 8);
+            zmq_close(raw);
+            if (got != -1)
+                _exit(1);
+        }
+        zmq_ctx_term(ctx);
+        _exit(0);
+    }
+    ASSERT_EQ(reap(pid, 20.0), 0);
+    bool any = true;
+    ASSERT_EQ(ct_store_check(f.store, (const char *[]){"outsider/0", "outsider/149"}, 2, &any, -1),
+              0);
+    ASSERT_TRUE(!any);
+    /* 300 MiB were sent; the server kept none of it. */
+    ASSERT_TRUE(rss_bytes() - before < 32e6);
+    ASSERT_EQ(ct_store_set(f.store, "still", "up", 2, -1), 0);
+    fixture_free(&f);
+}
+
+/* ct's own client with another job's secret fails at once, saying why. */
+TEST(a_wrong_secret_is_an_error_naming_it) {
+    fixture f;
+    ASSERT_TRUE(fixture_init(&f));
+    pid_t pid = fork();
+    if (pid == 0) {
+        ct_secret_set("another-jobs-secret-0123456789");
+        double t0 = tt_now();
+        ct_store *s = ct_store_connect("127.0.0.1", f.port, 5.0);
+        bool named = strstr(ct_errmsg(), "refused this process's job secret") != NULL;
+        _exit(!s && ct_errcode() == CT_EAUTH && named && tt_now() - t0 < 2.0 ? 0 : 1);
+    }
+    ASSERT_EQ(reap(pid, 10.0), 0);
+    fixture_free(&f);
+}
+
+/* The server's limits: keys, bytes and clients, each named when reached,
+ * and room made again by deleting. */
+TEST(limits_are_enforced_and_named) {
+    setenv("CT_STORE_MAX_KEYS_TOTAL", "4", 1);
+    setenv("CT_STORE_MAX_BYTES", "3000", 1);
+    fixture f;
+    bool up = fixture_init(&f);
+    unsetenv("CT_STORE_MAX_KEYS_TOTAL");
+    unsetenv("CT_STORE_MAX_BYTES");
+    ASSERT_TRUE(up);
+    for (int i = 0; i < 4; i++) {
+        char key[8];
+        snprintf(key, sizeof key, "k%d", i);
+        ASSERT_EQ(ct_store_set(f.store, key, "v", 1, -1), 0);
+    }
+    ASSERT_EQ(ct_store_set(f.store, "k4", "v", 1, -1), CT_ENOMEM);
+    ASSERT_STR_CONTAINS(ct_errmsg(), "CT_STORE_MAX_KEYS_TOTAL=4");
+    ASSERT_EQ(ct_store_add(f.store, "counter", 1, NULL, -1), CT_ENOMEM);
+    /* Replacing a value needs no new key. */
+    ASSERT_EQ(ct_store_set(f.store, "k0", "w", 1, -1), 0);
+    static char big[4000];
+    ASSERT_EQ(ct_store_set(f.store, "k1", big, sizeof big, -1), CT_ENOMEM);
+    ASSERT_STR_CONTAINS(ct_errmsg(), "CT_STORE_MAX_BYTES=3000");
+    ASSERT_EQ(ct_store_set(f.store, "k1", big, 2000, -1), 0);
+    ASSERT_EQ(ct_store_set(f.store, "k2", big, 2000, -1), CT_ENOMEM);
+    ASSERT_EQ(ct_store_delete(f.store, "k1", NULL, -1), 0);
+    ASSERT_EQ(ct_store_set(f.store, "k2", big, 2000, -1), 0);
+    ASSERT_EQ(ct_store_delete(f.store, "k3", NULL, -1), 0);
+    ASSERT_EQ(ct_store_add(f.store, "counter", 1, NULL, -1), 0);
+    fixture_free(&f);
+
+    setenv("CT_STORE_MAX_CLIENTS", "2", 1);
+    up = fixture_init(&f);
+    unsetenv("CT_STORE_MAX_CLIENTS");
+    ASSERT_TRUE(up);
+    ct_store *second = ct_store_connect("127.0.0.1", f.port, 2.0);
+    ASSERT_TRUE(second != NULL);
+    ASSERT_FAILS(ct_store_connect("127.0.0.1", f.port, 2.0), CT_ENOMEM, "CT_STORE_MAX_CLIENTS=2");
+    ct_store_free(second);
+    fixture_free(&f);
+
+    setenv("CT_STORE_MAX_BYTES", "lots", 1);
+    ASSERT_FAILS(ct_store_server_new("127.0.0.1", 0), CT_EINVAL, "CT_STORE_MAX_BYTES=\"lots\"");
+    unsetenv("CT_STORE_MAX_BYTES");
+}
+
+/* A client that asks for a large value again and again and never reads the
+ * replies makes the server hold no copies of it: queued replies share the
+ * stored value. */
+TEST(unread_replies_share_the_stored_value) {
+    fixture f;
+    ASSERT_TRUE(fixture_init(&f));
+    static char value[8 << 20];
+    memset(value, 'v', sizeof value);
+    ASSERT_EQ(ct_store_set(f.store, "big", value, sizeof value, -1), 0);
+    double before = rss_bytes();
+    pid_t pid = fork();
+    if (pid == 0) {
+        void *ctx = zmq_ctx_new();
+        void *raw = raw_client(ctx, f.port, "greedy");
+        uint8_t h[20];
+        for (int i = 0; i < 100; i++) {
+            header(h, 3 /* get */, (uint64_t)i + 1, 1000);
+            send_frames(raw, (const void *[]){h, "big"}, (size_t[]){20, 3}, 2);
+            sleep_s(0.005);
+        }
+        sleep_s(1.0);
+        _exit(0);
+    }
+    sleep_s(1.0);
+    double grown = rss_bytes() - before;
+    ASSERT_EQ(reap(pid, 10.0), 0);
+    /* 100 replies of 8 MiB were asked for: copies would be 800 MiB. */
+    ASSERT_TRUE(grown < 64e6);
     fixture_free(&f);
 }

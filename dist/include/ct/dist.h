@@ -104,6 +104,34 @@ CT_API int ct_world_from_env(ct_world *w);
 /* "ctlaunch", "Open MPI", ... */
 CT_API const char *ct_world_source_name(ct_world_source source);
 
+/* ----------------------------------------------------------------- trust */
+
+/* A job has a secret, and every store and RPC connection proves it before
+ * anything it sends is served (docs/security.md). The process's secret is,
+ * first found: the one ct_secret_set() gave; CT_JOB_SECRET (ctlaunch puts
+ * one there for its ranks); the content of the file CT_SECRET_FILE names;
+ * under an MPI launcher, rank 0's, broadcast by ct_dist_init; else a random
+ * one of this process's own, which only it and its forked children know.
+ * A secret is CT_SECRET_MIN to CT_SECRET_MAX bytes of printable ASCII
+ * without spaces. */
+#define CT_SECRET_MIN     16
+#define CT_SECRET_MAX     1024
+#define CT_SECRET_HEX_LEN 64 /* ct_secret_generate's: 32 random bytes in hex */
+
+/* Makes secret (copied) this process's secret, for servers and clients made
+ * from now on. Errors: CT_EINVAL for a NULL, short, long or non-printable
+ * secret. Thread-safe. */
+CT_API int ct_secret_set(const char *secret);
+/* Writes a new random secret (getrandom) and its NUL into out. Errors:
+ * CT_EFOREIGN when the kernel gives no random bytes. Thread-safe. */
+CT_API int ct_secret_generate(char out[CT_SECRET_HEX_LEN + 1]);
+/* Reads a secret from the file at path into out (NUL-terminated; a final
+ * newline is dropped). The file must be a regular file (not a symbolic link
+ * or a FIFO) owned by this user and readable by nobody else (mode 600, as
+ * ssh requires of its keys). Errors: CT_EINVAL naming what is wrong with
+ * the file or its content, CT_EIO when it cannot be read. Thread-safe. */
+CT_API int ct_secret_read_file(const char *path, char out[CT_SECRET_MAX + 1]);
+
 /* ----------------------------------------------------------------- store */
 
 /* Limits, checked on both sides of the wire. */

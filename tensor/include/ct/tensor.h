@@ -87,7 +87,8 @@ extern "C" {
     X(EPEER, "peer failed")                                                                        \
     X(ECLOSED, "closed")                                                                           \
     X(EMISMATCH, "ranks disagree")                                                                 \
-    X(EFOREIGN, "error in an external library")
+    X(EFOREIGN, "error in an external library")                                                    \
+    X(EAUTH, "authentication failed")
 
 enum ct__errno_index {
 #define CT__ERR_INDEX(name, text) CT__ERR_INDEX_##name,
@@ -517,9 +518,10 @@ CT_API bool ct_in_parallel_region(void);
     X(VIEW)                                                                                        \
     X(EXPAND)                                                                                      \
     X(PERMUTE)                                                                                     \
-    X(SLICE) X(SELECT) X(SQUEEZE) X(UNSQUEEZE) X(CONTIGUOUS) X(CLONE) X(COPY) X(TO_DTYPE) X(NEG)   \
-        X(ABS) X(EXP) X(LOG) X(LOG1P) X(SQRT) X(RSQRT) X(SIN) X(COS) X(TANH) X(SIGMOID) X(RELU)    \
-            X(GELU) X(GELU_TANH) X(SILU) X(POW_SCALAR) X(CLAMP) X(ADD) X(SUB) X(MUL) X(DIV) X(POW) \
+    X(SLICE)                                                                                       \
+    X(SELECT) X(SQUEEZE) X(UNSQUEEZE) X(CONTIGUOUS) X(CLONE) X(COPY) X(TO_DTYPE) X(NEG) X(ABS)     \
+        X(EXP) X(LOG) X(LOG1P) X(SQRT) X(RSQRT) X(SIN) X(COS) X(TANH) X(SIGMOID) X(RELU) X(GELU)   \
+            X(GELU_TANH) X(SILU) X(POW_SCALAR) X(CLAMP) X(ADD) X(SUB) X(MUL) X(DIV) X(POW)         \
                 X(MAXIMUM) X(MINIMUM) X(EQ) X(NE) X(LT) X(LE) X(GT) X(GE) X(WHERE) X(MASKED_FILL)  \
                     X(SUM) X(MEAN) X(PROD) X(AMAX) X(AMIN) X(VAR) X(STD) X(LOGSUMEXP) X(NORM)      \
                         X(MAX_DIM) X(MIN_DIM) X(ARGMAX) X(ARGMIN) X(MATMUL) X(SOFTMAX)             \
