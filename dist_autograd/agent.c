@@ -400,6 +400,8 @@ static void free_zmq_frame(void *data, void *ctx) {
 /* Receives the rest of a multipart message after its header frame:
  * the description and the tensor frames (each moved to the heap, so that a
  * tensor can own it). Returns the number of frames, or -1. */
+static void free_frames(rpc_frame *frames, int n);
+
 static int recv_rest(void *sock, zmq_msg_t *desc, rpc_frame *frames, int cap) {
     zmq_msg_init(desc);
     if (zmq_msg_recv(desc, sock, 0) < 0)
@@ -410,6 +412,7 @@ static int recv_rest(void *sock, zmq_msg_t *desc, rpc_frame *frames, int cap) {
         zmq_msg_t *m = malloc(sizeof *m);
         if (!m || zmq_msg_init(m) || zmq_msg_recv(m, sock, 0) < 0) {
             free(m);
+            free_frames(frames, n < cap ? n : cap);
             return -1;
         }
         more = zmq_msg_more(m);
@@ -489,60 +492,73 @@ static int caller_id(zmq_msg_t *route, const char *user) {
     return from < g.n && user && !strcmp(user, want) ? from : -1;
 }
 
+int ct__rpc_read_request(void *sock, rpc_header *h, char fn[RPC_NAME_MAX + 1], ct_rpc_args **in,
+                         char user[RPC_USER_MAX]) {
+    *in = NULL;
+    *h = (rpc_header){0};
+    user[0] = '\0';
+    zmq_msg_t head;
+    zmq_msg_init(&head);
+    int got = zmq_msg_recv(&head, sock, 0);
+    bool more = got >= 0 && zmq_msg_more(&head);
+    const char *u = got >= 0 ? zmq_msg_gets(&head, "User-Id") : NULL;
+    if (u)
+        snprintf(user, RPC_USER_MAX, "%s", u);
+    int rc = got < 0 ? ct__seterr(CT_ECORRUPT, "rpc: a malformed message: its header is missing")
+                     : ct__rpc_header_parse(zmq_msg_data(&head), zmq_msg_size(&head), h);
+    zmq_msg_close(&head);
+    if (!rc && h->kind != RPC_REQUEST)
+        rc = ct__seterr(CT_ECORRUPT, "rpc: a %s message where a request belongs",
+                        h->kind == RPC_RESPONSE ? "response" : "error");
+    if (!rc && !more)
+        rc = ct__seterr(CT_ECORRUPT, "rpc: a malformed message: its description is missing");
+    if (rc) {
+        drain(sock, more);
+        return rc;
+    }
+    rpc_frame frames[MAX_TENSOR_FRAMES];
+    zmq_msg_t desc;
+    int n = recv_rest(sock, &desc, frames, MAX_TENSOR_FRAMES);
+    if (n < 0 || n > MAX_TENSOR_FRAMES)
+        rc = ct__seterr(CT_ECORRUPT, "rpc: a malformed message: %s",
+                        n < 0 ? "frames missing" : "too many tensor frames");
+    if (!rc) {
+        align_frames(frames, n);
+        rc = ct__rpc_decode_call(zmq_msg_data(&desc), zmq_msg_size(&desc), frames, (uint32_t)n, fn,
+                                 in);
+    }
+    if (n >= 0)
+        free_frames(frames, n > MAX_TENSOR_FRAMES ? MAX_TENSOR_FRAMES : n);
+    zmq_msg_close(&desc);
+    return rc;
+}
+
 /* A message on the ROUTER: a request from a peer's DEALER, or anything at
  * all from another process of the job. Whatever it is, it never takes the
  * agent down. */
 static void on_request(void) {
-    zmq_msg_t route, head;
+    zmq_msg_t route;
     zmq_msg_init(&route);
-    zmq_msg_init(&head);
     if (zmq_msg_recv(&route, g.router, 0) < 0)
         return;
-    bool more = zmq_msg_more(&route);
-    char user[32] = "";
-    if (more && zmq_msg_recv(&head, g.router, 0) >= 0) {
-        more = zmq_msg_more(&head);
-        const char *u = zmq_msg_gets(&head, "User-Id");
-        if (u)
-            snprintf(user, sizeof user, "%s", u);
-    }
+    job *j = calloc(1, sizeof *j);
     rpc_header h = {0};
-    int rc = ct__rpc_header_parse(zmq_msg_data(&head), zmq_msg_size(&head), &h);
-    zmq_msg_close(&head);
-    if (!rc && h.kind != RPC_REQUEST)
-        rc = ct__seterr(CT_ECORRUPT, "rpc: a %s message where a request belongs",
-                        h.kind == RPC_RESPONSE ? "response" : "error");
-    if (!rc && !more)
-        rc = ct__seterr(CT_ECORRUPT, "rpc: a malformed message: its description is missing");
+    char user[RPC_USER_MAX];
+    int rc = 0;
+    if (!zmq_msg_more(&route)) {
+        rc = ct__seterr(CT_ECORRUPT, "rpc: a message of one frame");
+    } else if (!j) {
+        drain(g.router, true);
+        rc = ct__seterr(CT_ENOMEM, "rpc: out of memory");
+    } else {
+        rc = ct__rpc_read_request(g.router, &h, j->fn, &j->in, user);
+    }
     if (rc) {
-        drain(g.router, more);
         fprintf(stderr, "ct rpc: worker '%s' dropped a message: %s\n", g.peers[g.self].name,
                 ct_errmsg());
         /* A sender that speaks the protocol gets told; noise does not. */
         if (h.magic == RPC_MAGIC && h.kind == RPC_REQUEST)
             reply_error(&route, &h, rc);
-        zmq_msg_close(&route);
-        return;
-    }
-    rpc_frame frames[MAX_TENSOR_FRAMES];
-    zmq_msg_t desc;
-    int n = recv_rest(g.router, &desc, frames, MAX_TENSOR_FRAMES);
-    job *j = calloc(1, sizeof *j);
-    if (n < 0 || n > MAX_TENSOR_FRAMES)
-        rc = ct__seterr(CT_ECORRUPT, "rpc: a malformed message: %s",
-                        n < 0 ? "frames missing" : "too many tensor frames");
-    else if (!j)
-        rc = ct__seterr(CT_ENOMEM, "rpc: out of memory");
-    if (!rc && j) {
-        align_frames(frames, n);
-        rc = ct__rpc_decode_call(zmq_msg_data(&desc), zmq_msg_size(&desc), frames, (uint32_t)n,
-                                 j->fn, &j->in);
-    }
-    if (n >= 0)
-        free_frames(frames, n > MAX_TENSOR_FRAMES ? MAX_TENSOR_FRAMES : n);
-    zmq_msg_close(&desc);
-    if (rc) {
-        reply_error(&route, &h, rc);
         zmq_msg_close(&route);
         free(j);
         return;

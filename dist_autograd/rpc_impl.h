@@ -98,6 +98,17 @@ int ct__rpc_header_parse(const void *frame, size_t len, rpc_header *h);
  * never reads outside the description or a frame. */
 int ct__rpc_decode_call(const void *desc, size_t desc_len, rpc_frame *frames, uint32_t nframes,
                         char fn[RPC_NAME_MAX + 1], ct_rpc_args **out);
+/* The longest name a caller authenticates with that is kept. */
+#define RPC_USER_MAX 32
+/* Reads one request from sock, its routing id already taken: the header,
+ * the description and the tensor frames, decoded into fn and *in (the
+ * caller's to free). user gets the name the sender authenticated with ("" if
+ * none). On failure the rest of the message is drained, *in is NULL, and *h
+ * is the header as far as it was read (magic RPC_MAGIC and kind RPC_REQUEST:
+ * the sender speaks the protocol and deserves an error reply). Errors:
+ * CT_ECORRUPT naming what is malformed, CT_ENOMEM. */
+int ct__rpc_read_request(void *sock, rpc_header *h, char fn[RPC_NAME_MAX + 1], ct_rpc_args **in,
+                         char user[RPC_USER_MAX]);
 /* The text of an error reply's description (malloc'd). */
 int ct__rpc_decode_error(const void *desc, size_t desc_len, char **text);
 

@@ -19,6 +19,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <zmq.h>
 
 typedef struct result {
     int status; /* waitpid's; -1 if it timed out */
@@ -299,6 +300,65 @@ TEST(hang_timeout_stops_ranks_that_make_no_progress) {
     ASSERT_STR_CONTAINS(r.err, "in no collective");
     /* Found within a second or two of the timeout, then stopped. */
     ASSERT_TRUE(r.seconds >= 2 && r.seconds < 7);
+    ASSERT_TRUE(no_rank_left(r.out));
+}
+
+/* An outsider on the store's port, without the job's secret or with a
+ * wrong one, sets every rank's heartbeat key with growing progress, as a
+ * rank would; port is the store's. Runs until killed. */
+static void forge_heartbeats(int port) {
+    void *ctx = zmq_ctx_new();
+    char endpoint[64];
+    snprintf(endpoint, sizeof endpoint, "tcp://127.0.0.1:%d", port);
+    for (uint64_t id = 1;; id++) {
+        void *s = zmq_socket(ctx, ZMQ_DEALER);
+        int zero = 0;
+        zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+        if (id % 2) {
+            zmq_setsockopt(s, ZMQ_PLAIN_USERNAME, "x", 1);
+            zmq_setsockopt(s, ZMQ_PLAIN_PASSWORD, "not-the-jobs-secret", 19);
+        }
+        zmq_connect(s, endpoint);
+        for (int rank = 0; rank < 2; rank++) {
+            /* The store's wire format (docs/store.md): magic, op 2 (set), id. */
+            unsigned char h[20] = {'C', 'T', 'S', '1', 2};
+            for (int i = 0; i < 8; i++)
+                h[8 + i] = (unsigned char)((id * 2 + (uint64_t)rank) >> (8 * i));
+            char key[32], value[32];
+            snprintf(key, sizeof key, "ct/hb/0/%d", rank);
+            int n = snprintf(value, sizeof value, "%llu -", (unsigned long long)id);
+            zmq_send(s, h, sizeof h, ZMQ_SNDMORE | ZMQ_DONTWAIT);
+            zmq_send(s, key, strlen(key), ZMQ_SNDMORE | ZMQ_DONTWAIT);
+            zmq_send(s, value, (size_t)n, ZMQ_DONTWAIT);
+        }
+        usleep(200000);
+        zmq_close(s);
+    }
+}
+
+TEST(forged_heartbeats_from_outsiders_do_not_hide_a_hang) {
+    static result r;
+    int port = free_port();
+    ASSERT_TRUE(port > 0);
+    char master[64];
+    snprintf(master, sizeof master, "127.0.0.1:%d", port);
+    pid_t forger = fork();
+    if (forger == 0) {
+        forge_heartbeats(port);
+        _exit(0);
+    }
+    setenv("CT_TIMEOUT", "60", 1);
+    run(&r,
+        (const char *[]){"-np", "2", "--master", master, "--hang-timeout", "2", "--grace", "1",
+                         RANK_PATH, "hang", NULL},
+        15);
+    unsetenv("CT_TIMEOUT");
+    kill(forger, SIGKILL);
+    waitpid(forger, NULL, 0);
+    ASSERT_EQ(code_of(&r), 124);
+    ASSERT_STR_CONTAINS(r.err, "ctlaunch: hang: no progress for 2.");
+    ASSERT_STR_CONTAINS(r.err, "refused a connection from 127.0.0.1");
+    ASSERT_TRUE(r.seconds < 8);
     ASSERT_TRUE(no_rank_left(r.out));
 }
 
