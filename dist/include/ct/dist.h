@@ -53,7 +53,9 @@
  * server's address and the timeout. CT_ETIMEDOUT: the server answered
  * nothing in time, or a key did not appear in time. CT_EPEER: the server is
  * unreachable (never connected, or the connection is down at the deadline).
- * CT_EINVAL: a bad argument, or a request the server refused.
+ * CT_EINVAL: a bad argument, or a request the server refused. CT_ENOMEM:
+ * the server is at one of its limits (named). CT_EAUTH: the server refused
+ * this process's job secret.
  *
  * Threads. The server serves on its own thread; any number of clients, in
  * any number of processes, may talk to one server at once. A ct_store client
@@ -143,12 +145,16 @@ typedef struct ct_store_server ct_store_server;
 typedef struct ct_store ct_store;
 
 /* Binds a store server to host:port and serves it on a new thread until
- * ct_store_server_free(). host is an IPv4 address, "*" (or NULL) for every
- * interface, or an interface name; port 0 picks a free port
- * (ct_store_server_port() tells which). The caller owns the result.
- * Errors: NULL with CT_EINVAL for a port outside [0, 65535]; CT_EIO when the
- * address cannot be bound (in use, unknown interface), with zmq's text;
- * CT_EFOREIGN when zmq or the thread cannot start. */
+ * ct_store_server_free(). host is an IPv4 address, an interface name, NULL
+ * for 127.0.0.1, or "*" for every interface (only when asked for: see
+ * docs/security.md); port 0 picks a free port (ct_store_server_port() tells
+ * which). Only clients that prove this process's secret (ct_secret_set)
+ * are served. The limits CT_STORE_MAX_KEYS_TOTAL, CT_STORE_MAX_BYTES and
+ * CT_STORE_MAX_CLIENTS are read from the environment here. The caller owns
+ * the result. Errors: NULL with CT_EINVAL for a port outside [0, 65535] or a
+ * limit variable that is not a whole number >= 1; CT_EIO when the address
+ * cannot be bound (in use, unknown interface), with zmq's text; CT_EFOREIGN
+ * when zmq or the thread cannot start. */
 CT_API ct_store_server *ct_store_server_new(const char *host, int port);
 /* The TCP port the server listens on; CT_EINVAL for a NULL or freed handle. */
 CT_API int ct_store_server_port(const ct_store_server *server);
@@ -157,12 +163,13 @@ CT_API int ct_store_server_port(const ct_store_server *server);
  * thread-safe against itself (free once). */
 CT_API void ct_store_server_free(ct_store_server *server);
 
-/* Connects a client to the server at host:port (an address or a host name)
- * and checks, within timeout_s seconds, that it answers; the server may
- * start later within that time. timeout_s (> 0, finite) is also the
- * default timeout of every operation. The caller owns the result.
- * Errors: NULL with CT_EINVAL for a bad argument; CT_EPEER when no server
- * could be reached; CT_ETIMEDOUT when one was reached but did not answer. */
+/* Connects a client to the server at host:port (an address or a host name),
+ * proving this process's secret, and checks, within timeout_s seconds, that
+ * it answers; the server may start later within that time. timeout_s (> 0,
+ * finite) is also the default timeout of every operation. The caller owns
+ * the result. Errors: NULL with CT_EINVAL for a bad argument; CT_EPEER when
+ * no server could be reached; CT_ETIMEDOUT when one was reached but did not
+ * answer; CT_EAUTH when it refused this process's secret. */
 CT_API ct_store *ct_store_connect(const char *host, int port, double timeout_s);
 /* Closes the client without waiting for unsent messages. Accepts NULL. */
 CT_API void ct_store_free(ct_store *store);
