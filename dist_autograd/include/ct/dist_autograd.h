@@ -144,8 +144,15 @@ typedef struct ct_rpc_options {
 CT_API int ct_rpc_register(const char *name, ct_rpc_fn fn, void *ctx);
 /* Starts this rank's agent, after ct_dist_init(); collective: returns once
  * every rank's agent is reachable, or CT_ETIMEDOUT naming a rank that did
- * not come. opts NULL: the defaults. CT_ESTATE before ct_dist_init or when
- * already started; CT_EINVAL for names that are taken twice. */
+ * not come. The agent listens on 127.0.0.1 when every rank is on this
+ * machine, else on the address of this host's name (CT_BIND_ADDR
+ * overrides), and serves only connections that prove the job's secret
+ * (docs/security.md); CT_RPC_MAX_PENDING, CT_RPC_MAX_FRAME_BYTES and
+ * CT_RPC_MAX_RREFS bound what one caller can queue, send and hold. opts
+ * NULL: the defaults. CT_ESTATE before ct_dist_init or when already
+ * started; CT_EINVAL for names that are taken twice, for a bad limit
+ * variable, or for a host name that resolves to loopback when the ranks
+ * span machines. */
 CT_API int ct_rpc_init(const ct_rpc_options *opts);
 /* Collective and graceful: waits until no call of this worker is pending
  * and no handler runs, and until every worker has got that far, then stops
