@@ -146,6 +146,7 @@ static struct {
     /* Calls queued or running per caller: [0] for callers that are no
      * worker, [1 + id] for worker id; at most max_pending each. */
     size_t *inflight, max_pending;
+    size_t max_frame; /* bytes in one frame of a message, either way */
     int wake_fd;
     pthread_t io;
     bool stop_io;
@@ -791,6 +792,24 @@ static void *io_main(void *arg) {
 
 /* ------------------------------------------------------------- handlers */
 
+/* A frame larger than the peers take would only drop the connection there
+ * (zmq's ZMQ_MAXMSGSIZE); the sender fails the message instead, naming the
+ * limit. Every rank reads the same variable, so the limits agree. */
+static int frames_fit(const rpc_out *m, const char *what) {
+    size_t largest = m->desc_len;
+    for (uint32_t i = 0; i < m->ntensors; i++) {
+        size_t bytes =
+            (size_t)ct_numel(m->tensors[i]) * ct_dtype_size(ct_tensor_dtype(m->tensors[i]));
+        largest = bytes > largest ? bytes : largest;
+    }
+    if (largest <= g.max_frame)
+        return 0;
+    return ct__seterr(CT_EINVAL,
+                      "rpc: %s holds a frame of %zu bytes, over the limit of the workers "
+                      "(CT_RPC_MAX_FRAME_BYTES=%zu)",
+                      what, largest, g.max_frame);
+}
+
 /* Sends the answer to r as message id; with grads, tensors that need grad
  * are marked, for the caller's recv node. */
 static void send_reply(rpc_reply *r, int rc, const ct_rpc_args *out, bool grads, uint64_t id) {
@@ -806,8 +825,9 @@ static void send_reply(rpc_reply *r, int rc, const ct_rpc_args *out, bool grads,
         free(r);
         return;
     }
-    if (!rc)
-        rc = ct__rpc_encode_call(&o->msg, NULL, out ? out : empty, grads);
+    if (!rc && !(rc = ct__rpc_encode_call(&o->msg, NULL, out ? out : empty, grads)) &&
+        (rc = frames_fit(&o->msg, "the reply")))
+        ct__rpc_out_free(&o->msg);
     if (rc && ct__rpc_encode_error(&o->msg, ct_errmsg()))
         ct__rpc_encode_error(&o->msg, "out of memory");
     ct_rpc_args_free(empty);
@@ -1065,10 +1085,9 @@ int ct_rpc_init(const ct_rpc_options *opts) {
                           NAME_MAX_LEN);
     g.self = w->rank;
     g.n = w->size;
-    size_t max_message;
     int rc = ct__env_limit("CT_RPC_MAX_PENDING", 1024, &g.max_pending);
     if (!rc)
-        rc = ct__env_limit("CT_RPC_MAX_FRAME_BYTES", (size_t)4 << 30, &max_message);
+        rc = ct__env_limit("CT_RPC_MAX_FRAME_BYTES", (size_t)4 << 30, &g.max_frame);
     if (rc)
         return rc;
     g.peers = calloc((size_t)g.n, sizeof *g.peers);
@@ -1087,7 +1106,7 @@ int ct_rpc_init(const ct_rpc_options *opts) {
     char bound[300] = "", endpoint[320];
     size_t blen = sizeof bound;
     int linger = 1000;
-    int64_t max_frame = (int64_t)(max_message < INT64_MAX ? max_message : INT64_MAX);
+    int64_t max_frame = (int64_t)(g.max_frame < INT64_MAX ? g.max_frame : INT64_MAX);
     if ((rc = ct__listen_address(w, NULL, bind, host))) {
         teardown();
         return rc;
@@ -1223,8 +1242,11 @@ static ct_future *call(int to, const char *fn, const char *label, const ct_rpc_a
         return NULL;
     }
     f->id = ct__rpc_next_id();
+    char what[RPC_NAME_MAX + 32];
+    snprintf(what, sizeof what, "the call of '%s'", label);
     if ((user && ct__dist_on_send(to, f->id, args, &context)) ||
-        ct__rpc_encode_call(&o->msg, fn, args, user && context)) {
+        ct__rpc_encode_call(&o->msg, fn, args, user && context) || frames_fit(&o->msg, what)) {
+        ct__rpc_out_free(&o->msg);
         free(f);
         free(o);
         return NULL;

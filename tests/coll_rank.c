@@ -27,7 +27,6 @@
 #include "tt_rank.h"
 
 #include <ct/dist.h>
-#include <dirent.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/resource.h>
@@ -1025,54 +1024,11 @@ TEST(auto_backend) {
     ct_dist_finalize();
 }
 
-/* The inodes of this process's sockets, from /proc/self/fd, into inodes;
- * how many. */
-static int own_sockets(unsigned long *inodes, int cap) {
-    DIR *d = opendir("/proc/self/fd");
-    int n = 0;
-    for (struct dirent *e; d && (e = readdir(d)) && n < cap;) {
-        char path[300], link[64];
-        snprintf(path, sizeof path, "/proc/self/fd/%s", e->d_name);
-        ssize_t len = readlink(path, link, sizeof link - 1);
-        link[len > 0 ? len : 0] = 0;
-        if (sscanf(link, "socket:[%lu]", &inodes[n]) == 1)
-            n++;
-    }
-    if (d)
-        closedir(d);
-    return n;
-}
-
 TEST(loopback) {
     ct_comm *c = join(10);
     if (!c)
         return;
-    unsigned long inodes[256];
-    int n = own_sockets(inodes, 256), listeners = 0;
-    const char *tables[] = {"/proc/net/tcp", "/proc/net/tcp6"};
-    for (int t = 0; t < 2; t++) {
-        FILE *f = fopen(tables[t], "r");
-        char line[512], addr[64];
-        unsigned state;
-        unsigned long inode;
-        while (f && fgets(line, sizeof line, f)) {
-            if (sscanf(line, " %*d: %63[0-9A-Fa-f]:%*x %*x:%*x %x %*x:%*x %*x:%*x %*x %*u %*u %lu",
-                       addr, &state, &inode) != 3 ||
-                state != 0x0A)
-                continue;
-            for (int i = 0; i < n; i++) {
-                if (inodes[i] != inode)
-                    continue;
-                listeners++;
-                /* 127.0.0.1 as /proc prints the network-order word. */
-                if (strcmp(addr, "0100007F") != 0)
-                    tt_fail(__FILE__, __LINE__, "rank %d listens on %s (hex, %s), not 127.0.0.1",
-                            rank_, addr, tables[t]);
-            }
-        }
-        if (f)
-            fclose(f);
-    }
+    int listeners = tt_listeners_on_loopback(rank_);
     bool hosts_store = rank_ == 0 && getenv("OMPI_COMM_WORLD_RANK");
     if (hosts_store && listeners == 0)
         tt_fail(__FILE__, __LINE__, "rank 0 hosts the store but no listener of its was found");

@@ -26,6 +26,11 @@
  *              secret and an unused worker id under another name (served as
  *              a caller that is no worker: ct.rref_new is refused); rank 1
  *              serves on
+ *   limits     under small CT_RPC_MAX_FRAME_BYTES, CT_RPC_MAX_PENDING and
+ *              CT_RPC_MAX_RREFS (set by test_rpc): a frame too large, calls
+ *              past the pending limit and a remote reference past its limit
+ *              fail naming the variable, the rest work; every listener of
+ *              every worker binds 127.0.0.1
  *
  * Every rank prints "pid=<pid>" first (tt_rank.c). */
 #include "ct_test.h"
@@ -457,6 +462,69 @@ TEST(outsiders) {
         TT_CHECK_RC("echo after the outsiders", ct_rpc_sync("worker1", "echo", none, 0, &out));
         ct_rpc_args_free(out);
         ct_rpc_args_free(none);
+    }
+    leave();
+}
+
+TEST(limits) {
+    if (!join())
+        return;
+    if (tt_listeners_on_loopback(rank_) < 1)
+        tt_fail(__FILE__, __LINE__, "rank %d: no listener of its RPC agent found", rank_);
+    if (rank_ == 0) {
+        /* One frame over CT_RPC_MAX_FRAME_BYTES (64 KiB), one under. */
+        ct_rpc_args *big = ct_rpc_args_new(), *small = ct_rpc_args_new(), *out = NULL;
+        ct_rpc_args_add_tensor(big, ct_zeros(CT_SHAPE(32768), CT_FLOAT32));
+        ct_rpc_args_add_tensor(small, ct_zeros(CT_SHAPE(1024), CT_FLOAT32));
+        if (ct_rpc_sync("worker1", "echo", big, 0, &out) != CT_EINVAL)
+            tt_fail(__FILE__, __LINE__, "a 128 KiB frame was not refused");
+        else
+            tt_message_holds(rank_, "a frame over the limit",
+                             (const char *const[]){"'echo'", "131072 bytes",
+                                                   "CT_RPC_MAX_FRAME_BYTES=65536", NULL});
+        TT_CHECK_RC("a frame under the limit", ct_rpc_sync("worker1", "echo", small, 0, &out));
+        ct_rpc_args_free(out);
+        /* Six calls at once to a slow function, two allowed in flight. */
+        ct_rpc_args *one_s = ct_rpc_args_new();
+        ct_rpc_args_add_float(one_s, 1.0);
+        ct_future *f[6];
+        for (int i = 0; i < 6; i++)
+            f[i] = ct_rpc_async("worker1", "slow", one_s, 0);
+        int ok = 0, refused = 0;
+        for (int i = 0; i < 6; i++) {
+            int rc = ct_future_wait(f[i], NULL);
+            ok += rc == 0;
+            if (rc == CT_ENOMEM && strstr(ct_errmsg(), "CT_RPC_MAX_PENDING=2"))
+                refused++;
+            ct_future_free(f[i]);
+        }
+        if (ok != 2 || refused != 4)
+            tt_fail(__FILE__, __LINE__,
+                    "6 slow calls, 2 allowed: %d ran, %d refused naming the "
+                    "limit",
+                    ok, refused);
+        /* Three remote references allowed; a fourth after freeing one. */
+        ct_rref *r[4] = {NULL};
+        for (int i = 0; i < 3; i++)
+            if (!(r[i] = ct_rpc_remote("worker1", "echo", small, 0)))
+                tt_fail(__FILE__, __LINE__, "remote reference %d: %s", i, ct_errmsg());
+        if ((r[3] = ct_rpc_remote("worker1", "echo", small, 0)) || ct_errcode() != CT_ENOMEM)
+            tt_fail(__FILE__, __LINE__, "a fourth remote reference was not refused");
+        else
+            tt_message_holds(rank_, "a remote reference over the limit",
+                             (const char *const[]){"CT_RPC_MAX_RREFS=3", NULL});
+        ct_rref_free(r[0]);
+        /* The owner frees it when the message arrives: allow it a moment. */
+        for (int tries = 0; tries < 50 && !(r[3] = ct_rpc_remote("worker1", "echo", small, 0));
+             tries++)
+            nanosleep(&(struct timespec){0, 20000000}, NULL);
+        if (!r[3])
+            tt_fail(__FILE__, __LINE__, "no remote reference after one was freed: %s", ct_errmsg());
+        for (int i = 1; i < 4; i++)
+            ct_rref_free(r[i]);
+        ct_rpc_args_free(one_s);
+        ct_rpc_args_free(small);
+        ct_rpc_args_free(big);
     }
     leave();
 }

@@ -7,6 +7,7 @@
 #include "ct_test.h"
 
 #include <signal.h>
+#include <stdlib.h>
 
 /* Far above what a run takes, and above rpc_rank's timeout (10 s). */
 #define DEADLINE 60
@@ -26,3 +27,12 @@ TEST(a_worker_that_hangs_is_declared_dead_by_its_silence) {
 }
 TEST(noise_sent_to_a_worker_does_not_stop_it) { runs(2, "garbage", 0, -1); }
 TEST(outsiders_without_the_secret_get_no_answer) { runs(2, "outsiders", 0, -1); }
+TEST(frames_pending_calls_and_remote_references_are_bounded) {
+    setenv("CT_RPC_MAX_FRAME_BYTES", "65536", 1);
+    setenv("CT_RPC_MAX_PENDING", "2", 1);
+    setenv("CT_RPC_MAX_RREFS", "3", 1);
+    runs(2, "limits", 0, -1);
+    unsetenv("CT_RPC_MAX_FRAME_BYTES");
+    unsetenv("CT_RPC_MAX_PENDING");
+    unsetenv("CT_RPC_MAX_RREFS");
+}

@@ -21,4 +21,8 @@ void tt_check_rc_(const char *file, int line, const char *what, int rc);
  * "rank R: what: message", for the job's log. */
 bool tt_message_holds(int rank, const char *what, const char *const *subs);
 
+/* Checks that every TCP listener of this process binds 127.0.0.1, recording
+ * a failure (naming rank) for each that does not; how many it found. */
+int tt_listeners_on_loopback(int rank);
+
 #endif

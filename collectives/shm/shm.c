@@ -1203,7 +1203,7 @@ static int create_segment(shm *s) {
     s->hdr->version = SHM_VERSION;
     s->hdr->size = s->n;
     s->hdr->bytes = s->l.bytes;
-    atomic_thread_fence(memory_order_release);
+    /* The release store orders the header's fields before the magic. */
     __atomic_store_n(&s->hdr->magic, SHM_MAGIC, __ATOMIC_RELEASE);
     return 0;
 }
