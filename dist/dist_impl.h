@@ -155,6 +155,27 @@ int ct__secret_copy(char out[CT_SECRET_MAX + 1]);
  * random one of this process's own). */
 bool ct__secret_configured(void);
 
+/* libzmq is not built with ThreadSanitizer, which thus cannot see that a
+ * frame given to zmq_msg_send reaches zmq's own thread, where the frame's
+ * free callback runs: CT__ZMQ_HANDOFF(p) before the send and
+ * CT__ZMQ_HANDBACK(p) in the callback tell it (p: the callback's hint). */
+#if defined(__SANITIZE_THREAD__)
+#define CT__ZMQ_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define CT__ZMQ_TSAN 1
+#endif
+#endif
+#ifdef CT__ZMQ_TSAN
+void __tsan_acquire(void *addr);
+void __tsan_release(void *addr);
+#define CT__ZMQ_HANDOFF(p)  __tsan_release(p)
+#define CT__ZMQ_HANDBACK(p) __tsan_acquire(p)
+#else
+#define CT__ZMQ_HANDOFF(p)  ((void)(p))
+#define CT__ZMQ_HANDBACK(p) ((void)(p))
+#endif
+
 /* FNV-1a, 64 bits: the store's hash table and data parallel's model hash. */
 static inline uint64_t ct__fnv1a(const void *data, size_t n) {
     const uint8_t *p = data;

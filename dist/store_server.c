@@ -198,6 +198,7 @@ static void blob_unref(void *p) {
 
 static void blob_zmq_free(void *data, void *hint) {
     (void)data;
+    CT__ZMQ_HANDBACK(hint);
     blob_unref(hint);
 }
 
@@ -269,6 +270,7 @@ static void send_reply(ct_store_server *s, const void *route, size_t rlen, const
         blob_unref(payload);
         return;
     }
+    CT__ZMQ_HANDOFF(payload);
     if (zmq_msg_send(&m, s->router, 0) < 0)
         zmq_msg_close(&m);
 }

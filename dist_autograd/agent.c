@@ -248,29 +248,9 @@ static void enqueue(outgoing *o) {
 
 /* ------------------------------------------------------------ sending */
 
-/* libzmq is not built with ThreadSanitizer, which thus cannot see that a
- * frame given to zmq_msg_send reaches zmq's own thread, where the frame's
- * free callback runs: these annotations tell it. */
-#if defined(__SANITIZE_THREAD__)
-#define RPC_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define RPC_TSAN 1
-#endif
-#endif
-#ifdef RPC_TSAN
-void __tsan_acquire(void *addr);
-void __tsan_release(void *addr);
-#define ZMQ_HANDOFF(p)  __tsan_release(p)
-#define ZMQ_HANDBACK(p) __tsan_acquire(p)
-#else
-#define ZMQ_HANDOFF(p)  ((void)(p))
-#define ZMQ_HANDBACK(p) ((void)(p))
-#endif
-
 static void drop_tensor_ref(void *data, void *hint) {
     (void)data;
-    ZMQ_HANDBACK(hint);
+    CT__ZMQ_HANDBACK(hint);
     ct_tensor_free(hint);
 }
 
@@ -292,7 +272,7 @@ static int send_msg(void *sock, rpc_out *m, zmq_msg_t *route) {
         if (zmq_msg_init_data(&frame, bytes ? ct__data(t) : NULL, bytes, drop_tensor_ref, t) != 0)
             return -1;
         m->tensors[i] = NULL;
-        ZMQ_HANDOFF(t);
+        CT__ZMQ_HANDOFF(t);
         if (zmq_msg_send(&frame, sock, i + 1 < m->ntensors ? more : 0) < 0) {
             zmq_msg_close(&frame);
             return -1;

@@ -578,47 +578,81 @@ TEST(a_reconnected_client_is_known_again) {
     fixture_free(&f);
 }
 
+/* Forks a child that runs body(port) and exits with its result, before
+ * this process starts the server's threads (TSan cannot follow a fork of a
+ * threaded process): the child waits for the port on a pipe, whose write
+ * end is *to_child. */
+static pid_t fork_child(int (*body)(int port), int *to_child) {
+    int fds[2];
+    if (pipe(fds) != 0)
+        return -1;
+    pid_t pid = fork();
+    if (pid == 0) {
+        int port = 0;
+        close(fds[1]);
+        bool ok = read(fds[0], &port, sizeof port) == sizeof port && port > 0;
+        _exit(ok ? body(port) : 2);
+    }
+    close(fds[0]);
+    *to_child = fds[1];
+    return pid;
+}
+
+/* Tells the child forked by fork_child the port (0: give up). */
+static void start_child(int to_child, int port) {
+    if (write(to_child, &port, sizeof port) != sizeof port)
+        perror("start_child");
+    close(to_child);
+}
+
+/* Sends 150 sets of 1 MiB from a socket without the secret, then from one
+ * with a wrong secret; 0 when no answer ever came. */
+static int outsider_main(int port) {
+    void *ctx = zmq_ctx_new();
+    char endpoint[64];
+    snprintf(endpoint, sizeof endpoint, "tcp://127.0.0.1:%d", port);
+    static char value[1 << 20];
+    memset(value, 'x', sizeof value);
+    uint8_t h[20];
+    for (int k = 0; k < 2; k++) {
+        void *raw = zmq_socket(ctx, ZMQ_DEALER);
+        int zero = 0;
+        zmq_setsockopt(raw, ZMQ_LINGER, &zero, sizeof zero);
+        if (k == 1)
+            with_secret(raw, "a-wrong-secret-0123456789");
+        zmq_connect(raw, endpoint);
+        for (int i = 0; i < 150; i++) {
+            char key[32];
+            snprintf(key, sizeof key, "outsider/%d", i);
+            header(h, 2 /* set */, (uint64_t)i + 1, 0);
+            /* Without a peer that took it, a DEALER's send would block. */
+            zmq_send(raw, h, sizeof h, ZMQ_SNDMORE | ZMQ_DONTWAIT);
+            zmq_send(raw, key, strlen(key), ZMQ_SNDMORE | ZMQ_DONTWAIT);
+            zmq_send(raw, value, sizeof value, ZMQ_DONTWAIT);
+            sleep_s(0.002);
+        }
+        int got = recv_status(raw, 1, (char[8]){0}, 8);
+        zmq_close(raw);
+        if (got != -1)
+            return 1;
+    }
+    zmq_ctx_term(ctx);
+    return 0;
+}
+
 /* An outsider without the secret (none at all, or a wrong one) gets no
  * request served: nothing it sends is stored, and it costs the server no
  * memory. */
 TEST(outsiders_without_the_secret_are_refused) {
+    int to_child;
+    pid_t pid = fork_child(outsider_main, &to_child);
+    ASSERT_TRUE(pid > 0);
     fixture f;
-    ASSERT_TRUE(fixture_init(&f));
+    bool up = fixture_init(&f);
     double before = rss_bytes();
-    pid_t pid = fork();
-    if (pid == 0) {
-        void *ctx = zmq_ctx_new();
-        char endpoint[64];
-        snprintf(endpoint, sizeof endpoint, "tcp://127.0.0.1:%d", f.port);
-        static char value[1 << 20];
-        memset(value, 'x', sizeof value);
-        uint8_t h[20];
-        for (int k = 0; k < 2; k++) {
-            void *raw = zmq_socket(ctx, ZMQ_DEALER);
-            int zero = 0;
-            zmq_setsockopt(raw, ZMQ_LINGER, &zero, sizeof zero);
-            if (k == 1)
-                with_secret(raw, "a-wrong-secret-0123456789");
-            zmq_connect(raw, endpoint);
-            for (int i = 0; i < 150; i++) {
-                char key[32];
-                snprintf(key, sizeof key, "outsider/%d", i);
-                header(h, 2 /* set */, (uint64_t)i + 1, 0);
-                /* Without a peer that took it, a DEALER's send would block. */
-                zmq_send(raw, h, sizeof h, ZMQ_SNDMORE | ZMQ_DONTWAIT);
-                zmq_send(raw, key, strlen(key), ZMQ_SNDMORE | ZMQ_DONTWAIT);
-                zmq_send(raw, value, sizeof value, ZMQ_DONTWAIT);
-                sleep_s(0.002);
-            }
-            int got = recv_status(raw, 1, (char[8]){0}, 8);
-            zmq_close(raw);
-            if (got != -1)
-                _exit(1);
-        }
-        zmq_ctx_term(ctx);
-        _exit(0);
-    }
+    start_child(to_child, up ? f.port : 0);
     ASSERT_EQ(reap(pid, 20.0), 0);
+    ASSERT_TRUE(up);
     bool any = true;
     ASSERT_EQ(ct_store_check(f.store, (const char *[]){"outsider/0", "outsider/149"}, 2, &any, -1),
               0);
@@ -629,19 +663,25 @@ TEST(outsiders_without_the_secret_are_refused) {
     fixture_free(&f);
 }
 
+/* Connects with another job's secret: 0 when refused at once, saying why. */
+static int wrong_secret_main(int port) {
+    ct_secret_set("another-jobs-secret-0123456789");
+    double t0 = tt_now();
+    ct_store *s = ct_store_connect("127.0.0.1", port, 5.0);
+    bool named = strstr(ct_errmsg(), "refused this process's job secret") != NULL;
+    return !s && ct_errcode() == CT_EAUTH && named && tt_now() - t0 < 2.0 ? 0 : 1;
+}
+
 /* ct's own client with another job's secret fails at once, saying why. */
 TEST(a_wrong_secret_is_an_error_naming_it) {
+    int to_child;
+    pid_t pid = fork_child(wrong_secret_main, &to_child);
+    ASSERT_TRUE(pid > 0);
     fixture f;
-    ASSERT_TRUE(fixture_init(&f));
-    pid_t pid = fork();
-    if (pid == 0) {
-        ct_secret_set("another-jobs-secret-0123456789");
-        double t0 = tt_now();
-        ct_store *s = ct_store_connect("127.0.0.1", f.port, 5.0);
-        bool named = strstr(ct_errmsg(), "refused this process's job secret") != NULL;
-        _exit(!s && ct_errcode() == CT_EAUTH && named && tt_now() - t0 < 2.0 ? 0 : 1);
-    }
+    bool up = fixture_init(&f);
+    start_child(to_child, up ? f.port : 0);
     ASSERT_EQ(reap(pid, 10.0), 0);
+    ASSERT_TRUE(up);
     fixture_free(&f);
 }
 
@@ -691,32 +731,38 @@ TEST(limits_are_enforced_and_named) {
     unsetenv("CT_STORE_MAX_BYTES");
 }
 
+/* Asks 100 times for the 8 MiB value "big" and never reads a reply. */
+static int greedy_main(int port) {
+    void *ctx = zmq_ctx_new();
+    void *raw = raw_client(ctx, port, "greedy");
+    uint8_t h[20];
+    for (int i = 0; i < 100; i++) {
+        header(h, 3 /* get */, (uint64_t)i + 1, 1000);
+        send_frames(raw, (const void *[]){h, "big"}, (size_t[]){20, 3}, 2);
+        sleep_s(0.005);
+    }
+    sleep_s(1.0);
+    return 0;
+}
+
 /* A client that asks for a large value again and again and never reads the
  * replies makes the server hold no copies of it: queued replies share the
  * stored value. */
 TEST(unread_replies_share_the_stored_value) {
+    int to_child;
+    pid_t pid = fork_child(greedy_main, &to_child);
+    ASSERT_TRUE(pid > 0);
     fixture f;
-    ASSERT_TRUE(fixture_init(&f));
+    bool up = fixture_init(&f);
     static char value[8 << 20];
     memset(value, 'v', sizeof value);
-    ASSERT_EQ(ct_store_set(f.store, "big", value, sizeof value, -1), 0);
+    up = up && ct_store_set(f.store, "big", value, sizeof value, -1) == 0;
     double before = rss_bytes();
-    pid_t pid = fork();
-    if (pid == 0) {
-        void *ctx = zmq_ctx_new();
-        void *raw = raw_client(ctx, f.port, "greedy");
-        uint8_t h[20];
-        for (int i = 0; i < 100; i++) {
-            header(h, 3 /* get */, (uint64_t)i + 1, 1000);
-            send_frames(raw, (const void *[]){h, "big"}, (size_t[]){20, 3}, 2);
-            sleep_s(0.005);
-        }
-        sleep_s(1.0);
-        _exit(0);
-    }
+    start_child(to_child, up ? f.port : 0);
     sleep_s(1.0);
     double grown = rss_bytes() - before;
     ASSERT_EQ(reap(pid, 10.0), 0);
+    ASSERT_TRUE(up);
     /* 100 replies of 8 MiB were asked for: copies would be 800 MiB. */
     ASSERT_TRUE(grown < 64e6);
     fixture_free(&f);
