@@ -697,30 +697,30 @@ static int parse_meta(const parser *p, const cJSON *root, ck_manifest *m) {
         return ct__seterr(CT_ENOMEM, "%s: out of memory", p->where);
     ck_names keys = {0};
     const cJSON *kv;
+    int rc = 0;
     cJSON_ArrayForEach(kv, meta) {
-        if (!cJSON_IsString(kv) || !kv->string || !printable(kv->string, CK_NAME_MAX))
-            return corrupt(p, "metadata",
-                           "a key that is not printable ASCII, or a value that is "
-                           "not a string");
+        if (!cJSON_IsString(kv) || !kv->string || !printable(kv->string, CK_NAME_MAX)) {
+            rc = corrupt(p, "metadata",
+                         "a key that is not printable ASCII, or a value that is not a string");
+            break;
+        }
         int seen = names_add(&keys, kv->string, m->nmeta);
         if (seen != -1) {
-            free(keys.names);
-            free(keys.index);
-            return seen == -2 ? ct__seterr(CT_ENOMEM, "%s: out of memory", p->where)
-                              : corrupt(p, "metadata", "a key appears twice");
+            rc = seen == -2 ? ct__seterr(CT_ENOMEM, "%s: out of memory", p->where)
+                            : corrupt(p, "metadata", "a key appears twice");
+            break;
         }
         m->meta[2 * m->nmeta] = strdup(kv->string);
         m->meta[2 * m->nmeta + 1] = strdup(kv->valuestring);
         m->nmeta++;
         if (!m->meta[2 * m->nmeta - 2] || !m->meta[2 * m->nmeta - 1]) {
-            free(keys.names);
-            free(keys.index);
-            return ct__seterr(CT_ENOMEM, "%s: out of memory", p->where);
+            rc = ct__seterr(CT_ENOMEM, "%s: out of memory", p->where);
+            break;
         }
     }
     free(keys.names);
     free(keys.index);
-    return 0;
+    return rc;
 }
 
 /* The version first: a newer format may have changed everything else, and
