@@ -38,7 +38,6 @@ static pthread_mutex_t secret_mu = PTHREAD_MUTEX_INITIALIZER;
 static char secret[CT_SECRET_MAX + 1];
 static size_t secret_len;
 static const char *secret_origin; /* NULL until the secret is known */
-static const char random_origin[] = "this process's random secret";
 
 static int check_secret(const char *s, size_t len, const char *what) {
     if (len < CT_SECRET_MIN || len > CT_SECRET_MAX)
@@ -149,14 +148,7 @@ static int find_secret(void) {
         return rc ? rc : store_secret(buf, strlen(buf), "CT_SECRET_FILE");
     }
     int rc = ct_secret_generate(buf);
-    return rc ? rc : store_secret(buf, strlen(buf), random_origin);
-}
-
-bool ct__secret_configured(void) {
-    pthread_mutex_lock(&secret_mu);
-    bool set = secret_origin && secret_origin != random_origin;
-    pthread_mutex_unlock(&secret_mu);
-    return set || getenv("CT_JOB_SECRET") || getenv("CT_SECRET_FILE");
+    return rc ? rc : store_secret(buf, strlen(buf), "this process's random secret");
 }
 
 int ct__secret_copy(char out[CT_SECRET_MAX + 1]) {

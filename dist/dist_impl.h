@@ -151,9 +151,6 @@ void ct__auth_close(ct__auth *a);
 int ct__auth_client(void *sock, const char *user);
 /* Copies the process's secret, finding it first if needed. */
 int ct__secret_copy(char out[CT_SECRET_MAX + 1]);
-/* Whether the program or the environment chose the secret (rather than a
- * random one of this process's own). */
-bool ct__secret_configured(void);
 
 /* libzmq is not built with ThreadSanitizer, which thus cannot see that a
  * frame given to zmq_msg_send reaches zmq's own thread, where the frame's
