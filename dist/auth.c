@@ -248,7 +248,7 @@ void ct__auth_serve(ct__auth *a) {
     while (more) {
         zmq_msg_t *m = &f[n < ZAP_NFRAMES ? n : ZAP_NFRAMES];
         zmq_msg_init(m);
-        if (zmq_msg_recv(m, a->zap, ZMQ_DONTWAIT) < 0) {
+        if (ct__zmq_recv(m, a->zap, ZMQ_DONTWAIT) < 0) {
             zmq_msg_close(m);
             break;
         }

@@ -152,6 +152,14 @@ int ct__auth_client(void *sock, const char *user);
 /* Copies the process's secret, finding it first if needed. */
 int ct__secret_copy(char out[CT_SECRET_MAX + 1]);
 
+/* zmq_msg_recv, with a signal (EINTR) retried. Every read of a message's
+ * later parts goes through it: zmq delivers a message whole, so those parts
+ * are there, and giving up on one would leave the message's tail on the
+ * socket to be read as the start of the next message. Returns what
+ * zmq_msg_recv returns; m must be initialised. */
+struct zmq_msg_t;
+int ct__zmq_recv(struct zmq_msg_t *m, void *sock, int flags);
+
 /* libzmq is not built with ThreadSanitizer, which thus cannot see that a
  * frame given to zmq_msg_send reaches zmq's own thread, where the frame's
  * free callback runs: CT__ZMQ_HANDOFF(p) before the send and

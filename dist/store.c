@@ -123,7 +123,7 @@ static void drain_monitor(ct_store *s) {
         uint16_t event = 0;
         if (first)
             memcpy(&event, zmq_msg_data(&m), sizeof event);
-        while (zmq_msg_more(&m) && zmq_msg_recv(&m, s->monitor, 0) >= 0)
+        while (zmq_msg_more(&m) && ct__zmq_recv(&m, s->monitor, 0) >= 0)
             ;
         /* Connected means through the handshake, which proves the secret. */
         if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED)
@@ -163,14 +163,14 @@ static int recv_reply(ct_store *s, uint64_t id, ct__store_hdr *h, zmq_msg_t *pay
     bool more = zmq_msg_more(&hdr);
     zmq_msg_close(&hdr);
     *has_payload = false;
-    if (more && zmq_msg_recv(payload, s->sock, 0) >= 0) {
+    if (more && ct__zmq_recv(payload, s->sock, 0) >= 0) {
         *has_payload = true;
         more = zmq_msg_more(payload);
     }
     while (more) {
         zmq_msg_t extra;
         zmq_msg_init(&extra);
-        more = zmq_msg_recv(&extra, s->sock, 0) >= 0 && zmq_msg_more(&extra);
+        more = ct__zmq_recv(&extra, s->sock, 0) >= 0 && zmq_msg_more(&extra);
         zmq_msg_close(&extra);
     }
     return ok;

@@ -682,7 +682,7 @@ static bool serve_one(ct_store_server *s) {
     while (more) {
         zmq_msg_t scratch, *m = n < MAX_FRAMES ? &frames[n] : &scratch;
         zmq_msg_init(m);
-        if (zmq_msg_recv(m, s->router, n ? 0 : ZMQ_DONTWAIT) < 0) {
+        if (ct__zmq_recv(m, s->router, n ? 0 : ZMQ_DONTWAIT) < 0) {
             zmq_msg_close(m);
             break;
         }

@@ -385,13 +385,13 @@ static void free_frames(rpc_frame *frames, int n);
 
 static int recv_rest(void *sock, zmq_msg_t *desc, rpc_frame *frames, int cap) {
     zmq_msg_init(desc);
-    if (zmq_msg_recv(desc, sock, 0) < 0)
+    if (ct__zmq_recv(desc, sock, 0) < 0)
         return -1;
     int n = 0;
     bool more = zmq_msg_more(desc);
     while (more) {
         zmq_msg_t *m = malloc(sizeof *m);
-        if (!m || zmq_msg_init(m) || zmq_msg_recv(m, sock, 0) < 0) {
+        if (!m || zmq_msg_init(m) || ct__zmq_recv(m, sock, 0) < 0) {
             free(m);
             free_frames(frames, n < cap ? n : cap);
             return -1;
@@ -455,7 +455,7 @@ static void reply_error(zmq_msg_t *route, const rpc_header *req, int code) {
 static void drain(void *sock, bool more) {
     zmq_msg_t m;
     zmq_msg_init(&m);
-    while (more && zmq_msg_recv(&m, sock, 0) >= 0)
+    while (more && ct__zmq_recv(&m, sock, 0) >= 0)
         more = zmq_msg_more(&m);
     zmq_msg_close(&m);
 }
@@ -480,7 +480,7 @@ int ct__rpc_read_request(void *sock, rpc_header *h, char fn[RPC_NAME_MAX + 1], c
     user[0] = '\0';
     zmq_msg_t head;
     zmq_msg_init(&head);
-    int got = zmq_msg_recv(&head, sock, 0);
+    int got = ct__zmq_recv(&head, sock, 0);
     bool more = got >= 0 && zmq_msg_more(&head);
     const char *u = got >= 0 ? zmq_msg_gets(&head, "User-Id") : NULL;
     if (u)
@@ -669,7 +669,7 @@ static void on_monitor(peer *p, int id) {
     uint16_t event = 0;
     if (zmq_msg_size(&ev) >= 2)
         memcpy(&event, zmq_msg_data(&ev), 2);
-    while (zmq_msg_more(&ev) && zmq_msg_recv(&ev, p->monitor, 0) >= 0)
+    while (zmq_msg_more(&ev) && ct__zmq_recv(&ev, p->monitor, 0) >= 0)
         ;
     zmq_msg_close(&ev);
     if (event == ZMQ_EVENT_CONNECTED) {

@@ -11,9 +11,11 @@
  * failure is CT_ECORRUPT or CT_ENOMEM with no values; a success names a
  * printable function; either way the whole message is consumed, so the
  * next one starts clean. A broken promise aborts, which libFuzzer reports
- * as a crash. */
+ * as a crash. libFuzzer's timer interrupts zmq calls now and then (EINTR):
+ * the harness's own calls retry, as the reader's do. */
 #include "rpc_impl.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <zmq.h>
@@ -49,7 +51,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (len > size - at)
             len = size - at;
         bool last = at + len >= size || n + 1 == MAX_FUZZ_FRAMES;
-        if (zmq_send(tx, data + at, len, last ? 0 : ZMQ_SNDMORE) < 0)
+        int sent;
+        while ((sent = zmq_send(tx, data + at, len, last ? 0 : ZMQ_SNDMORE)) < 0 &&
+               zmq_errno() == EINTR)
+            ;
+        if (sent < 0)
             broken("the fuzzer's message could not be sent");
         at += len;
         n++;
@@ -75,7 +81,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     ct_rpc_args_free(in);
     zmq_pollitem_t item = {rx, 0, ZMQ_POLLIN, 0};
-    if (zmq_poll(&item, 1, 0) != 0)
+    int waiting;
+    while ((waiting = zmq_poll(&item, 1, 0)) < 0 && zmq_errno() == EINTR)
+        ;
+    if (waiting != 0)
         broken("the reader left part of the message on the socket");
     return 0;
 }
