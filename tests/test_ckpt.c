@@ -745,10 +745,24 @@ static void hostile_names(const char *path, int n) {
     fclose(f);
 }
 
-/* The tiling and duplicate-name checks run in n log n at worst: a hostile
- * manifest of 200k chunks (or tensors) is refused in well under a second. */
-/* Seconds to open each of the three hostile manifests of n entries in dir:
- * chunks with one overlap, chunks that tile, tensors with one name twice. */
+/* The fastest of `reps` more opens of the checkpoint at path, or `best` if
+ * none is faster: a timing taken while another process holds the core says
+ * nothing about the checks, and the fastest of several is the one that does
+ * not include such a wait. */
+static double fastest_open(const char *path, int reps, double best) {
+    for (int i = 0; i < reps; i++) {
+        ct_checkpoint_reader *ck = NULL;
+        double t0 = tt_now();
+        if (ct_checkpoint_reader_open(path, &ck) == 0)
+            ct_checkpoint_reader_close(ck);
+        best = fmin(best, tt_now() - t0);
+    }
+    return best;
+}
+
+/* Seconds to open each of the three hostile manifests of n entries in dir
+ * (the fastest of three opens): chunks with one overlap, chunks that tile,
+ * tensors with one name twice. */
 static void time_hostile(const char *dir, int n, double t[3]) {
     char path[400];
     ct_checkpoint_reader *ck = NULL;
@@ -756,18 +770,18 @@ static void time_hostile(const char *dir, int n, double t[3]) {
     hostile_chunks(path, n, true);
     double t0 = tt_now();
     ASSERT_RC(ct_checkpoint_reader_open(path, &ck), CT_ECORRUPT, "tensor 'w'", "overlap");
-    t[0] = tt_now() - t0;
+    t[0] = fastest_open(path, 2, tt_now() - t0);
     snprintf(path, sizeof path, "%s/tiles%d", dir, n);
     hostile_chunks(path, n, false);
     t0 = tt_now();
     ASSERT_EQ(ct_checkpoint_reader_open(path, &ck), 0);
     ct_checkpoint_reader_close(ck);
-    t[1] = tt_now() - t0;
+    t[1] = fastest_open(path, 2, tt_now() - t0);
     snprintf(path, sizeof path, "%s/names%d", dir, n);
     hostile_names(path, n);
     t0 = tt_now();
     ASSERT_RC(ct_checkpoint_reader_open(path, &ck), CT_ECORRUPT, "two tensors have this name");
-    t[2] = tt_now() - t0;
+    t[2] = fastest_open(path, 2, tt_now() - t0);
 }
 
 /* Linear means four times the entries take about four times as long; the
