@@ -11,10 +11,11 @@ while the adds pass the gradient through. Only y.backward() is timed: neither
 building the chain nor freeing it afterwards. A fresh chain is built for each
 of RUNS[N] runs and the best is kept, divided by N. One thread.
 
-Prints {"bench": "autograd_overhead", "impl": "torch", "threads": 1,
-"nodes": N, "us_per_node": ...} for each N in RUNS. With --compare, every other
-implementation's matching line in that file is set beside torch's as a ratio
-on stderr. Without torch, it says so on stderr and exits 0.
+Prints {"bench": "autograd_overhead", "impl": "torch", "torch": version,
+"threads": 1, "nodes": N, "us_per_node": ...} for each N in RUNS. With
+--compare, every other implementation's matching line in that file is set
+beside torch's as a ratio on stderr. Without torch, it says so on stderr and
+exits 0.
 """
 import argparse
 import json
@@ -22,9 +23,11 @@ import os
 import sys
 import time
 
-# OpenBLAS and OpenMP read these when torch loads them.
+# OpenBLAS (Debian's torch), MKL (PyPI's) and OpenMP read these when torch
+# loads them.
 os.environ["OPENBLAS_NUM_THREADS"] = "1"
 os.environ["OMP_NUM_THREADS"] = "1"
+os.environ["MKL_NUM_THREADS"] = "1"
 
 # Chain length -> runs, best of which is kept: a long chain is its own
 # average and takes about a second to build here.
@@ -57,7 +60,7 @@ def main():
         import torch
     except ImportError:
         print("autograd_torch.py: torch is not installed for %s; skipping the PyTorch peer "
-              "(bash ci/setup.sh --bench installs python3-torch)" % sys.executable,
+              "(bash ci/setup.sh --bench installs it)" % sys.executable,
               file=sys.stderr)
         return 0
     torch.set_num_threads(1)
@@ -69,13 +72,14 @@ def main():
     for nodes, runs in RUNS.items():
         best = min(backward_seconds(torch, nodes) for _ in range(runs))
         us = best / nodes * 1e6
-        print(json.dumps({"bench": "autograd_overhead", "impl": "torch", "threads": 1,
-                          "nodes": nodes, "us_per_node": round(us, 4)}), flush=True)
+        print(json.dumps({"bench": "autograd_overhead", "impl": "torch",
+                          "torch": torch.__version__, "threads": 1, "nodes": nodes,
+                          "us_per_node": round(us, 4)}), flush=True)
         for r in others:
             if r.get("nodes") == nodes:
-                print("autograd_overhead nodes=%d: %s %.3f us/node, torch %.3f: %s/torch %.2f" % (
-                    nodes, r["impl"], r["us_per_node"], us, r["impl"], r["us_per_node"] / us),
-                    file=sys.stderr)
+                print("autograd_overhead nodes=%d: %s %.3f us/node, torch %s %.3f: %s/torch %.2f"
+                      % (nodes, r["impl"], r["us_per_node"], torch.__version__, us, r["impl"],
+                         r["us_per_node"] / us), file=sys.stderr)
     return 0
 
 

@@ -11,14 +11,16 @@ return. It then drops the file's page cache (os.posix_fadvise DONTNEED,
 which evicts clean pages without root) and times torch.load(path) reading
 the disk ("cold"), then torch.load again with the pages that load left
 cached ("warm"). torch.load makes new tensors, as a restart does; ct's load
-writes into tensors that exist. The file is removed at the end.
+writes into tensors that exist. The file is removed at the end, then a
+sync (untimed) lets the file system finish the removal before the next
+timed write, this script's under another torch or another implementation's.
 
 stdout: one JSON line per figure, {"bench": "checkpoint", "impl": "torch",
-"op": "save" or "load", "cache" (load: "cold" or "warm"), "cached_share"
-(load: the share of the file's pages cached when it started, from mincore;
-null where that cannot be asked), "ranks": 1, "bytes", "tensors",
-"seconds", "gbps" (10^9 bytes/s)}. stderr: notes. Without torch it says
-so and exits 1.
+"torch" (the version), "op": "save" or "load", "cache" (load: "cold" or
+"warm"), "cached_share" (load: the share of the file's pages cached when it
+started, from mincore; null where that cannot be asked), "ranks": 1,
+"bytes", "tensors", "seconds", "gbps" (10^9 bytes/s)}. stderr: notes.
+Without torch it says so and exits 1.
 """
 import argparse
 import ctypes
@@ -82,8 +84,8 @@ def drop_cache(path):
         os.close(fd)
 
 
-def emit(op, nbytes, tensors, seconds, cache=None, cached=None):
-    record = {"bench": "checkpoint", "impl": "torch", "op": op}
+def emit(torch, op, nbytes, tensors, seconds, cache=None, cached=None):
+    record = {"bench": "checkpoint", "impl": "torch", "torch": torch.__version__, "op": op}
     if cache:
         record.update(cache=cache, cached_share=None if cached is None else round(cached, 4))
     record.update(ranks=1, bytes=nbytes, tensors=tensors, seconds=round(seconds, 4),
@@ -122,7 +124,7 @@ def main():
             os.fsync(fd)
         finally:
             os.close(fd)
-        emit("save", nbytes, args.tensors, time.perf_counter() - t0)
+        emit(torch, "save", nbytes, args.tensors, time.perf_counter() - t0)
 
         for cache in ("cold", "warm"):
             if cache == "cold":
@@ -136,10 +138,11 @@ def main():
             if not ok:
                 note("torch.load gave back other values than were saved")
                 return 1
-            emit("load", nbytes, args.tensors, seconds, cache, cached)
+            emit(torch, "load", nbytes, args.tensors, seconds, cache, cached)
     finally:
         if os.path.exists(path):
             os.remove(path)
+            os.sync()
     return 0
 
 

@@ -2,7 +2,7 @@
 """gloo peer of bench_collectives, and the summary of the collectives benchmark.
 
     collectives_gloo.py [-b BYTES] [-e BYTES] [-f FACTOR] [--seconds S] [--ranks N]
-    collectives_gloo.py --compare JSONL
+    collectives_gloo.py --compare JSONL [--anchor-torch VERSION]
 
 Times torch.distributed's all_reduce on the gloo backend (float32 sum, in
 place, blocking) over the same sizes and with the same method as
@@ -12,8 +12,9 @@ calibrates the batch by doubling untimed ones); a repetition's time is the
 slowest rank's average per call, the result the median of the passes. The ranks
 are processes started by torch.multiprocessing, meeting through a FileStore in
 a fresh temporary folder, talking over the loopback interface, one intra-op
-thread each. Rank 0 prints one JSON line per size, "impl": "gloo". Without
-torch the sweep is skipped with a note (exit 0); a failed sweep exits 1.
+thread each. Rank 0 prints one JSON line per size, "impl": "gloo", "torch":
+the version. Without torch the sweep is skipped with a note (exit 0); a
+failed sweep exits 1.
 
 With --compare nothing is measured: the summary of JSONL, every
 implementation's lines of every round ("round" fields, as ci/bench.sh tags
@@ -23,7 +24,10 @@ the best figure over the rounds, the one least disturbed by the machine's
 other tenants: ct's shm allreduce bus bandwidth beside Open MPI's and gloo's
 from 64 KiB to 64 MiB, the ratios round by round, the 8-byte latency of
 every implementation, and whether the targets hold, on the best figures and
-in how many rounds (a miss is reported, not an error).
+in how many rounds (a miss is reported, not an error). ci/bench.sh runs the
+gloo sweep under two torches: the target is judged against the gloo of
+--anchor-torch (the current release; needed only when JSONL holds more than
+one torch's), and every other torch's gloo is set beside ct by ratio alone.
 """
 import argparse
 import datetime
@@ -36,9 +40,11 @@ import time
 REPS = 5
 MAX_CALIBRATION_ITERS = 1 << 24
 
-# The issue's targets for ct's shm allreduce.
+# The issue's targets for ct's shm allreduce: its busbw over Open MPI's, and
+# over the anchor torch's gloo.
 BUSBW_RANGE = (64 << 10, 64 << 20)
-BUSBW_TARGETS = (("openmpi", 1.0), ("gloo", 2.0))
+OPENMPI_TARGET = 1.0
+GLOO_TARGET = 2.0
 LATENCY_BYTES = 8
 LATENCY_TARGET_US = 5.0
 
@@ -137,8 +143,9 @@ def gloo_rank(rank, nranks, args, store_path):
         sec = sorted(secs)[REPS // 2]
         algbw = nbytes / sec * 1e-9
         busbw = algbw * 2 * (nranks - 1) / nranks
-        print(json.dumps({"bench": "collectives", "impl": "gloo", "op": "allreduce",
-                          "dtype": "float32", "ranks": nranks, "bytes": nbytes, "count": count,
+        print(json.dumps({"bench": "collectives", "impl": "gloo", "torch": torch.__version__,
+                          "op": "allreduce", "dtype": "float32", "ranks": nranks,
+                          "bytes": nbytes, "count": count,
                           "iters": n, "us": round(sec * 1e6, 2), "algbw_gbps": round(algbw, 4),
                           "busbw_gbps": round(busbw, 4)}), flush=True)
         print("%-8s %-14s %12d %10d %12.2f %12.4f %12.4f" % (
@@ -153,7 +160,7 @@ def run_gloo(args):
         import torch.multiprocessing
     except ImportError:
         print("collectives_gloo.py: torch is not installed for %s; skipping the gloo peer "
-              "(bash ci/setup.sh --bench installs python3-torch)" % sys.executable,
+              "(bash ci/setup.sh --bench installs it)" % sys.executable,
               file=sys.stderr)
         return True
     print("collectives_gloo.py: torch %s, gloo over loopback, %d ranks"
@@ -179,12 +186,13 @@ def load(path):
         return [json.loads(line) for line in f if line.startswith("{")]
 
 
-def allreduce_rounds(results, impl, backend=None):
-    """{round: {bytes: line}}: impl's allreduce lines by round and size; a
-    line without a "round" counts as round 1."""
+def allreduce_rounds(results, impl, backend=None, torch=None):
+    """{round: {bytes: line}}: impl's allreduce lines (those of torch's gloo)
+    by round and size; a line without a "round" counts as round 1."""
     rounds = {}
     for r in results:
         if (r.get("impl") == impl and r.get("backend") == backend
+                and r.get("torch") == torch
                 and r.get("op") == "allreduce" and "busbw_gbps" in r):
             rounds.setdefault(r.get("round", 1), {})[r["bytes"]] = r
     return rounds
@@ -215,10 +223,33 @@ def rounds_met(met_by_round):
     return "met in %d of %d rounds" % (sum(met_by_round), len(met_by_round))
 
 
-def busbw_by_round(mine, peer, sizes_in_range, name, target):
+def torch_versions(results):
+    """The torch versions of the gloo lines in results."""
+    return {r.get("torch") for r in results if r.get("impl") == "gloo"}
+
+
+def busbw_peers(results, anchor):
+    """[(name, fields, target)] of the busbw peers: Open MPI, the anchor's
+    gloo, then every other torch's gloo, with no target. fields name the
+    peer in the JSON lines."""
+    def gloo(version):
+        if not version:
+            return "gloo", {"peer": "gloo"}
+        return "gloo %s" % version, {"peer": "gloo", "torch": version}
+
+    peers = [("openmpi", {"peer": "openmpi"}, OPENMPI_TARGET), gloo(anchor) + (GLOO_TARGET,)]
+    others = sorted(torch_versions(results) - {anchor}, key=str)
+    return peers + [gloo(v) + (None,) for v in others]
+
+
+def peer_rounds(results, fields):
+    return allreduce_rounds(results, fields["peer"], torch=fields.get("torch"))
+
+
+def busbw_by_round(mine, peer, sizes_in_range, name, fields, target):
     """Prints and emits ct shm / peer busbw per round and size, for the rounds
-    that measured both; returns whether each round met the target at every
-    size."""
+    that measured both; returns whether each round met the target, if any,
+    at every size."""
     common = sorted(set(mine) & set(peer))
     if not common:
         return []
@@ -235,21 +266,24 @@ def busbw_by_round(mine, peer, sizes_in_range, name, target):
             ratio = a["busbw_gbps"] / b["busbw_gbps"]
             lowest[n] = ratio if lowest[n] is None else min(lowest[n], ratio)
             row += " %9.2f" % ratio
-            emit({"summary": "busbw_round", "round": n, "bytes": nbytes,
-                  "metric": "busbw_gbps", "ct_backend": "shm", "ct": a["busbw_gbps"],
-                  "peer": name, "peer_value": b["busbw_gbps"], "ratio": round(ratio, 3)})
+            emit(dict({"summary": "busbw_round", "round": n, "bytes": nbytes,
+                       "metric": "busbw_gbps", "ct_backend": "shm", "ct": a["busbw_gbps"]},
+                      **fields, peer_value=b["busbw_gbps"], ratio=round(ratio, 3)))
         log(row)
     log("%12s" % "lowest" + "".join(
         " %9s" % ("-" if lowest[n] is None else "%.2f" % lowest[n]) for n in common))
+    if target is None:
+        return []
     return [all(nbytes in mine[n] and nbytes in peer[n] for nbytes in sizes_in_range)
             and lowest[n] is not None and lowest[n] >= target for n in common]
 
 
-def summarize(results):
+def summarize(results, anchor):
     """Prints the comparison; returns nothing: a missed target is a finding."""
+    peers = busbw_peers(results, anchor)
     impls = {"ct shm": allreduce_rounds(results, "ct", "shm"),
              "ct mpi": allreduce_rounds(results, "ct", "mpi")}
-    impls.update((name, allreduce_rounds(results, name)) for name, _ in BUSBW_TARGETS)
+    impls.update((name, peer_rounds(results, fields)) for name, fields, _ in peers)
     best = {name: best_of_rounds(rounds) for name, rounds in impls.items()}
     shm = best["ct shm"]
     lo, hi = BUSBW_RANGE
@@ -257,30 +291,38 @@ def summarize(results):
 
     log("\nsummary: allreduce, float32 sum, busbw in GB/s (nccl-tests' definition); per "
         "implementation and size the best of its rounds, the sample the machine's other tenants "
-        "disturbed least (rounds: %s); ratio = ct shm / peer" % ", ".join(
-            "%s %d" % (name, len(rounds)) for name, rounds in impls.items() if rounds))
+        "disturbed least (rounds: %s); ratio = ct shm / peer%s"
+        % (", ".join("%s %d" % (name, len(rounds)) for name, rounds in impls.items() if rounds),
+           "; the gloo target's torch: %s" % anchor if anchor else ""))
+    width = {name: max(10, len(name)) for name, _, _ in peers}
     log("%12s %10s" % ("bytes", "ct shm") + "".join(
-        " %10s %10s" % (name, "ratio") for name, _ in BUSBW_TARGETS))
-    ratios = {name: [] for name, _ in BUSBW_TARGETS}
+        " %*s %10s" % (width[name], name, "ratio") for name, _, _ in peers))
+    ratios = {name: [] for name, _, _ in peers}
     for nbytes in in_range:
         mine = shm[nbytes]["busbw_gbps"]
         row = "%12d %10.3f" % (nbytes, mine)
-        for name, target in BUSBW_TARGETS:
+        for name, fields, target in peers:
             peer = best[name].get(nbytes)
             if not peer or peer["busbw_gbps"] <= 0:
-                row += " %10s %10s" % ("-", "-")
+                row += " %*s %10s" % (width[name], "-", "-")
                 continue
             ratio = mine / peer["busbw_gbps"]
             ratios[name].append((ratio, nbytes))
-            row += " %10.3f %10.2f" % (peer["busbw_gbps"], ratio)
-            emit({"summary": "busbw", "bytes": nbytes, "metric": "busbw_gbps", "ct_backend": "shm",
-                  "ct": round(mine, 4), "peer": name, "peer_value": peer["busbw_gbps"],
-                  "ratio": round(ratio, 3), "target_ratio": target, "met": ratio >= target})
+            row += " %*.3f %10.2f" % (width[name], peer["busbw_gbps"], ratio)
+            record = dict({"summary": "busbw", "bytes": nbytes, "metric": "busbw_gbps",
+                           "ct_backend": "shm", "ct": round(mine, 4)}, **fields,
+                          peer_value=peer["busbw_gbps"], ratio=round(ratio, 3))
+            if target is not None:
+                record.update(target_ratio=target, met=ratio >= target)
+            emit(record)
         log(row)
 
-    met_by_round = {name: busbw_by_round(impls["ct shm"], impls[name], in_range, name, target)
-                    for name, target in BUSBW_TARGETS}
-    for name, target in BUSBW_TARGETS:
+    met_by_round = {name: busbw_by_round(impls["ct shm"], impls[name], in_range, name, fields,
+                                         target)
+                    for name, fields, target in peers}
+    for name, fields, target in peers:
+        if target is None:
+            continue
         rs = ratios[name]
         what = "ct shm busbw >= %gx %s's at every size from %d to %d bytes" % (target, name, lo, hi)
         if not rs or len(rs) < len(in_range):
@@ -295,20 +337,21 @@ def summarize(results):
                max(b for _, b in rs), worst, at,
                "; below target at " + ", ".join(map(str, sorted(missed))) if missed else "",
                rounds_met(met_by_round[name])))
-        emit({"summary": "target", "target": "busbw_vs_" + name, "metric": "busbw_gbps",
-              "ratio": round(worst, 3), "bytes": at, "target_ratio": target, "met": met,
-              "rounds": len(met_by_round[name]), "rounds_met": sum(met_by_round[name])})
+        emit(dict({"summary": "target", "target": "busbw_vs_" + fields["peer"]}, **fields,
+                  metric="busbw_gbps", ratio=round(worst, 3), bytes=at, target_ratio=target,
+                  met=met, rounds=len(met_by_round[name]), rounds_met=sum(met_by_round[name])))
 
     latency = {name: by[LATENCY_BYTES]["us"] for name, by in best.items() if LATENCY_BYTES in by}
     log("%d-byte allreduce latency, best of rounds: %s" % (LATENCY_BYTES, ", ".join(
         "%s %.2f us" % (name, us) for name, us in latency.items()) or "none"))
     # ct shm against every peer, and ct's mpi backend against the MPI it calls.
+    peer_fields = dict({"ct mpi": {"peer": "ct_mpi"}}, **{name: f for name, f, _ in peers})
     for mine, peer in [("ct shm", name) for name in list(impls)[1:]] + [("ct mpi", "openmpi")]:
         if mine in latency and peer in latency and latency[peer] > 0:
-            emit({"summary": "latency", "bytes": LATENCY_BYTES, "metric": "us",
-                  "ct_backend": mine.split()[1], "ct": round(latency[mine], 2),
-                  "peer": peer.replace(" ", "_"), "peer_value": round(latency[peer], 2),
-                  "ratio": round(latency[mine] / latency[peer], 3)})
+            emit(dict({"summary": "latency", "bytes": LATENCY_BYTES, "metric": "us",
+                       "ct_backend": mine.split()[1], "ct": round(latency[mine], 2)},
+                      **peer_fields[peer], peer_value=round(latency[peer], 2),
+                      ratio=round(latency[mine] / latency[peer], 3)))
     if "ct shm" in latency:
         met = latency["ct shm"] <= LATENCY_TARGET_US
         met_by_round = [by[LATENCY_BYTES]["us"] <= LATENCY_TARGET_US
@@ -344,11 +387,23 @@ def main():
     parser.add_argument("--compare", metavar="JSONL",
                         help="summarize these lines, every implementation's of every round, "
                              "instead of measuring")
+    parser.add_argument("--anchor-torch", metavar="VERSION",
+                        help="with --compare: the torch whose gloo the target is judged against "
+                             "(default: the only one in JSONL)")
     args = parser.parse_args()
     if args.f < 2 or args.ranks < 1 or not 0 < args.seconds < 3600 or args.b > args.e:
         parser.error("need -f >= 2, --ranks >= 1, 0 < --seconds < 3600 and -b <= -e")
     if args.compare:
-        summarize(load(args.compare))
+        results = load(args.compare)
+        anchor = args.anchor_torch
+        if anchor is None:
+            versions = torch_versions(results)
+            if len(versions) > 1:
+                parser.error("%s holds the gloo lines of torch %s: name the anchor with "
+                             "--anchor-torch"
+                             % (args.compare, ", ".join(sorted(map(str, versions)))))
+            anchor = versions.pop() if versions else None
+        summarize(results, anchor)
         return 0
     return 0 if run_gloo(args) else 1
 

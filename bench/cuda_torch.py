@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """PyTorch peer of bench_cuda: the same elementwise and matmul cases on
-torch.cuda, timed the same way, printed as the same JSON with "impl": "torch".
+torch.cuda, timed the same way, printed as the same JSON with "impl": "torch"
+and "torch": the version.
 
     cuda_torch.py [--quick] [--compare CT_JSONL]
 
@@ -20,8 +21,10 @@ MIN_SECONDS = 0.05
 RESULTS = []
 
 
-def emit(d):
+def emit(d, torch=None):
     r = dict({"bench": "cuda", "impl": "torch"}, **d)
+    if torch:
+        r["torch"] = torch.__version__
     RESULTS.append(r)
     print(json.dumps(r), flush=True)
 
@@ -48,7 +51,7 @@ def time_calls(torch, fn, reps):
 def run(torch, quick):
     reps = 3 if quick else 5
     dev = torch.device("cuda", 0)
-    emit({"device": torch.cuda.get_device_name(0), "torch": torch.__version__})
+    emit({"device": torch.cuda.get_device_name(0)}, torch)
     for mib in (64,) if quick else (64, 256):
         n = (mib << 20) // 4
         a = torch.full((n,), 1.5, device=dev)
@@ -58,7 +61,7 @@ def run(torch, quick):
         for op, traffic, fn in (("add", 3, lambda: a + b), ("mul", 3, lambda: a * b),
                                 ("copy", 2, lambda: out.copy_(a)), ("gelu", 2, lambda: gelu(a))):
             s = time_calls(torch, fn, reps)
-            emit({"op": op, "mib": mib, "gbps": round(traffic * n * 4 / s / 1e9, 1)})
+            emit({"op": op, "mib": mib, "gbps": round(traffic * n * 4 / s / 1e9, 1)}, torch)
         del a, b, out
     shapes = [(1, 4096)] if quick else [(1, 4096), (32, 1024)]
     for batch, size in shapes:
@@ -71,10 +74,10 @@ def run(torch, quick):
             s = time_calls(torch, lambda: torch.matmul(a, b), reps)
             torch.backends.cuda.matmul.allow_tf32 = False
             emit({"op": "matmul", "mode": mode, "batch": batch, "size": size,
-                  "tflops": round(2.0 * batch * size**3 / s / 1e12, 2)})
+                  "tflops": round(2.0 * batch * size**3 / s / 1e12, 2)}, torch)
 
 
-def compare(path):
+def compare(path, version):
     """ct (from bench_cuda's lines in path) / torch (this run), on stderr."""
     ct, th = {}, {}
     for r in [json.loads(line) for line in open(path)] + RESULTS:
@@ -82,7 +85,7 @@ def compare(path):
             continue
         key = (r["op"], r.get("mib"), r.get("mode"), r.get("batch"), r.get("size"))
         (ct if r["impl"] == "ct" else th)[key] = r
-    print("ct / torch (above 1: ct is faster):", file=sys.stderr)
+    print("ct / torch %s (above 1: ct is faster):" % version, file=sys.stderr)
     for key, c in sorted(ct.items(), key=lambda kv: str(kv[0])):
         t = th.get(key)
         if not t:
@@ -93,9 +96,10 @@ def compare(path):
                 else "%s %d MiB" % (key[0], key[1]))
         print("  %-24s ct %8.1f, torch %8.1f %s: %.2f" % (what, c[field], t[field], field, ratio),
               file=sys.stderr)
-        print(json.dumps({"bench": "cuda", "summary": "ratio", "against": "torch", "op": key[0],
-                          "mib": key[1], "mode": key[2], "batch": key[3], "size": key[4],
-                          "ratio": round(ratio, 3)}), flush=True)
+        print(json.dumps({"bench": "cuda", "summary": "ratio", "against": "torch",
+                          "torch": version, "op": key[0], "mib": key[1], "mode": key[2],
+                          "batch": key[3], "size": key[4], "ratio": round(ratio, 3)}),
+              flush=True)
 
 
 def main():
@@ -109,11 +113,11 @@ def main():
         emit({"skipped": "no torch: %s" % e})
         return 0
     if not torch.cuda.is_available():
-        emit({"skipped": "torch sees no CUDA device"})
+        emit({"skipped": "torch sees no CUDA device"}, torch)
         return 0
     run(torch, args.quick)
     if args.compare:
-        compare(args.compare)
+        compare(args.compare, torch.__version__)
     return 0
 
 

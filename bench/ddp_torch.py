@@ -28,12 +28,13 @@ test images after each; given both, the run stops at whichever limit comes
 first. A step is timed from its batch gather to the end of its update; the
 shuffle, the evaluation and the barrier after them are not. samples_per_s
 is the global samples of the timed steps over the slowest rank's summed
-step time. Rank 0 prints one JSON line: {"bench": "ddp", "impl", "backend",
-"ranks", "threads_per_rank": 1, "global_batch": 64, "rank_batch", "epochs",
-"steps", "timed_steps", "samples_per_s", "final_loss"}, where epochs counts
-whole epochs, final_loss is the per-sample mean training loss of the last
-(possibly partial) epoch, and "test_acc" is added when the run ended at
-the end of an epoch. Notes go to stderr. Without torch it exits 1.
+step time. Rank 0 prints one JSON line: {"bench": "ddp", "impl", "torch" (the
+version), "backend", "ranks", "threads_per_rank": 1, "global_batch": 64,
+"rank_batch", "epochs", "steps", "timed_steps", "samples_per_s",
+"final_loss"}, where epochs counts whole epochs, final_loss is the
+per-sample mean training loss of the last (possibly partial) epoch, and
+"test_acc" is added when the run ended at the end of an epoch. Notes go to
+stderr. Without torch it exits 1.
 """
 import argparse
 import datetime
@@ -41,7 +42,7 @@ import json
 import os
 import sys
 
-# train_torch.py sets the BLAS and OpenMP thread counts at import, before
+# train_torch.py sets the BLAS, MKL and OpenMP thread counts at import, before
 # torch loads those libraries; import it first. The spawned ranks import this
 # file again and so get the same settings.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -146,8 +147,9 @@ def train(torch, group, args, data):
     if group.rank != 0:
         return None
     result = {"bench": "ddp", "impl": "torch_ddp" if group.dist else "torch",
-              "backend": "gloo" if group.dist else None, "ranks": group.nranks,
-              "threads_per_rank": 1, "global_batch": BATCH, "rank_batch": rank_batch,
+              "torch": torch.__version__, "backend": "gloo" if group.dist else None,
+              "ranks": group.nranks, "threads_per_rank": 1, "global_batch": BATCH,
+              "rank_batch": rank_batch,
               "epochs": epoch, "steps": step, "timed_steps": step - args.warmup_steps,
               "samples_per_s": round(timed_samples / timed, 1),
               "final_loss": round(final_loss, 4)}
@@ -225,7 +227,7 @@ def main():
         import torch.multiprocessing  # registers the reductions that share tensors with ranks
     except ImportError:
         note("torch is not installed for %s; the PyTorch DDP peer cannot run "
-             "(bash ci/setup.sh --bench installs python3-torch)" % sys.executable)
+             "(bash ci/setup.sh --bench installs it)" % sys.executable)
         return 1
     torch.set_num_threads(1)
     cpus = os.cpu_count() or 1

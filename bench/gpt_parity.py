@@ -12,9 +12,9 @@ loss curves must stay below --tolerance (default 1e-3). --tiny trains a
 2-layer, 2-head, 32-wide model on 32-character windows in batches of 4,
 for the test suite.
 
-Prints one JSON line ("bench": "gpt_parity") and exits 0 when parity holds,
-1 when it does not, 2 on a usage error, and 77 (a skipped test) when
-python3-torch is not installed.
+Prints one JSON line ("bench": "gpt_parity", "torch": the version) and
+exits 0 when parity holds, 1 when it does not, 2 on a usage error, and 77
+(a skipped test) when this Python has no torch.
 """
 import argparse
 import contextlib
@@ -24,9 +24,11 @@ import subprocess
 import sys
 import tempfile
 
-# One thread for both, set before torch loads OpenBLAS.
+# One thread for both, set before torch loads OpenBLAS (Debian's torch) or
+# MKL (PyPI's).
 os.environ["OPENBLAS_NUM_THREADS"] = "1"
 os.environ["OMP_NUM_THREADS"] = "1"
+os.environ["MKL_NUM_THREADS"] = "1"
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpt_torch  # noqa: E402
 
@@ -55,9 +57,10 @@ def main(argv):
     p.add_argument("--data", default=gpt_torch.CORPUS_DIR)
     a = p.parse_args(argv)
     try:
-        import torch  # noqa: F401
+        import torch
     except ImportError:
-        print("gpt_parity.py: torch is not installed (python3-torch); skipped", file=sys.stderr)
+        print("gpt_parity.py: torch is not installed for %s (bash ci/setup.sh --bench installs "
+              "it); skipped" % sys.executable, file=sys.stderr)
         return 77
     if not os.path.isdir(a.data):
         print("gpt_parity.py: %s is missing (Debian's fortunes); skipped" % a.data,
@@ -94,9 +97,10 @@ def main(argv):
         if d > worst or d != d:
             worst, at = d, s
     ok = worst < a.tolerance
-    print(json.dumps({"bench": "gpt_parity", "steps": a.steps, "tiny": a.tiny,
-                      "max_rel_diff": worst, "at_step": at, "torch_loss": want[at],
-                      "ct_loss": have[at], "final_torch_loss": want[a.steps - 1],
+    print(json.dumps({"bench": "gpt_parity", "torch": torch.__version__, "steps": a.steps,
+                      "tiny": a.tiny, "max_rel_diff": worst, "at_step": at,
+                      "torch_loss": want[at], "ct_loss": have[at],
+                      "final_torch_loss": want[a.steps - 1],
                       "final_ct_loss": have[a.steps - 1], "tolerance": a.tolerance, "ok": ok}))
     return 0 if ok else 1
 

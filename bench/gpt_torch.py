@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """PyTorch reference of examples/gpt: the same character-level GPT, data,
-batches and recipe, in eager PyTorch 1.13.
+batches and recipe, in eager PyTorch (Debian's 1.13 and the current release).
 
     gpt_torch.py [--layers N] [--heads N] [--width N] [--context N]
                  [--batch N] [--steps N | --time S] [--lr X] [--min-lr X]
@@ -28,8 +28,9 @@ docs/gpt.md, and examples/gpt implements the same rules:
     steps, and again after 120, so that training takes about S seconds.
 --save-init writes the initial weights as safetensors (examples/gpt
 --init reads them); --init starts from such a file. --bench prints one JSON
-line with the training throughput. The loss of every --log-every-th step
-goes to stderr. Without torch, it says so and exits 0.
+line with the training throughput and "torch": the version. The loss of
+every --log-every-th step goes to stderr. Without torch, it says so and
+exits 0.
 """
 import argparse
 import json
@@ -338,10 +339,11 @@ def train(torch, cfg, train_ids, val_ids, out):
                                   "time_s": round(time.perf_counter() - start, 3)}) + "\n")
         metrics.close()
     rate = tokens * timed_steps / timed if timed > 0 else 0.0
-    out.write(json.dumps({"bench": "gpt", "impl": "torch", "threads": cfg.threads,
-                          "ranks": 1, "batch": cfg.batch, "context": cfg.context,
-                          "layers": cfg.layers, "width": cfg.width, "steps": step,
-                          "tokens_per_s": round(rate, 1), "train_s": round(train_s, 2),
+    out.write(json.dumps({"bench": "gpt", "impl": "torch", "torch": torch.__version__,
+                          "threads": cfg.threads, "ranks": 1, "batch": cfg.batch,
+                          "context": cfg.context, "layers": cfg.layers, "width": cfg.width,
+                          "steps": step, "tokens_per_s": round(rate, 1),
+                          "train_s": round(train_s, 2),
                           "final_loss": loss, "val_loss": val,
                           "checkpoint": cfg.checkpoint}) + "\n")
 
@@ -387,18 +389,22 @@ def parse(argv):
 
 def main(argv):
     cfg = parse(argv)
-    # OpenBLAS sizes its pool from this when torch loads it (torch's
-    # set_num_threads leaves it alone). One BLAS thread beside torch's
-    # OpenMP threads is torch's fastest setting on a 2-core machine: 5.4k
-    # tokens/s at --threads 2, against 4.1k with OpenBLAS on 2 threads too,
-    # whose pool then competes with OpenMP's (docs/gpt.md).
+    # OpenBLAS (Debian's torch) sizes its pool from this when torch loads it
+    # (torch's set_num_threads leaves it alone). One BLAS thread beside
+    # torch's OpenMP threads is Debian's torch 1.13's fastest setting on a
+    # 2-core machine: 5.4k tokens/s at --threads 2, against 4.1k with
+    # OpenBLAS on 2 threads too, whose pool then competes with OpenMP's
+    # (docs/gpt.md). PyPI's torch calls MKL on its OpenMP threads instead,
+    # which set_num_threads sizes to --threads too.
     if "torch" not in sys.modules:
         os.environ["OPENBLAS_NUM_THREADS"] = str(cfg.blas_threads)
         os.environ["OMP_NUM_THREADS"] = str(cfg.threads)
+        os.environ["MKL_NUM_THREADS"] = str(cfg.threads)
     try:
         import torch
     except ImportError:
-        print("gpt_torch.py: torch is not installed (python3-torch); skipped", file=sys.stderr)
+        print("gpt_torch.py: torch is not installed for %s (bash ci/setup.sh --bench installs "
+              "it); skipped" % sys.executable, file=sys.stderr)
         return 0
     import torch.utils.checkpoint
     torch.set_num_threads(cfg.threads)

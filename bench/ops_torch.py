@@ -5,8 +5,10 @@
 
 Threads come from CT_BENCH_THREADS (default "1,2"), as for bench_ops. With
 --compare, each result is also set beside ct's matching one from bench_ops's
-output, as a one-line ratio on stderr. Without torch, it says so on stderr and
-exits 0, so that a machine without python3-torch still runs the C benchmarks.
+output, as a one-line ratio on stderr. Each line names its torch ("torch":
+the version), since ci/bench.sh runs this under two Pythons. Without torch,
+it says so on stderr and exits 0, so that a machine without it still runs
+the C benchmarks.
 """
 import argparse
 import ctypes
@@ -86,7 +88,8 @@ def cases(torch):
 def blas_thread_setter():
     """torch.set_num_threads leaves the threads of an OpenBLAS that torch calls
     for matmul alone (Debian's torch uses the system OpenBLAS); without this,
-    torch at "1 thread" multiplies on every core."""
+    Debian's torch at "1 thread" multiplies on every core. PyPI's torch calls
+    MKL, whose threads torch.set_num_threads does set."""
     for name in ("libopenblas.so.0", ctypes.util.find_library("openblas")):
         try:
             return ctypes.CDLL(name).openblas_set_num_threads
@@ -108,7 +111,7 @@ def main():
         import torch
     except ImportError:
         print("ops_torch.py: torch is not installed for %s; skipping the PyTorch peer "
-              "(bash ci/setup.sh --bench installs python3-torch)" % sys.executable,
+              "(bash ci/setup.sh --bench installs it)" % sys.executable,
               file=sys.stderr)
         return 0
     ct = {}
@@ -121,10 +124,12 @@ def main():
     threads = [int(t) for t in os.environ.get("CT_BENCH_THREADS", "1,2").split(",")]
     print("ops_torch.py: torch %s from %s" % (torch.__version__, os.path.dirname(torch.__file__)),
           file=sys.stderr)
-    set_blas_threads = blas_thread_setter()
-    if not set_blas_threads:
-        print("ops_torch.py: no OpenBLAS found; torch's BLAS threads are left as they are",
-              file=sys.stderr)
+    set_blas_threads = None
+    if "BLAS_INFO=mkl" not in torch.__config__.show():
+        set_blas_threads = blas_thread_setter()
+        if not set_blas_threads:
+            print("ops_torch.py: no OpenBLAS found; torch's BLAS threads are left as they are",
+                  file=sys.stderr)
     for nthreads in threads:
         torch.set_num_threads(nthreads)
         if set_blas_threads:
@@ -134,16 +139,16 @@ def main():
             result = {"bench": "ops", "op": fields["op"]}
             if "layout" in fields:
                 result["layout"] = fields["layout"]
-            result.update(impl="torch", size=fields["size"], shape=fields["shape"],
-                          threads=nthreads, us=round(us, 2))
+            result.update(impl="torch", torch=torch.__version__, size=fields["size"],
+                          shape=fields["shape"], threads=nthreads, us=round(us, 2))
             result[metric] = round(amount / us * 1e-3, 3)
             print(json.dumps(result), flush=True)
             mine = ct.get(key(result))
             if mine and metric in mine:
-                print("ops %s %s %s threads=%d: ct %.2f %s, torch %.2f: ct/torch %.2f" % (
+                print("ops %s %s %s threads=%d: ct %.2f %s, torch %s %.2f: ct/torch %.2f" % (
                     result["op"], result.get("layout", ""), result["shape"], nthreads,
-                    mine[metric], metric, result[metric], mine[metric] / result[metric]),
-                    file=sys.stderr)
+                    mine[metric], metric, torch.__version__, result[metric],
+                    mine[metric] / result[metric]), file=sys.stderr)
     return 0
 
 

@@ -20,8 +20,9 @@ its TCP transport and the channel that copies tensors through it, the path
 that ct and the zmq peer take.
 
 stdout: one JSON line per result from worker 0, as bench_rpc's:
-{"bench": "rpc", "impl": "torch" ("torch_tcp" with --transport tcp), "op":
-"empty" | "echo", "bytes", "iters", "us" (median round trip), "gbps"}.
+{"bench": "rpc", "impl": "torch" ("torch_tcp" with --transport tcp), "torch"
+(the version), "op": "empty" | "echo", "bytes", "iters", "us" (median round
+trip), "gbps"}.
 Without torch or torch.distributed.rpc it prints one line {"bench": "rpc",
 "impl", "skipped": reason} and exits 0. A run that fails, or
 outlives --timeout, exits 1 with its workers ended. stderr: notes.
@@ -66,10 +67,11 @@ def median(values):
     return sorted(values)[len(values) // 2]
 
 
-def report(impl, op, nbytes, n, seconds):
+def report(torch, impl, op, nbytes, n, seconds):
     gbps = 2.0 * nbytes / seconds * 1e-9 if nbytes else 0.0
-    print(json.dumps({"bench": "rpc", "impl": impl, "op": op, "bytes": nbytes, "iters": n,
-                      "us": round(seconds * 1e6, 2), "gbps": round(gbps, 4)}), flush=True)
+    print(json.dumps({"bench": "rpc", "impl": impl, "torch": torch.__version__, "op": op,
+                      "bytes": nbytes, "iters": n, "us": round(seconds * 1e6, 2),
+                      "gbps": round(gbps, 4)}), flush=True)
 
 
 def impl_name(args):
@@ -112,7 +114,7 @@ def time_calls(torch, rpc, impl, iters):
                 raise RuntimeError("echo of %d bytes came back as %r" % (nbytes, y))
             if i >= 0:
                 t.append(dt)
-        report(impl, "echo" if nbytes else "empty", nbytes, n, median(t))
+        report(torch, impl, "echo" if nbytes else "empty", nbytes, n, median(t))
 
 
 def run_worker(args):

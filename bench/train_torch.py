@@ -10,7 +10,8 @@ kept, inputs = pixels / 255. The data is loaded once into tensors; each epoch
 indexes them with a permutation from a seeded torch.Generator, so no
 DataLoader runs. One thread. A step (batch gather, forward, backward, update)
 is timed from its start to its end; the first --warmup-steps steps and the
-evaluation are not. Prints one JSON line in bench_train_floor's schema.
+evaluation are not. Prints one JSON line in bench_train_floor's schema, with
+"torch": the version.
 
 With --compare, every other implementation's "train" line in that file is set
 beside torch's as a ratio of samples/s on stderr, and ct's beside c_floor's.
@@ -24,10 +25,12 @@ import struct
 import sys
 import time
 
-# OpenBLAS and OpenMP read these when torch loads them: set before the import,
-# so that neither starts a thread pool this single-thread benchmark never uses.
+# OpenBLAS (Debian's torch), MKL (PyPI's) and OpenMP read these when torch
+# loads them: set before the import, so that none starts a thread pool this
+# single-thread benchmark never uses.
 os.environ["OPENBLAS_NUM_THREADS"] = "1"
 os.environ["OMP_NUM_THREADS"] = "1"
+os.environ["MKL_NUM_THREADS"] = "1"
 
 BATCH = 64
 LR = 0.05
@@ -93,8 +96,8 @@ def compare(path, mine):
             if r.get("bench") == "train" and r.get("impl") != "torch":
                 others[r["impl"]] = r
     for impl, r in others.items():
-        print("train threads=1: %s %.1f samples/s, torch %.1f: %s/torch %.2f" % (
-            impl, r["samples_per_s"], mine["samples_per_s"], impl,
+        print("train threads=1: %s %.1f samples/s, torch %s %.1f: %s/torch %.2f" % (
+            impl, r["samples_per_s"], mine["torch"], mine["samples_per_s"], impl,
             r["samples_per_s"] / mine["samples_per_s"]), file=sys.stderr)
     if "ct" in others and "c_floor" in others:
         print("train threads=1: ct/c_floor %.2f"
@@ -140,7 +143,7 @@ def main():
         import torch.nn.functional as F
     except ImportError:
         print("train_torch.py: torch is not installed for %s; skipping the PyTorch peer "
-              "(bash ci/setup.sh --bench installs python3-torch)" % sys.executable,
+              "(bash ci/setup.sh --bench installs it)" % sys.executable,
               file=sys.stderr)
         return 0
     torch.set_num_threads(1)
@@ -186,8 +189,9 @@ def main():
         print("train_torch.py: epoch %d: %d steps, mean loss %.4f, test accuracy %.4f"
               % (epoch, len(losses), final_loss, acc), file=sys.stderr)
 
-    result = {"bench": "train", "impl": "torch", "threads": 1, "batch": BATCH, "epochs": epoch,
-              "steps": step, "timed_steps": step - args.warmup_steps,
+    result = {"bench": "train", "impl": "torch", "torch": torch.__version__, "threads": 1,
+              "batch": BATCH, "epochs": epoch, "steps": step,
+              "timed_steps": step - args.warmup_steps,
               "samples_per_s": round(timed_samples / timed, 1), "test_acc": round(acc, 4),
               "final_loss": round(final_loss, 4)}
     print(json.dumps(result), flush=True)

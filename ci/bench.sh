@@ -27,9 +27,17 @@
 # 2 ranks, in as many rounds of CT_BENCH_GPT_STEPS steps (default 30), then
 # peak memory with and without activation checkpointing and the 200-step
 # parity run, and with CT_BENCH_GPT_TIME=S both trained for S seconds on
-# all cores, their validation losses compared and charted (docs/gpt.md);
-# PYTHON (default /usr/bin/python3, Debian's, with python3-torch) runs the
-# PyTorch peers and the summaries; CT_BENCH_BUILD_DIR moves the build.
+# all cores, their validation losses compared and charted (docs/gpt.md).
+#
+# Every PyTorch peer runs twice in its place of the run, under the current
+# release (CT_BENCH_TORCH_PYTHON, default bench/.venv/bin/python: PyPI's
+# torch), the anchor that the targets are judged against, then under
+# CT_BENCH_OLD_TORCH_PYTHON (default /usr/bin/python3: Debian's
+# python3-torch 1.13), whose figures are set beside ct by ratio alone; each
+# torch line says which it was ("torch": the version). `bash ci/setup.sh
+# --bench` installs both; a Python without torch is left out, with a note.
+# PYTHON (default /usr/bin/python3) runs the summaries; CT_BENCH_BUILD_DIR
+# moves the build.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -39,12 +47,14 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 export OPENBLAS_THREAD_TIMEOUT=${OPENBLAS_THREAD_TIMEOUT:-4}
 build=${CT_BENCH_BUILD_DIR:-$root/build-bench}
 python=${PYTHON:-/usr/bin/python3}
+torch_pythons=("${CT_BENCH_TORCH_PYTHON:-$root/bench/.venv/bin/python}"
+    "${CT_BENCH_OLD_TORCH_PYTHON:-/usr/bin/python3}")
 epochs=${CT_BENCH_EPOCHS:-1}
 rounds=${CT_BENCH_ROUNDS:-3}
 all=(ops train collectives ddp checkpoint rpc cuda gpt)
 
 usage() {
-    sed -n '2,33s/^# \{0,1\}//p' "$0"
+    sed -n '2,41s/^# \{0,1\}//p' "$0"
 }
 
 names=()
@@ -123,22 +133,53 @@ if ((${#targets[@]})); then
     cmake --build "$build" -j"$(nproc)" --target "${targets[@]}" >&2
 fi
 
-# Runs the PyTorch peer bench/$1 with the remaining arguments.
-run_peer() {
-    local peer=$root/bench/$1
-    shift
-    if [[ -x $python ]]; then
-        "$python" "$peer" "$@"
-    else
-        echo "ci/bench.sh: $python not found; skipping $peer" >&2
+# Each Python's torch, asked once: torch_versions[i] is that of
+# torch_pythons[i], empty where there is none (the peers then leave that
+# Python out) or where it is the anchor's (measured once). anchor is the
+# first's, the torch that the summaries judge the targets against.
+torch_roles=("the anchor" "set beside the anchor")
+torch_versions=()
+for i in "${!torch_pythons[@]}"; do
+    py=${torch_pythons[i]}
+    version=
+    if [[ -x $py ]]; then
+        version=$("$py" -c 'import torch; print(torch.__version__)' 2>/dev/null) || version=
     fi
+    if [[ -z $version ]]; then
+        echo "ci/bench.sh: no torch for $py (${torch_roles[i]}); its PyTorch peers are" \
+            "skipped (bash ci/setup.sh --bench installs it)" >&2
+    elif ((i > 0)) && [[ $version == "${torch_versions[0]}" ]]; then
+        echo "ci/bench.sh: $py has torch $version, as ${torch_pythons[0]} does; measured" \
+            "once" >&2
+        version=
+    else
+        echo "ci/bench.sh: torch $version under $py (${torch_roles[i]})" >&2
+    fi
+    torch_versions+=("$version")
+done
+anchor=${torch_versions[0]}
+
+# Runs the PyTorch peer bench/$1 with the remaining arguments under each
+# Python that has torch, the anchor first, so that both torches run in the
+# same place of every round; in an argument, @torch@ becomes that torch's
+# version (for a file each writes). Returns the status of the last that
+# failed.
+run_peer() {
+    local peer=$root/bench/$1 status=0 i
+    shift
+    for i in "${!torch_pythons[@]}"; do
+        if [[ -n ${torch_versions[i]} ]]; then
+            "${torch_pythons[i]}" "$peer" "${@//@torch@/${torch_versions[i]}}" || status=$?
+        fi
+    done
+    return "$status"
 }
 
-# Runs the Python code on stdin with $python and the arguments given: a
-# summary, which needs no torch.
+# Runs a summary, which needs no torch, with $python and the arguments
+# given: "-" and the code on stdin, or a script and its arguments.
 run_summary() {
     if [[ -x $python ]]; then
-        "$python" - "$@"
+        "$python" "$@"
     else
         echo "ci/bench.sh: $python not found; no summary" >&2
     fi
@@ -221,7 +262,7 @@ run_collectives() {
             json_lines | tee -a "$tmp"
         "${mpirun[@]}" -x CT_BACKEND=mpi "$bench" "${others[@]}" | json_lines | tee -a "$tmp"
     fi
-    run_peer collectives_gloo.py --compare "$tmp"
+    run_summary "$root/bench/collectives_gloo.py" --compare "$tmp" --anchor-torch "$anchor"
     if $gloo_failed; then
         return 1
     fi
@@ -245,19 +286,11 @@ run_ddp() {
     local ct_steps=(--max-steps $((warmup + steps)) --warmup-steps "$warmup" --metrics "")
     local torch_steps=(--steps "$steps" --warmup-steps "$warmup")
     local one_bucket=(--first-bucket-bytes $((1 << 30)) --bucket-bytes $((1 << 30)))
-    local have_torch=false torch_failed=false started=$SECONDS load_start round
+    local torch_failed=false started=$SECONDS load_start round
     load_start=$(cut -d' ' -f1-3 /proc/loadavg)
     echo "ci/bench.sh: ddp: load average $load_start" >&2
     if ! $have_mpi; then
         echo "ci/bench.sh: no MPI in this build (or no mpirun); skipping ct under mpirun" >&2
-    fi
-    # ddp_torch.py exits 1 without torch, as it does when DDP fails: only
-    # the second should fail the run.
-    if [[ -x $python ]] && "$python" -c "import torch" 2>/dev/null; then
-        have_torch=true
-    else
-        echo "ci/bench.sh: no torch for $python; skipping the PyTorch runs" \
-            "(bash ci/setup.sh --bench installs python3-torch)" >&2
     fi
     for ((round = 1; round <= rounds; round++)); do
         echo "ci/bench.sh: ddp round $round of $rounds" >&2
@@ -271,14 +304,12 @@ run_ddp() {
                 "${ct_steps[@]}" --threads 1
         fi
         # A failed PyTorch run fails the whole run, after the summary.
-        if $have_torch; then
-            run_peer ddp_torch.py --ranks 2 "${torch_steps[@]}" |
-                json_lines "\"run\": \"torch_ddp_2ranks\", \"round\": $round, " |
-                tee -a "$tmp" || torch_failed=true
-            run_peer ddp_torch.py --ranks 1 "${torch_steps[@]}" |
-                json_lines "\"run\": \"torch_1rank\", \"round\": $round, " |
-                tee -a "$tmp" || torch_failed=true
-        fi
+        run_peer ddp_torch.py --ranks 2 "${torch_steps[@]}" |
+            json_lines "\"run\": \"torch_ddp_2ranks\", \"round\": $round, " |
+            tee -a "$tmp" || torch_failed=true
+        run_peer ddp_torch.py --ranks 1 "${torch_steps[@]}" |
+            json_lines "\"run\": \"torch_1rank\", \"round\": $round, " |
+            tee -a "$tmp" || torch_failed=true
     done
     # One epoch leaves the test accuracy within its own step-to-step noise
     # (docs/bench-ddp.md, "Accuracy"): ddp's default is 2.
@@ -291,12 +322,13 @@ run_ddp() {
     "${ctlaunch[@]}" "$build/bench/bench_ddp" | json_lines '"run": "ct_buckets", ' | tee -a "$tmp"
     "${ctlaunch[@]}" "$build/bench/bench_ddp" "${one_bucket[@]}" |
         json_lines '"run": "ct_one_bucket", ' | tee -a "$tmp"
-    run_summary "$tmp" "$steps" "$warmup" "$acc_epochs" <<'EOF'
+    run_summary - "$tmp" "$steps" "$warmup" "$acc_epochs" "$anchor" <<'EOF'
 """The data-parallel benchmark's summary, from ci/bench.sh ddp's lines."""
 import json
 import sys
 
-path, steps, warmup, epochs = sys.argv[1:]
+path, steps, warmup, epochs, anchor = sys.argv[1:]
+# ct's runs; each torch's runs are TORCH_RUNS, named with its version.
 RUNS = {
     "ct_1rank_1thread": "ct, 1 rank, 1 thread",
     "ct_1rank_2threads": "ct, 1 rank, 2 threads",
@@ -304,8 +336,10 @@ RUNS = {
     "ct_2procs_nocomm": "ct, 2 lone processes, batch 32 each",
     "ct_2ranks_mpirun": "ct, 2 ranks, mpirun (shm, its default)",
     "ct_2ranks_mpirun_mpi": "ct, 2 ranks, mpirun (CT_BACKEND=mpi)",
-    "torch_ddp_2ranks": "PyTorch DDP, 2 ranks (gloo)",
-    "torch_1rank": "PyTorch, 1 rank",
+}
+TORCH_RUNS = {
+    "torch_ddp_2ranks": "%s DDP, 2 ranks (gloo)",
+    "torch_1rank": "%s, 1 rank",
 }
 # (name, run, against, target ratio or None): run's samples/s over against's.
 # The target compares 2 ranks of one core each with 1 rank on one core; the
@@ -319,6 +353,9 @@ RATIOS = [
     (None, "ct_2procs_nocomm", "ct_1rank_2threads", None),
     (None, "ct_2ranks_mpirun", "ct_1rank_1thread", None),
     (None, "ct_2ranks_mpirun_mpi", "ct_1rank_1thread", None),
+]
+# The same with each torch's runs: the target only with the anchor's.
+TORCH_RATIOS = [
     ("ct_2ranks_vs_torch_ddp", "ct_2ranks_ctlaunch", "torch_ddp_2ranks", 5.0),
     (None, "ct_1rank_2threads", "torch_1rank", None),
     (None, "torch_ddp_2ranks", "torch_1rank", None),
@@ -334,6 +371,16 @@ def emit(record):
     print(json.dumps(dict({"bench": "ddp"}, **record)), flush=True)
 
 
+def keyed(run, version):
+    """A run's key: (run, its torch's version, None for ct's)."""
+    return run, version if run in TORCH_RUNS else None
+
+
+def torch_field(*keys):
+    """{"torch": version} for a record about a torch's run, else {}."""
+    return next(({"torch": v} for _, v in keys if v), {})
+
+
 rate, finals, overlap = {}, {}, []
 with open(path) as f:
     for r in (json.loads(line) for line in f if line.startswith("{")):
@@ -342,26 +389,37 @@ with open(path) as f:
         if r["bench"] == "ddp_overlap":
             overlap.append(r)
         elif "round" in r:
-            rate.setdefault(r["run"], {})[r["round"]] = r["samples_per_s"]
+            rate.setdefault(keyed(r["run"], r.get("torch")), {})[r["round"]] = r["samples_per_s"]
         else:
             finals[r["run"]] = r
 rounds = sorted({n for by in rate.values() for n in by})
-best = {run: max(by.values()) for run, by in rate.items()}
+best = {key: max(by.values()) for key, by in rate.items()}
+# The anchor first, then every other torch measured.
+versions = [anchor] + sorted({v for _, v in rate if v and v != anchor})
+runs = {keyed(run, None): what for run, what in RUNS.items()}
+ratios = [(name, keyed(run, None), keyed(against, None), target)
+          for name, run, against, target in RATIOS]
+for v in versions:
+    runs.update((keyed(run, v), what % ("PyTorch " + v).strip())
+                for run, what in TORCH_RUNS.items())
+    ratios += [(name if v == anchor else None, keyed(run, v), keyed(against, v),
+                target if v == anchor else None) for name, run, against, target in TORCH_RATIOS]
+width = max(len(what) for what in runs.values())
 
 log("\nsummary: the fmnist_mlp recipe, global batch 64, %s timed steps after %s; global "
     "samples/s, the best of the rounds (the sample the host disturbed least), then each round"
     % (steps, warmup))
-log("%-38s %9s" % ("run", "best") + "".join(" %9s" % ("round %d" % n) for n in rounds))
-for run, what in RUNS.items():
-    if run in rate:
-        log("%-38s %9.0f" % (what, best[run]) + "".join(
-            " %9s" % ("%.0f" % rate[run][n] if n in rate[run] else "-") for n in rounds))
-        emit({"summary": "samples_per_s", "run": run, "best": best[run],
-              "rounds": [rate[run].get(n) for n in rounds]})
+log("%-*s %9s" % (width, "run", "best") + "".join(" %9s" % ("round %d" % n) for n in rounds))
+for key, what in runs.items():
+    if key in rate:
+        log("%-*s %9.0f" % (width, what, best[key]) + "".join(
+            " %9s" % ("%.0f" % rate[key][n] if n in rate[key] else "-") for n in rounds))
+        emit(dict({"summary": "samples_per_s", "run": key[0]}, **torch_field(key),
+                  best=best[key], rounds=[rate[key].get(n) for n in rounds]))
 
 log("ratios on the best figures [each round's own]:")
-for name, run, against, target in RATIOS:
-    what = "%s / %s" % (RUNS[run], RUNS[against])
+for name, run, against, target in ratios:
+    what = "%s / %s" % (runs[run], runs[against])
     if run not in best or against not in best:
         log("  %s: not measured" % what)
         continue
@@ -369,8 +427,9 @@ for name, run, against, target in RATIOS:
     by_round = [rate[run][n] / rate[against][n] for n in rounds
                 if n in rate[run] and n in rate[against]]
     line = "  %-72s %5.2f [%s]" % (what, ratio, " ".join("%.2f" % x for x in by_round))
-    record = {"summary": "target" if name else "ratio", "run": run, "against": against,
-              "ratio": round(ratio, 3), "round_ratios": [round(x, 3) for x in by_round]}
+    record = dict({"summary": "target" if name else "ratio", "run": run[0],
+                   "against": against[0]}, **torch_field(run, against), ratio=round(ratio, 3),
+                  round_ratios=[round(x, 3) for x in by_round])
     if name:
         met, held = ratio >= target, sum(x >= target for x in by_round)
         line += "  target >= %g: %s, met in %d of %d rounds" % (
@@ -474,7 +533,7 @@ run_checkpoint() {
     local parent=${CT_BENCH_CKPT_DIR:-$build/ckpt-bench}
     local bytes=$((1 << 30)) tensors=16
     local state=(--bytes "$bytes" --tensors "$tensors")
-    local have_torch=false torch_failed=false started=$SECONDS load_start round free_k fs
+    local torch_failed=false started=$SECONDS load_start round free_k fs
     mkdir -p "$parent"
     ckpt_dir=$(mktemp -d "$parent/run.XXXXXX")
     # 2 GiB at most at once, and room to spare for the rest of the disk's
@@ -493,14 +552,6 @@ run_checkpoint() {
     fi
     load_start=$(cut -d' ' -f1-3 /proc/loadavg)
     echo "ci/bench.sh: checkpoint: load average $load_start" >&2
-    # checkpoint_torch.py exits 1 without torch, as it does when torch fails:
-    # only the second should fail the run.
-    if [[ -x $python ]] && "$python" -c "import torch" 2>/dev/null; then
-        have_torch=true
-    else
-        echo "ci/bench.sh: no torch for $python; skipping torch.save and torch.load" \
-            "(bash ci/setup.sh --bench installs python3-torch)" >&2
-    fi
     "$bench" memcpy --bytes "$bytes" | json_lines '"run": "memcpy", ' | tee -a "$tmp"
     # Round r starts at run r of the list, so that no run follows the same
     # one in every round: a write ran slower right after some runs than
@@ -515,12 +566,11 @@ run_checkpoint() {
             ct_1rank) ckpt_ct ct_1rank "$round" "$bench" ;;
             ct_2ranks) ckpt_ct ct_2ranks "$round" "${ctlaunch[@]}" "$bench" ;;
             torch)
-                if $have_torch; then
-                    run_peer checkpoint_torch.py --dir "$ckpt_dir" "${state[@]}" |
-                        json_lines "\"run\": \"torch\", \"round\": $round, " |
-                        tee -a "$tmp" || torch_failed=true
-                    sync
-                fi
+                # checkpoint_torch.py syncs after removing its file, also
+                # between the two torches.
+                run_peer checkpoint_torch.py --dir "$ckpt_dir" "${state[@]}" |
+                    json_lines "\"run\": \"torch\", \"round\": $round, " |
+                    tee -a "$tmp" || torch_failed=true
                 ;;
             ct_async_1rank)
                 "$bench" async --dir "$ckpt_dir" "${state[@]}" |
@@ -533,13 +583,14 @@ run_checkpoint() {
     done
     rm -rf "$ckpt_dir"
     ckpt_dir=
-    run_summary "$tmp" "$parent" "$fs" <<'EOF'
+    run_summary - "$tmp" "$parent" "$fs" "$anchor" <<'EOF'
 """The checkpoint benchmark's summary, from ci/bench.sh checkpoint's lines."""
 import json
 import sys
 
-path, where, fs = sys.argv[1:]
-# (run, op, cache): what the table calls it.
+path, where, fs, anchor = sys.argv[1:]
+# (run, op, cache): what the table calls it; torch's rows come once for each
+# torch measured.
 ROWS = [
     (("dd", "write", None), "dd write (64 MiB blocks, conv=fsync)"),
     (("ct_1rank", "save", None), "ct save, 1 rank"),
@@ -556,7 +607,8 @@ ROWS = [
 NAMES = dict(ROWS)
 # (target name or None, run, against, target ratio or None): run's GB/s over
 # against's; a target holds when the ratio is at least (or, with ">", above)
-# its value.
+# its value. A ratio with torch comes once for each torch measured, its
+# target only with the anchor's.
 RATIOS = [
     ("ct_save_1rank_vs_dd_write", ("ct_1rank", "save", None), ("dd", "write", None), 0.7),
     ("ct_save_2ranks_vs_dd_write", ("ct_2ranks", "save", None), ("dd", "write", None), 0.7),
@@ -587,6 +639,20 @@ def rounds_text(values):
     return " ".join("%.2f" % x for x in values)
 
 
+def keyed(key, version):
+    """A row's key: (run, op, cache, its torch's version, None for ct's and dd's)."""
+    return key + (version if key[0] == "torch" else None,)
+
+
+def name(key):
+    return "%s (torch %s)" % (NAMES[key[:3]], key[3]) if key[3] else NAMES[key[:3]]
+
+
+def torch_field(*keys):
+    """{"torch": version} for a record about a torch's run, else {}."""
+    return next(({"torch": k[3]} for k in keys if k[3]), {})
+
+
 gbps, hw, runs_async = {}, {}, {}
 with open(path) as f:
     for r in (json.loads(line) for line in f if line.startswith("{")):
@@ -597,22 +663,33 @@ with open(path) as f:
         elif r["op"] == "async":
             runs_async[r["round"]] = r
         else:
-            key = (r["run"], r["op"], r.get("cache"))
+            key = keyed((r["run"], r["op"], r.get("cache")), r.get("torch"))
             gbps.setdefault(key, {})[r["round"]] = r["gbps"]
 rounds = sorted({n for by in gbps.values() for n in by} | set(runs_async))
 best = {key: max(by.values()) for key, by in gbps.items()}
+# The anchor first, then every other torch measured.
+versions = [anchor] + sorted({k[3] for k in gbps if k[3] and k[3] != anchor})
+rows = [keyed(key, v) for key, _ in ROWS for v in (versions if key[0] == "torch" else [None])]
+ratios = []
+for target_name, run, against, target in RATIOS:
+    for v in versions if "torch" in (run[0], against[0]) else [None]:
+        judged = v in (None, anchor)
+        ratios.append((target_name if judged else None, keyed(run, v), keyed(against, v),
+                       target if judged else None))
+width = max(len(name(key)) for key in rows)
+ratio_width = max(len("%s / %s" % (name(run), name(against))) for _, run, against, _ in ratios)
 
 log("\nsummary: checkpoints of a 1 GiB state (16 float32 tensors of 64 MiB) under %s (%s); "
     "GB/s (10^9 bytes/s of the whole state), the best of the rounds, then each round" % (where, fs))
-log("%-40s %8s" % ("run", "best") + "".join(" %8s" % ("round %d" % n) for n in rounds))
-for key, what in ROWS:
+log("%-*s %8s" % (width, "run", "best") + "".join(" %8s" % ("round %d" % n) for n in rounds))
+for key in rows:
     if key not in gbps:
-        log("%-40s %8s" % (what, "-"))
+        log("%-*s %8s" % (width, name(key), "-"))
         continue
-    log("%-40s %8.3f" % (what, best[key]) + "".join(
+    log("%-*s %8.3f" % (width, name(key), best[key]) + "".join(
         " %8s" % ("%.3f" % gbps[key][n] if n in gbps[key] else "-") for n in rounds))
-    emit({"summary": "gbps", "run": key[0], "op": key[1], "cache": key[2], "best": best[key],
-          "rounds": [gbps[key].get(n) for n in rounds]})
+    emit(dict({"summary": "gbps", "run": key[0]}, **torch_field(key), op=key[1], cache=key[2],
+              best=best[key], rounds=[gbps[key].get(n) for n in rounds]))
 if hw:
     log("the machine, 1 thread over 1 GiB: memcpy %.2f GB/s copied, XXH3-64 %.2f GB/s"
         % (hw.get("memcpy", float("nan")), hw.get("xxh3", float("nan"))))
@@ -620,26 +697,27 @@ if hw:
 
 targets = []
 log("ratios on the best figures [each round's own]:")
-for name, run, against, target in RATIOS:
-    what = "%s / %s" % (NAMES[run], NAMES[against])
+for target_name, run, against, target in ratios:
+    what = "%s / %s" % (name(run), name(against))
     if run not in best or against not in best:
         log("  %s: not measured" % what)
-        if name:
+        if target_name:
             targets.append("target: %s: not measured" % what)
         continue
     ratio = best[run] / best[against]
     by_round = [gbps[run][n] / gbps[against][n] for n in rounds
                 if n in gbps[run] and n in gbps[against]]
-    log("  %-66s %5.2f [%s]" % (what, ratio, rounds_text(by_round)))
-    record = {"summary": "ratio", "run": list(run), "against": list(against),
-              "ratio": round(ratio, 3), "round_ratios": [round(x, 3) for x in by_round]}
-    if name:
+    log("  %-*s %5.2f [%s]" % (ratio_width, what, ratio, rounds_text(by_round)))
+    record = dict({"summary": "ratio", "run": list(run[:3]), "against": list(against[:3])},
+                  **torch_field(run, against), ratio=round(ratio, 3),
+                  round_ratios=[round(x, 3) for x in by_round])
+    if target_name:
         met = held(ratio, target)
         bar = "> 1" if target == ">1" else ">= %g" % target
         targets.append("target: %s %s: %s (ratio %.2f; per round %s; met in %d of %d rounds)"
                        % (what, bar, "met" if met else "missed", ratio, rounds_text(by_round),
                           sum(held(x, target) for x in by_round), len(by_round)))
-        record = dict(record, summary="target", target=name, target_ratio=target, met=met,
+        record = dict(record, summary="target", target=target_name, target_ratio=target, met=met,
                       rounds=len(by_round), rounds_met=sum(held(x, target) for x in by_round))
     emit(record)
 
@@ -754,49 +832,45 @@ dd_line() {
 # ct / torch, on the best figures and round by round) and checks ct's
 # targets (docs/rpc-design.md, "First figures").
 run_rpc() {
-    local have_torch=false torch_failed=false round transport
+    local torch_failed=false round transport
     # rpc_torch.py skips itself (exit 0) without torch.distributed.rpc, and
-    # exits 1 when a run fails: only the second should fail the run.
-    if [[ -x $python ]] && "$python" -c "import torch" 2>/dev/null; then
-        have_torch=true
-    else
-        echo "ci/bench.sh: no torch for $python; skipping torch.distributed.rpc" \
-            "(bash ci/setup.sh --bench installs python3-torch)" >&2
-    fi
+    # exits 1 when a run fails, which fails the run after the summary.
     for ((round = 1; round <= rounds; round++)); do
         echo "ci/bench.sh: rpc round $round of $rounds" >&2
         "$build/launcher/ctlaunch" -np 2 "$build/bench/bench_rpc" 2>&1 |
             grep '^\[rank 0\] {' | json_lines "\"round\": $round, " | tee -a "$tmp"
-        if $have_torch; then
-            for transport in default tcp; do
-                run_peer rpc_torch.py --transport "$transport" |
-                    json_lines "\"round\": $round, " | tee -a "$tmp" || torch_failed=true
-            done
-        fi
+        for transport in default tcp; do
+            run_peer rpc_torch.py --transport "$transport" |
+                json_lines "\"round\": $round, " | tee -a "$tmp" || torch_failed=true
+        done
     done
-    run_summary "$tmp" <<'EOF'
+    run_summary - "$tmp" "$anchor" <<'EOF'
 """The RPC benchmark's summary, from ci/bench.sh rpc's lines."""
 import json
 import sys
 
-IMPLS = ["ct", "zmq", "torch", "torch_tcp"]
-# What the ratios set ct against: torch as it runs by default, and over TCP.
+# What the ratios set ct against: torch as it runs by default, and over TCP,
+# each under every torch measured.
 PEERS = ["torch", "torch_tcp"]
 
-# (impl, bytes) -> {round: the line}
+path, anchor = sys.argv[1:]
+# (impl, its torch's version or None, bytes) -> {round: the line}
 runs = {}
-skipped = {}
-for line in open(sys.argv[1]):
+skipped = set()
+for line in open(path):
     r = json.loads(line)
     if r.get("bench") != "rpc" or "summary" in r:
         continue
     if "skipped" in r:
-        skipped[r["impl"]] = r["skipped"]
+        skipped.add((r["impl"], r["skipped"]))
     elif "us" in r:
-        runs.setdefault((r["impl"], r["bytes"]), {})[r.get("round", 1)] = r
+        runs.setdefault((r["impl"], r.get("torch"), r["bytes"]), {})[r.get("round", 1)] = r
 best = {key: min(by.values(), key=lambda r: r["us"]) for key, by in runs.items()}
 rounds = sorted({n for by in runs.values() for n in by})
-sizes = sorted({k[1] for k in best})
+sizes = sorted({k[2] for k in best})
+# The anchor first, then every other torch measured.
+versions = [anchor] + sorted({k[1] for k in best if k[1] and k[1] != anchor})
+who_all = [("ct", None), ("zmq", None)] + [(peer, v) for v in versions for peer in PEERS]
 
 
 def log(s):
@@ -807,52 +881,68 @@ def emit(d):
     print(json.dumps(dict({"bench": "rpc"}, **d)), flush=True)
 
 
-def cell(impl, b, field, form):
-    r = best.get((impl, b))
+def torch_field(version):
+    return {"torch": version} if version else {}
+
+
+def cell(who, b, field, form):
+    r = best.get(who + (b,))
     return form % r[field] if r else "-"
 
 
+def table(who):
+    """A row per size: each of who's round trip, then its bandwidth."""
+    columns = [(w, "us", "%.1f", w[0] + " us") for w in who] + [
+        (w, "gbps", "%.3f", w[0] + " GB/s") for w in who]
+    log("%-10s" % "bytes" + "".join(" %*s" % (max(9, len(h)), h) for _, _, _, h in columns))
+    for b in sizes:
+        log("%-10d" % b + "".join(" %*s" % (max(9, len(h)), cell(w, b, f, form))
+                                  for w, f, form, h in columns))
+
+
 log("summary: round trips between 2 workers on loopback, the best of the rounds; torch is "
-    "torch.distributed.rpc (TensorPipe), torch_tcp the same over TCP only")
-columns = [(i, "us", "%.1f", i + " us") for i in IMPLS] + [
-    (i, "gbps", "%.3f", i + " GB/s") for i in IMPLS]
-log("%-10s" % "bytes" + "".join(" %*s" % (max(9, len(h)), h) for _, _, _, h in columns))
+    "torch.distributed.rpc (TensorPipe), torch_tcp the same over TCP only; first with torch %s "
+    "(the anchor)" % anchor)
+table([("ct", None), ("zmq", None)] + [(peer, anchor) for peer in PEERS])
+for v in versions[1:]:
+    log("with torch %s:" % v)
+    table([(peer, v) for peer in PEERS])
 for b in sizes:
-    log("%-10d" % b + "".join(" %*s" % (max(9, len(h)), cell(i, b, f, form))
-                              for i, f, form, h in columns))
-    for i in IMPLS:
-        if (i, b) in best:
-            emit({"summary": "round_trip", "impl": i, "bytes": b, "us": best[(i, b)]["us"],
-                  "gbps": best[(i, b)]["gbps"],
-                  "round_us": [runs[(i, b)][n]["us"] if n in runs[(i, b)] else None
-                               for n in rounds]})
-for impl, reason in sorted(skipped.items()):
+    for w in who_all:
+        if w + (b,) in best:
+            emit(dict({"summary": "round_trip", "impl": w[0]}, **torch_field(w[1]), bytes=b,
+                      us=best[w + (b,)]["us"], gbps=best[w + (b,)]["gbps"],
+                      round_us=[runs[w + (b,)][n]["us"] if n in runs[w + (b,)] else None
+                                for n in rounds]))
+for impl, reason in sorted(skipped):
     log("%s: skipped: %s" % (impl, reason))
 
 # Time over time: above 1, ct's round trip is the slower. Bandwidth over
 # bandwidth (the same bytes): above 1, ct moves them faster.
 log("ct / torch on the best figures [each round's own]: round-trip time, then bandwidth")
-for peer in PEERS:
-    if not any(k[0] == peer for k in best):
-        log("  ct / %s: not measured" % peer)
+width = max(len(("%s %s" % w).strip()) for w in who_all)
+for peer, v in who_all[2:]:
+    label = ("%s %s" % (peer, v)).strip()
+    if not any(k[:2] == (peer, v) for k in best):
+        log("  ct / %s: not measured" % label)
         continue
     for b in sizes:
-        if ("ct", b) not in best or (peer, b) not in best:
-            log("  ct / %s, %d bytes: not measured" % (peer, b))
+        if ("ct", None, b) not in best or (peer, v, b) not in best:
+            log("  ct / %s, %d bytes: not measured" % (label, b))
             continue
-        c, t = best[("ct", b)], best[(peer, b)]
-        both = [n for n in rounds if n in runs[("ct", b)] and n in runs[(peer, b)]]
+        mine, theirs = runs[("ct", None, b)], runs[(peer, v, b)]
+        c, t = best[("ct", None, b)], best[(peer, v, b)]
+        both = [n for n in rounds if n in mine and n in theirs]
         us_ratio = c["us"] / t["us"]
-        by_round = [runs[("ct", b)][n]["us"] / runs[(peer, b)][n]["us"] for n in both]
-        record = {"summary": "ratio", "run": "ct", "against": peer, "bytes": b,
-                  "us_ratio": round(us_ratio, 3),
-                  "round_us_ratios": [round(x, 3) for x in by_round]}
-        line = "  ct / %-9s %10d bytes: time %5.2f [%s]" % (
-            peer, b, us_ratio, " ".join("%.2f" % x for x in by_round))
+        by_round = [mine[n]["us"] / theirs[n]["us"] for n in both]
+        record = dict({"summary": "ratio", "run": "ct", "against": peer}, **torch_field(v),
+                      bytes=b, us_ratio=round(us_ratio, 3),
+                      round_us_ratios=[round(x, 3) for x in by_round])
+        line = "  ct / %-*s %10d bytes: time %5.2f [%s]" % (
+            width, label, b, us_ratio, " ".join("%.2f" % x for x in by_round))
         if b:
             gbps_ratio = c["gbps"] / t["gbps"]
-            gbps_by_round = [runs[("ct", b)][n]["gbps"] / runs[(peer, b)][n]["gbps"]
-                             for n in both]
+            gbps_by_round = [mine[n]["gbps"] / theirs[n]["gbps"] for n in both]
             record.update(gbps_ratio=round(gbps_ratio, 3),
                           round_gbps_ratios=[round(x, 3) for x in gbps_by_round])
             line += ", bandwidth %5.2f [%s]" % (
@@ -860,18 +950,18 @@ for peer in PEERS:
         log(line)
         emit(record)
 
-if ("ct", 0) in best and ("zmq", 0) in best:
-    empty = best[("ct", 0)]["us"]
+if ("ct", None, 0) in best and ("zmq", None, 0) in best:
+    empty = best[("ct", None, 0)]["us"]
     met = empty < 50
     log("target: ct empty-call round trip < 50 us: %s (%.1f us; plain zmq %.1f us)"
-        % ("met" if met else "missed", empty, best[("zmq", 0)]["us"]))
+        % ("met" if met else "missed", empty, best[("zmq", None, 0)]["us"]))
     emit({"summary": "target", "target": "empty_call_us", "us": empty, "target_us": 50,
           "met": met})
 else:
     log("target: ct empty-call round trip < 50 us: not measured")
-big = max((k[1] for k in best if k[0] == "ct"), default=None)
-if big and ("zmq", big) in best:
-    ratio = best[("ct", big)]["gbps"] / best[("zmq", big)]["gbps"]
+big = max((k[2] for k in best if k[0] == "ct"), default=None)
+if big and ("zmq", None, big) in best:
+    ratio = best[("ct", None, big)]["gbps"] / best[("zmq", None, big)]["gbps"]
     log("target: ct %d-byte echo >= 0.5 x plain zmq's bandwidth: %s (ratio %.2f)"
         % (big, "met" if ratio >= 0.5 else "missed", ratio))
     emit({"summary": "target", "target": "large_tensor_vs_zmq", "bytes": big,
@@ -936,8 +1026,8 @@ run_gpt() {
         "$gpt" --steps 5 --bench --metrics "" --threads 1 "$flag" 2>/dev/null | tail -n 1 |
             json_lines '"run": "memory", ' | tee -a "$tmp"
     done
-    # Without torch it says so and exits 77; a parity failure (1) is
-    # reported by its own line and fails the run at the end.
+    # A parity failure (1), under either torch, is reported by its own line
+    # and fails the run at the end; without the corpus it exits 77.
     local parity=0
     run_peer gpt_parity.py --gpt "$gpt" --steps 200 | tee -a "$tmp" || parity=$?
     if [[ -n ${CT_BENCH_GPT_TIME:-} ]]; then
@@ -950,34 +1040,41 @@ run_gpt() {
             --plot "$race_dir/ct.png" >"$race_dir/ct.out" 2>/dev/null
         tail -n 1 "$race_dir/ct.out" | json_lines '"run": "race", ' | tee -a "$tmp"
         run_peer gpt_torch.py --time "$CT_BENCH_GPT_TIME" --threads "$(nproc)" \
-            --metrics "$race_dir/torch.jsonl" | json_lines '"run": "race", ' | tee -a "$tmp"
+            --metrics "$race_dir/torch-@torch@.jsonl" | json_lines '"run": "race", ' |
+            tee -a "$tmp"
     fi
-    run_summary "$tmp" "$race_dir" "$build/examples/ctplot" <<'EOF'
+    run_summary - "$tmp" "$race_dir" "$build/examples/ctplot" "$anchor" <<'EOF'
 import json, os, subprocess, sys
-lines = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+path, race_dir, ctplot, anchor = sys.argv[1:]
+lines = [json.loads(l) for l in open(path) if l.startswith("{")]
 gpt = [r for r in lines if r.get("bench") == "gpt" and "tokens_per_s" in r]
-def by_round(impl, threads, ranks=1, run=None):
+# The anchor first, then every other torch measured; ct's lines have no "torch".
+versions = [anchor] + sorted({r["torch"] for r in gpt if r.get("torch") not in (None, anchor)})
+def by_round(impl, threads, ranks=1, run=None, torch=None):
     return {r["round"]: r["tokens_per_s"] for r in gpt if r["impl"] == impl
-            and r["threads"] == threads and r["ranks"] == ranks and r.get("run") == run}
-def best(impl, threads, ranks=1, run=None):
-    rates = by_round(impl, threads, ranks, run)
+            and r.get("torch") == torch and r["threads"] == threads and r["ranks"] == ranks
+            and r.get("run") == run}
+def best(impl, threads, ranks=1, run=None, torch=None):
+    rates = by_round(impl, threads, ranks, run, torch)
     return max(rates.values()) if rates else None
 for threads in (1, 2):
-    ct, torch = best("ct", threads), best("torch", threads)
-    if ct and torch:
+    for v in versions:
+        ct, torch = best("ct", threads), best("torch", threads, torch=v)
+        if not (ct and torch):
+            continue
         # The ratio of the best figures, as the other benchmarks report, and
         # each round's own: the two ran one after the other in a round.
-        a, b = by_round("ct", threads), by_round("torch", threads)
+        a, b = by_round("ct", threads), by_round("torch", threads, torch=v)
         rounds = [a[n] / b[n] for n in sorted(a) if n in b]
-        out = {"bench": "gpt", "summary": "throughput", "threads": threads,
+        out = {"bench": "gpt", "summary": "throughput", "threads": threads, "torch": v,
                "ct_tokens_per_s": ct, "torch_tokens_per_s": torch, "ratio": round(ct / torch, 3),
                "round_ratios": [round(x, 3) for x in rounds]}
-        if threads == 1:
+        if threads == 1 and v == anchor:
             out.update(target=1.5, met=ct / torch >= 1.5,
                        rounds_met=sum(x >= 1.5 for x in rounds))
         print(json.dumps(out))
-        print("gpt: %d thread(s): ct %.0f tokens/s, torch %.0f: %.2fx [%s]"
-              % (threads, ct, torch, ct / torch, " ".join("%.2f" % x for x in rounds)),
+        print("gpt: %d thread(s): ct %.0f tokens/s, torch %s %.0f: %.2fx [%s]"
+              % (threads, ct, v, torch, ct / torch, " ".join("%.2f" % x for x in rounds)),
               file=sys.stderr)
 one, two = best("ct", 1), best("ct", 1, 2)
 if one and two:
@@ -988,27 +1085,34 @@ if len(mem) == 2:
     print(json.dumps({"bench": "gpt", "summary": "memory", "peak_bytes": mem[False],
                       "peak_bytes_checkpointed": mem[True],
                       "saved": round(1 - mem[True] / mem[False], 3)}))
-race = {r["impl"]: r for r in gpt if r.get("run") == "race"}
-if len(race) == 2:
-    ct, torch = race["ct"]["val_loss"], race["torch"]["val_loss"]
-    print(json.dumps({"bench": "gpt", "summary": "race", "seconds": race["ct"]["train_s"],
-                      "ct_val_loss": ct, "torch_val_loss": torch,
-                      "ct_steps": race["ct"]["steps"], "torch_steps": race["torch"]["steps"],
-                      "met": ct < torch}))
-    # Both runs on one chart, each field named after its implementation.
-    d = sys.argv[2]
-    with open(os.path.join(d, "race.jsonl"), "w") as out:
-        for impl in ("ct", "torch"):
-            for l in open(os.path.join(d, impl + ".jsonl")):
+# (impl, torch) -> the race's line; the met verdict is the anchor's.
+race = {(r["impl"], r.get("torch")): r for r in gpt if r.get("run") == "race"}
+ct = race.get(("ct", None))
+for v in versions:
+    torch = race.get(("torch", v))
+    if ct and torch:
+        out = {"bench": "gpt", "summary": "race", "torch": v, "seconds": ct["train_s"],
+               "ct_val_loss": ct["val_loss"], "torch_val_loss": torch["val_loss"],
+               "ct_steps": ct["steps"], "torch_steps": torch["steps"]}
+        if v == anchor:
+            out["met"] = ct["val_loss"] < torch["val_loss"]
+        print(json.dumps(out))
+if ct and len(race) > 1:
+    # Every run on one chart, each field named after its implementation, as
+    # its metrics file is.
+    with open(os.path.join(race_dir, "race.jsonl"), "w") as out:
+        for impl, v in race:
+            name = "torch-" + v if v else impl
+            for l in open(os.path.join(race_dir, name + ".jsonl")):
                 r = json.loads(l)
-                out.write(json.dumps({k if k == "time_s" else impl + "_" + k: v
-                                      for k, v in r.items()}) + "\n")
-    subprocess.run([sys.argv[3], os.path.join(d, "race.jsonl"), "-o",
-                    os.path.join(d, "race.png"), "--x", "time_s", "--title",
+                out.write(json.dumps({k if k == "time_s" else name + "_" + k: x
+                                      for k, x in r.items()}) + "\n")
+    subprocess.run([ctplot, os.path.join(race_dir, "race.jsonl"), "-o",
+                    os.path.join(race_dir, "race.png"), "--x", "time_s", "--title",
                     "ct and PyTorch given the same wall time"], check=False)
 EOF
     if ((parity == 1)); then
-        echo "ci/bench.sh: gpt: parity with PyTorch failed (see the gpt_parity line)" >&2
+        echo "ci/bench.sh: gpt: parity with PyTorch failed (see the gpt_parity lines)" >&2
         return 1
     fi
 }

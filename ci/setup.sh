@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
 # Installs every system package ct needs to build, test and run its demo on
 # Debian 12 (Ubuntu works too). Safe to run again: packages already installed
-# are skipped, and with nothing missing it only asks dpkg and returns.
+# are skipped, and with nothing missing it only asks dpkg (and, with --bench,
+# the venv's Python) and returns.
 #
 #   bash ci/setup.sh            build, test and demo dependencies
-#   bash ci/setup.sh --bench    also python3-torch, the benchmarks' peer
+#   bash ci/setup.sh --bench    also the benchmarks' PyTorch peers: Debian's
+#                               python3-torch (1.13) and, in bench/.venv, the
+#                               current torch from PyPI (a 5 GB download)
 set -euo pipefail
 
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
 usage() {
-    sed -n '2,8s/^# \{0,1\}//p' "$0"
+    sed -n '2,10s/^# \{0,1\}//p' "$0"
 }
 
 packages=(
@@ -25,9 +30,13 @@ packages=(
     fortunes                             # the GPT example's corpus, /usr/share/games/fortunes
 )
 
+bench=false
 for arg in "$@"; do
     case $arg in
-    --bench) packages+=(python3-torch) ;;
+    --bench)
+        packages+=(python3-torch python3-venv)
+        bench=true
+        ;;
     -h | --help)
         usage
         exit 0
@@ -53,23 +62,45 @@ for p in "${packages[@]}"; do
     [[ -n ${installed[$p]:-} ]] || missing+=("$p")
 done
 
-if ((${#missing[@]} == 0)); then
-    echo "ci/setup.sh: all ${#packages[@]} packages already installed; nothing to do"
-    exit 0
-fi
-
-as_root=()
-if ((EUID != 0)); then
-    if ! command -v sudo >/dev/null; then
-        echo "ci/setup.sh: missing packages: ${missing[*]}" >&2
-        echo "ci/setup.sh: run this script as root, or install sudo" >&2
-        exit 1
+# The current PyTorch release, the benchmarks' anchor, comes from PyPI into
+# a venv of Debian's Python: pip must not write into the site-packages that
+# python3-torch lives in.
+bench_venv() {
+    local venv=$root/bench/.venv
+    local check=(-c 'import torch, numpy, safetensors; print(torch.__version__)')
+    if [[ -x $venv/bin/python ]] && "$venv/bin/python" "${check[@]}" >/dev/null 2>&1; then
+        echo "ci/setup.sh: $venv already has torch, numpy and safetensors; nothing to do"
+        return 0
     fi
-    as_root=(sudo)
-fi
+    /usr/bin/python3 -m venv "$venv"
+    "$venv/bin/python" -m pip install -q torch numpy safetensors
+    echo "ci/setup.sh: installed torch $("$venv/bin/python" "${check[@]}"), numpy and" \
+        "safetensors in $venv"
+}
 
-# sudo resets the environment, so DEBIAN_FRONTEND goes through env.
-apt=("${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -q)
-"${apt[@]}" update
-"${apt[@]}" install -y --no-install-recommends "${missing[@]}"
-echo "ci/setup.sh: installed ${#missing[@]} missing package(s): ${missing[*]}"
+# Installs the missing packages with apt-get, through sudo unless root.
+install_missing() {
+    local as_root=() apt
+    if ((EUID != 0)); then
+        if ! command -v sudo >/dev/null; then
+            echo "ci/setup.sh: missing packages: ${missing[*]}" >&2
+            echo "ci/setup.sh: run this script as root, or install sudo" >&2
+            exit 1
+        fi
+        as_root=(sudo)
+    fi
+    # sudo resets the environment, so DEBIAN_FRONTEND goes through env.
+    apt=("${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -q)
+    "${apt[@]}" update
+    "${apt[@]}" install -y --no-install-recommends "${missing[@]}"
+    echo "ci/setup.sh: installed ${#missing[@]} missing package(s): ${missing[*]}"
+}
+
+if ((${#missing[@]} == 0)); then
+    echo "ci/setup.sh: all ${#packages[@]} packages already installed"
+else
+    install_missing
+fi
+if $bench; then
+    bench_venv
+fi
