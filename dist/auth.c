@@ -182,8 +182,10 @@ int ct__auth_listen(void *ctx, void *sock, ct__auth *a, const char *who) {
     if (rc)
         return rc;
     int one = 1, zero = 0;
+    size_t fd_len = sizeof a->fd;
     if (!(a->zap = zmq_socket(ctx, ZMQ_REP)) ||
         zmq_setsockopt(a->zap, ZMQ_LINGER, &zero, sizeof zero) || zmq_bind(a->zap, ZAP_ENDPOINT) ||
+        zmq_getsockopt(a->zap, ZMQ_FD, &a->fd, &fd_len) ||
         zmq_setsockopt(sock, ZMQ_PLAIN_SERVER, &one, sizeof one) ||
         setopt_text(sock, ZMQ_ZAP_DOMAIN, ZAP_DOMAIN)) {
         rc = ct__seterr(CT_EFOREIGN, "%s: cannot set up authentication: %s", who,
@@ -241,7 +243,8 @@ static void log_refusal(ct__auth *a, const char *address, const char *why) {
     a->unlogged = 0;
 }
 
-void ct__auth_serve(ct__auth *a) {
+/* Answers one waiting ZAP request; false when none is waiting. */
+static bool serve_one(ct__auth *a) {
     zmq_msg_t f[ZAP_NFRAMES + 1];
     int n = 0;
     bool more = true;
@@ -259,7 +262,7 @@ void ct__auth_serve(ct__auth *a) {
             zmq_msg_close(m);
     }
     if (n == 0)
-        return;
+        return false;
     char address[64] = "?";
     if (n > ZAP_ADDRESS)
         snprintf(address, sizeof address, "%.*s", (int)zmq_msg_size(&f[ZAP_ADDRESS]),
@@ -291,4 +294,10 @@ void ct__auth_serve(ct__auth *a) {
     zmq_send(a->zap, "", 0, 0);
     for (int i = 0; i < n; i++)
         zmq_msg_close(&f[i]);
+    return true;
+}
+
+void ct__auth_serve(ct__auth *a) {
+    while (serve_one(a))
+        ;
 }

@@ -128,10 +128,14 @@ int ct__env_limit(const char *name, size_t def, size_t *out);
 /* ------------------------------------------------------------- auth (auth.c) */
 
 /* A listener's authentication: the ZAP handler's socket, served by the
- * listener's own thread (poll zap for ZMQ_POLLIN, then ct__auth_serve), and
- * what it has refused. Used by one thread. */
+ * listener's own thread (poll fd for POLLIN, then ct__auth_serve), and what
+ * it has refused. Used by one thread. fd is the socket's ZMQ_FD: a zmq
+ * socket in a zmq_poll set costs a system call in every poll, to look for
+ * events, and the listener polls once or twice per message it serves,
+ * while ZAP requests come once per connection. */
 typedef struct ct__auth {
     void *zap;       /* a REP socket on zmq's ZAP endpoint of the listener's context */
+    int fd;          /* zap's ZMQ_FD: readable when zap may have requests */
     const char *who; /* "the store server", for log lines */
     char secret[CT_SECRET_MAX + 1];
     unsigned long long accepted, refused, unlogged;
@@ -142,8 +146,10 @@ typedef struct ct__auth {
  * secret, with a ZAP handler in ctx (one per context). Errors: the secret's
  * (a bad CT_JOB_SECRET or CT_SECRET_FILE), CT_EFOREIGN from zmq. */
 int ct__auth_listen(void *ctx, void *sock, ct__auth *a, const char *who);
-/* Answers one waiting ZAP request, if any; refusals are logged to stderr
- * with the peer's address, at most once a second. */
+/* Answers every waiting ZAP request (as ZMQ_FD requires: it signals only
+ * that something arrived since the socket was last read to the end);
+ * refusals are logged to stderr with the peer's address, at most once a
+ * second. */
 void ct__auth_serve(ct__auth *a);
 void ct__auth_close(ct__auth *a);
 /* Gives sock (not yet connected) the job's secret, and user as the name the
@@ -180,6 +186,15 @@ void __tsan_release(void *addr);
 #define CT__ZMQ_HANDOFF(p)  ((void)(p))
 #define CT__ZMQ_HANDBACK(p) ((void)(p))
 #endif
+
+/* Copies src into dst (n > 0 bytes), cut short to fit, always
+ * NUL-terminated: snprintf's "%s" without parsing a format, for the paths
+ * that run once per message. */
+static inline void ct__str_copy(char *dst, size_t n, const char *src) {
+    size_t len = strnlen(src, n - 1);
+    memcpy(dst, src, len);
+    dst[len] = '\0';
+}
 
 /* FNV-1a, 64 bits: the store's hash table and data parallel's model hash. */
 static inline uint64_t ct__fnv1a(const void *data, size_t n) {

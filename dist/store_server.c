@@ -733,7 +733,7 @@ static void *serve(void *arg) {
         }
         zmq_pollitem_t items[] = {{s->ctl_in, 0, ZMQ_POLLIN, 0},
                                   {s->router, 0, ZMQ_POLLIN, 0},
-                                  {s->auth.zap, 0, ZMQ_POLLIN, 0}};
+                                  {NULL, s->auth.fd, ZMQ_POLLIN, 0}};
         if (zmq_poll(items, 3, timeout_ms) < 0 && zmq_errno() != EINTR)
             break;
         if (items[0].revents)

@@ -99,6 +99,7 @@ static void future_complete(ct_future *f, int rc, const char *message, ct_rpc_ar
 
 typedef struct peer {
     char name[NAME_MAX_LEN + 1];
+    char user[24]; /* "worker<id>": the name it authenticates with */
     char endpoint[320];
     void *dealer, *monitor; /* made on the first call to the peer */
     bool connected, dead;
@@ -325,9 +326,7 @@ static int connect_peer(peer *p, int id) {
     int timeout_ms = (int)(g.o.heartbeat_timeout_s * 1000), ivl_ms = timeout_ms / 5;
     char mon[64];
     snprintf(mon, sizeof mon, "inproc://ct-rpc-monitor-%d", id);
-    char user[32];
-    snprintf(user, sizeof user, "worker%d", g.self);
-    if (p->dealer && ct__auth_client(p->dealer, user))
+    if (p->dealer && ct__auth_client(p->dealer, g.peers[g.self].user))
         return ct_errcode();
     if (!p->dealer || zmq_setsockopt(p->dealer, ZMQ_ROUTING_ID, &me, sizeof me) ||
         zmq_setsockopt(p->dealer, ZMQ_LINGER, &linger, sizeof linger) ||
@@ -468,9 +467,7 @@ static int caller_id(zmq_msg_t *route, const char *user) {
     if (zmq_msg_size(route) != sizeof from)
         return -1;
     memcpy(&from, zmq_msg_data(route), sizeof from);
-    char want[32];
-    snprintf(want, sizeof want, "worker%u", (unsigned)from);
-    return from < g.n && user && !strcmp(user, want) ? from : -1;
+    return from < g.n && user && !strcmp(user, g.peers[from].user) ? from : -1;
 }
 
 int ct__rpc_read_request(void *sock, rpc_header *h, char fn[RPC_NAME_MAX + 1], ct_rpc_args **in,
@@ -484,7 +481,7 @@ int ct__rpc_read_request(void *sock, rpc_header *h, char fn[RPC_NAME_MAX + 1], c
     bool more = got >= 0 && zmq_msg_more(&head);
     const char *u = got >= 0 ? zmq_msg_gets(&head, "User-Id") : NULL;
     if (u)
-        snprintf(user, RPC_USER_MAX, "%s", u);
+        ct__str_copy(user, RPC_USER_MAX, u);
     int rc = got < 0 ? ct__seterr(CT_ECORRUPT, "rpc: a malformed message: its header is missing")
                      : ct__rpc_header_parse(zmq_msg_data(&head), zmq_msg_size(&head), h);
     zmq_msg_close(&head);
@@ -736,7 +733,7 @@ static void *io_main(void *arg) {
         int n = 0;
         items[n++] = (zmq_pollitem_t){.socket = g.router, .events = ZMQ_POLLIN};
         items[n++] = (zmq_pollitem_t){.fd = g.wake_fd, .events = ZMQ_POLLIN};
-        items[n++] = (zmq_pollitem_t){.socket = g.auth.zap, .events = ZMQ_POLLIN};
+        items[n++] = (zmq_pollitem_t){.fd = g.auth.fd, .events = ZMQ_POLLIN};
         for (int i = 0; i < g.n; i++) {
             if (!g.peers[i].dealer)
                 continue;
@@ -774,8 +771,9 @@ static void *io_main(void *arg) {
 
 /* A frame larger than the peers take would only drop the connection there
  * (zmq's ZMQ_MAXMSGSIZE); the sender fails the message instead, naming the
- * limit. Every rank reads the same variable, so the limits agree. */
-static int frames_fit(const rpc_out *m, const char *what) {
+ * limit and the call (its label; NULL for a reply). Every rank reads the
+ * same variable, so the limits agree. */
+static int frames_fit(const rpc_out *m, const char *call) {
     size_t largest = m->desc_len;
     for (uint32_t i = 0; i < m->ntensors; i++) {
         size_t bytes =
@@ -785,9 +783,10 @@ static int frames_fit(const rpc_out *m, const char *what) {
     if (largest <= g.max_frame)
         return 0;
     return ct__seterr(CT_EINVAL,
-                      "rpc: %s holds a frame of %zu bytes, over the limit of the workers "
+                      "rpc: %s%s%s holds a frame of %zu bytes, over the limit of the workers "
                       "(CT_RPC_MAX_FRAME_BYTES=%zu)",
-                      what, largest, g.max_frame);
+                      call ? "the call of '" : "the reply", call ? call : "", call ? "'" : "",
+                      largest, g.max_frame);
 }
 
 /* Sends the answer to r as message id; with grads, tensors that need grad
@@ -806,7 +805,7 @@ static void send_reply(rpc_reply *r, int rc, const ct_rpc_args *out, bool grads,
         return;
     }
     if (!rc && !(rc = ct__rpc_encode_call(&o->msg, NULL, out ? out : empty, grads)) &&
-        (rc = frames_fit(&o->msg, "the reply")))
+        (rc = frames_fit(&o->msg, NULL)))
         ct__rpc_out_free(&o->msg);
     if (rc && ct__rpc_encode_error(&o->msg, ct_errmsg()))
         ct__rpc_encode_error(&o->msg, "out of memory");
@@ -1077,10 +1076,10 @@ int ct_rpc_init(const ct_rpc_options *opts) {
         teardown();
         return ct__seterr(CT_ENOMEM, "%s: out of memory", fn);
     }
-    if (g.o.name)
-        snprintf(g.peers[g.self].name, sizeof g.peers[g.self].name, "%s", g.o.name);
-    else
-        snprintf(g.peers[g.self].name, sizeof g.peers[g.self].name, "worker%d", g.self);
+    for (int i = 0; i < g.n; i++)
+        snprintf(g.peers[i].user, sizeof g.peers[i].user, "worker%d", i);
+    snprintf(g.peers[g.self].name, sizeof g.peers[g.self].name, "%s",
+             g.o.name ? g.o.name : g.peers[g.self].user);
     /* On one machine loopback; across machines this host's address. */
     char host[256], bind[CT__BIND_LEN], listen[CT__BIND_LEN + 16];
     char bound[300] = "", endpoint[320];
@@ -1222,10 +1221,8 @@ static ct_future *call(int to, const char *fn, const char *label, const ct_rpc_a
         return NULL;
     }
     f->id = ct__rpc_next_id();
-    char what[RPC_NAME_MAX + 32];
-    snprintf(what, sizeof what, "the call of '%s'", label);
     if ((user && ct__dist_on_send(to, f->id, args, &context)) ||
-        ct__rpc_encode_call(&o->msg, fn, args, user && context) || frames_fit(&o->msg, what)) {
+        ct__rpc_encode_call(&o->msg, fn, args, user && context) || frames_fit(&o->msg, label)) {
         ct__rpc_out_free(&o->msg);
         free(f);
         free(o);
@@ -1237,7 +1234,7 @@ static ct_future *call(int to, const char *fn, const char *label, const ct_rpc_a
     pthread_cond_init(&f->cv, NULL);
     f->to = to;
     f->context = context;
-    snprintf(f->fn, sizeof f->fn, "%s", label);
+    ct__str_copy(f->fn, sizeof f->fn, label);
     f->timeout_s = timeout_s > 0 ? timeout_s : g.o.timeout_s;
     f->deadline = ct__rpc_now() + f->timeout_s;
     o->msg.h = (rpc_header){.magic = RPC_MAGIC,
