@@ -119,6 +119,23 @@ if [[ -n $private ]]; then
     exit 1
 fi
 
+# Every installed program starts from the prefix without help from the
+# environment (its RUNPATH finds libct.so), also from a copy of the prefix
+# moved elsewhere: --help exits 0 and prints its usage.
+cp -a "$prefix" "$tmp/moved"
+mapfile -t programs < <(find "$tmp/moved/bin" "$tmp/moved/libexec/ct" -type f -perm -u+x | sort)
+if ((${#programs[@]} == 0)); then
+    echo "ci/test.sh: install put no programs into the prefix" >&2
+    exit 1
+fi
+for p in "${programs[@]}"; do
+    if ! help=$(env -u LD_LIBRARY_PATH "${run[@]}" "$p" --help 2>&1) || [[ $help != *usage* ]]; then
+        echo "ci/test.sh: the installed ${p#"$tmp/moved/"} does not run: $help" >&2
+        exit 1
+    fi
+done
+echo "installed programs run:          ${programs[*]##*/}"
+
 consumer_args=(-DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE="$build_type")
 if [[ -n ${CC:-} ]]; then
     consumer_args+=(-DCMAKE_C_COMPILER="$CC")
