@@ -154,13 +154,24 @@ echo "find_package(ct), ct::ct_static: $out"
 
 pc_dir=$(dirname "$(find "$prefix" -name ct.pc -print -quit)")
 export PKG_CONFIG_PATH=$pc_dir${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
-pkg-config --static --libs ct >/dev/null
 read -r -a pc_flags <<<"$(pkg-config --cflags --libs ct)"
 read -r -a san_array <<<"$san_flags"
 "${CC:-cc}" -std=c11 -Wall -Wextra -Wpedantic -Werror "${san_array[@]}" tests/install/main.c \
     "${pc_flags[@]}" -Wl,-rpath,"$(pkg-config --variable=libdir ct)" -o "$tmp/consumer_pc"
 out=$("${run[@]}" "$tmp/consumer_pc")
 echo "pkg-config ct:                   $out"
+# The static route: libct.a by path in place of -lct (which picks libct.so),
+# and everything it needs from Libs.private.
+read -r -a static <<<"$(pkg-config --cflags --static --libs ct)"
+for i in "${!static[@]}"; do
+    if [[ ${static[i]} == -lct ]]; then
+        static[i]=$(pkg-config --variable=libdir ct)/libct.a
+    fi
+done
+"${CC:-cc}" -std=c11 -Wall -Wextra -Wpedantic -Werror "${san_array[@]}" tests/install/main.c \
+    "${static[@]}" -o "$tmp/consumer_pc_static"
+out=$("${run[@]}" "$tmp/consumer_pc_static")
+echo "pkg-config --static ct, libct.a: $out"
 
 step "ctest"
 "${run[@]}" ctest --test-dir "$build_dir" --output-on-failure --no-tests=error -j2
