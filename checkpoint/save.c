@@ -559,9 +559,10 @@ static bool owner_gone(const owner *o, const owner *me) {
 }
 
 /* A "*.tmp" directory in parent is removed when it holds a manifest and no
- * marker (a replaced or retired checkpoint whose removal a crash cut short:
- * a save removes its marker only after the rename), or when its marker
- * names a save that is provably over (owner_gone). Another save's tmp in
+ * marker (a replaced or retired checkpoint whose removal a crash cut short,
+ * left by a ct older than mark_as_mine: a save removes its marker only after
+ * the rename), or when its marker names a save that is provably over
+ * (owner_gone). Another save's tmp in
  * progress, and any directory ct did not make, stay. */
 static int remove_stale(const char *parent, const owner *me) {
     int dirfd = open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -592,6 +593,39 @@ static int remove_stale(const char *parent, const owner *me) {
     return rc;
 }
 
+/* Writes dir's marker naming owner o (replacing any), never through a
+ * symbolic link. */
+static int write_marker(const char *dir, const owner *o) {
+    char *marker = join(dir, CK_TMP_MARKER);
+    if (!marker)
+        return ct_errcode();
+    int rc, fd = open(marker, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
+    char text[512];
+    int n = snprintf(text, sizeof text,
+                     "ct-checkpoint save in progress\nowner %s\npid %ld\nhost %s\nboot %s\n",
+                     o->token, o->pid, o->host, o->boot);
+    if (fd < 0)
+        rc = ct__seterr(CT_EIO, "%s: %s", marker, strerror(errno));
+    else
+        rc = ct__pwrite_all(fd, text, (size_t)n, 0, marker);
+    if (fd >= 0)
+        close(fd);
+    free(marker);
+    return rc;
+}
+
+/* Marks the committed checkpoint dir, which is about to become a "*.tmp"
+ * (replaced by a new save, or retired), as this process's: until this
+ * process removes it, another saver's remove_stale then spares it, rather
+ * than removing it beside this process (the two removals collide) or while
+ * this process's next save already fills a new tmp of that name. A crash
+ * leaves a marker whose owner is gone, which any later save removes. */
+static int mark_as_mine(const char *dir) {
+    owner me;
+    int rc = make_owner(&me);
+    return rc ? rc : write_marker(dir, &me);
+}
+
 static int prepare(const char *path, const char *tmp) {
     owner me;
     char *parent = ct__parent_dir(path);
@@ -605,23 +639,8 @@ static int prepare(const char *path, const char *tmp) {
         rc = ct__remove_tree(tmp);
     if (!rc && mkdir(tmp, 0755) != 0)
         rc = ct__seterr(CT_EIO, "%s: creating the directory: %s", tmp, strerror(errno));
-    char *marker = rc ? NULL : join(tmp, CK_TMP_MARKER);
-    if (!rc && !marker)
-        rc = ct_errcode();
-    if (!rc) {
-        int fd = open(marker, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-        char text[512];
-        int n = snprintf(text, sizeof text,
-                         "ct-checkpoint save in progress\nowner %s\npid %ld\nhost %s\nboot %s\n",
-                         me.token, me.pid, me.host, me.boot);
-        if (fd < 0)
-            rc = ct__seterr(CT_EIO, "%s: %s", marker, strerror(errno));
-        else
-            rc = ct__pwrite_all(fd, text, (size_t)n, 0, marker);
-        if (fd >= 0)
-            close(fd);
-    }
-    free(marker);
+    if (!rc)
+        rc = write_marker(tmp, &me);
     free(parent);
     return rc;
 }
@@ -789,6 +808,9 @@ static int move_into_place(const char *tmp, const char *path) {
         return 0;
     if (errno != EEXIST && errno != ENOTEMPTY)
         return ct__seterr(CT_EIO, "renaming %s to %s: %s", tmp, path, strerror(errno));
+    int rc = mark_as_mine(path);
+    if (rc)
+        return rc;
     if (renameat2(AT_FDCWD, tmp, AT_FDCWD, path, RENAME_EXCHANGE) != 0)
         return ct__seterr(CT_EIO, "replacing %s with %s: %s", path, tmp, strerror(errno));
     return ct__remove_tree(tmp);
@@ -883,7 +905,8 @@ static int retire(const char *path, int keep) {
         char *tmp = victim ? with_suffix(victim, ".tmp") : NULL;
         if (!tmp)
             rc = ct_errcode();
-        else if (!(rc = ct__remove_tree(tmp)) && rename(victim, tmp) != 0)
+        else if (!(rc = ct__remove_tree(tmp)) && !(rc = mark_as_mine(victim)) &&
+                 rename(victim, tmp) != 0)
             rc = ct__seterr(CT_EIO, "retiring %s: %s", victim, strerror(errno));
         if (!rc)
             rc = ct__remove_tree(tmp);
