@@ -785,11 +785,11 @@ static void time_hostile(const char *dir, int n, double t[3]) {
 }
 
 /* Linear means eight times the entries take about eight times as long
- * (n log n a little more); the old quadratic checks would take 64 times as
- * long (they took 148 s and 249 s at 200k). Timed against itself at an eighth of the size, with the
- * bar at 32 (halfway on a log scale, with room for the cache misses of the
- * larger manifest), the test holds on any machine, under any sanitizer and
- * beside other tests. */
+ * (n log n a little more: x4 to x10 measured); the old quadratic checks
+ * would take 64 times as long, and took 148 s and 249 s at 200k, which the
+ * 20 s bound refuses on its own. The ratio, timed against itself at an
+ * eighth of the size, is held to 48: a CPU shared with other tests slowed
+ * the larger run alone to x28 once. */
 TEST(a_hostile_manifest_of_200k_chunks_or_names_is_checked_in_linear_time) {
     char *dir = tmpdir();
     int n = 200000;
@@ -801,7 +801,7 @@ TEST(a_hostile_manifest_of_200k_chunks_or_names_is_checked_in_linear_time) {
         printf("  %s: %d: %.0f ms, %d: %.0f ms (x%.1f)\n", what[i], n / 8, 1e3 * small[i], n,
                1e3 * big[i], big[i] / small[i]);
         /* Below 50 ms the ratio is only noise. */
-        ASSERT_TRUE(big[i] < 0.05 || big[i] < 32 * small[i]);
+        ASSERT_TRUE(big[i] < 0.05 || big[i] < 48 * small[i]);
         ASSERT_TRUE(big[i] < 20);
     }
 }
