@@ -24,7 +24,8 @@ the best figure over the rounds, the one least disturbed by the machine's
 other tenants: ct's shm allreduce bus bandwidth beside Open MPI's and gloo's
 from 64 KiB to 64 MiB, the ratios round by round, the 8-byte latency of
 every implementation, and whether the targets hold, on the best figures and
-in how many rounds (a miss is reported, not an error). ci/bench.sh runs the
+in how many rounds (a miss is reported, not an error); the lines of a
+baseline build ("build": "baseline") are left out. ci/bench.sh runs the
 gloo sweep under two torches: the target is judged against the gloo of
 --anchor-torch (the current release; needed only when JSONL holds more than
 one torch's), and every other torch's gloo is set beside ct by ratio alone.
@@ -188,11 +189,13 @@ def load(path):
 
 def allreduce_rounds(results, impl, backend=None, torch=None):
     """{round: {bytes: line}}: impl's allreduce lines (those of torch's gloo)
-    by round and size; a line without a "round" counts as round 1."""
+    by round and size; a line without a "round" counts as round 1. A
+    baseline's lines ("build": "baseline") are left out: ci/bench.sh sets
+    them beside the current build's itself."""
     rounds = {}
     for r in results:
         if (r.get("impl") == impl and r.get("backend") == backend
-                and r.get("torch") == torch
+                and r.get("torch") == torch and r.get("build") != "baseline"
                 and r.get("op") == "allreduce" and "busbw_gbps" in r):
             rounds.setdefault(r.get("round", 1), {})[r["bytes"]] = r
     return rounds

@@ -38,6 +38,23 @@
 # --bench` installs both; a Python without torch is left out, with a note.
 # PYTHON (default /usr/bin/python3) runs the summaries; CT_BENCH_BUILD_DIR
 # moves the build.
+#
+# CT_BENCH_BASELINE=REV (any git revision: a sha, main~3, a tag) measures
+# ct against that earlier revision of itself in the same run: REV is checked
+# out in a detached worktree beside the build, build-bench-baseline/src (with
+# CT_BENCH_BUILD_DIR=D, D-baseline/src; kept from run to run and moved to
+# REV's commit when it is at another), and built with the same options in
+# build-bench-baseline/build, incrementally. In every round of collectives,
+# ddp, checkpoint and rpc, each ct run (but checkpoint's async save loop) is
+# repeated right after with the same arguments and the baseline's own
+# binaries, its ctlaunch too (an older ctlaunch and newer ranks need not
+# speak the same protocol). Those lines carry "build": "baseline" and "rev":
+# the short sha, the current ones (in such a run only) "build": "current".
+# After its own summary each of the four prints, per ct case, the ratio of
+# every round (above 1: the current is better) and their median, and the
+# target that no case is more than 3% slower. ops, train, cuda and gpt
+# measure the current build alone (docs/benchmarks.md, "Against an earlier
+# revision").
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -53,8 +70,9 @@ epochs=${CT_BENCH_EPOCHS:-1}
 rounds=${CT_BENCH_ROUNDS:-3}
 all=(ops train collectives ddp checkpoint rpc cuda gpt)
 
+# The comment at the top of this file, up to its first line of code.
 usage() {
-    sed -n '2,41s/^# \{0,1\}//p' "$0"
+    sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"
 }
 
 names=()
@@ -84,11 +102,27 @@ require_count() {
 }
 require_count CT_BENCH_EPOCHS "$epochs"
 require_count CT_BENCH_ROUNDS "$rounds"
+# The commit of CT_BENCH_BASELINE, resolved before the builds so that a
+# mistyped revision fails at once; compared: the benchmarks that run it.
+compared=(collectives ddp checkpoint rpc)
+baseline_commit=
+if [[ -n ${CT_BENCH_BASELINE:-} ]]; then
+    if ! baseline_commit=$(git -C "$root" rev-parse --verify --quiet \
+        "$CT_BENCH_BASELINE^{commit}"); then
+        echo "ci/bench.sh: CT_BENCH_BASELINE=$CT_BENCH_BASELINE: no such revision in $root" >&2
+        exit 2
+    fi
+fi
+# Succeeds when the benchmark $1 runs ct beside the baseline.
+compares_baseline() {
+    [[ " ${compared[*]} " == *" $1 "* ]]
+}
 
 # Examples are built too: ct's side of the training benchmarks is the main
-# job itself, examples/fmnist_mlp.
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCT_BUILD_BENCH=ON \
-    -DCT_BUILD_TESTS=OFF -DCT_BUILD_EXAMPLES=ON >&2
+# job itself, examples/fmnist_mlp. The baseline is configured alike.
+cmake_options=(-DCMAKE_BUILD_TYPE=Release -DCT_BUILD_BENCH=ON -DCT_BUILD_TESTS=OFF
+    -DCT_BUILD_EXAMPLES=ON)
+cmake -S "$root" -B "$build" "${cmake_options[@]}" >&2
 # The Open MPI peer exists only when the build found MPI, and ct's mpi
 # backend with it. Neither launcher binds ranks to cores: ctlaunch does not,
 # and mpirun is told not to, so that both get the same scheduling;
@@ -107,30 +141,81 @@ have_cuda=false
 if [[ $(cmake --build "$build" --target help) == *bench_cuda* ]]; then
     have_cuda=true
 fi
+# baseline_targets: those of the benchmarks that also run the baseline.
 targets=()
+baseline_targets=()
 for name in "${names[@]}"; do
+    named=()
     case $name in
     cuda)
         if $have_cuda; then
-            targets+=(bench_cuda fmnist_mlp)
+            named=(bench_cuda fmnist_mlp)
         fi
         ;;
-    train) targets+=(bench_train_floor fmnist_mlp bench_autograd) ;;
+    train) named=(bench_train_floor fmnist_mlp bench_autograd) ;;
     collectives)
-        targets+=(bench_collectives ctlaunch)
+        named=(bench_collectives ctlaunch)
         if $have_mpi; then
-            targets+=(bench_mpi_allreduce)
+            named+=(bench_mpi_allreduce)
         fi
         ;;
-    ddp) targets+=(fmnist_mlp ctlaunch bench_ddp) ;;
-    rpc) targets+=(bench_rpc ctlaunch) ;;
-    gpt) targets+=(gpt ctlaunch ctplot) ;;
-    checkpoint) targets+=(bench_checkpoint ctlaunch) ;;
-    *) targets+=("bench_$name") ;;
+    ddp) named=(fmnist_mlp ctlaunch bench_ddp) ;;
+    rpc) named=(bench_rpc ctlaunch) ;;
+    gpt) named=(gpt ctlaunch ctplot) ;;
+    checkpoint) named=(bench_checkpoint ctlaunch) ;;
+    *) named=("bench_$name") ;;
     esac
+    targets+=("${named[@]}")
+    if [[ -n $baseline_commit ]] && compares_baseline "$name"; then
+        baseline_targets+=("${named[@]}")
+    fi
 done
 if ((${#targets[@]})); then
     cmake --build "$build" -j"$(nproc)" --target "${targets[@]}" >&2
+fi
+
+# Checks out $baseline_commit in a detached worktree, $baseline_dir/src,
+# and builds baseline_targets in $baseline_dir/build with the current
+# build's options. A worktree already there is kept, and moved when it is
+# at another commit: that rewrites only the files that differ, so the build
+# stays incremental (a fresh worktree's files are all newer than the build).
+build_baseline() {
+    local src=$baseline_dir/src
+    if [[ -e $src/.git ]]; then
+        if [[ $(git -C "$src" rev-parse HEAD) != "$baseline_commit" ]]; then
+            git -C "$src" checkout --quiet --force --detach "$baseline_commit"
+        fi
+    else
+        # A worktree whose folder was deleted by hand stays registered, and
+        # git worktree add refuses its path until it is pruned.
+        git -C "$root" worktree prune
+        git -C "$root" worktree add --detach "$src" "$baseline_commit" >&2
+    fi
+    cmake -S "$src" -B "$baseline_dir/build" "${cmake_options[@]}" >&2
+    cmake --build "$baseline_dir/build" -j"$(nproc)" --target "${baseline_targets[@]}" >&2
+}
+
+# baseline_rev, the baseline's short sha, is set only when a benchmark runs
+# it: ct_builds and compare_baseline go by it.
+baseline_dir=$(realpath -m -- "$build-baseline")
+baseline_rev=
+if ((${#baseline_targets[@]})); then
+    build_baseline
+    baseline_rev=$(git -C "$root" rev-parse --short "$baseline_commit")
+    echo "ci/bench.sh: baseline: $(git -C "$root" log -1 --format='%h %s' "$baseline_commit")" \
+        "(CT_BENCH_BASELINE=$CT_BENCH_BASELINE), built in $baseline_dir/build" >&2
+fi
+if [[ -n $baseline_commit ]]; then
+    alone=()
+    for name in "${names[@]}"; do
+        if ! compares_baseline "$name"; then
+            alone+=("$name")
+        fi
+    done
+    if ((${#alone[@]})); then
+        echo "ci/bench.sh: CT_BENCH_BASELINE: not compared with the baseline (the current" \
+            "build alone): ${alone[*]}" >&2
+    fi
 fi
 
 # Each Python's torch, asked once: torch_versions[i] is that of
@@ -196,6 +281,95 @@ report_load() {
         "$1" "${2// /, }" "${end// /, }" "$3"
 }
 
+# With a baseline, sets each of ct's cases in the rounds of the benchmark $1
+# beside the baseline's, round by round: $2 is "time" (the metric $3 is
+# better lower: the ratio is baseline / current) or "rate" (better higher:
+# current / baseline), so that above 1 the current is better; the rest are
+# the fields that name a case. The verdict goes by each case's median over
+# the rounds, each round's ratio printed beside it: on a shared machine one
+# round's noise can pass the 3% the target allows.
+compare_baseline() {
+    if [[ -z $baseline_rev ]]; then
+        return 0
+    fi
+    run_summary - "$tmp" "$baseline_rev" "$@" <<'EOF'
+"""ct's cases in a benchmark's rounds, the current build beside the baseline's."""
+import json
+import statistics
+import sys
+
+path, rev, bench, kind, metric = sys.argv[1:6]
+fields = sys.argv[6:]
+# A case meets the target when its ratio is at least this: no more than 3% slower.
+TARGET = 0.97
+
+# case -> {"current" or "baseline": {round: value}}, in the order measured
+values = {}
+with open(path) as f:
+    for r in (json.loads(line) for line in f if line.startswith("{")):
+        if (r.get("impl") == "ct" and r.get("build") in ("current", "baseline")
+                and "round" in r and metric in r):
+            case = tuple(r.get(field) for field in fields)
+            values.setdefault(case, {}).setdefault(r["build"], {})[r["round"]] = r[metric]
+
+
+def log(text):
+    print(text, file=sys.stderr)
+
+
+def emit(record):
+    print(json.dumps(dict({"bench": bench}, **record)), flush=True)
+
+
+def label(case):
+    """The case's values, a count with its field's name: "allreduce 65536 bytes"."""
+    return " ".join("%d %s" % (v, f) if isinstance(v, int) else str(v)
+                    for f, v in zip(fields, case) if v is not None)
+
+
+def fields_of(case):
+    return {f: v for f, v in zip(fields, case) if v is not None}
+
+
+def ratio(current, baseline):
+    return baseline / current if kind == "time" else current / baseline
+
+
+compared, held_by_round = [], {}
+width = max((len(label(case)) for case in values), default=0)
+log("\nagainst the baseline %s: %s, %s per round, above 1 where the current is better; "
+    "the median of the rounds [each round's]"
+    % (rev, metric, "baseline / current" if kind == "time" else "current / baseline"))
+for case, by in values.items():
+    current, baseline = by.get("current", {}), by.get("baseline", {})
+    rounds = [n for n in sorted(current) if n in baseline and current[n] and baseline[n]]
+    if not rounds:
+        log("  %-*s not measured by both builds in one round" % (width, label(case)))
+        continue
+    by_round = [ratio(current[n], baseline[n]) for n in rounds]
+    median = statistics.median(by_round)
+    compared.append((median, case))
+    for n, x in zip(rounds, by_round):
+        held_by_round[n] = held_by_round.get(n, True) and x >= TARGET
+    log("  %-*s %6.3f [%s]" % (width, label(case), median,
+                               " ".join("%.3f" % x for x in by_round)))
+    emit(dict({"summary": "baseline_ratio", "rev": rev}, **fields_of(case), metric=metric,
+              ratio=round(median, 4), round_ratios=[round(x, 4) for x in by_round]))
+
+what = "no case more than %.0f%% slower than %s" % (100 * (1 - TARGET), rev)
+if compared:
+    worst, case = min(compared, key=lambda c: c[0])
+    met = worst >= TARGET
+    log("target: %s: %s (worst: %s %.3f)" % (what, "met" if met else "missed", label(case), worst))
+    emit({"summary": "target", "target": "vs_baseline", "rev": rev, "metric": metric,
+          "ratio": round(worst, 4), "worst": fields_of(case), "target_ratio": TARGET,
+          "met": met, "cases": len(compared), "rounds": len(held_by_round),
+          "rounds_met": sum(held_by_round.values())})
+else:
+    log("target: %s: not measured" % what)
+EOF
+}
+
 run_ops() {
     "$build/bench/bench_ops" | tee "$tmp"
     run_peer ops_torch.py --compare "$tmp"
@@ -215,10 +389,28 @@ run_train() {
 }
 
 # Takes ctlaunch's "[rank 0] " prefix off the JSON lines and inserts $1,
-# when given, after their "bench": $1 is fields with a trailing ", ", e.g.
-# '"round": 2, '.
+# when given, after their "bench", then build_fields, which ct_builds sets
+# while it runs ct: each is fields with a trailing ", ", e.g. '"round": 2, '.
 json_lines() {
-    sed -u -e 's/^\[rank 0\] //' -e "s/^{\"bench\": \"[a-z_]*\", /&${1:-}/"
+    sed -u -e 's/^\[rank 0\] //' -e "s/^{\"bench\": \"[a-z_]*\", /&${1:-}${build_fields:-}/"
+}
+
+# Runs the command in the arguments, a ct run of a round, then, with a
+# baseline, the same run of the baseline right after it, so that both meet
+# the same state of the host: every argument that is a path under $build/
+# becomes the same path under the baseline's build (its ctlaunch too: an
+# older ctlaunch and newer ranks need not speak the same protocol). The
+# command tags its lines through json_lines, which adds build_fields.
+ct_builds() {
+    local build_fields=
+    if [[ -n $baseline_rev ]]; then
+        build_fields='"build": "current", '
+    fi
+    "$@"
+    if [[ -n $baseline_rev ]]; then
+        build_fields="\"build\": \"baseline\", \"rev\": \"$baseline_rev\", "
+        "${@/#"$build/"/"$baseline_dir/build/"}"
+    fi
 }
 
 # Two ranks, nccl-tests' sizes (8 B to 64 MiB): allreduce at every power of
@@ -246,8 +438,7 @@ run_collectives() {
     "$bench" --memcpy -e 64M | tee "$tmp"
     for ((round = 1; round <= rounds; round++)); do
         echo "ci/bench.sh: allreduce round $round of $rounds" >&2
-        "${ctlaunch[@]}" "$bench" --ops allreduce "${round_sweep[@]}" |
-            json_lines "\"round\": $round, " | tee -a "$tmp"
+        ct_builds coll_ct "$round" "${ctlaunch[@]}" "$bench" --ops allreduce "${round_sweep[@]}"
         if $have_mpi; then
             "${mpirun[@]}" "$build/bench/bench_mpi_allreduce" "${round_sweep[@]}" |
                 json_lines "\"round\": $round, " | tee -a "$tmp"
@@ -263,9 +454,18 @@ run_collectives() {
         "${mpirun[@]}" -x CT_BACKEND=mpi "$bench" "${others[@]}" | json_lines | tee -a "$tmp"
     fi
     run_summary "$root/bench/collectives_gloo.py" --compare "$tmp" --anchor-torch "$anchor"
+    compare_baseline collectives time us op bytes
     if $gloo_failed; then
         return 1
     fi
+}
+
+# One round's allreduce sweep of ct: the command in the rest of the
+# arguments, its lines tagged with "round": $1.
+coll_ct() {
+    local tag="\"round\": $1, "
+    shift
+    "$@" | json_lines "$tag" | tee -a "$tmp"
 }
 
 # The fmnist_mlp recipe (global batch 64) data-parallel: rounds that each
@@ -294,14 +494,16 @@ run_ddp() {
     fi
     for ((round = 1; round <= rounds; round++)); do
         echo "ci/bench.sh: ddp round $round of $rounds" >&2
-        ddp_ct ct_1rank_1thread "$round" "$fmnist" "${ct_steps[@]}" --threads 1
-        ddp_ct ct_1rank_2threads "$round" "$fmnist" "${ct_steps[@]}" --threads 2
-        ddp_ct ct_2ranks_ctlaunch "$round" "${ctlaunch[@]}" "$fmnist" "${ct_steps[@]}" --threads 1
-        ddp_nocomm "$round" "$fmnist" "${ct_steps[@]}" --threads 1 --batch 32
+        ct_builds ddp_ct ct_1rank_1thread "$round" "$fmnist" "${ct_steps[@]}" --threads 1
+        ct_builds ddp_ct ct_1rank_2threads "$round" "$fmnist" "${ct_steps[@]}" --threads 2
+        ct_builds ddp_ct ct_2ranks_ctlaunch "$round" "${ctlaunch[@]}" "$fmnist" "${ct_steps[@]}" \
+            --threads 1
+        ct_builds ddp_nocomm "$round" "$fmnist" "${ct_steps[@]}" --threads 1 --batch 32
         if $have_mpi; then
-            ddp_ct ct_2ranks_mpirun "$round" "${mpirun[@]}" "$fmnist" "${ct_steps[@]}" --threads 1
-            ddp_ct ct_2ranks_mpirun_mpi "$round" "${mpirun[@]}" -x CT_BACKEND=mpi "$fmnist" \
-                "${ct_steps[@]}" --threads 1
+            ct_builds ddp_ct ct_2ranks_mpirun "$round" "${mpirun[@]}" "$fmnist" "${ct_steps[@]}" \
+                --threads 1
+            ct_builds ddp_ct ct_2ranks_mpirun_mpi "$round" "${mpirun[@]}" -x CT_BACKEND=mpi \
+                "$fmnist" "${ct_steps[@]}" --threads 1
         fi
         # A failed PyTorch run fails the whole run, after the summary.
         run_peer ddp_torch.py --ranks 2 "${torch_steps[@]}" |
@@ -384,7 +586,9 @@ def torch_field(*keys):
 rate, finals, overlap = {}, {}, []
 with open(path) as f:
     for r in (json.loads(line) for line in f if line.startswith("{")):
-        if "run" not in r:
+        # The baseline's runs are set beside the current ones by ci/bench.sh's
+        # compare_baseline alone.
+        if "run" not in r or r.get("build") == "baseline":
             continue
         if r["bench"] == "ddp_overlap":
             overlap.append(r)
@@ -468,6 +672,7 @@ for r in overlap:
           "exposed_us": r["exposed_us"], "hidden": r["hidden"]})
 
 EOF
+    compare_baseline ddp rate samples_per_s run
     report_load ddp "$load_start" $((SECONDS - started))
     if $torch_failed; then
         return 1
@@ -508,7 +713,7 @@ ddp_nocomm() {
             printf "{\"bench\": \"train\", \"run\": \"ct_2procs_nocomm\", \"round\": %s, " \
                 "\"impl\": \"ct\", \"processes\": 2, \"samples_per_s\": %.1f, " \
                 "\"each_samples_per_s\": [%s]}\n", round, sum, each
-        }' "$a" "$b" | tee -a "$tmp"
+        }' "$a" "$b" | json_lines | tee -a "$tmp"
     rm -f "$a" "$b"
 }
 
@@ -563,8 +768,8 @@ run_checkpoint() {
             run=${runs[(i + round - 1) % ${#runs[@]}]}
             case $run in
             dd) ckpt_dd "$round" "$bench" "$ckpt_dir/dd.bin" "$bytes" ;;
-            ct_1rank) ckpt_ct ct_1rank "$round" "$bench" ;;
-            ct_2ranks) ckpt_ct ct_2ranks "$round" "${ctlaunch[@]}" "$bench" ;;
+            ct_1rank) ct_builds ckpt_ct ct_1rank "$round" "$bench" ;;
+            ct_2ranks) ct_builds ckpt_ct ct_2ranks "$round" "${ctlaunch[@]}" "$bench" ;;
             torch)
                 # checkpoint_torch.py syncs after removing its file, also
                 # between the two torches.
@@ -656,7 +861,8 @@ def torch_field(*keys):
 gbps, hw, runs_async = {}, {}, {}
 with open(path) as f:
     for r in (json.loads(line) for line in f if line.startswith("{")):
-        if r.get("bench") != "checkpoint" or "summary" in r or "run" not in r:
+        if (r.get("bench") != "checkpoint" or "summary" in r or "run" not in r
+                or r.get("build") == "baseline"):
             continue
         if r["run"] == "memcpy":
             hw[r["impl"]] = r["gbps"]
@@ -770,6 +976,7 @@ else:
 for line in targets:
     log(line)
 EOF
+    compare_baseline checkpoint rate gbps run op cache
     report_load checkpoint "$load_start" $((SECONDS - started))
     if $torch_failed; then
         return 1
@@ -837,8 +1044,7 @@ run_rpc() {
     # exits 1 when a run fails, which fails the run after the summary.
     for ((round = 1; round <= rounds; round++)); do
         echo "ci/bench.sh: rpc round $round of $rounds" >&2
-        "$build/launcher/ctlaunch" -np 2 "$build/bench/bench_rpc" 2>&1 |
-            grep '^\[rank 0\] {' | json_lines "\"round\": $round, " | tee -a "$tmp"
+        ct_builds rpc_ct "$round" "$build/launcher/ctlaunch" -np 2 "$build/bench/bench_rpc"
         for transport in default tcp; do
             run_peer rpc_torch.py --transport "$transport" |
                 json_lines "\"round\": $round, " | tee -a "$tmp" || torch_failed=true
@@ -859,7 +1065,7 @@ runs = {}
 skipped = set()
 for line in open(path):
     r = json.loads(line)
-    if r.get("bench") != "rpc" or "summary" in r:
+    if r.get("bench") != "rpc" or "summary" in r or r.get("build") == "baseline":
         continue
     if "skipped" in r:
         skipped.add((r["impl"], r["skipped"]))
@@ -969,9 +1175,18 @@ if big and ("zmq", None, big) in best:
 else:
     log("target: ct's largest echo >= 0.5 x plain zmq's bandwidth: not measured")
 EOF
+    compare_baseline rpc time us op bytes
     if $torch_failed; then
         return 1
     fi
+}
+
+# One round's ct side of run_rpc: the command in the rest of the arguments
+# (bench_rpc under ctlaunch), rank 0's JSON lines tagged with "round": $1.
+rpc_ct() {
+    local tag="\"round\": $1, "
+    shift
+    "$@" 2>&1 | grep '^\[rank 0\] {' | json_lines "$tag" | tee -a "$tmp"
 }
 
 # ct on cuda:0 (bench/cuda.c: elementwise bandwidth beside cudaMemcpy,
@@ -1123,5 +1338,8 @@ tmp=$(mktemp)
 ckpt_dir=
 trap 'rm -f "$tmp"; if [[ -n $ckpt_dir ]]; then rm -rf "$ckpt_dir"; fi' EXIT
 for name in "${names[@]}"; do
+    # Each summary reads its own benchmark's lines alone: ddp's would fail
+    # on checkpoint's, which have a "run" and a "round" too.
+    : >"$tmp"
     "run_$name"
 done
