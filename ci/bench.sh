@@ -46,8 +46,8 @@
 # REV's commit when it is at another), and built with the same options in
 # build-bench-baseline/build, incrementally. In every round of collectives,
 # ddp, checkpoint and rpc, each ct run (but checkpoint's async save loop) is
-# repeated right after with the same arguments and the baseline's own
-# binaries, its ctlaunch too (an older ctlaunch and newer ranks need not
+# repeated beside it with the same arguments and the baseline's own
+# binaries (the two take turns going first, round by round), its ctlaunch too (an older ctlaunch and newer ranks need not
 # speak the same protocol). Those lines carry "build": "baseline" and "rev":
 # the short sha, the current ones (in such a run only) "build": "current".
 # After its own summary each of the four prints, per ct case, the ratio of
@@ -395,22 +395,33 @@ json_lines() {
     sed -u -e 's/^\[rank 0\] //' -e "s/^{\"bench\": \"[a-z_]*\", /&${1:-}${build_fields:-}/"
 }
 
-# Runs the command in the arguments, a ct run of a round, then, with a
-# baseline, the same run of the baseline right after it, so that both meet
+# Runs the command in the arguments, a ct run of a round, and, with a
+# baseline, the same run of the baseline right beside it, so that both meet
 # the same state of the host: every argument that is a path under $build/
 # becomes the same path under the baseline's build (its ctlaunch too: an
-# older ctlaunch and newer ranks need not speak the same protocol). The
+# older ctlaunch and newer ranks need not speak the same protocol). The two
+# take turns going first (by the caller's round; the current first where
+# there is none), since going second is no neutral place: a save then
+# meets the disk the first one left dirty, a run the caches it left. The
 # command tags its lines through json_lines, which adds build_fields.
 ct_builds() {
-    local build_fields=
-    if [[ -n $baseline_rev ]]; then
-        build_fields='"build": "current", '
+    local build_fields= order=(current baseline) which
+    if [[ -z $baseline_rev ]]; then
+        "$@"
+        return
     fi
-    "$@"
-    if [[ -n $baseline_rev ]]; then
-        build_fields="\"build\": \"baseline\", \"rev\": \"$baseline_rev\", "
-        "${@/#"$build/"/"$baseline_dir/build/"}"
+    if [[ ${round:-} =~ ^[0-9]+$ ]] && ((round % 2 == 0)); then
+        order=(baseline current)
     fi
+    for which in "${order[@]}"; do
+        if [[ $which == current ]]; then
+            build_fields='"build": "current", '
+            "$@"
+        else
+            build_fields="\"build\": \"baseline\", \"rev\": \"$baseline_rev\", "
+            "${@/#"$build/"/"$baseline_dir/build/"}"
+        fi
+    done
 }
 
 # Two ranks, nccl-tests' sizes (8 B to 64 MiB): allreduce at every power of
