@@ -150,6 +150,27 @@ TEST(convert_goes_to_safetensors_and_back) {
     ct_checkpoint_reader_close(ck);
 }
 
+/* info and verify take a .safetensors file too (they said "manifest.json:
+ * Not a directory"): its tensors and metadata; the format's rules, which a
+ * truncated file breaks. */
+TEST(info_and_verify_read_a_safetensors_file) {
+    char st[400], cut[400];
+    snprintf(st, sizeof st, "%s/exported.safetensors", tmp());
+    snprintf(cut, sizeof cut, "%s/cut.safetensors", tmp());
+    ASSERT_EQ(ctckpt("convert", golden(), st, "--drop-per-rank", NULL), 0);
+    ASSERT_EQ(ctckpt("info", st, NULL, NULL, NULL), 0);
+    const char *says[] = {"safetensors file, 3 tensor(s)", "float32", "[7, 10]", "bfloat16",
+                          "ct.value.step = 77"};
+    for (size_t i = 0; i < sizeof says / sizeof *says; i++)
+        TT_ASSERT_JOB(&job_, strstr(job_.out, says[i]));
+    ASSERT_EQ(ctckpt("verify", st, NULL, NULL, NULL), 0);
+    TT_ASSERT_JOB(&job_, strstr(job_.out, "ok: 3 tensors"));
+    sh("head -c 100 '%s' > '%s'", st, cut);
+    ASSERT_EQ(ctckpt("verify", cut, NULL, NULL, NULL), 1);
+    TT_ASSERT_JOB(&job_, strstr(job_.err, "truncated"));
+    ASSERT_EQ(ctckpt("info", cut, NULL, NULL, NULL), 2);
+}
+
 /* A chunk read only in part when resharding is checked all the same: a
  * flipped byte in block 3 of a one-rank checkpoint fails convert --shards 2
  * (which reads half of the chunk on each new rank), naming the file and the

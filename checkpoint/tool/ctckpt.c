@@ -1,7 +1,7 @@
 /* ctckpt: looks into, checks, compares and converts ct checkpoints.
  *
- *   ctckpt info DIR [-v]
- *   ctckpt verify DIR
+ *   ctckpt info DIR|FILE.safetensors [-v]
+ *   ctckpt verify DIR|FILE.safetensors
  *   ctckpt diff A B
  *   ctckpt convert SRC DST [--shards N] [--drop-per-rank]
  *
@@ -22,6 +22,9 @@
 static const char usage[] =
     "usage: ctckpt info DIR [-v]        tensors, shapes, dtypes, shards, values, format\n"
     "       ctckpt verify DIR           check every checksum and bound\n"
+    "       ctckpt info|verify FILE     a .safetensors file: its tensors and metadata;\n"
+    "                                   verify checks the format's rules (it has no\n"
+    "                                   checksums)\n"
     "       ctckpt diff A B             compare two checkpoints tensor by tensor\n"
     "       ctckpt convert SRC DST [--shards N] [--drop-per-rank]\n"
     "           SRC a checkpoint, DST ending in .safetensors: export the tensors\n"
@@ -46,7 +49,54 @@ static void print_shape(FILE *f, int ndim, const int64_t *sizes) {
 
 /* ----------------------------------------------------------------- info */
 
+/* A regular file is taken for a safetensors file, as convert takes it: a ct
+ * checkpoint is a directory. */
+static bool is_regular_file(const char *path) {
+    struct stat sb;
+    return stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+/* info (check false) or verify (check true) of a safetensors file. Loading
+ * it applies every rule of the format (ct_safetensors_load); the format has
+ * no checksums to verify beyond that. */
+static int safetensors_info(const char *path, bool check) {
+    ct_tensor_dict *d;
+    if (ct_safetensors_load(path, &d)) {
+        fprintf(stderr, "ctckpt: %s: %s\n", check ? "verify" : "info", ct_errmsg());
+        return check ? 1 : 2;
+    }
+    int n = ct_tensor_dict_count(d);
+    if (!check)
+        printf("%s: safetensors file, %d tensor(s)\n\n%-40s %-9s %s\n", path, n, "tensor", "dtype",
+               "shape");
+    int64_t bytes = 0;
+    for (int i = 0; i < n; i++) {
+        const ct_tensor *t = ct_tensor_dict_tensor(d, i);
+        bytes += ct_numel(t) * (int64_t)ct_dtype_size(ct_tensor_dtype(t));
+        if (check)
+            continue;
+        printf("%-40s %-9s ", ct_tensor_dict_name(d, i), ct_dtype_name(ct_tensor_dtype(t)));
+        print_shape(stdout, ct_ndim(t), ct_sizes(t));
+        putchar('\n');
+    }
+    if (check) {
+        printf("ok: %d tensors, %" PRId64 " bytes, the safetensors format's rules hold\n", n,
+               bytes);
+    } else {
+        printf("\n%" PRId64 " bytes of tensor data\n", bytes);
+        for (int i = 0; i < ct_tensor_dict_num_meta(d); i++) {
+            const char *key, *value;
+            ct_tensor_dict_meta_at(d, i, &key, &value);
+            printf("%s%s = %s\n", i ? "" : "\nmetadata:\n", key, value);
+        }
+    }
+    ct_tensor_dict_free(d);
+    return 0;
+}
+
 static int info(const char *path, bool verbose) {
+    if (is_regular_file(path))
+        return safetensors_info(path, false);
     ct_checkpoint_reader *ck;
     if (ct_checkpoint_reader_open(path, &ck))
         return fail("info");
@@ -136,6 +186,8 @@ static void progress(int64_t done, int64_t total, void *ctx) {
 }
 
 static int verify(const char *path) {
+    if (is_regular_file(path))
+        return safetensors_info(path, true);
     ct_checkpoint_reader *ck;
     if (ct_checkpoint_reader_open(path, &ck)) {
         fprintf(stderr, "ctckpt: verify: %s\n", ct_errmsg());
@@ -535,8 +587,7 @@ static int convert(int argc, char **argv) {
         fputs(usage, stderr);
         return 2;
     }
-    struct stat sb;
-    if (stat(src, &sb) == 0 && S_ISREG(sb.st_mode))
+    if (is_regular_file(src))
         return import_safetensors(src, dst);
     if (ends_with(dst, ".safetensors"))
         return export_safetensors(src, dst, drop);
