@@ -54,6 +54,9 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#ifdef __cplusplus
+#include <initializer_list>
+#endif
 
 #ifdef __cplusplus
 extern "C" {
@@ -199,11 +202,24 @@ CT_API ct_device ct_storage_device(const ct_storage *s);
 
 typedef struct ct_tensor ct_tensor;
 
-/* CT_SHAPE(2, 3) expands to the (ndim, sizes) argument pair. */
+/* CT_SHAPE(2, 3) expands to the (ndim, sizes) argument pair, and CT_DIMS(0,
+ * 2) to the (dims, ndims) argument pair of reductions. C++ has no compound
+ * literals: there the values live in an initializer_list's array, which
+ * lasts until the end of the call's full expression (and a value that does
+ * not fit int64_t, or int, exactly, such as a size_t variable, needs a
+ * cast). */
+#ifdef __cplusplus
+#define CT_SHAPE(...)                                                                              \
+    (int)std::initializer_list<int64_t>{__VA_ARGS__}.size(),                                       \
+        std::initializer_list<int64_t>{__VA_ARGS__}.begin()
+#define CT_DIMS(...)                                                                               \
+    std::initializer_list<int>{__VA_ARGS__}.begin(),                                               \
+        (int)std::initializer_list<int>{__VA_ARGS__}.size()
+#else
 #define CT_SHAPE(...)                                                                              \
     (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), (int64_t[]) { __VA_ARGS__ }
-/* CT_DIMS(0, 2) expands to the (dims, ndims) argument pair of reductions. */
 #define CT_DIMS(...) (int[]){__VA_ARGS__}, (int)(sizeof((int[]){__VA_ARGS__}) / sizeof(int))
+#endif
 
 /* Factories. Each returns a new contiguous CPU tensor (scope-owned inside a
  * scope). Errors: CT_EINVAL for ndim outside [0, CT_MAX_DIMS], a negative
@@ -519,14 +535,15 @@ CT_API bool ct_in_parallel_region(void);
     X(EXPAND)                                                                                      \
     X(PERMUTE)                                                                                     \
     X(SLICE)                                                                                       \
-    X(SELECT) X(SQUEEZE) X(UNSQUEEZE) X(CONTIGUOUS) X(CLONE) X(COPY) X(TO_DTYPE) X(NEG) X(ABS)     \
-        X(EXP) X(LOG) X(LOG1P) X(SQRT) X(RSQRT) X(SIN) X(COS) X(TANH) X(SIGMOID) X(RELU) X(GELU)   \
-            X(GELU_TANH) X(SILU) X(POW_SCALAR) X(CLAMP) X(ADD) X(SUB) X(MUL) X(DIV) X(POW)         \
-                X(MAXIMUM) X(MINIMUM) X(EQ) X(NE) X(LT) X(LE) X(GT) X(GE) X(WHERE) X(MASKED_FILL)  \
-                    X(SUM) X(MEAN) X(PROD) X(AMAX) X(AMIN) X(VAR) X(STD) X(LOGSUMEXP) X(NORM)      \
-                        X(MAX_DIM) X(MIN_DIM) X(ARGMAX) X(ARGMIN) X(MATMUL) X(SOFTMAX)             \
-                            X(LOG_SOFTMAX) X(CAT) X(STACK) X(INDEX_SELECT) X(GATHER)               \
-                                X(SCATTER_ADD) X(ONE_HOT) X(TRIL) X(TRIU) X(RANDOM)
+    X(SELECT)                                                                                      \
+    X(SQUEEZE) X(UNSQUEEZE) X(CONTIGUOUS) X(CLONE) X(COPY) X(TO_DTYPE) X(NEG) X(ABS) X(EXP) X(LOG) \
+        X(LOG1P) X(SQRT) X(RSQRT) X(SIN) X(COS) X(TANH) X(SIGMOID) X(RELU) X(GELU) X(GELU_TANH)    \
+            X(SILU) X(POW_SCALAR) X(CLAMP) X(ADD) X(SUB) X(MUL) X(DIV) X(POW) X(MAXIMUM)           \
+                X(MINIMUM) X(EQ) X(NE) X(LT) X(LE) X(GT) X(GE) X(WHERE) X(MASKED_FILL) X(SUM)      \
+                    X(MEAN) X(PROD) X(AMAX) X(AMIN) X(VAR) X(STD) X(LOGSUMEXP) X(NORM) X(MAX_DIM)  \
+                        X(MIN_DIM) X(ARGMAX) X(ARGMIN) X(MATMUL) X(SOFTMAX) X(LOG_SOFTMAX) X(CAT)  \
+                            X(STACK) X(INDEX_SELECT) X(GATHER) X(SCATTER_ADD) X(ONE_HOT) X(TRIL)   \
+                                X(TRIU) X(RANDOM)
 
 typedef enum ct_op {
 #define CT__OP_DEFINE(NAME) CT_OP_##NAME,
