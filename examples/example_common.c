@@ -1,11 +1,14 @@
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
 
 #include "example_common.h"
 
+#include <errno.h>
 #include <math.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -15,84 +18,168 @@ double example_now(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+int example_default_threads(int fallback) {
+    const char *env = getenv("CT_NUM_THREADS");
+    char *end;
+    long n = env && *env ? strtol(env, &end, 10) : 0;
+    /* A bad value is ct's to report (ct_get_num_threads says why once). */
+    return n >= 1 && n <= EXAMPLE_MAX_THREADS && !*end ? (int)n : fallback;
+}
+
 example_options example_options_defaults(void) {
-    return (example_options){
-        .epochs = 10, .threads = 1, .batch = 64, .hidden = 256, .lr = 0.05, .seed = 1};
+    return (example_options){.epochs = 10,
+                             .threads = example_default_threads(1),
+                             .batch = 64,
+                             .hidden = 256,
+                             .lr = 0.05,
+                             .seed = 1};
 }
 
-/* The common flags: 1 if flag is one, with its value stored in o. */
-static int parse_common(example_options *o, const char *flag, const char *v) {
-    if (!strcmp(flag, "--epochs"))
-        o->epochs = atoi(v);
-    else if (!strcmp(flag, "--batch"))
-        o->batch = atoll(v);
-    else if (!strcmp(flag, "--lr"))
-        o->lr = atof(v);
-    else if (!strcmp(flag, "--hidden"))
-        o->hidden = atoll(v);
-    else if (!strcmp(flag, "--threads"))
-        o->threads = atoi(v);
-    else if (!strcmp(flag, "--seed"))
-        o->seed = strtoull(v, NULL, 10);
-    else if (!strcmp(flag, "--data"))
-        o->data = v;
-    else if (!strcmp(flag, "--max-steps"))
-        o->max_steps = atoi(v);
-    else
-        return 0;
-    return 1;
+void example_common_flags(example_options *o, ct_cli_flag out[EXAMPLE_NUM_COMMON_FLAGS]) {
+    const ct_cli_flag flags[EXAMPLE_NUM_COMMON_FLAGS] = {
+        CT_CLI_FLAG("--epochs", CT_CLI_INT, &o->epochs, "N", "epochs to train", .min = 1,
+                    .max = 1e6, .given = &o->given.epochs),
+        CT_CLI_FLAG("--batch", CT_CLI_INT64, &o->batch, "N",
+                    "the global batch, shared among the ranks (each takes batch/ranks)", .min = 1,
+                    .max = 1 << 24, .given = &o->given.batch),
+        CT_CLI_FLAG("--lr", CT_CLI_DOUBLE, &o->lr, "X", "the learning rate", .min = 1e-12,
+                    .max = 1e6, .given = &o->given.lr),
+        CT_CLI_FLAG("--hidden", CT_CLI_INT64, &o->hidden, "N", "the hidden layers' width", .min = 1,
+                    .max = 1 << 16, .given = &o->given.hidden),
+        CT_CLI_FLAG("--threads", CT_CLI_INT, &o->threads, "N",
+                    "ct's threads in each rank (the default comes from CT_NUM_THREADS if set)",
+                    .min = 1, .max = EXAMPLE_MAX_THREADS),
+        CT_CLI_FLAG("--seed", CT_CLI_UINT64, &o->seed, "N",
+                    "the seed of the initial weights and of the shuffle"),
+        CT_CLI_FLAG("--data", CT_CLI_STRING, &o->data, "DIR", "Fashion-MNIST's directory",
+                    .default_text = CT_FMNIST_DIR),
+        CT_CLI_FLAG("--max-steps", CT_CLI_INT, &o->max_steps, "N",
+                    "stop after N steps in all (0: the epochs' steps)", .min = 0, .max = 1e9),
+    };
+    memcpy(out, flags, sizeof flags);
 }
 
-int example_parse(int argc, char **argv, const example_cli *cli, example_options *o) {
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            fputs(cli->usage, stdout);
-            exit(0);
-        }
-        if (!v) {
-            fprintf(stderr, "%s: %s needs a value\n", cli->name, a);
-            return -1;
-        }
-        i++;
-        int took = parse_common(o, a, v);
-        if (!took)
-            took = cli->flag(cli->ctx, a, v);
-        if (took < 0)
-            return -1;
-        if (!took) {
-            fprintf(stderr, "%s: unknown option %s\n", cli->name, a);
-            fputs(cli->usage, stderr);
-            return -1;
-        }
+int example_parse(const char *name, const char *about, const ct_cli_flag *own, size_t nown,
+                  example_options *o, int argc, char **argv) {
+    ct_cli_flag flags[EXAMPLE_NUM_COMMON_FLAGS + EXAMPLE_MAX_OWN_FLAGS];
+    if (nown > EXAMPLE_MAX_OWN_FLAGS) {
+        fprintf(stderr, "%s: %zu flags of its own, more than the %d example_parse holds\n", name,
+                nown, EXAMPLE_MAX_OWN_FLAGS);
+        return -1;
     }
-    return 0;
+    example_common_flags(o, flags);
+    memcpy(flags + EXAMPLE_NUM_COMMON_FLAGS, own, sizeof *own * nown);
+    ct_cli cli = {.prog = name,
+                  .about = about,
+                  .flags = flags,
+                  .nflags = EXAMPLE_NUM_COMMON_FLAGS + nown,
+                  .epilog = "Exit codes: 0 done, 1 an error, 2 bad usage."};
+    int first, rc = ct_cli_parse(&cli, argc, argv, &first);
+    if (rc > 0)
+        exit(0);
+    return rc ? -1 : 0;
 }
 
-bool example_options_valid(const example_options *o) {
-    return o->epochs >= 1 && o->batch >= 1 && o->hidden >= 1 && o->lr > 0 && o->threads >= 1 &&
-           o->max_steps >= 0;
-}
-
-int example_parse_device(const char *name, const char *v, ct_device *out) {
+int example_parse_device(void *dest, const char *v) {
+    ct_device *out = dest;
+    char *end;
     if (!strcmp(v, "cpu"))
         *out = CT_DEVICE_CPU;
     else if (!strcmp(v, "cuda"))
         *out = (ct_device){CT_CUDA, -1};
-    else if (!strncmp(v, "cuda:", 5) && v[5])
-        *out = (ct_device){CT_CUDA, atoi(v + 5)};
-    else {
-        fprintf(stderr, "%s: unknown device '%s' (cpu, cuda, cuda:N)\n", name, v);
-        return -1;
-    }
+    else if (!strncmp(v, "cuda:", 5) && v[5] >= '0' && v[5] <= '9' &&
+             strtol(v + 5, &end, 10) < 1024 && !*end)
+        *out = (ct_device){CT_CUDA, (int)strtol(v + 5, NULL, 10)};
+    else
+        return ct_seterr(CT_EINVAL, "unknown device '%s' (cpu, cuda, cuda:N)", v);
     return 0;
 }
 
+/* The CPUs this process may run on. */
+static int usable_cpus(void) {
+    cpu_set_t set;
+    if (!sched_getaffinity(0, sizeof set, &set))
+        return CPU_COUNT(&set);
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
 int example_init(const char *name, const example_options *o) {
+    ct_world w;
+    int local = !ct_world_from_env(&w) && w.local_size > 0 ? w.local_size : 1;
+    int cpus = usable_cpus();
+    /* Once per machine: the first local rank speaks for all. */
+    if ((long)o->threads * local > cpus && (local == 1 || w.local_rank == 0))
+        fprintf(stderr,
+                "%s: warning: %d thread%s in each of %d rank%s is more than the %d CPUs here: "
+                "the threads will wait for each other (--threads %d fits)\n",
+                name, o->threads, o->threads > 1 ? "s" : "", local, local > 1 ? "s" : "", cpus,
+                cpus / local > 1 ? cpus / local : 1);
     if (!ct_set_num_threads(o->threads) && !ct_dist_init(NULL))
         return 0;
     fprintf(stderr, "%s: %s\n", name, ct_errmsg());
     return -1;
+}
+
+/* mkdir -p: each missing directory of path, from the top. */
+static int make_dirs(const char *path) {
+    char p[4096];
+    snprintf(p, sizeof p, "%s", path);
+    for (char *s = p + 1;; s++) {
+        bool end = *s == '\0';
+        if (*s != '/' && !end)
+            continue;
+        *s = '\0';
+        if (mkdir(p, 0755) && errno != EEXIST)
+            return ct_seterr(CT_EIO, "cannot create %s: %s", p, strerror(errno));
+        if (end)
+            return 0;
+        *s = '/';
+    }
+}
+
+int example_check_dir(const char *flag, const char *dir) {
+    struct stat st;
+    if (stat(dir, &st) && errno == ENOENT && make_dirs(dir))
+        return ct_seterr(CT_EIO, "%s %s: %s", flag, dir, ct_errmsg());
+    if (stat(dir, &st))
+        return ct_seterr(CT_EIO, "%s %s: %s", flag, dir, strerror(errno));
+    if (!S_ISDIR(st.st_mode))
+        return ct_seterr(CT_EIO, "%s %s: not a directory", flag, dir);
+    /* access() answers for the real user and ignores read-only mounts: a
+     * file made and removed is the question itself. */
+    char probe[4200];
+    snprintf(probe, sizeof probe, "%s/.ct-write-check-XXXXXX", dir);
+    int fd = mkstemp(probe);
+    if (fd < 0)
+        return ct_seterr(CT_EIO, "%s %s: cannot write there: %s", flag, dir, strerror(errno));
+    close(fd);
+    unlink(probe);
+    return 0;
+}
+
+const char *example_json_number(char buf[32], double v) {
+    if (!isfinite(v))
+        return "null";
+    snprintf(buf, 32, "%.9g", v);
+    return buf;
+}
+
+FILE *example_metrics_open(const char *path, int64_t resumed_at, const char *checkpoint) {
+    FILE *f = fopen(path, resumed_at > 0 ? "a" : "w");
+    if (!f) {
+        ct_seterr(CT_EIO, "%s: %s", path, strerror(errno));
+        return NULL;
+    }
+    if (resumed_at > 0) {
+        /* The path as a JSON string: escape what JSON requires. */
+        fprintf(f, "{\"resumed_at_step\":%lld,\"checkpoint\":\"", (long long)resumed_at);
+        for (const unsigned char *c = (const unsigned char *)checkpoint; *c; c++)
+            fprintf(f, *c == '"' || *c == '\\' ? "\\%c" : *c < 0x20 ? "\\u%04x" : "%c", *c);
+        fputs("\"}\n", f);
+        fflush(f);
+    }
+    return f;
 }
 
 ct_module *example_mlp_new(const example_options *o, double dropout) {
@@ -229,19 +316,17 @@ int example_ckpt_init(example_ckpt *r, const ct_param_list *params, ct_optim *op
     return rc ? -1 : 0;
 }
 
-int64_t example_ckpt_resume(example_ckpt *r, const char *name, const char *dir, ct_comm *world,
-                            ct_optim *opt) {
-    char path[4096];
+int64_t example_ckpt_resume(example_ckpt *r, const char *dir, ct_comm *world, ct_optim *opt) {
     if (ct_checkpointer_reserve(r->ck, r->st))
         return -1;
-    int found = ct_checkpoint_latest(dir, path, sizeof path);
-    if (found <= 0)
+    int found = ct_checkpoint_latest(dir, r->path, sizeof r->path);
+    if (found <= 0) {
+        r->path[0] = '\0';
         return found < 0 ? -1 : 0;
-    if (ct_checkpoint_load(path, r->st, world) || ct_optim_set_step_count(opt, r->step))
+    }
+    if (ct_checkpoint_load(r->path, r->st, world) || ct_optim_set_step_count(opt, r->step))
         return -1;
     r->last_saved = r->step;
-    if (ct_comm_rank(world) == 0)
-        printf("%s: resumed from %s at step %lld\n", name, path, (long long)r->step);
     return r->step;
 }
 

@@ -3,8 +3,8 @@
  * its initial weights and its data, and print what it prints.
  *
  *   - example_parse(): the flags all three take (--epochs --batch --lr
- *     --hidden --threads --seed --data --max-steps), -h/--help, and a
- *     callback for each example's own;
+ *     --hidden --threads --seed --data --max-steps) and each example's own,
+ *     by ct/cli.h's rules;
  *   - example_mlp_new(): the 784-H-H-10 MLP with fmnist_mlp's weights;
  *   - example_data_load(): Fashion-MNIST;
  *   - example_evaluate(): the test accuracy, in batches of 1000 images;
@@ -42,43 +42,71 @@ double example_now(void);
 
 typedef struct example_options {
     int epochs, threads, max_steps; /* max_steps 0: all the epochs' steps */
-    int64_t batch, hidden;
+    int64_t batch, hidden;          /* batch: the global one, shared among the ranks */
     double lr;
     uint64_t seed;    /* of the initial weights and of the shuffle */
     const char *data; /* Fashion-MNIST's directory; NULL: CT_FMNIST_DIR */
     ct_device device; /* where the model trains (fmnist_mlp's --device); the CPU by default */
+    struct {
+        bool epochs, batch, hidden, lr;
+    } given; /* which of these the command line set (a recipe fills in the others) */
 } example_options;
 
+/* The most threads a program accepts (--threads, CT_NUM_THREADS). */
+#define EXAMPLE_MAX_THREADS 4096
+
+/* CT_NUM_THREADS when it is set to a valid count, else fallback: the
+ * default of every program's --threads (docs/cli.md: a flag beats the
+ * variable, which beats the program's own default). */
+int example_default_threads(int fallback);
+
 /* fmnist_mlp's reference recipe (10 epochs, batch 64, hidden 256, lr 0.05)
- * on one thread, with seed 1. */
+ * with seed 1, on one thread unless CT_NUM_THREADS says otherwise. */
 example_options example_options_defaults(void);
 
-/* An example's own flag: 1 when it took flag and its value, 0 when flag is
- * not one of its own, -1 after printing why value is wrong. */
-typedef int (*example_flag_fn)(void *ctx, const char *flag, const char *value);
+/* The flags of example_options (--epochs --batch --lr --hidden --threads
+ * --seed --data --max-steps) with their ranges, pointing into o. */
+#define EXAMPLE_NUM_COMMON_FLAGS 8
+#define EXAMPLE_MAX_OWN_FLAGS    24
+void example_common_flags(example_options *o, ct_cli_flag out[EXAMPLE_NUM_COMMON_FLAGS]);
 
-typedef struct example_cli {
-    const char *name;  /* the program, at the start of every message */
-    const char *usage; /* printed by --help, and after an unknown flag */
-    example_flag_fn flag;
-    void *ctx; /* flag's */
-} example_cli;
+/* Parses argv by the common flags and the example's own (at most
+ * EXAMPLE_MAX_OWN_FLAGS), into the defaults already in o and own's
+ * destinations. --help and --version print and exit 0; bad usage: -1,
+ * the message printed (exit 2). */
+int example_parse(const char *name, const char *about, const ct_cli_flag *own, size_t nown,
+                  example_options *o, int argc, char **argv);
 
-/* Parses argv into o, which holds the defaults. --help prints the usage and
- * exits 0; a flag without a value, an unknown flag or a callback's error:
- * -1, the message printed. The values are not checked: see
- * example_options_valid(). */
-int example_parse(int argc, char **argv, const example_cli *cli, example_options *o);
-/* Epochs, batch, hidden, lr and threads positive; max_steps not negative. */
-bool example_options_valid(const example_options *o);
-
-/* --device's value: "cpu", "cuda" (index -1: the rank's own device, known
- * after example_init()) or "cuda:N". -1 after printing why v is wrong. */
-int example_parse_device(const char *name, const char *v, ct_device *out);
+/* --device's value (a CT_CLI_CUSTOM parser into a ct_device): "cpu",
+ * "cuda" (index -1: the rank's own device, known after example_init()) or
+ * "cuda:N". */
+int example_parse_device(void *dest, const char *value);
 
 /* Gives ct o->threads threads and joins the launcher's world (a world of
- * one without a launcher). On error: -1, "<name>: <why>" printed. */
+ * one without a launcher). Warns once when the local ranks' threads
+ * outnumber the CPUs. On error: -1, "<name>: <why>" printed. */
 int example_init(const char *name, const example_options *o);
+
+/* ------------------------------------------------ checks before the work */
+
+/* Fails unless dir is a directory this process can create files in,
+ * making it (and its parents) first if it does not exist: what
+ * --checkpoint-dir needs, checked before the first step rather than at
+ * the first save. The message names flag and dir. */
+int example_check_dir(const char *flag, const char *dir);
+
+/* ------------------------------------------------------- metrics files */
+
+/* v as a JSON number, or null when it is not finite (a diverged loss, a
+ * validation that did not run): JSON has no NaN (docs/cli.md). buf holds
+ * 32 bytes. */
+const char *example_json_number(char buf[32], double v);
+
+/* Opens the metrics file at path for a run: a fresh one (resumed_at 0)
+ * starts it anew; a resumed one appends, after a marker line
+ * {"resumed_at_step": N, "checkpoint": "PATH"}, so that the history of the
+ * steps before stays. NULL with the message set on error. */
+FILE *example_metrics_open(const char *path, int64_t resumed_at, const char *checkpoint);
 
 /* ------------------------------------------------------- model and data */
 
@@ -160,6 +188,7 @@ typedef struct example_ckpt {
     ct_state *st;
     ct_checkpointer *ck;
     int64_t step, last_saved;
+    char path[4096]; /* the checkpoint resumed from; "" for none */
 } example_ckpt;
 
 /* Registers params (replicated), opt's state as "optimizer.<name>",
@@ -169,9 +198,9 @@ int example_ckpt_init(example_ckpt *r, const ct_param_list *params, ct_optim *op
 /* Faults in the staging memory of background saves (so that the first save
  * does not), then loads the newest checkpoint in dir, if there is one, and
  * sets opt's step count: the step to go on from (0 without a checkpoint),
- * or -1. Rank 0 prints "<name>: resumed from PATH at step N". */
-int64_t example_ckpt_resume(example_ckpt *r, const char *name, const char *dir, ct_comm *world,
-                            ct_optim *opt);
+ * or -1. The checkpoint's path goes to r->path. The caller says what was
+ * resumed and what remains (docs/cli.md). */
+int64_t example_ckpt_resume(example_ckpt *r, const char *dir, ct_comm *world, ct_optim *opt);
 /* Starts a background save of the state after step steps, as
  * dir/step-NNNNNNNN, keeping the last three; once per step (a second call
  * for the same step does nothing). */

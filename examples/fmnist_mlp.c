@@ -42,6 +42,7 @@
 #include "example_common.h"
 #include "metrics_plot.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,6 +65,7 @@ static const recipe recipes[] = {
 typedef struct options {
     example_options common; /* epochs, batch, hidden and lr: r's unless flags say otherwise */
     const recipe *r;
+    int recipe; /* index into recipes */
     int warmup_steps;
     const char *metrics;
     const char *plot;           /* NULL: no chart */
@@ -71,73 +73,52 @@ typedef struct options {
     int save_every, stop_at_step;
 } options;
 
-static void use_recipe(options *o, const recipe *r) {
-    o->r = r;
-    o->common.epochs = r->epochs;
-    o->common.batch = r->batch;
-    o->common.hidden = r->hidden;
-    o->common.lr = r->lr;
-}
+static const char about[] =
+    "Trains a multilayer perceptron on Fashion-MNIST with ct: alone, or data-parallel\n"
+    "under a launcher (ctlaunch -np 2 fmnist_mlp, mpirun -np 2 fmnist_mlp). With\n"
+    "--checkpoint-dir it resumes from the newest checkpoint there and trains on to\n"
+    "--epochs (docs/cli.md).";
 
-static const char usage[] =
-    "usage: fmnist_mlp [--recipe sgd|adamw] [--epochs N] [--batch N] [--lr X]\n"
-    "                  [--hidden N] [--threads N] [--seed N] [--data DIR]\n"
-    "                  [--metrics FILE] [--max-steps N] [--warmup-steps N]\n"
-    "                  [--checkpoint-dir DIR] [--save-every N] [--stop-at-step N]\n"
-    "                  [--device cpu|cuda|cuda:N] [--plot FILE.png]\n";
+static const char *const recipe_names[] = {"sgd", "adamw", NULL};
 
-static int parse_flag(void *ctx, const char *flag, const char *v) {
-    options *o = ctx;
-    if (!strcmp(flag, "--recipe")) {
-        size_t k = 0;
-        while (k < sizeof recipes / sizeof *recipes && strcmp(recipes[k].name, v))
-            k++;
-        if (k == sizeof recipes / sizeof *recipes) {
-            fprintf(stderr, "fmnist_mlp: unknown recipe '%s' (sgd, adamw)\n", v);
-            return -1;
-        }
-        use_recipe(o, &recipes[k]);
-    } else if (!strcmp(flag, "--metrics"))
-        o->metrics = v;
-    else if (!strcmp(flag, "--plot"))
-        o->plot = v;
-    else if (!strcmp(flag, "--warmup-steps"))
-        o->warmup_steps = atoi(v);
-    else if (!strcmp(flag, "--device")) {
-        if (!strcmp(v, "cpu"))
-            o->common.device = CT_DEVICE_CPU;
-        else if (!strcmp(v, "cuda"))
-            o->common.device = (ct_device){CT_CUDA, -1}; /* the rank's, once it is known */
-        else if (!strncmp(v, "cuda:", 5) && v[5])
-            o->common.device = (ct_device){CT_CUDA, atoi(v + 5)};
-        else {
-            fprintf(stderr, "fmnist_mlp: unknown device '%s' (cpu, cuda, cuda:N)\n", v);
-            return -1;
-        }
-    } else if (!strcmp(flag, "--checkpoint-dir"))
-        o->checkpoint_dir = v;
-    else if (!strcmp(flag, "--save-every"))
-        o->save_every = atoi(v);
-    else if (!strcmp(flag, "--stop-at-step"))
-        o->stop_at_step = atoi(v);
-    else
-        return 0;
-    return 1;
+/* The recipe's values for the flags the command line left alone. */
+static void use_recipe(options *o) {
+    const recipe *r = o->r = &recipes[o->recipe];
+    example_options *c = &o->common;
+    c->epochs = c->given.epochs ? c->epochs : r->epochs;
+    c->batch = c->given.batch ? c->batch : r->batch;
+    c->hidden = c->given.hidden ? c->hidden : r->hidden;
+    c->lr = c->given.lr ? c->lr : r->lr;
 }
 
 static int parse(int argc, char **argv, options *o) {
     *o = (options){.common = example_options_defaults(),
                    .warmup_steps = 50,
                    .metrics = "fmnist_mlp.metrics.jsonl"};
-    use_recipe(o, &recipes[0]);
-    example_cli cli = {"fmnist_mlp", usage, parse_flag, o};
-    if (example_parse(argc, argv, &cli, &o->common))
+    const ct_cli_flag own[] = {
+        CT_CLI_FLAG("--recipe", CT_CLI_CHOICE, &o->recipe, NULL,
+                    "sgd: the reference (docs/bench-train.md); adamw: 1024 wide, AdamW, "
+                    "cosine, dropout, and its own epochs 15, batch 128, hidden 1024, lr 0.001",
+                    .choices = recipe_names),
+        CT_CLI_FLAG("--metrics", CT_CLI_STRING, &o->metrics, "FILE",
+                    "JSON lines of the loss and accuracy (\"\": none); a resumed run appends"),
+        CT_CLI_FLAG("--plot", CT_CLI_STRING, &o->plot, "FILE.png",
+                    "draw the metrics as a chart at the end (needs gnuplot)"),
+        CT_CLI_FLAG("--warmup-steps", CT_CLI_INT, &o->warmup_steps, "N",
+                    "first steps left out of samples/s", .min = 0, .max = 1e9),
+        CT_CLI_FLAG("--checkpoint-dir", CT_CLI_STRING, &o->checkpoint_dir, "DIR",
+                    "resume from the newest checkpoint in DIR and save there"),
+        CT_CLI_FLAG("--save-every", CT_CLI_INT, &o->save_every, "N",
+                    "also save every N steps (0: after every epoch only)", .min = 0, .max = 1e9),
+        CT_CLI_FLAG("--stop-at-step", CT_CLI_INT, &o->stop_at_step, "N",
+                    "save and stop at step N, to resume later (0: never)", .min = 0, .max = 1e9),
+        CT_CLI_FLAG("--device", CT_CLI_CUSTOM, &o->common.device, "cpu|cuda|cuda:N",
+                    "where the model trains (cuda: each rank's own GPU)",
+                    .parse = example_parse_device, .default_text = "cpu"),
+    };
+    if (example_parse("fmnist_mlp", about, own, sizeof own / sizeof *own, &o->common, argc, argv))
         return -1;
-    if (!example_options_valid(&o->common) || o->warmup_steps < 0 || o->save_every < 0 ||
-        o->stop_at_step < 0) {
-        fprintf(stderr, "fmnist_mlp: epochs, batch, hidden, lr and threads must be positive\n");
-        return -1;
-    }
+    use_recipe(o);
     if (o->plot && !*o->metrics) {
         fprintf(stderr, "fmnist_mlp: --plot draws the metrics file: it needs --metrics FILE\n");
         return -1;
@@ -200,14 +181,17 @@ static int resumable_init(resumable *r, const ct_param_list *params, ct_optim *o
     return rc ? -1 : 0;
 }
 
-/* Loads the newest checkpoint in dir, if any, and moves the loader there:
- * the step to go on from, or -1 on error. */
+/* Loads the newest checkpoint in dir, if any, and moves the loader there
+ * (to the next epoch's start when the checkpoint ended an epoch): the step
+ * to go on from, or -1 on error. */
 static int64_t resume(resumable *r, const char *dir, ct_comm *world, ct_loader *loader,
-                      ct_optim *opt) {
-    int64_t step = example_ckpt_resume(&r->ck, "fmnist_mlp", dir, world, opt);
-    if (step > 0 && ct_loader_set_position(loader, r->epoch, r->offset))
-        return -1;
-    return step;
+                      int64_t rows_per_epoch, ct_optim *opt) {
+    int64_t step = example_ckpt_resume(&r->ck, dir, world, opt);
+    if (step <= 0)
+        return step;
+    int rc = r->offset >= rows_per_epoch ? ct_loader_set_epoch(loader, r->epoch + 1)
+                                         : ct_loader_set_position(loader, r->epoch, r->offset);
+    return rc ? -1 : step;
 }
 
 /* Starts a background save of the state after step steps (once per step). */
@@ -216,7 +200,8 @@ static int save(resumable *r, const char *dir, int64_t step, ct_loader *loader) 
     return example_ckpt_save(&r->ck, dir, step);
 }
 
-static int train(const options *o, FILE *metrics) {
+/* *complete: the checkpoint in --checkpoint-dir had finished the run. */
+static int train(const options *o, bool *complete) {
     ct_comm *world = ct_dist_comm();
     int ranks = ct_comm_size(world), rank = ct_comm_rank(world);
     if (o->common.batch % ranks) {
@@ -256,32 +241,50 @@ static int train(const options *o, FILE *metrics) {
     resumable ckpt = {0};
     int64_t step = 0;
     if (o->checkpoint_dir && (resumable_init(&ckpt, &params, opt, world) ||
-                              (step = resume(&ckpt, o->checkpoint_dir, world, loader, opt)) < 0))
+                              (step = resume(&ckpt, o->checkpoint_dir, world, loader,
+                                             ct_sampler_len(&sampler), opt)) < 0))
         return -1;
+    int64_t first_epoch = 0, first_offset = 0;
+    ct_loader_position(loader, &first_epoch, &first_offset);
+    FILE *metrics = NULL;
+    int rc = 0;
+    if ((*complete = step >= total)) {
+        /* Nothing to train: the outputs of the run stay as they are. */
+        if (rank == 0)
+            printf("fmnist_mlp: the run in %s is complete: step %lld of %lld (%d epochs); "
+                   "nothing to train (give more --epochs to go on)\n",
+                   o->checkpoint_dir, (long long)step, (long long)total, o->common.epochs);
+        goto done;
+    }
+    if (rank == 0 && *o->metrics &&
+        !(metrics = example_metrics_open(o->metrics, step, ckpt.ck.path))) {
+        rc = -1;
+        goto done;
+    }
     char where[32] = "";
     if (o->common.device.type == CT_CUDA)
         snprintf(where, sizeof where, ", on cuda:%d", o->common.device.index);
     if (rank == 0)
-        printf("fmnist_mlp: recipe %s, 784-%lld-%lld-10, %lld parameters, batch %lld, %d epochs, "
-               "%d rank%s, %d thread%s each%s\n",
+        printf("fmnist_mlp: recipe %s, 784-%lld-%lld-10, %lld parameters, batch %lld (%lld per "
+               "rank), %d epochs, %d rank%s, %d thread%s each%s\n",
                o->r->name, (long long)o->common.hidden, (long long)o->common.hidden,
                (long long)ct_param_list_numel(&params), (long long)o->common.batch,
-               o->common.epochs, ranks, ranks > 1 ? "s" : "", o->common.threads,
-               o->common.threads > 1 ? "s" : "", where);
+               (long long)lo.batch_size, o->common.epochs, ranks, ranks > 1 ? "s" : "",
+               o->common.threads, o->common.threads > 1 ? "s" : "", where);
+    if (rank == 0 && step > 0)
+        printf("fmnist_mlp: resumed from %s at step %lld (epoch %lld, step %lld of it); "
+               "training on to step %lld\n",
+               ckpt.ck.path, (long long)step, (long long)first_epoch + 1,
+               (long long)(first_offset / lo.batch_size), (long long)total);
     fflush(stdout);
-    if (rank != 0)
-        metrics = NULL;
 
     example_progress prog;
     example_progress_init(&prog, o->common.epochs, steps_per_epoch);
     int64_t timed_samples = 0, timed_steps = 0;
     double timed = 0, start = example_now(), loss_sum = 0, acc = 0, last_loss = NAN,
            epoch_loss = NAN;
-    int rc = 0;
     int epochs_run = 0; /* begun, the last one possibly cut short by --max-steps */
     bool stopped = false;
-    int64_t first_epoch = 0, first_offset = 0;
-    ct_loader_position(loader, &first_epoch, &first_offset);
     for (int epoch = (int)first_epoch + 1;
          epoch <= o->common.epochs && step < total && !rc && !stopped; epoch++) {
         epochs_run = epoch;
@@ -327,10 +330,12 @@ static int train(const options *o, FILE *metrics) {
             double eta = rate > 0 ? (double)(total - step - 1) * (double)o->common.batch / rate : 0;
             if (rank == 0)
                 example_progress_show(&prog, epoch, in_epoch, last_loss, rate, eta);
+            char nb[32];
             if (metrics && step % 100 == 0)
                 fprintf(metrics,
-                        "{\"step\":%lld,\"epoch\":%d,\"loss\":%.6f,\"lr\":%.6g,\"time_s\":%.3f}\n",
-                        (long long)step, epoch, last_loss, ct_optim_lr(opt), example_now() - start);
+                        "{\"step\":%lld,\"epoch\":%d,\"loss\":%s,\"lr\":%.6g,\"time_s\":%.3f}\n",
+                        (long long)step, epoch, example_json_number(nb, last_loss),
+                        ct_optim_lr(opt), example_now() - start);
             stopped = step + 1 == o->stop_at_step;
             if (o->checkpoint_dir &&
                 ((o->save_every && (step + 1) % o->save_every == 0) || stopped))
@@ -355,10 +360,12 @@ static int train(const options *o, FILE *metrics) {
         epoch_loss = mean_loss;
         example_print_epoch(epoch, mean_loss, acc, rate, example_now() - start);
         if (metrics) {
+            char nb[32];
             fprintf(metrics,
-                    "{\"epoch\":%d,\"step\":%lld,\"train_loss\":%.6f,\"test_acc\":%.6f,"
+                    "{\"epoch\":%d,\"step\":%lld,\"train_loss\":%s,\"test_acc\":%.6f,"
                     "\"samples_per_s\":%.1f,\"time_s\":%.3f}\n",
-                    epoch, (long long)step, mean_loss, acc, rate, example_now() - start);
+                    epoch, (long long)step, example_json_number(nb, mean_loss), acc, rate,
+                    example_now() - start);
             fflush(metrics);
         }
     }
@@ -374,6 +381,9 @@ static int train(const options *o, FILE *metrics) {
     if (stopped && rank == 0)
         printf("fmnist_mlp: stopped at step %lld, as --stop-at-step asks; run again to resume\n",
                (long long)step);
+done:
+    if (metrics && fclose(metrics) && !rc)
+        rc = ct_seterr(CT_EIO, "%s: %s", o->metrics, strerror(errno));
     ct_loader_free(loader);
     ct_ddp_free(ddp);
     ct_optim_free(opt);
@@ -381,6 +391,15 @@ static int train(const options *o, FILE *metrics) {
     ct_module_free(net);
     example_data_free(&d);
     return rc;
+}
+
+/* Every input and output the run will need, before its first step. */
+static int check_inputs(const options *o, int rank) {
+    if (o->checkpoint_dir && example_check_dir("--checkpoint-dir", o->checkpoint_dir))
+        return -1;
+    if (rank == 0 && o->plot && metrics_plot_check(o->plot))
+        return -1;
+    return 0;
 }
 
 int main(int argc, char **argv) {
@@ -392,17 +411,12 @@ int main(int argc, char **argv) {
     /* --device cuda: the device ct_dist_init chose for this rank. */
     if (o.common.device.type == CT_CUDA && o.common.device.index < 0)
         o.common.device.index = ct_cuda_current_device();
-    FILE *metrics = NULL;
-    if (ct_comm_rank(ct_dist_comm()) == 0 && *o.metrics && !(metrics = fopen(o.metrics, "w"))) {
-        perror(o.metrics);
-        ct_dist_finalize();
-        return 1;
-    }
-    int rc = train(&o, metrics);
-    if (metrics)
-        fclose(metrics);
+    int rank = ct_comm_rank(ct_dist_comm());
+    bool complete = false;
+    int rc = check_inputs(&o, rank);
+    rc = rc ? rc : train(&o, &complete);
     /* On stderr, as the summary ends stdout. */
-    if (!rc && metrics && o.plot) {
+    if (!rc && !complete && rank == 0 && o.plot) {
         rc = metrics_plot(o.metrics, o.plot, NULL);
         if (!rc)
             fprintf(stderr, "fmnist_mlp: wrote the chart of %s to %s\n", o.metrics, o.plot);

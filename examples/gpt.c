@@ -77,78 +77,104 @@ typedef struct options {
     ct_device device;
 } options;
 
-static const char usage[] =
-    "usage: gpt [--layers N] [--heads N] [--width N] [--context N] [--batch N]\n"
-    "           [--steps N | --time S] [--lr X] [--min-lr X] [--warmup N]\n"
-    "           [--weight-decay X] [--clip X] [--dropout X] [--seed N]\n"
-    "           [--threads N] [--eval-every N] [--eval-batches N] [--log-every N]\n"
-    "           [--metrics FILE] [--plot FILE.png] [--init FILE.safetensors]\n"
-    "           [--checkpoint-activations] [--checkpoint-dir DIR] [--save-every N]\n"
-    "           [--stop-at-step N] [--prompt TEXT] [--sample-tokens N]\n"
-    "           [--temperature X] [--data DIR] [--device cpu|cuda|cuda:N] [--bench]\n";
+static const char about[] =
+    "Trains a character-level GPT on Debian's fortunes (or the text files of --data)\n"
+    "with ct, then samples from it (docs/gpt.md). Under a launcher each rank takes\n"
+    "its share of every global batch. --checkpoint-dir resumes from the newest\n"
+    "checkpoint there and trains on to --steps (docs/cli.md).";
 
-/* ------------------------------------------------------------------ flags */
-
-typedef enum { F_I64, F_F64, F_U64, F_INT, F_STR, F_DEVICE } flag_kind;
-
-typedef struct flag {
-    const char *name;
-    flag_kind kind;
-    size_t offset;
-} flag;
-
-#define FLAG(n, k, field)                                                                          \
-    { n, k, offsetof(options, field) }
-
-static const flag flags[] = {
-    FLAG("--layers", F_I64, model.layers),
-    FLAG("--heads", F_I64, model.heads),
-    FLAG("--width", F_I64, model.width),
-    FLAG("--context", F_I64, model.context),
-    FLAG("--dropout", F_F64, model.dropout),
-    FLAG("--batch", F_I64, batch),
-    FLAG("--steps", F_I64, steps),
-    FLAG("--time", F_F64, time),
-    FLAG("--lr", F_F64, lr),
-    FLAG("--min-lr", F_F64, min_lr),
-    FLAG("--warmup", F_I64, warmup),
-    FLAG("--weight-decay", F_F64, weight_decay),
-    FLAG("--clip", F_F64, clip),
-    FLAG("--seed", F_U64, seed),
-    FLAG("--threads", F_INT, threads),
-    FLAG("--eval-every", F_I64, eval_every),
-    FLAG("--eval-batches", F_I64, eval_batches),
-    FLAG("--log-every", F_I64, log_every),
-    FLAG("--metrics", F_STR, metrics),
-    FLAG("--plot", F_STR, plot),
-    FLAG("--init", F_STR, init),
-    FLAG("--checkpoint-dir", F_STR, checkpoint_dir),
-    FLAG("--save-every", F_I64, save_every),
-    FLAG("--stop-at-step", F_I64, stop_at_step),
-    FLAG("--prompt", F_STR, prompt),
-    FLAG("--sample-tokens", F_I64, sample_tokens),
-    FLAG("--temperature", F_F64, temperature),
-    FLAG("--data", F_STR, data),
-    FLAG("--device", F_DEVICE, device),
-};
-
-/* Stores v into the field of f; -1 after printing why v is wrong. */
-static int set_flag(options *o, const flag *f, const char *v) {
-    char *end = NULL, *field = (char *)o + f->offset;
-    errno = 0;
-    switch (f->kind) {
-    case F_I64: *(int64_t *)field = strtoll(v, &end, 10); break;
-    case F_U64: *(uint64_t *)field = strtoull(v, &end, 10); break;
-    case F_INT: *(int *)field = (int)strtol(v, &end, 10); break;
-    case F_F64: *(double *)field = strtod(v, &end); break;
-    case F_STR: *(const char **)field = v; return 0;
-    case F_DEVICE:
-        if (example_parse_device(NAME, v, (ct_device *)field))
-            return -1;
-        return 0;
+/* Parses argv into o, which holds the defaults; -1 after printing why. */
+static int parse_args(int argc, char **argv, options *o) {
+    bool steps_given = false, time_given = false;
+    const ct_cli_flag flags[] = {
+        CT_CLI_FLAG("--layers", CT_CLI_INT64, &o->model.layers, "N", "transformer blocks", .min = 1,
+                    .max = 1024),
+        CT_CLI_FLAG("--heads", CT_CLI_INT64, &o->model.heads, "N",
+                    "attention heads (they divide --width)", .min = 1, .max = 1024),
+        CT_CLI_FLAG("--width", CT_CLI_INT64, &o->model.width, "N", "the embedding width", .min = 1,
+                    .max = 1 << 16),
+        CT_CLI_FLAG("--context", CT_CLI_INT64, &o->model.context, "N",
+                    "characters the model sees at once", .min = 1, .max = 1 << 20),
+        CT_CLI_FLAG("--dropout", CT_CLI_DOUBLE, &o->model.dropout, "X", "dropout probability",
+                    .min = 0, .max = 1),
+        CT_CLI_FLAG("--batch", CT_CLI_INT64, &o->batch, "N",
+                    "the global batch in windows, shared among the ranks", .min = 1,
+                    .max = 1 << 24),
+        CT_CLI_FLAG("--steps", CT_CLI_INT64, &o->steps, "N", "train exactly N steps in all",
+                    .min = 1, .max = 1e15, .default_text = "", .given = &steps_given),
+        CT_CLI_FLAG("--time", CT_CLI_DOUBLE, &o->time, "S",
+                    "train for about S seconds, the length fixed from the first steps' rate",
+                    .min = 1e-3, .max = 1e9, .default_text = "600 unless --steps",
+                    .given = &time_given),
+        CT_CLI_FLAG("--lr", CT_CLI_DOUBLE, &o->lr, "X", "the peak learning rate", .min = 1e-12,
+                    .max = 1e6),
+        CT_CLI_FLAG("--min-lr", CT_CLI_DOUBLE, &o->min_lr, "X", "where the cosine decay ends",
+                    .min = 0, .max = 1e6),
+        CT_CLI_FLAG("--warmup", CT_CLI_INT64, &o->warmup, "N",
+                    "linear warmup steps (at most a fifth of the run)", .min = 0, .max = 1e15),
+        CT_CLI_FLAG("--weight-decay", CT_CLI_DOUBLE, &o->weight_decay, "X",
+                    "AdamW's decay of matrices and embeddings", .min = 0, .max = 1e3),
+        CT_CLI_FLAG("--clip", CT_CLI_DOUBLE, &o->clip, "X", "the gradients' global norm limit",
+                    .min = 1e-12, .max = 1e12),
+        CT_CLI_FLAG("--seed", CT_CLI_UINT64, &o->seed, "N",
+                    "the seed of the weights, the batches and the sample"),
+        CT_CLI_FLAG("--threads", CT_CLI_INT, &o->threads, "N", "ct's threads in each rank",
+                    .min = 1, .max = EXAMPLE_MAX_THREADS,
+                    .default_text = "CT_NUM_THREADS if set, else the CPUs shared among the "
+                                    "local ranks"),
+        CT_CLI_FLAG("--eval-every", CT_CLI_INT64, &o->eval_every, "N",
+                    "validate every N steps (0: at the end only)", .min = 0, .max = 1e15),
+        CT_CLI_FLAG("--eval-batches", CT_CLI_INT64, &o->eval_batches, "N",
+                    "batches each periodic validation reads", .min = 0, .max = 1e15),
+        CT_CLI_FLAG("--log-every", CT_CLI_INT64, &o->log_every, "N",
+                    "write a metrics line every N steps", .min = 1, .max = 1e15),
+        CT_CLI_FLAG("--metrics", CT_CLI_STRING, &o->metrics, "FILE",
+                    "JSON lines of the loss, lr and tokens/s; a resumed run appends",
+                    .default_text = "none"),
+        CT_CLI_FLAG("--plot", CT_CLI_STRING, &o->plot, "FILE.png",
+                    "draw the metrics as a chart at the end (needs gnuplot and --metrics)"),
+        CT_CLI_FLAG("--init", CT_CLI_STRING, &o->init, "FILE.safetensors",
+                    "start from these weights (PyTorch's names)"),
+        CT_CLI_FLAG("--checkpoint-activations", CT_CLI_SWITCH, &o->model.checkpoint, NULL,
+                    "recompute each block in backward instead of keeping its activations"),
+        CT_CLI_FLAG("--checkpoint-dir", CT_CLI_STRING, &o->checkpoint_dir, "DIR",
+                    "resume from the newest checkpoint in DIR and save there"),
+        CT_CLI_FLAG("--save-every", CT_CLI_INT64, &o->save_every, "N",
+                    "also save every N steps (0: at the end only)", .min = 0, .max = 1e15),
+        CT_CLI_FLAG("--stop-at-step", CT_CLI_INT64, &o->stop_at_step, "N",
+                    "save and stop at step N, to resume later (0: never)", .min = 0, .max = 1e15),
+        CT_CLI_FLAG("--prompt", CT_CLI_STRING, &o->prompt, "TEXT",
+                    "the start of the sample (characters of the corpus)"),
+        CT_CLI_FLAG("--sample-tokens", CT_CLI_INT64, &o->sample_tokens, "N",
+                    "characters sampled at the end", .min = 0, .max = 1e7),
+        CT_CLI_FLAG("--temperature", CT_CLI_DOUBLE, &o->temperature, "X",
+                    "the sample's softmax temperature", .min = 1e-6, .max = 1e6),
+        CT_CLI_FLAG("--data", CT_CLI_STRING, &o->data, "DIR",
+                    "the corpus: DIR's text files in name order"),
+        CT_CLI_FLAG("--device", CT_CLI_CUSTOM, &o->device, "cpu|cuda|cuda:N",
+                    "where the model trains (cuda: each rank's own GPU)",
+                    .parse = example_parse_device, .default_text = "cpu"),
+        CT_CLI_FLAG("--bench", CT_CLI_SWITCH, &o->bench, NULL,
+                    "measure throughput only: no validation and no sample at the end"),
+    };
+    ct_cli cli = {.prog = NAME,
+                  .about = about,
+                  .flags = flags,
+                  .nflags = sizeof flags / sizeof *flags,
+                  .epilog = "Exit codes: 0 done, 1 an error, 2 bad usage."};
+    int first, rc = ct_cli_parse(&cli, argc, argv, &first);
+    if (rc > 0)
+        exit(0);
+    if (rc)
+        return -1;
+    if (steps_given && time_given) {
+        fprintf(stderr, NAME ": give --steps or --time, not both\n");
+        return -1;
     }
-    if (errno || end == v || *end) {
-        fprintf(stderr, NAME ": %s: '%s' is not a number\n", f->name, v);
+    if (!steps_given && !time_given)
+        o->time = 600;
+    if (o->plot && !*o->metrics) {
+        fprintf(stderr, NAME ": --plot draws the metrics file: it needs --metrics FILE\n");
         return -1;
     }
     return 0;
@@ -168,57 +194,10 @@ static int parse(int argc, char **argv, options *o) {
                    .clip = 1.0,
                    .temperature = 0.8,
                    .seed = 1,
-                   .metrics = "gpt.metrics.jsonl",
+                   .metrics = "",
                    .prompt = "Q: ",
                    .data = FORTUNES_DIR};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            fputs(usage, stdout);
-            exit(0);
-        }
-        if (!strcmp(a, "--checkpoint-activations")) {
-            o->model.checkpoint = true;
-            continue;
-        }
-        if (!strcmp(a, "--bench")) {
-            o->bench = true;
-            continue;
-        }
-        size_t k = 0;
-        while (k < sizeof flags / sizeof *flags && strcmp(flags[k].name, a))
-            k++;
-        if (k == sizeof flags / sizeof *flags) {
-            fprintf(stderr, NAME ": unknown option %s\n%s", a, usage);
-            return -1;
-        }
-        if (i + 1 == argc) {
-            fprintf(stderr, NAME ": %s needs a value\n", a);
-            return -1;
-        }
-        if (set_flag(o, &flags[k], argv[++i]))
-            return -1;
-    }
-    if (o->steps > 0 && o->time > 0) {
-        fprintf(stderr, NAME ": give --steps or --time, not both\n");
-        return -1;
-    }
-    if (o->steps <= 0 && o->time <= 0)
-        o->time = 600;
-    if (o->plot && !*o->metrics) {
-        fprintf(stderr, NAME ": --plot draws the metrics file: it needs --metrics FILE\n");
-        return -1;
-    }
-    bool ok = o->batch > 0 && o->lr > 0 && o->min_lr >= 0 && o->warmup >= 0 && o->clip > 0 &&
-              o->threads >= 0 && o->eval_every >= 0 && o->eval_batches >= 0 && o->log_every > 0 &&
-              o->save_every >= 0 && o->stop_at_step >= 0 && o->sample_tokens >= 0 &&
-              o->temperature > 0 && o->weight_decay >= 0 && o->time >= 0 && o->steps >= 0;
-    if (!ok) {
-        fprintf(stderr, NAME ": batch, lr, clip, threads, log-every and temperature must be "
-                             "positive, the other counts and rates not negative\n");
-        return -1;
-    }
-    return 0;
+    return parse_args(argc, argv, o);
 }
 
 /* ----------------------------------------------------------------- corpus */
@@ -548,15 +527,6 @@ typedef struct run {
     int64_t total; /* steps in the run; saved, so that a resumed --time run keeps its schedule */
 } run;
 
-/* v as a JSON number, or null when it is not finite (a diverged loss, a
- * validation that did not run): JSON has no NaN. */
-static const char *json_num(char buf[32], double v) {
-    if (!isfinite(v))
-        return "null";
-    snprintf(buf, 32, "%.9g", v);
-    return buf;
-}
-
 /* The run's length once `done` steps took `elapsed` seconds (the slowest
  * rank's), so that the whole run takes about o->time. */
 static int fix_length(run *r, int64_t done, double elapsed) {
@@ -581,14 +551,37 @@ static int train_step(run *r, int64_t step, const ct_lr_schedule *sched, double 
     return rc;
 }
 
-static int train(run *r) {
+/* *complete: the checkpoint in --checkpoint-dir had finished the run. */
+static int train(run *r, bool *complete) {
     const options *o = r->o;
     int64_t step = 0, tokens = o->batch * o->model.context, timed_steps = 0;
     if (o->checkpoint_dir &&
-        (step = example_ckpt_resume(&r->ckpt, NAME, o->checkpoint_dir, r->world, r->opt)) < 0)
+        (step = example_ckpt_resume(&r->ckpt, o->checkpoint_dir, r->world, r->opt)) < 0)
         return -1;
-    if (!r->total)
-        r->total = o->steps > 0 ? o->steps : INT64_MAX / 4;
+    /* --steps is the run's length, also for a run resumed from a shorter
+     * one; a resumed --time run keeps the length its first steps fixed. */
+    if (o->steps > 0)
+        r->total = o->steps;
+    else if (!r->total)
+        r->total = INT64_MAX / 4;
+    if ((*complete = step >= r->total)) {
+        if (r->rank == 0)
+            printf(NAME ": the run in %s is complete: step %lld of %lld; nothing to train "
+                        "(give more --steps to go on)\n",
+                   o->checkpoint_dir, (long long)step, (long long)r->total);
+        return 0;
+    }
+    if (r->rank == 0 && *o->metrics &&
+        !(r->metrics = example_metrics_open(o->metrics, step, r->ckpt.path)))
+        return -1;
+    if (r->rank == 0 && step > 0) {
+        char to[48] = "the time's end";
+        if (r->total < INT64_MAX / 4)
+            snprintf(to, sizeof to, "step %lld", (long long)r->total);
+        printf(NAME ": resumed from %s at step %lld; training on to %s\n", r->ckpt.path,
+               (long long)step, to);
+        fflush(stdout);
+    }
     ct_lr_schedule sched = schedule(o, r->total);
     example_progress prog;
     /* A --time run's length is not known before its first estimate. */
@@ -627,7 +620,7 @@ static int train(run *r) {
                 fprintf(r->metrics,
                         "{\"step\":%lld,\"loss\":%s,\"lr\":%.6g,\"tokens_per_s\":%.1f,"
                         "\"time_s\":%.3f}\n",
-                        (long long)step, json_num(nb, mean), ct_optim_lr(r->opt), rate,
+                        (long long)step, example_json_number(nb, mean), ct_optim_lr(r->opt), rate,
                         now - start);
         }
         if (r->rank == 0)
@@ -679,7 +672,7 @@ static int train(run *r) {
                "\"val_loss\": %s, \"checkpoint\": %s, \"peak_bytes\": %lld}\n",
                o->threads, r->ranks, (long long)o->batch, (long long)o->model.context,
                (long long)o->model.layers, (long long)o->model.width, (long long)step, rate,
-               train_s, json_num(nb[0], loss), json_num(nb[1], val),
+               train_s, example_json_number(nb[0], loss), example_json_number(nb[1], val),
                o->model.checkpoint ? "true" : "false", (long long)peak);
     return 0;
 }
@@ -712,14 +705,14 @@ static int setup(run *r) {
         return -1;
     if (r->rank == 0)
         printf(NAME ": %lld layers, %lld heads, width %lld, context %lld, vocab %d, %lld "
-                    "parameters; %lld training and %lld validation characters; batch %lld, %d "
-                    "rank%s, %d thread%s each%s%s\n",
+                    "parameters; %lld training and %lld validation characters; batch %lld (%lld "
+                    "per rank), %d rank%s, %d thread%s each%s%s\n",
                (long long)o->model.layers, (long long)o->model.heads, (long long)o->model.width,
                (long long)o->model.context, r->c->nvocab,
                (long long)ct_param_list_numel(&r->params), (long long)r->c->ntrain,
-               (long long)(r->c->n - r->c->ntrain), (long long)o->batch, r->ranks,
-               r->ranks > 1 ? "s" : "", o->threads, o->threads > 1 ? "s" : "",
-               o->model.checkpoint ? ", activation checkpointing" : "",
+               (long long)(r->c->n - r->c->ntrain), (long long)o->batch,
+               (long long)(o->batch / r->ranks), r->ranks, r->ranks > 1 ? "s" : "", o->threads,
+               o->threads > 1 ? "s" : "", o->model.checkpoint ? ", activation checkpointing" : "",
                o->init ? ", weights from --init" : "");
     fflush(stdout);
     return 0;
@@ -740,12 +733,52 @@ static int default_threads(void) {
     return cores / local > 1 ? (int)(cores / local) : 1;
 }
 
+/* The smallest corpus that holds a training window and a validation
+ * batch (corpus_load's 90/10 split, val_batches()). */
+static int64_t min_corpus(const options *o) {
+    int64_t n = 10 * (o->model.context * o->batch + 1);
+    corpus c = {0};
+    for (;; n++) {
+        c.n = n;
+        c.ntrain = n * 9 / 10;
+        if (c.ntrain > o->model.context && val_batches(&c, o) >= 1)
+            return n;
+    }
+}
+
+/* Every input and output the run will need, before its first step. */
+static int check_inputs(const options *o, const corpus *c, int rank, int ranks) {
+    if (o->batch % ranks)
+        return ct_seterr(CT_EINVAL, "--batch %lld must divide among the %d ranks",
+                         (long long)o->batch, ranks);
+    int64_t need = min_corpus(o);
+    if (c->n < need)
+        return ct_seterr(CT_EINVAL,
+                         "--data %s: %lld characters are too few to train on: --context %lld "
+                         "and --batch %lld need at least %lld (a window to train on and a "
+                         "validation batch in the last tenth)",
+                         o->data, (long long)c->n, (long long)o->model.context, (long long)o->batch,
+                         (long long)need);
+    for (const char *p = o->prompt; !o->bench && o->sample_tokens > 0 && *p; p++)
+        if (!memchr(c->vocab, (uint8_t)*p, (size_t)c->nvocab))
+            return ct_seterr(CT_EINVAL,
+                             "--prompt: its byte 0x%02x ('%c') is not in the corpus of --data "
+                             "%s, so the model cannot read it; give a prompt of the corpus's "
+                             "characters",
+                             (uint8_t)*p, *p >= 0x20 && *p < 0x7f ? *p : '?', o->data);
+    if (o->checkpoint_dir && example_check_dir("--checkpoint-dir", o->checkpoint_dir))
+        return -1;
+    if (rank == 0 && o->plot && metrics_plot_check(o->plot))
+        return -1;
+    return 0;
+}
+
 int main(int argc, char **argv) {
     options o;
     if (parse(argc, argv, &o))
         return 2;
     example_options eo = example_options_defaults();
-    eo.threads = o.threads ? o.threads : default_threads();
+    eo.threads = o.threads ? o.threads : example_default_threads(default_threads());
     if (example_init(NAME, &eo))
         return 1;
     o.threads = eo.threads;
@@ -756,22 +789,17 @@ int main(int argc, char **argv) {
     r.rank = ct_comm_rank(r.world);
     r.ranks = ct_comm_size(r.world);
     ct_param_list_init(&r.params);
+    bool complete = false;
     int rc = corpus_load(&c, o.data);
-    if (!rc && (o.batch % r.ranks || c.ntrain <= o.model.context || val_batches(&c, &o) < 1))
-        rc = ct_seterr(CT_EINVAL,
-                       "the batch (%lld) must divide among the %d ranks, and each split must "
-                       "hold a batch of %lld-character windows",
-                       (long long)o.batch, r.ranks, (long long)o.model.context);
-    if (!rc && r.rank == 0 && *o.metrics && !(r.metrics = fopen(o.metrics, "w")))
-        rc = ct_seterr(CT_EIO, "%s: %s", o.metrics, strerror(errno));
+    rc = rc ? rc : check_inputs(&o, &c, r.rank, r.ranks);
     rc = rc ? rc : setup(&r);
-    rc = rc ? rc : train(&r);
+    rc = rc ? rc : train(&r, &complete);
     if (example_ckpt_finish(&r.ckpt) && !rc)
         rc = -1;
-    if (r.metrics)
-        fclose(r.metrics);
+    if (r.metrics && fclose(r.metrics) && !rc)
+        rc = ct_seterr(CT_EIO, "%s: %s", o.metrics, strerror(errno));
     /* On stderr, as the summary ends stdout. */
-    if (!rc && r.rank == 0 && o.plot && !(rc = metrics_plot(o.metrics, o.plot, NULL)))
+    if (!rc && !complete && r.rank == 0 && o.plot && !(rc = metrics_plot(o.metrics, o.plot, NULL)))
         fprintf(stderr, NAME ": wrote the chart of %s to %s\n", o.metrics, o.plot);
     if (rc)
         fprintf(stderr, NAME ": %s\n", ct_errmsg());

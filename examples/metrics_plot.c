@@ -342,6 +342,36 @@ static void read_tail(FILE *f, char *buf, size_t cap) {
     memmove(buf, buf + lead, got - lead + 1);
 }
 
+/* Whether an executable named prog is in one of PATH's directories, as
+ * posix_spawnp will look for it. */
+static bool on_path(const char *prog) {
+    const char *path = getenv("PATH");
+    for (const char *p = path && *path ? path : "/usr/bin:/bin"; *p;) {
+        size_t len = strcspn(p, ":");
+        char full[4096];
+        snprintf(full, sizeof full, "%.*s/%s", (int)(len ? len : 1), len ? p : ".", prog);
+        if (!access(full, X_OK))
+            return true;
+        p += len + (p[len] == ':');
+    }
+    return false;
+}
+
+int metrics_plot_check(const char *png_path) {
+    if (!on_path("gnuplot"))
+        return ct_seterr(CT_ENOTSUP,
+                         "drawing %s needs gnuplot, which is not on PATH: install gnuplot-nox "
+                         "(bash ci/setup.sh)",
+                         png_path);
+    const char *slash = strrchr(png_path, '/');
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - png_path + 1) : 1,
+             slash ? png_path : ".");
+    if (access(dir, W_OK))
+        return ct_seterr(CT_EIO, "%s: cannot write in %s: %s", png_path, dir, strerror(errno));
+    return 0;
+}
+
 /* Runs gnuplot on script, its output captured for the error message. */
 static int run_gnuplot(FILE *script) {
     if (fflush(script) || fseek(script, 0, SEEK_SET))

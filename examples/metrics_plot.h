@@ -59,4 +59,9 @@ typedef struct metrics_plot_options {
  * there; opts may be NULL. */
 int metrics_plot(const char *metrics_path, const char *png_path, const metrics_plot_options *opts);
 
+/* What metrics_plot() will need, checked before a run's work: gnuplot on
+ * PATH and png_path's directory writable. CT_ENOTSUP or CT_EIO saying
+ * which, the path named. */
+int metrics_plot_check(const char *png_path);
+
 #endif /* METRICS_PLOT_H */

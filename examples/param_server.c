@@ -44,35 +44,20 @@ typedef struct options {
     double momentum, timeout_s; /* timeout_s: of every call, and of the ps's wait */
 } options;
 
-static const char usage[] =
-    "usage: ctlaunch -np 3 param_server [--epochs N] [--batch N] [--lr X] [--momentum X]\n"
-    "                                   [--hidden N] [--threads N] [--seed N]\n"
-    "                                   [--data DIR] [--max-steps N] [--timeout S]\n";
-
-static int parse_flag(void *ctx, const char *flag, const char *v) {
-    options *o = ctx;
-    if (!strcmp(flag, "--momentum"))
-        o->momentum = atof(v);
-    else if (!strcmp(flag, "--timeout"))
-        o->timeout_s = atof(v);
-    else
-        return 0;
-    return 1;
-}
-
 static int parse(int argc, char **argv, options *o) {
     /* momentum -1: the default, which depends on the trainers. */
     *o = (options){.common = example_options_defaults(), .momentum = -1, .timeout_s = 60};
-    example_cli cli = {"param_server", usage, parse_flag, o};
-    if (example_parse(argc, argv, &cli, &o->common))
-        return -1;
-    if (!example_options_valid(&o->common) || !(o->timeout_s > 0) ||
-        !(o->momentum == -1 || (o->momentum >= 0 && o->momentum < 1))) {
-        fprintf(stderr, "param_server: epochs, batch, hidden, lr, threads and timeout must be "
-                        "positive, and momentum in [0, 1)\n");
-        return -1;
-    }
-    return 0;
+    const ct_cli_flag own[] = {
+        CT_CLI_FLAG("--momentum", CT_CLI_DOUBLE, &o->momentum, "X", "SGD's momentum, in [0, 1)",
+                    .min = 0, .max = 0.999999,
+                    .default_text = "0.9 with one trainer, 0.8 with more"),
+        CT_CLI_FLAG("--timeout", CT_CLI_DOUBLE, &o->timeout_s, "S",
+                    "seconds each call, and the server's wait, may take", .min = 1e-3, .max = 1e6),
+    };
+    return example_parse("param_server",
+                         "A parameter server and its trainers over ct's RPC: run as\n"
+                         "ctlaunch -np 3 param_server (rank 0 serves, the others train).",
+                         own, sizeof own / sizeof *own, &o->common, argc, argv);
 }
 
 /* ------------------------------------------------------------ the server */

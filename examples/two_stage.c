@@ -38,31 +38,18 @@ typedef struct options {
     double timeout_s; /* of every call, and of worker 1's wait for worker 0 */
 } options;
 
-static const char usage[] =
-    "usage: ctlaunch -np 2 two_stage [--epochs N] [--batch N] [--lr X] [--hidden N]\n"
-    "                                [--threads N] [--seed N] [--data DIR]\n"
-    "                                [--max-steps N] [--timeout S]\n";
-
-static int parse_flag(void *ctx, const char *flag, const char *v) {
-    options *o = ctx;
-    if (strcmp(flag, "--timeout"))
-        return 0;
-    o->timeout_s = atof(v);
-    return 1;
-}
-
 static int parse(int argc, char **argv, options *o) {
     *o = (options){.common = example_options_defaults(), .timeout_s = 60};
     o->common.epochs = 2;
-    example_cli cli = {"two_stage", usage, parse_flag, o};
-    if (example_parse(argc, argv, &cli, &o->common))
-        return -1;
-    if (!example_options_valid(&o->common) || !(o->timeout_s > 0)) {
-        fprintf(stderr, "two_stage: epochs, batch, hidden, lr, threads and timeout must be "
-                        "positive\n");
-        return -1;
-    }
-    return 0;
+    const ct_cli_flag own[] = {
+        CT_CLI_FLAG("--timeout", CT_CLI_DOUBLE, &o->timeout_s, "S",
+                    "seconds each call, and worker 1's wait for worker 0, may take", .min = 1e-3,
+                    .max = 1e6),
+    };
+    return example_parse("two_stage",
+                         "fmnist_mlp's MLP split across two workers with distributed autograd:\n"
+                         "run as ctlaunch -np 2 two_stage.",
+                         own, sizeof own / sizeof *own, &o->common, argc, argv);
 }
 
 /* A stage and the SGD over its parameters, which this worker serves as

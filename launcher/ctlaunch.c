@@ -21,6 +21,7 @@
  */
 #define _GNU_SOURCE
 
+#include <ct/cli.h>
 #include <ct/dist.h>
 
 #include "tail.h"
@@ -60,47 +61,11 @@
 /* A byte on the signal pipe that is no signal: the watcher found a hang. */
 #define HANG_WAKEUP 0
 
-static const char usage_text[] =
-    "usage: ctlaunch -np N [options] PROGRAM [ARGS...]\n"
-    "\n"
+static const char about[] =
     "Starts N ranks of PROGRAM on this machine, each in its own process group, and\n"
-    "supervises them.\n"
-    "\n"
-    "options:\n"
-    "  -np N               ranks on this node (required)\n"
-    "  --nnodes M          nodes in the job (default 1)\n"
-    "  --node-rank K       this node's index, 0 <= K < M (default 0)\n"
-    "  --master HOST:PORT  the store's address; node 0's ctlaunch hosts the store on\n"
-    "                      PORT, the other nodes' ranks get HOST and PORT in\n"
-    "                      CT_MASTER_ADDR and CT_MASTER_PORT. Without it (one node\n"
-    "                      only), ctlaunch hosts the store at a free port, so jobs\n"
-    "                      never collide\n"
-    "  --master-port PORT  one node: the store's port, instead of a free one\n"
-    "  --bind ADDR         where node 0 hosts the store: an IPv4 address or an\n"
-    "                      interface name of this machine ('*' is every interface).\n"
-    "                      Default: 127.0.0.1 on one node; with --nnodes > 1 the\n"
-    "                      address HOST of --master resolves to, which must be this\n"
-    "                      machine's\n"
-    "  --secret-file F     the job's secret, the same file on every node (mode 600;\n"
-    "                      default: CT_SECRET_FILE, else a new random secret, which\n"
-    "                      works for one node only); store and RPC connections must\n"
-    "                      prove it, and the ranks get it in CT_JOB_SECRET\n"
-    "  --log-dir DIR       also append each rank's output to DIR/rank.N.out and\n"
-    "                      DIR/rank.N.err (mode 600), under a header per restart;\n"
-    "                      DIR is created (mode 700) or must be this user's own real\n"
-    "                      directory, not writable by others\n"
-    "  --ranks LIST        show only these ranks on the console, e.g. 0 or 0,2-3\n"
-    "                      (default: all)\n"
-    "  --max-restarts R    restart the whole group up to R times after a failure;\n"
-    "                      ranks see the count in CT_RESTART_COUNT (default 0)\n"
-    "  --grace S           seconds between SIGTERM and SIGKILL when stopping ranks\n"
-    "                      (default 5)\n"
-    "  --hang-timeout S    stop the job when a rank that sends heartbeats (every rank\n"
-    "                      that called ct_dist_init) has made no progress for S\n"
-    "                      seconds: no collective completed, no ct_dist_heartbeat()\n"
-    "                      (default: off)\n"
-    "  -h, --help          this text\n"
-    "\n"
+    "supervises them.";
+
+static const char epilog[] =
     "Each rank gets CT_RANK, CT_WORLD_SIZE, CT_LOCAL_RANK, CT_LOCAL_WORLD_SIZE,\n"
     "CT_MASTER_ADDR, CT_MASTER_PORT, CT_RESTART_COUNT, and CT_NUM_THREADS (online\n"
     "CPUs divided among the local ranks) unless CT_NUM_THREADS is already set.\n"
@@ -190,13 +155,24 @@ static void die_usage(const char *fmt, ...) {
     exit(2);
 }
 
-static int parse_int(const char *flag, const char *v, int lo, int hi) {
-    char *end;
+/* --master HOST:PORT into options (a CT_CLI_CUSTOM parser). */
+static int parse_master(void *dest, const char *v) {
+    options *o = dest;
+    const char *colon = strrchr(v, ':');
+    char *end = NULL;
     errno = 0;
-    long x = v ? strtol(v, &end, 10) : 0;
-    if (!v || !*v || *end || errno || x < lo || x > hi)
-        die_usage("%s needs a whole number in [%d, %d], got '%s'", flag, lo, hi, v ? v : "");
-    return (int)x;
+    long port = colon && colon != v && colon[1] >= '0' && colon[1] <= '9'
+                    ? strtol(colon + 1, &end, 10)
+                    : -1;
+    if (port < 1 || port > 65535 || errno || (end && *end))
+        return ct_seterr(CT_EINVAL, "needs HOST:PORT with PORT in [1, 65535], got '%s'", v);
+    char *host = strndup(v, (size_t)(colon - v));
+    if (!host)
+        return ct_seterr(CT_ENOMEM, "out of memory");
+    free(o->master_host);
+    o->master_host = host;
+    o->master_port = (int)port;
+    return 0;
 }
 
 /* "0,2-3" into show[0..np-1]. */
@@ -228,66 +204,70 @@ static void parse_ranks(const char *list, bool *show, int np) {
 static void parse(int argc, char **argv, options *o) {
     *o = (options){.nnodes = 1, .grace = 5};
     const char *ranks = NULL;
-    bool master_port_flag = false;
-    int i = 1;
-    for (; i < argc && argv[i][0] == '-'; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            fputs(usage_text, stdout);
-            exit(0);
-        }
-        if (!strcmp(a, "--")) {
-            i++;
-            break;
-        }
-        if (!v)
-            die_usage("%s needs a value", a);
-        i++;
-        if (!strcmp(a, "-np") || !strcmp(a, "--nproc-per-node"))
-            o->np = parse_int(a, v, 1, MAX_RANKS);
-        else if (!strcmp(a, "--nnodes"))
-            o->nnodes = parse_int(a, v, 1, 1 << 20);
-        else if (!strcmp(a, "--node-rank"))
-            o->node_rank = parse_int(a, v, 0, 1 << 20);
-        else if (!strcmp(a, "--max-restarts"))
-            o->max_restarts = parse_int(a, v, 0, 1000000);
-        else if (!strcmp(a, "--log-dir"))
-            o->log_dir = v;
-        else if (!strcmp(a, "--ranks"))
-            ranks = v;
-        else if (!strcmp(a, "--grace")) {
-            char *end;
-            o->grace = strtod(v, &end);
-            if (!*v || *end || !(o->grace >= 0) || !isfinite(o->grace))
-                die_usage("--grace needs seconds >= 0, got '%s'", v);
-        } else if (!strcmp(a, "--hang-timeout")) {
-            char *end;
-            o->hang_timeout = strtod(v, &end);
-            if (!*v || *end || !(o->hang_timeout > 0) || !isfinite(o->hang_timeout))
-                die_usage("--hang-timeout needs seconds > 0, got '%s'", v);
-        } else if (!strcmp(a, "--secret-file")) {
-            o->secret_file = v;
-        } else if (!strcmp(a, "--bind")) {
-            if (!*v)
-                die_usage("--bind needs an IPv4 address or an interface name");
-            o->bind = v;
-        } else if (!strcmp(a, "--master-port")) {
-            o->master_port = parse_int(a, v, 1, 65535);
-            master_port_flag = true;
-        } else if (!strcmp(a, "--master")) {
-            const char *colon = strrchr(v, ':');
-            if (!colon || colon == v)
-                die_usage("--master needs HOST:PORT, got '%s'", v);
-            free(o->master_host);
-            o->master_host = strndup(v, (size_t)(colon - v));
-            o->master_port = parse_int("--master's port", colon + 1, 1, 65535);
-        } else {
-            die_usage("unknown option '%s'", a);
-        }
-    }
+    bool master_port_flag = false, master_flag = false;
+    int port = 0;
+    const ct_cli_flag flags[] = {
+        CT_CLI_FLAG("--nproc-per-node", CT_CLI_INT, &o->np, "N", "ranks on this node (required)",
+                    .alias = "-np", .min = 1, .max = MAX_RANKS, .default_text = ""),
+        CT_CLI_FLAG("--nnodes", CT_CLI_INT, &o->nnodes, "M", "nodes in the job", .min = 1,
+                    .max = 1 << 20),
+        CT_CLI_FLAG("--node-rank", CT_CLI_INT, &o->node_rank, "K", "this node's index, 0 <= K < M",
+                    .min = 0, .max = 1 << 20),
+        CT_CLI_FLAG("--master", CT_CLI_CUSTOM, o, "HOST:PORT",
+                    "the store's address; node 0's ctlaunch hosts the store on PORT, the "
+                    "other nodes' ranks get HOST and PORT in CT_MASTER_ADDR and "
+                    "CT_MASTER_PORT. Without it (one node only), ctlaunch hosts the store at "
+                    "a free port, so jobs never collide",
+                    .parse = parse_master, .given = &master_flag),
+        CT_CLI_FLAG("--master-port", CT_CLI_INT, &port, "PORT",
+                    "one node: the store's port, instead of a free one", .min = 1, .max = 65535,
+                    .default_text = "", .given = &master_port_flag),
+        CT_CLI_FLAG("--bind", CT_CLI_STRING, &o->bind, "ADDR",
+                    "where node 0 hosts the store: an IPv4 address or an interface name of "
+                    "this machine ('*' is every interface). Default: 127.0.0.1 on one node; "
+                    "with --nnodes > 1 the address HOST of --master resolves to, which must "
+                    "be this machine's"),
+        CT_CLI_FLAG("--secret-file", CT_CLI_STRING, &o->secret_file, "F",
+                    "the job's secret, the same file on every node (mode 600; default: "
+                    "CT_SECRET_FILE, else a new random secret, which works for one node "
+                    "only); store and RPC connections must prove it, and the ranks get it in "
+                    "CT_JOB_SECRET"),
+        CT_CLI_FLAG("--log-dir", CT_CLI_STRING, &o->log_dir, "DIR",
+                    "also append each rank's output to DIR/rank.N.out and DIR/rank.N.err "
+                    "(mode 600), under a header per restart; DIR is created (mode 700) or "
+                    "must be this user's own real directory, not writable by others"),
+        CT_CLI_FLAG("--ranks", CT_CLI_STRING, &ranks, "LIST",
+                    "show only these ranks on the console, e.g. 0 or 0,2-3", .default_text = "all"),
+        CT_CLI_FLAG("--max-restarts", CT_CLI_INT, &o->max_restarts, "R",
+                    "restart the whole group up to R times after a failure; ranks see the "
+                    "count in CT_RESTART_COUNT",
+                    .min = 0, .max = 1000000),
+        CT_CLI_FLAG("--grace", CT_CLI_DOUBLE, &o->grace, "S",
+                    "seconds between SIGTERM and SIGKILL when stopping ranks", .min = 0, .max = 1e6,
+                    .expects = "seconds >= 0"),
+        CT_CLI_FLAG("--hang-timeout", CT_CLI_DOUBLE, &o->hang_timeout, "S",
+                    "stop the job when a rank that sends heartbeats (every rank that called "
+                    "ct_dist_init) has made no progress for S seconds: no collective "
+                    "completed, no ct_dist_heartbeat()",
+                    .min = 1e-3, .max = 1e9, .expects = "seconds > 0", .default_text = "off"),
+    };
+    ct_cli cli = {.prog = "ctlaunch",
+                  .about = about,
+                  .flags = flags,
+                  .nflags = sizeof flags / sizeof *flags,
+                  .args = "PROGRAM [ARGS...]",
+                  .stop_at_args = true,
+                  .epilog = epilog};
+    int i, rc = ct_cli_parse(&cli, argc, argv, &i);
+    if (rc)
+        exit(rc > 0 ? 0 : 2);
+    if (master_port_flag)
+        o->master_port = port;
+    if (o->bind && !*o->bind)
+        die_usage("--bind needs an IPv4 address or an interface name");
     if (o->np == 0)
         die_usage("-np N is required");
-    if (master_port_flag && o->master_host)
+    if (master_port_flag && master_flag)
         die_usage("give the store's port once: --master HOST:PORT or --master-port PORT");
     if (!o->master_host && o->nnodes > 1)
         die_usage("--nnodes %d needs --master HOST:PORT, the same on every node", o->nnodes);

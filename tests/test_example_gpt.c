@@ -213,9 +213,9 @@ TEST(bad_input_fails_with_a_message) {
     require_corpus();
     static tt_job j;
     ASSERT_TRUE(run(&j, NULL, (const char *const[]){"--bogus", "1", NULL}, 2));
-    ASSERT_STR_CONTAINS(j.err, "unknown option --bogus");
+    ASSERT_STR_CONTAINS(j.err, "unknown option '--bogus'");
     ASSERT_TRUE(run(&j, NULL, (const char *const[]){"--lr", "fast", NULL}, 2));
-    ASSERT_STR_CONTAINS(j.err, "'fast' is not a number");
+    ASSERT_STR_CONTAINS(j.err, "--lr needs a number in [1e-12, 1000000], got 'fast'");
     ASSERT_TRUE(run(&j, NULL, (const char *const[]){"--time", "10", NULL}, 2));
     ASSERT_STR_CONTAINS(j.err, "not both");
     char empty[256];

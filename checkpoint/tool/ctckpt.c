@@ -8,6 +8,7 @@
  * Exit codes: 0 success (diff: no difference), 1 a failed check or a
  * difference, 2 bad usage or an error. */
 #include <ct/checkpoint.h>
+#include <ct/cli.h>
 
 #include <inttypes.h>
 #include <math.h>
@@ -21,6 +22,7 @@
 
 static const char usage[] =
     "usage: ctckpt info DIR [-v]        tensors, shapes, dtypes, shards, values, format\n"
+    "       ctckpt CMD --help           a command's flags\n"
     "       ctckpt verify DIR           check every checksum and bound\n"
     "       ctckpt info|verify FILE     a .safetensors file: its tensors and metadata;\n"
     "                                   verify checks the format's rules (it has no\n"
@@ -558,35 +560,45 @@ static int reshard(const char *src, const char *dst, int shards, bool drop_per_r
     return rc;
 }
 
-static int convert(int argc, char **argv) {
-    const char *src = NULL, *dst = NULL;
-    int shards = 0;
-    bool drop = false;
-    for (int i = 0; i < argc; i++) {
-        if (!strcmp(argv[i], "--shards") && i + 1 < argc) {
-            char *end;
-            long n = strtol(argv[++i], &end, 10);
-            if (*end || n < 1 || n > 4096) {
-                fprintf(stderr, "ctckpt: --shards wants a number in [1, 4096], not '%s'\n",
-                        argv[i]);
-                return 2;
-            }
-            shards = (int)n;
-        } else if (!strcmp(argv[i], "--drop-per-rank")) {
-            drop = true;
-        } else if (!src) {
-            src = argv[i];
-        } else if (!dst) {
-            dst = argv[i];
-        } else {
-            fputs(usage, stderr);
-            return 2;
-        }
-    }
-    if (!src || !dst) {
-        fputs(usage, stderr);
+/* A subcommand's flags and its positional arguments, parsed by ct/cli.h's
+ * rules with "ctckpt CMD" as the program: 0 to go on with exactly nargs
+ * positional arguments at argv[*first]; -1 once --help or --version has
+ * printed (exit 0); 2 after a usage error, said on stderr. */
+static int parse_command(const char *cmd, const char *args, int nargs, const ct_cli_flag *flags,
+                         size_t nflags, int argc, char **argv, int *first) {
+    char prog[32];
+    snprintf(prog, sizeof prog, "ctckpt %s", cmd);
+    ct_cli cli = {.prog = prog,
+                  .about = "See 'ctckpt --help' for every command.",
+                  .flags = flags,
+                  .nflags = nflags,
+                  .args = args};
+    int rc = ct_cli_parse(&cli, argc, argv, first);
+    if (rc)
+        return rc > 0 ? -1 : 2;
+    if (argc - *first != nargs) {
+        fprintf(stderr, "%s: needs %s, got %d argument%s\nTry '%s --help'.\n", prog, args,
+                argc - *first, argc - *first == 1 ? "" : "s", prog);
         return 2;
     }
+    return 0;
+}
+
+static int convert(int argc, char **argv) {
+    int shards = 0, first;
+    bool drop = false;
+    const ct_cli_flag flags[] = {
+        CT_CLI_FLAG("--shards", CT_CLI_INT, &shards, "N",
+                    "rewrite SRC as if N ranks had saved it, each tensor split by rows", .min = 1,
+                    .max = 4096, .default_text = ""),
+        CT_CLI_FLAG("--drop-per-rank", CT_CLI_SWITCH, &drop, NULL,
+                    "leave out per-rank entries (they are listed) when N differs from SRC's "
+                    "world size"),
+    };
+    int rc = parse_command("convert", "SRC DST", 2, flags, 2, argc, argv, &first);
+    if (rc)
+        return rc < 0 ? 0 : rc;
+    const char *src = argv[first], *dst = argv[first + 1];
     if (is_regular_file(src))
         return import_safetensors(src, dst);
     if (ends_with(dst, ".safetensors"))
@@ -598,16 +610,37 @@ static int convert(int argc, char **argv) {
     return reshard(src, dst, shards, drop);
 }
 
+/* info, verify and diff: their flags, then the command. */
+static int run_simple(const char *cmd, int argc, char **argv) {
+    bool verbose = false;
+    const ct_cli_flag flags[] = {
+        CT_CLI_FLAG("--verbose", CT_CLI_SWITCH, &verbose, NULL,
+                    "also print each tensor's first values", .alias = "-v"),
+    };
+    bool is_info = !strcmp(cmd, "info"), is_diff = !strcmp(cmd, "diff");
+    int first;
+    int rc = parse_command(cmd, is_diff ? "A B" : "DIR|FILE.safetensors", is_diff ? 2 : 1, flags,
+                           is_info ? 1 : 0, argc, argv, &first);
+    if (rc)
+        return rc < 0 ? 0 : rc;
+    if (is_info)
+        return info(argv[first], verbose);
+    return is_diff ? diff(argv[first], argv[first + 1]) : verify(argv[first]);
+}
+
 int main(int argc, char **argv) {
-    if (argc >= 3 && !strcmp(argv[1], "info"))
-        return info(argv[2], argc > 3 && !strcmp(argv[3], "-v"));
-    if (argc == 3 && !strcmp(argv[1], "verify"))
-        return verify(argv[2]);
-    if (argc == 4 && !strcmp(argv[1], "diff"))
-        return diff(argv[2], argv[3]);
-    if (argc >= 4 && !strcmp(argv[1], "convert"))
-        return convert(argc - 2, argv + 2);
-    bool help = argc == 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"));
+    const char *cmd = argc > 1 ? argv[1] : "";
+    if (!strcmp(cmd, "info") || !strcmp(cmd, "verify") || !strcmp(cmd, "diff"))
+        return run_simple(cmd, argc - 1, argv + 1);
+    if (!strcmp(cmd, "convert"))
+        return convert(argc - 1, argv + 1);
+    if (!strcmp(cmd, "--version")) {
+        printf("ctckpt (ct) %s\n", ct_version());
+        return 0;
+    }
+    bool help = argc == 2 && (!strcmp(cmd, "-h") || !strcmp(cmd, "--help"));
+    if (!help && *cmd)
+        fprintf(stderr, "ctckpt: unknown command '%s' (info, verify, diff, convert)\n", cmd);
     fputs(usage, help ? stdout : stderr);
     return help ? 0 : 2;
 }
