@@ -28,6 +28,7 @@ packages=(
     dataset-fashion-mnist                # /usr/share/datasets/fashion-mnist
     gnuplot-nox                          # charts of metrics files (ctplot, --plot)
     fortunes                             # the GPT example's corpus, /usr/share/games/fortunes
+    debhelper help2man                   # ci/test.sh builds the Debian packages (debian/)
 )
 
 bench=false

@@ -5,7 +5,8 @@
 #
 # Steps: install system packages (ci/setup.sh), configure, build, install
 # into a temporary prefix and build a program against it with find_package
-# and with pkg-config, then run ctest.
+# and with pkg-config, build and install the Debian packages (debian/) and
+# use them the same way, then run ctest.
 #
 # Environment:
 #   BUILD_DIR          build directory (default: build)
@@ -15,6 +16,7 @@
 #   CT_CMAKE_ARGS      more arguments for cmake, split on spaces
 #   CT_BUILD_ONLY      1: stop after the build (the CUDA job: no GPU there)
 #   CI                 true: warnings are errors (-DCT_WERROR=ON)
+#   CT_DEB_CHECK       0: skip the Debian packages' check (it needs root)
 #   CT_FUZZ_SECONDS    seconds each fuzz target runs after the tests
 #                      (ci/fuzz.sh, a separate clang build); default 20
 #                      when CI is true, else 0 (no fuzzing)
@@ -172,6 +174,114 @@ done
     "${static[@]}" -o "$tmp/consumer_pc_static"
 out=$("${run[@]}" "$tmp/consumer_pc_static")
 echo "pkg-config --static ct, libct.a: $out"
+
+# The Debian packages (debian/, docs/build.md#debian-packages): built with
+# dpkg-buildpackage in a copy of the tree, so that nothing lands in it;
+# installed with apt-get, used as a user would (the five programs, a
+# pkg-config and a find_package build of tests/install/), then purged, so
+# that the machine is left as it was. It needs root, for apt-get (CI runs
+# as root), and runs in the unsanitized jobs only: the packages are built
+# without sanitizers whatever the job's flags. CT_DEB_CHECK=0 skips it.
+deb_packages=(libct0 libct-dev ct-tools)
+deb_purge() {
+    DEBIAN_FRONTEND=noninteractive apt-get -q purge -y "${deb_packages[@]}" >"$tmp/deb-purge.log" 2>&1 ||
+        { cat "$tmp/deb-purge.log" >&2; return 1; }
+}
+deb_check() {
+    local why=""
+    if [[ ${CT_DEB_CHECK:-1} == 0 ]]; then
+        why="CT_DEB_CHECK=0"
+    elif [[ -n $sanitize ]]; then
+        why="a sanitized job (CT_SANITIZE='$sanitize')"
+    elif ((EUID != 0)); then
+        why="not root (apt-get installs the packages)"
+    elif ! command -v dpkg-buildpackage >/dev/null || ! command -v dh >/dev/null; then
+        why="dpkg-buildpackage or dh is missing (ci/setup.sh installs dpkg-dev and debhelper)"
+    elif ! git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+        why="not a git checkout (the copy of the tree is made from git ls-files)"
+    elif [[ $(dpkg-query -W -f='${Status}\n' "${deb_packages[@]}" 2>/dev/null || true) == *" installed"* ]]; then
+        why="ct's packages are installed already; apt-get purge ${deb_packages[*]} first"
+    fi
+    if [[ -n $why ]]; then
+        echo "ci/test.sh: skipping the Debian package check: $why"
+        return 0
+    fi
+    local deb=$tmp/deb src=$tmp/deb/ct f
+    mkdir -p "$src"
+    # The files git knows and the new ones it does not ignore: no build
+    # directories, no bench/.venv, nothing deleted in the working tree.
+    git ls-files -z --cached --others --exclude-standard |
+        while IFS= read -r -d '' f; do
+            if [[ -f $f ]]; then printf '%s\0' "$f"; fi
+        done | tar -c --null -T - | tar -x -C "$src"
+    # nocheck: the tests ran above; noautodbgsym: no -dbgsym packages. The
+    # packages are built with the system's compiler, as Debian builds them,
+    # whatever CC is (clang 14's DWARF 5 also stops Debian 12's dwz); CC
+    # compiles the programs below that use them.
+    (cd "$src" && env -u CC DEB_BUILD_OPTIONS="nocheck noautodbgsym parallel=$(nproc)" \
+        dpkg-buildpackage -us -uc -b) >"$deb/build.log" 2>&1 ||
+        { tail -n 60 "$deb/build.log"; echo "ci/test.sh: dpkg-buildpackage failed;" \
+            "the log is above" >&2; exit 1; }
+    local debs=() p
+    for p in "${deb_packages[@]}"; do
+        debs+=("$(find "$deb" -maxdepth 1 -name "${p}_*.deb" -print -quit)")
+        if [[ -z ${debs[-1]} ]]; then
+            echo "ci/test.sh: dpkg-buildpackage made no $p package" >&2
+            exit 1
+        fi
+    done
+    echo "built:                           ${debs[*]##*/}"
+
+    trap 'deb_purge; rm -rf "$tmp"' EXIT
+    DEBIAN_FRONTEND=noninteractive apt-get -q install -y --no-install-recommends "${debs[@]}" \
+        >"$deb/install.log" 2>&1 || { cat "$deb/install.log"; exit 1; }
+
+    local programs=(/usr/bin/ctlaunch /usr/bin/ctckpt /usr/bin/ctplot
+                    /usr/libexec/ct/fmnist_mlp /usr/libexec/ct/gpt) help
+    for p in "${programs[@]}"; do
+        if ! help=$(env -u LD_LIBRARY_PATH "$p" --help 2>&1) || [[ $help != *usage* ]]; then
+            echo "ci/test.sh: the packaged $p does not run: $help" >&2
+            exit 1
+        fi
+        if readelf -d "$p" | grep -Eq 'RUNPATH|RPATH'; then
+            echo "ci/test.sh: the packaged $p has a RUNPATH; the package builds with" \
+                "-DCMAKE_SKIP_INSTALL_RPATH=ON" >&2
+            exit 1
+        fi
+    done
+    echo "packaged programs run:           ${programs[*]##*/}"
+
+    # The system's pkg-config and CMake, not the temporary prefix's.
+    local pc
+    read -r -a pc <<<"$(env -u PKG_CONFIG_PATH pkg-config --cflags --libs ct)"
+    "${CC:-cc}" -std=c11 -Wall -Wextra -Wpedantic -Werror tests/install/main.c "${pc[@]}" \
+        -o "$deb/consumer_pc"
+    out=$(env -u LD_LIBRARY_PATH "$deb/consumer_pc")
+    echo "packaged ct, pkg-config:         $out"
+    local cmake_args=(-DCMAKE_BUILD_TYPE=Release)
+    if [[ -n ${CC:-} ]]; then
+        cmake_args+=(-DCMAKE_C_COMPILER="$CC")
+    fi
+    env -u CMAKE_PREFIX_PATH cmake -S tests/install -B "$deb/consumer" "${cmake_args[@]}" \
+        >"$deb/consumer.log" || { cat "$deb/consumer.log"; exit 1; }
+    cmake --build "$deb/consumer" >>"$deb/consumer.log" || { cat "$deb/consumer.log"; exit 1; }
+    local found
+    found=$(sed -n 's/^ct_DIR:PATH=//p' "$deb/consumer/CMakeCache.txt")
+    if [[ $found != /usr/lib/*/cmake/ct ]]; then
+        echo "ci/test.sh: find_package(ct) found $found, not the package's /usr/lib/<triplet>/cmake/ct" >&2
+        exit 1
+    fi
+    out=$(env -u LD_LIBRARY_PATH "$deb/consumer/consumer")
+    echo "packaged ct, ct::ct:             $out"
+    out=$(env -u LD_LIBRARY_PATH "$deb/consumer/consumer_static")
+    echo "packaged ct, ct::ct_static:      $out"
+
+    deb_purge
+    trap 'rm -rf "$tmp"' EXIT
+    echo "purged:                          ${deb_packages[*]}"
+}
+step "Debian packages: build, install, use, purge"
+deb_check
 
 step "ctest"
 "${run[@]}" ctest --test-dir "$build_dir" --output-on-failure --no-tests=error -j2
