@@ -29,6 +29,7 @@ packages=(
     gnuplot-nox                          # charts of metrics files (ctplot, --plot)
     fortunes                             # the GPT example's corpus, /usr/share/games/fortunes
     debhelper help2man                   # ci/test.sh builds the Debian packages (debian/)
+    python3                              # ci/figures.py checks the figures the docs quote
 )
 
 bench=false

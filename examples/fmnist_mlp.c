@@ -1,10 +1,6 @@
 /* fmnist_mlp: trains a multilayer perceptron on Fashion-MNIST with ct.
  *
- *   fmnist_mlp [--recipe sgd|adamw] [--epochs N] [--batch N] [--lr X]
- *              [--hidden N] [--threads N] [--seed N] [--data DIR]
- *              [--metrics FILE] [--max-steps N] [--warmup-steps N]
- *              [--checkpoint-dir DIR] [--save-every N] [--stop-at-step N]
- *              [--device cpu|cuda|cuda:N] [--plot FILE.png]
+ *   fmnist_mlp [options]  (fmnist_mlp --help lists every flag with its default)
  *
  * The default recipe (sgd) is the reference one, the same as
  * bench/train_torch.py: 784-256-256-10 with ReLU, cross-entropy, SGD with
@@ -30,7 +26,8 @@
  * and only rank 0 prints, with samples/s counted over the global batch.
  *
  * With --checkpoint-dir DIR it resumes from the newest checkpoint in DIR, if
- * there is one, and saves one there (in the background) after every epoch,
+ * there is one, trains on to --epochs (a finished run says so and exits 0;
+ * docs/cli.md), and saves one there (in the background) after every epoch,
  * every --save-every steps and at the end, keeping the last three. A job
  * under `ctlaunch --max-restarts R` thus goes on where it stopped, with the
  * same result as a run that never stopped. --stop-at-step N saves and stops

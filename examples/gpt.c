@@ -1,13 +1,7 @@
-/* gpt: trains a character-level GPT on Debian's fortunes with ct.
+/* gpt: trains a character-level GPT on Debian's fortunes with ct (or a
+ * GPT on llm.c's token shards).
  *
- *   gpt [--layers N] [--heads N] [--width N] [--context N] [--batch N]
- *       [--steps N | --time S] [--lr X] [--min-lr X] [--warmup N]
- *       [--weight-decay X] [--clip X] [--dropout X] [--seed N]
- *       [--threads N] [--eval-every N] [--eval-batches N] [--log-every N]
- *       [--metrics FILE] [--plot FILE.png] [--init FILE.safetensors]
- *       [--checkpoint-activations] [--checkpoint-dir DIR] [--save-every N]
- *       [--stop-at-step N] [--prompt TEXT] [--sample-tokens N]
- *       [--temperature X] [--data DIR] [--device cpu|cuda|cuda:N] [--bench]
+ *   gpt [options]         (gpt --help lists every flag with its default)
  *
  * The model, the data and the recipe are those of bench/gpt_torch.py, its
  * PyTorch reference, and docs/gpt.md is the model card:
@@ -29,9 +23,9 @@
  * Progress (loss, tokens/s, ETA) goes to stderr; the last line of stdout is
  * a JSON summary. --plot renders the metrics to a PNG.
  *
- * --threads defaults to the machine's cores, shared among the ranks a
- * launcher starts on it. --bench measures throughput only: no validation
- * and no sample at the end.
+ * --threads defaults to CT_NUM_THREADS, else the machine's cores shared
+ * among the ranks a launcher starts on it. --bench measures throughput
+ * only: no validation and no sample at the end.
  *
  * Under a launcher (`ctlaunch -np 2 gpt`, `mpirun -np 2 gpt`) each rank
  * takes its share of every global batch and ct_ddp averages gradients in
@@ -40,7 +34,13 @@
  * --checkpoint-activations recomputes each block in backward instead of
  * keeping its activations. --init starts from weights in a safetensors
  * file (PyTorch's names: transformer.wte.weight, ...; lm_head.weight, the
- * tied head, may be present and must then equal transformer.wte.weight).
+ * tied head, may be present and must then equal transformer.wte.weight) or
+ * in llm.c's checkpoint format, whose sizes the model takes.
+ *
+ * --data FILE.bin (or a pattern) trains on llm.c's token shards instead
+ * of text, validating on --val-data's (docs/llmc.md); --export-llmc saves
+ * the trained model for llm.c's train_gpt2. A resumed run trains on to
+ * --steps and one already complete says so and exits 0 (docs/cli.md).
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -74,6 +74,12 @@ typedef struct options {
     int threads; /* 0: the machine's cores, shared among the local ranks */
     bool bench;  /* throughput only: no validation or sample at the end */
     const char *metrics, *plot, *init, *checkpoint_dir, *prompt, *data;
+    const char *val_data, *tokenizer, *export_llmc; /* llm.c's files (docs/llmc.md) */
+    int64_t vocab;  /* token shards: the vocabulary (text: the corpus's bytes) */
+    bool init_llmc; /* --init is llm.c's checkpoint, whose sizes the model takes */
+    struct {
+        bool layers, heads, width, context, vocab;
+    } given;
     ct_device device;
 } options;
 
@@ -88,13 +94,15 @@ static int parse_args(int argc, char **argv, options *o) {
     bool steps_given = false, time_given = false;
     const ct_cli_flag flags[] = {
         CT_CLI_FLAG("--layers", CT_CLI_INT64, &o->model.layers, "N", "transformer blocks", .min = 1,
-                    .max = 1024),
+                    .max = 1024, .given = &o->given.layers),
         CT_CLI_FLAG("--heads", CT_CLI_INT64, &o->model.heads, "N",
-                    "attention heads (they divide --width)", .min = 1, .max = 1024),
+                    "attention heads (they divide --width)", .min = 1, .max = 1024,
+                    .given = &o->given.heads),
         CT_CLI_FLAG("--width", CT_CLI_INT64, &o->model.width, "N", "the embedding width", .min = 1,
-                    .max = 1 << 16),
+                    .max = 1 << 16, .given = &o->given.width),
         CT_CLI_FLAG("--context", CT_CLI_INT64, &o->model.context, "N",
-                    "characters the model sees at once", .min = 1, .max = 1 << 20),
+                    "tokens the model sees at once", .min = 1, .max = 1 << 20,
+                    .given = &o->given.context),
         CT_CLI_FLAG("--dropout", CT_CLI_DOUBLE, &o->model.dropout, "X", "dropout probability",
                     .min = 0, .max = 1),
         CT_CLI_FLAG("--batch", CT_CLI_INT64, &o->batch, "N",
@@ -133,8 +141,9 @@ static int parse_args(int argc, char **argv, options *o) {
                     .default_text = "none"),
         CT_CLI_FLAG("--plot", CT_CLI_STRING, &o->plot, "FILE.png",
                     "draw the metrics as a chart at the end (needs gnuplot and --metrics)"),
-        CT_CLI_FLAG("--init", CT_CLI_STRING, &o->init, "FILE.safetensors",
-                    "start from these weights (PyTorch's names)"),
+        CT_CLI_FLAG("--init", CT_CLI_STRING, &o->init, "FILE",
+                    "start from these weights: safetensors with PyTorch's names, or llm.c's "
+                    "checkpoint (gpt2_124M.bin), whose sizes the model then takes"),
         CT_CLI_FLAG("--checkpoint-activations", CT_CLI_SWITCH, &o->model.checkpoint, NULL,
                     "recompute each block in backward instead of keeping its activations"),
         CT_CLI_FLAG("--checkpoint-dir", CT_CLI_STRING, &o->checkpoint_dir, "DIR",
@@ -149,8 +158,18 @@ static int parse_args(int argc, char **argv, options *o) {
                     "characters sampled at the end", .min = 0, .max = 1e7),
         CT_CLI_FLAG("--temperature", CT_CLI_DOUBLE, &o->temperature, "X",
                     "the sample's softmax temperature", .min = 1e-6, .max = 1e6),
-        CT_CLI_FLAG("--data", CT_CLI_STRING, &o->data, "DIR",
-                    "the corpus: DIR's text files in name order"),
+        CT_CLI_FLAG("--data", CT_CLI_STRING, &o->data, "DIR|SHARDS",
+                    "the corpus: DIR's text files in name order, or llm.c token shards (a "
+                    ".bin file or a pattern such as 'data/fineweb_train_*.bin')"),
+        CT_CLI_FLAG("--val-data", CT_CLI_STRING, &o->val_data, "SHARDS",
+                    "token shards to validate on (without it: the last tenth of --data)"),
+        CT_CLI_FLAG("--vocab", CT_CLI_INT64, &o->vocab, "N",
+                    "token shards: the vocabulary (from --init's file when it is llm.c's)",
+                    .min = 2, .max = 65536, .given = &o->given.vocab),
+        CT_CLI_FLAG("--tokenizer", CT_CLI_STRING, &o->tokenizer, "FILE",
+                    "token shards: llm.c's tokenizer file, to print the sample as text"),
+        CT_CLI_FLAG("--export-llmc", CT_CLI_STRING, &o->export_llmc, "FILE.bin",
+                    "save the trained model in llm.c's checkpoint format at the end"),
         CT_CLI_FLAG("--device", CT_CLI_CUSTOM, &o->device, "cpu|cuda|cuda:N",
                     "where the model trains (cuda: each rank's own GPU)",
                     .parse = example_parse_device, .default_text = "cpu"),
@@ -196,18 +215,71 @@ static int parse(int argc, char **argv, options *o) {
                    .seed = 1,
                    .metrics = "",
                    .prompt = "Q: ",
-                   .data = FORTUNES_DIR};
+                   .data = FORTUNES_DIR,
+                   .vocab = 50257};
     return parse_args(argc, argv, o);
+}
+
+/* Whether path starts with llm.c's model magic (rather than safetensors'
+ * header length). */
+static bool is_llmc_model(const char *path) {
+    FILE *f = fopen(path, "rb");
+    unsigned char b[4] = {0};
+    bool yes =
+        f && fread(b, 1, 4, f) == 4 &&
+        (uint32_t)(b[0] | b[1] << 8 | b[2] << 16 | (uint32_t)b[3] << 24) == CT_LLMC_GPT_MAGIC;
+    if (f)
+        fclose(f);
+    return yes;
+}
+
+/* --init in llm.c's format: the model's sizes are the file's, and a flag
+ * that says otherwise is an error rather than silently overridden. */
+static int take_llmc_sizes(options *o) {
+    ct_gpt_config cfg;
+    if (ct_llmc_gpt_read_config(o->init, &cfg, NULL))
+        return -1;
+    struct {
+        const char *flag;
+        bool given;
+        int64_t *mine, file;
+    } sizes[] = {{"--layers", o->given.layers, &o->model.layers, cfg.layers},
+                 {"--heads", o->given.heads, &o->model.heads, cfg.heads},
+                 {"--width", o->given.width, &o->model.width, cfg.width},
+                 {"--context", o->given.context, &o->model.context, cfg.context},
+                 {"--vocab", o->given.vocab, &o->vocab, cfg.vocab}};
+    for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+        if (sizes[i].given && *sizes[i].mine != sizes[i].file)
+            return ct_seterr(CT_EINVAL, "%s %lld, but --init %s holds a model with %lld",
+                             sizes[i].flag, (long long)*sizes[i].mine, o->init,
+                             (long long)sizes[i].file);
+        *sizes[i].mine = sizes[i].file;
+    }
+    o->init_llmc = true;
+    return 0;
 }
 
 /* ----------------------------------------------------------------- corpus */
 
+/* The text: a directory's bytes, each a token (its index in vocab), or
+ * llm.c's token shards. Positions [0, ntrain) train and [ntrain, n)
+ * validate: the last tenth of the text or of --data's tokens, or
+ * --val-data's tokens. */
 typedef struct corpus {
-    uint8_t *ids; /* every byte as its index in vocab */
+    uint8_t *ids;                        /* text: every byte as its index in vocab */
+    ct_llmc_tokens *tokens, *val_tokens; /* shards; val_tokens NULL: the last tenth of tokens */
+    ct_llmc_tokenizer *tokenizer;        /* --tokenizer, or NULL */
     int64_t n, ntrain;
     uint8_t vocab[256];
-    int nvocab;
+    int nvocab; /* the model's vocabulary */
 } corpus;
+
+static void corpus_free(corpus *c) {
+    free(c->ids);
+    ct_llmc_tokens_free(c->tokens);
+    ct_llmc_tokens_free(c->val_tokens);
+    ct_llmc_tokenizer_free(c->tokenizer);
+}
 
 static int by_name(const void *a, const void *b) {
     return strcmp(*(char *const *)a, *(char *const *)b);
@@ -291,6 +363,38 @@ static int corpus_load(corpus *c, const char *dir) {
     return 0;
 }
 
+/* --data (and --val-data, --tokenizer) as the corpus: a directory is text,
+ * anything else llm.c's token shards over o->vocab tokens. */
+static int corpus_open(corpus *c, const options *o) {
+    struct stat st;
+    if (!stat(o->data, &st) && S_ISDIR(st.st_mode)) {
+        if (o->val_data || o->tokenizer)
+            return ct_seterr(CT_EINVAL,
+                             "--val-data and --tokenizer are for token shards; --data "
+                             "%s is a directory of text",
+                             o->data);
+        return corpus_load(c, o->data);
+    }
+    *c = (corpus){.nvocab = (int)o->vocab};
+    if (!(c->tokens = ct_llmc_tokens_open(o->data)) ||
+        (o->val_data && !(c->val_tokens = ct_llmc_tokens_open(o->val_data))) ||
+        (o->tokenizer && !(c->tokenizer = ct_llmc_tokenizer_load(o->tokenizer))))
+        return ct_errcode();
+    /* Every token, before the first step: a bad one found by a batch
+     * later would end the run there. */
+    int rc = ct_llmc_tokens_check_vocab(c->tokens, o->vocab);
+    if (!rc && c->val_tokens)
+        rc = ct_llmc_tokens_check_vocab(c->val_tokens, o->vocab);
+    if (!rc && c->tokenizer && ct_llmc_tokenizer_vocab(c->tokenizer) < o->vocab)
+        rc = ct_seterr(CT_EINVAL, "--tokenizer %s knows %lld tokens, fewer than the model's %lld",
+                       o->tokenizer, (long long)ct_llmc_tokenizer_vocab(c->tokenizer),
+                       (long long)o->vocab);
+    int64_t count = ct_llmc_tokens_count(c->tokens);
+    c->ntrain = c->val_tokens ? count : count * 9 / 10;
+    c->n = count + (c->val_tokens ? ct_llmc_tokens_count(c->val_tokens) : 0);
+    return rc;
+}
+
 /* Output i (from 0) of SplitMix64 started at seed (Steele, Lea and Flood,
  * "Fast splittable pseudorandom number generators", OOPSLA 2014). */
 static uint64_t splitmix64_n(uint64_t seed, uint64_t i) {
@@ -300,19 +404,31 @@ static uint64_t splitmix64_n(uint64_t seed, uint64_t i) {
     return z ^ (z >> 31);
 }
 
-/* Inputs x and targets y [rows, T] of the windows starting at starts[]. */
+/* Inputs x and targets y [rows, T] of the windows starting at starts[]
+ * (corpus positions, all in one split). */
 static int windows(const corpus *c, const int64_t *starts, int64_t rows, int64_t t, ct_device dev,
                    ct_tensor **x, ct_tensor **y) {
-    *x = ct_empty(CT_SHAPE(rows, t), CT_INT64);
-    *y = ct_empty(CT_SHAPE(rows, t), CT_INT64);
-    if (!*x || !*y)
-        return ct_errcode();
-    int64_t *px = ct_data_ptr(*x), *py = ct_data_ptr(*y);
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t i = 0; i < t; i++) {
-            px[r * t + i] = c->ids[starts[r] + i];
-            py[r * t + i] = c->ids[starts[r] + i + 1];
-        }
+    if (c->tokens) {
+        /* --val-data's positions follow --data's. */
+        bool val = c->val_tokens && rows > 0 && starts[0] >= c->ntrain;
+        int64_t shifted[rows > 0 ? rows : 1];
+        for (int64_t r = 0; r < rows; r++)
+            shifted[r] = starts[r] - (val ? c->ntrain : 0);
+        int rc = ct_llmc_tokens_windows(val ? c->val_tokens : c->tokens, shifted, rows, t, x, y);
+        if (rc)
+            return rc;
+    } else {
+        *x = ct_empty(CT_SHAPE(rows, t), CT_INT64);
+        *y = ct_empty(CT_SHAPE(rows, t), CT_INT64);
+        if (!*x || !*y)
+            return ct_errcode();
+        int64_t *px = ct_data_ptr(*x), *py = ct_data_ptr(*y);
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t i = 0; i < t; i++) {
+                px[r * t + i] = c->ids[starts[r] + i];
+                py[r * t + i] = c->ids[starts[r] + i + 1];
+            }
+    }
     *x = ct_to(*x, dev);
     *y = ct_to(*y, dev);
     return *x && *y ? 0 : ct_errcode();
@@ -458,26 +574,48 @@ static ct_lr_schedule schedule(const options *o, int64_t total) {
 
 /* ---------------------------------------------------------------- sampling */
 
-/* Appends n characters to the prompt, each drawn from softmax(logits / T)
- * of the last context characters, and prints the text. */
+/* The sample's first tokens: the prompt's bytes in a text corpus; with
+ * token shards, which have no encoder here, the tokenizer's end of text
+ * (the start of a document), else token 0. */
+static int64_t sample_start(const corpus *c, const options *o, int64_t *ids) {
+    if (c->tokens) {
+        ids[0] = c->tokenizer && ct_llmc_tokenizer_eot(c->tokenizer) < c->nvocab
+                     ? ct_llmc_tokenizer_eot(c->tokenizer)
+                     : 0;
+        return 1;
+    }
+    int64_t len = (int64_t)strlen(o->prompt);
+    for (int64_t i = 0; i < len; i++)
+        ids[i] = (const uint8_t *)memchr(c->vocab, (uint8_t)o->prompt[i], (size_t)c->nvocab) -
+                 c->vocab; /* check_inputs() found every byte */
+    return len;
+}
+
+/* Token id as text: its byte, the tokenizer's bytes, or "<id>". */
+static void print_token(const corpus *c, int64_t id) {
+    size_t len = 0;
+    const char *text = c->tokenizer ? ct_llmc_tokenizer_decode(c->tokenizer, id, &len) : NULL;
+    if (!c->tokens)
+        putchar(c->vocab[id]);
+    else if (text)
+        fwrite(text, 1, len, stdout);
+    else
+        printf("<%lld>", (long long)id);
+}
+
+/* Appends n tokens to the sample's start, each drawn from softmax(logits /
+ * T) of the last context tokens, and prints the text. */
 static int sample(ct_module *gpt, const corpus *c, const options *o) {
-    int64_t len = (int64_t)strlen(o->prompt), cap = len + o->sample_tokens;
-    int64_t *ids = malloc(sizeof *ids * (size_t)(cap > 0 ? cap : 1));
+    int64_t cap = (int64_t)strlen(o->prompt) + 1 + o->sample_tokens;
+    int64_t *ids = malloc(sizeof *ids * (size_t)cap);
     if (!ids)
         return ct_seterr(CT_ENOMEM, "sample: out of memory");
+    int64_t len = sample_start(c, o, ids), end = len + o->sample_tokens;
     int rc = 0;
-    for (int64_t i = 0; i < len && !rc; i++) {
-        const uint8_t *at = memchr(c->vocab, (uint8_t)o->prompt[i], (size_t)c->nvocab);
-        if (!at)
-            rc = ct_seterr(CT_EINVAL, "sample: the prompt's byte 0x%02x is not in the corpus",
-                           (uint8_t)o->prompt[i]);
-        else
-            ids[i] = at - c->vocab;
-    }
     ct_generator gen = {.seed = o->seed, .offset = 0};
     ct_module_train(gpt, false);
     bool prev = ct_set_grad_enabled(false);
-    for (int64_t n = len; n < cap && !rc; n++) {
+    for (int64_t n = len; n < end && !rc; n++) {
         ct_scope_begin();
         int64_t from = n > o->model.context ? n - o->model.context : 0;
         ct_tensor *x = ct_to(ct_from_data(ids + from, CT_SHAPE(1, n - from), CT_INT64), o->device);
@@ -501,10 +639,10 @@ static int sample(ct_module *gpt, const corpus *c, const options *o) {
     ct_set_grad_enabled(prev);
     ct_module_train(gpt, true);
     if (!rc) {
-        printf("--- sample (%lld characters, temperature %.2f) ---\n", (long long)o->sample_tokens,
-               o->temperature);
-        for (int64_t i = 0; i < cap; i++)
-            putchar(c->vocab[ids[i]]);
+        printf("--- sample (%lld %s, temperature %.2f) ---\n", (long long)o->sample_tokens,
+               c->tokens ? "tokens" : "characters", o->temperature);
+        for (int64_t i = c->tokens ? 1 : 0; i < end; i++)
+            print_token(c, ids[i]);
         printf("\n---\n");
     }
     free(ids);
@@ -665,6 +803,11 @@ static int train(run *r, bool *complete) {
     if (!stopped && !o->bench && r->rank == 0 && o->sample_tokens > 0 &&
         (rc = sample(r->gpt, r->c, o)))
         return rc;
+    if (r->rank == 0 && o->export_llmc) {
+        if ((rc = ct_llmc_gpt_save(r->gpt, o->export_llmc)))
+            return rc;
+        printf(NAME ": wrote the model to %s in llm.c's format\n", o->export_llmc);
+    }
     if (r->rank == 0)
         printf("{\"bench\": \"gpt\", \"impl\": \"ct\", \"threads\": %d, \"ranks\": %d, "
                "\"batch\": %lld, \"context\": %lld, \"layers\": %lld, \"width\": %lld, "
@@ -687,7 +830,8 @@ static int setup(run *r) {
     if (!r->gpt || (o->device.type != CT_CPU && ct_module_to(r->gpt, o->device)) ||
         ct_module_flatten(r->gpt, r->ranks == 1) ||
         ct_module_named_parameters(r->gpt, &r->params) ||
-        (o->init && load_init(o->init, &r->params)))
+        (o->init && !o->init_llmc && load_init(o->init, &r->params)) ||
+        (o->init_llmc && ct_llmc_gpt_load_into(r->gpt, o->init)))
         return -1;
     if (r->ranks > 1) {
         /* Checkpointed blocks run backward reentrantly, so a parameter's
@@ -705,14 +849,15 @@ static int setup(run *r) {
         return -1;
     if (r->rank == 0)
         printf(NAME ": %lld layers, %lld heads, width %lld, context %lld, vocab %d, %lld "
-                    "parameters; %lld training and %lld validation characters; batch %lld (%lld "
+                    "parameters; %lld training and %lld validation %s; batch %lld (%lld "
                     "per rank), %d rank%s, %d thread%s each%s%s\n",
                (long long)o->model.layers, (long long)o->model.heads, (long long)o->model.width,
                (long long)o->model.context, r->c->nvocab,
                (long long)ct_param_list_numel(&r->params), (long long)r->c->ntrain,
-               (long long)(r->c->n - r->c->ntrain), (long long)o->batch,
-               (long long)(o->batch / r->ranks), r->ranks, r->ranks > 1 ? "s" : "", o->threads,
-               o->threads > 1 ? "s" : "", o->model.checkpoint ? ", activation checkpointing" : "",
+               (long long)(r->c->n - r->c->ntrain), r->c->tokens ? "tokens" : "characters",
+               (long long)o->batch, (long long)(o->batch / r->ranks), r->ranks,
+               r->ranks > 1 ? "s" : "", o->threads, o->threads > 1 ? "s" : "",
+               o->model.checkpoint ? ", activation checkpointing" : "",
                o->init ? ", weights from --init" : "");
     fflush(stdout);
     return 0;
@@ -752,14 +897,28 @@ static int check_inputs(const options *o, const corpus *c, int rank, int ranks) 
         return ct_seterr(CT_EINVAL, "--batch %lld must divide among the %d ranks",
                          (long long)o->batch, ranks);
     int64_t need = min_corpus(o);
-    if (c->n < need)
+    const char *unit = c->tokens ? "tokens" : "characters";
+    if (!c->val_tokens && c->n < need)
         return ct_seterr(CT_EINVAL,
-                         "--data %s: %lld characters are too few to train on: --context %lld "
-                         "and --batch %lld need at least %lld (a window to train on and a "
-                         "validation batch in the last tenth)",
-                         o->data, (long long)c->n, (long long)o->model.context, (long long)o->batch,
-                         (long long)need);
-    for (const char *p = o->prompt; !o->bench && o->sample_tokens > 0 && *p; p++)
+                         "--data %s: %lld %s are too few to train on: --context %lld and --batch "
+                         "%lld need at least %lld (a window to train on and a validation batch "
+                         "in the last tenth)",
+                         o->data, (long long)c->n, unit, (long long)o->model.context,
+                         (long long)o->batch, (long long)need);
+    if (c->val_tokens && (c->ntrain <= o->model.context || val_batches(c, o) < 1))
+        return ct_seterr(CT_EINVAL,
+                         "--data %s (%lld tokens) needs more than --context %lld, and --val-data "
+                         "%s (%lld tokens) a batch of --batch %lld windows of %lld",
+                         o->data, (long long)c->ntrain, (long long)o->model.context, o->val_data,
+                         (long long)(c->n - c->ntrain), (long long)o->batch,
+                         (long long)o->model.context + 1);
+    if (o->init_llmc && c->nvocab != o->vocab)
+        return ct_seterr(CT_EINVAL,
+                         "--init %s holds a model of %lld tokens, but the text of --data %s has "
+                         "%d distinct bytes: llm.c's models read token shards (--data "
+                         "FILE.bin)",
+                         o->init, (long long)o->vocab, o->data, c->nvocab);
+    for (const char *p = o->prompt; !c->tokens && !o->bench && o->sample_tokens > 0 && *p; p++)
         if (!memchr(c->vocab, (uint8_t)*p, (size_t)c->nvocab))
             return ct_seterr(CT_EINVAL,
                              "--prompt: its byte 0x%02x ('%c') is not in the corpus of --data "
@@ -784,13 +943,14 @@ int main(int argc, char **argv) {
     o.threads = eo.threads;
     if (o.device.type == CT_CUDA && o.device.index < 0)
         o.device.index = ct_cuda_current_device();
-    corpus c;
+    corpus c = {0};
     run r = {.o = &o, .c = &c, .world = ct_dist_comm()};
     r.rank = ct_comm_rank(r.world);
     r.ranks = ct_comm_size(r.world);
     ct_param_list_init(&r.params);
     bool complete = false;
-    int rc = corpus_load(&c, o.data);
+    int rc = o.init && is_llmc_model(o.init) ? take_llmc_sizes(&o) : 0;
+    rc = rc ? rc : corpus_open(&c, &o);
     rc = rc ? rc : check_inputs(&o, &c, r.rank, r.ranks);
     rc = rc ? rc : setup(&r);
     rc = rc ? rc : train(&r, &complete);
@@ -804,7 +964,7 @@ int main(int argc, char **argv) {
     if (rc)
         fprintf(stderr, NAME ": %s\n", ct_errmsg());
     teardown(&r);
-    free(c.ids);
+    corpus_free(&c);
     ct_dist_finalize();
     return rc ? 1 : 0;
 }

@@ -191,6 +191,67 @@ TEST(threads_come_from_the_flag_then_ct_num_threads) {
     TT_ASSERT_JOB(&job, w && !strstr(w + 1, "warning:"));
 }
 
+/* An llm.c token shard (dev/data/data_common.py's layout: 256 int32, the
+ * magic 20240520, version 1 and the count, then uint16 tokens) of n
+ * tokens i * 7 % vocab, the first one bad when bad. */
+static void write_shard(const char *path, int n, int vocab, bool bad) {
+    FILE *f = fopen(path, "wb");
+    int32_t header[256] = {20240520, 1, n};
+    fwrite(header, sizeof header, 1, f);
+    for (int i = 0; i < n; i++) {
+        uint16_t t = (uint16_t)(bad && i == 0 ? vocab : i * 7 % vocab);
+        fwrite(&t, sizeof t, 1, f);
+    }
+    fclose(f);
+}
+
+TEST(gpt_trains_on_llmc_token_shards_and_hands_its_model_to_llmc_and_back) {
+    char dir[256], pattern[300], val[300], model[300];
+    tt_tmp_path(dir, "shards");
+    mkdir(dir, 0755);
+    for (int i = 0; i < 2; i++) {
+        char path[300];
+        snprintf(path, sizeof path, "%s/tiny_train_%06d.bin", dir, i);
+        write_shard(path, 3000, 64, false);
+    }
+    snprintf(pattern, sizeof pattern, "%s/tiny_train_*.bin", dir);
+    snprintf(val, sizeof val, "%s/tiny_val.bin", dir);
+    snprintf(model, sizeof model, "%s/model.bin", dir);
+    write_shard(val, 1000, 64, false);
+    ASSERT_TRUE(run((const char *const[]){TINY_GPT, "--data", pattern, "--val-data", val, "--vocab",
+                                          "64", "--steps", "3", "--sample-tokens", "5",
+                                          "--export-llmc", model, NULL},
+                    0));
+    TT_ASSERT_JOB(&job, strstr(job.out, "vocab 64,") && strstr(job.out, "6000 training and 1000"));
+    TT_ASSERT_JOB(&job,
+                  strstr(job.out, "--- sample (5 tokens") && strstr(job.out, "wrote the model"));
+    ct_gpt_config cfg;
+    ASSERT_EQ(ct_llmc_gpt_read_config(model, &cfg, NULL), 0);
+    ASSERT_TRUE(cfg.layers == 2 && cfg.width == 32 && cfg.heads == 2 && cfg.context == 32 &&
+                cfg.vocab == 64);
+    /* Back: the file's sizes are the model's; a flag that disagrees fails. */
+    ASSERT_TRUE(
+        run((const char *const[]){GPT_PATH, "--data", pattern, "--init", model, "--batch", "8",
+                                  "--steps", "1", "--sample-tokens", "0", "--threads", "1", NULL},
+            0));
+    TT_ASSERT_JOB(&job, strstr(job.out, "2 layers, 2 heads, width 32, context 32, vocab 64") &&
+                            strstr(job.out, "weights from --init"));
+    ASSERT_TRUE(run((const char *const[]){TINY_GPT, "--data", pattern, "--init", model, "--layers",
+                                          "3", "--steps", "1", NULL},
+                    1));
+    TT_ASSERT_JOB(&job, strstr(job.err, "--layers 3, but --init ") &&
+                            strstr(job.err, "holds a model with 2"));
+    /* A token outside the vocabulary is an error that names it. */
+    char bad[300];
+    snprintf(bad, sizeof bad, "%s/bad.bin", dir);
+    write_shard(bad, 3000, 64, true);
+    ASSERT_TRUE(run((const char *const[]){TINY_GPT, "--data", bad, "--vocab", "64", "--steps", "3",
+                                          "--sample-tokens", "0", NULL},
+                    1));
+    TT_ASSERT_JOB(&job, strstr(job.err, "bad.bin") && strstr(job.err, "64") &&
+                            !strstr(job.out, "parameters"));
+}
+
 /* ---------------------------------------------------------- fmnist_mlp */
 
 static void put_be32(FILE *f, uint32_t v) {
