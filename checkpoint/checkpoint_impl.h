@@ -4,6 +4,7 @@
 
 #include <ct/checkpoint.h>
 
+#include "file_impl.h"
 #include "tensor_impl.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -164,25 +165,17 @@ int ct__manifest_read_at(int dirfd, const char *path, ck_manifest **out);
 
 /* ----------------------------------------------------------- file system */
 
-/* Opens name in the directory dirfd for reading: a regular file only, never
- * through a symlink, and without blocking on a FIFO or a device. shown
- * names it in messages. CT_ECORRUPT for a symlink or a file that is not
- * regular, CT_EIO (ENOENT: *missing true) otherwise. */
+/* ct__file_open with a checkpoint's rules: a file in a checkpoint is never
+ * reached through a symlink, and a symlink or a file that is not regular is
+ * CT_ECORRUPT; CT_EIO (ENOENT: *missing true) otherwise. */
 int ct__open_regular(int dirfd, const char *name, const char *shown, bool *missing);
 
-/* fsync on a directory by path. */
-int ct__fsync_dir(const char *path);
 /* Removes a directory tree; missing is fine. */
 int ct__remove_tree(const char *path);
 /* mkdir -p. */
 int ct__make_dirs(const char *path);
-/* The parent directory of path (malloc'd: "." for a bare name). */
-char *ct__parent_dir(const char *path);
-/* Writes len bytes at off in full, or CT_EIO naming path. */
-int ct__pwrite_all(int fd, const void *buf, size_t len, int64_t off, const char *path);
-/* Reads len bytes at off in full; CT_ECORRUPT naming path when the file ends
- * first, CT_EIO for an I/O error. */
-int ct__pread_all(int fd, void *buf, size_t len, int64_t off, const char *path);
+/* ct__fsync_dir, ct__parent_dir, ct__pread_all and ct__pwrite_all are in
+ * tensor/file_impl.h, shared with data/. */
 
 /* ----------------------------------------------------- save, collectively */
 

@@ -29,15 +29,11 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <stdlib.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 /* Tensor bytes are read into and written from ct's memory as they are. */
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
                "safetensors data is little-endian; ct reads and writes it in place");
-
-/* Bytes gathered per write when saving a non-contiguous tensor. */
-#define STAGE_BYTES ((size_t)1 << 20)
 
 /* Every dtype safetensors defines; ct lacks those with ct < 0. */
 static const struct {
@@ -700,18 +696,15 @@ int ct_safetensors_load(const char *path, ct_tensor_dict **out) {
     *out = NULL;
     if (!path)
         return ct__seterr(CT_EINVAL, "safetensors_load: path is NULL");
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    static const ct__file_rules rules = {.refuse = CT_EIO, .follow = true};
+    int64_t len = 0;
+    int fd = ct__file_open(AT_FDCWD, path, path, &rules, &len, NULL);
     if (fd < 0)
-        return ct__seterr(CT_EIO, "safetensors: %s: cannot open: %s", path, strerror(errno));
-    struct stat st;
+        return ct__seterr(fd, "safetensors: %s", ct_errmsg());
     int rc = 0;
-    if (fstat(fd, &st) != 0)
-        rc = ct__seterr(CT_EIO, "safetensors: %s: cannot stat: %s", path, strerror(errno));
-    else if (!S_ISREG(st.st_mode))
-        rc = ct__seterr(CT_EIO, "safetensors: %s: not a regular file", path);
-    uint64_t size = rc ? 0 : (uint64_t)st.st_size, n = 0;
+    uint64_t size = (uint64_t)len, n = 0;
     unsigned char first[8] = {0};
-    if (rc == 0 && size >= 8)
+    if (size >= 8)
         rc = ct__pread_all(fd, first, 8, 0, path);
     if (rc == 0)
         rc = check_prefix(path, first, size, &n);
@@ -804,77 +797,6 @@ static char *make_header(const char *path, const ct_tensor_dict *set, size_t *le
     return p;
 }
 
-typedef struct writer {
-    const char *path; /* the temporary file, for messages */
-    int fd;
-    int64_t off; /* where the next write goes */
-    char *stage; /* STAGE_BYTES, allocated on first use */
-    size_t used;
-} writer;
-
-static int write_all(writer *w, const void *p, size_t n) {
-    int rc = ct__pwrite_all(w->fd, p, n, w->off, w->path);
-    w->off += (int64_t)n;
-    return rc;
-}
-
-static int flush(writer *w) {
-    int rc = write_all(w, w->stage, w->used);
-    w->used = 0;
-    return rc;
-}
-
-/* Writes n bytes, gathering small pieces into the stage. */
-static int put(writer *w, const void *p, size_t n) {
-    if (w->used + n > STAGE_BYTES) {
-        int rc = flush(w);
-        if (rc)
-            return rc;
-    }
-    if (n >= STAGE_BYTES)
-        return write_all(w, p, n);
-    if (!w->stage && !(w->stage = malloc(STAGE_BYTES)))
-        return ct__seterr(CT_ENOMEM, "safetensors_save: %s: out of memory for a write buffer",
-                          w->path);
-    memcpy(w->stage + w->used, p, n);
-    w->used += n;
-    return 0;
-}
-
-/* Writes t's elements in row-major order, one run per stretch of its
- * innermost dims that is contiguous in memory. */
-static int put_tensor(writer *w, const ct_tensor *t) {
-    const char *base = ct_data_ptr(t);
-    const size_t esize = ct__esize(t->dtype);
-    int64_t numel = ct__numel(t->ndim, t->sizes);
-    if (numel == 0)
-        return 0;
-    int outer = t->ndim;
-    int64_t run = 1;
-    while (outer > 0 && (t->sizes[outer - 1] == 1 || t->strides[outer - 1] == run))
-        run *= t->sizes[--outer];
-    int64_t idx[CT_MAX_DIMS] = {0};
-    for (int64_t r = 0; r < numel / run; r++) {
-        int64_t off = 0;
-        for (int d = 0; d < outer; d++)
-            off += idx[d] * t->strides[d];
-        int rc = put(w, base + off * (int64_t)esize, (size_t)run * esize);
-        if (rc)
-            return rc;
-        for (int d = outer - 1; d >= 0 && ++idx[d] == t->sizes[d]; d--)
-            idx[d] = 0;
-    }
-    return 0;
-}
-
-/* fsyncs the directory that holds path, so that a rename into it lasts. */
-static int sync_parent(const char *path) {
-    char *dir = ct__parent_dir(path);
-    int rc = dir ? ct__fsync_dir(dir) : ct_errcode();
-    free(dir);
-    return rc;
-}
-
 int ct_safetensors_save(const char *path, const ct_tensor_dict *set) {
     static const char fn[] = "safetensors_save";
     if (!path || !path[0])
@@ -900,7 +822,7 @@ int ct_safetensors_save(const char *path, const ct_tensor_dict *set) {
     }
     memcpy(tmp, path, plen);
     memcpy(tmp + plen, ".tmp", sizeof ".tmp");
-    writer w = {.path = tmp, .fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666)};
+    ct__writer w = {.shown = tmp, .fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666)};
     int rc = 0;
     if (w.fd < 0) {
         rc = ct__seterr(CT_EIO, "%s: cannot create %s: %s", fn, tmp, strerror(errno));
@@ -908,33 +830,23 @@ int ct_safetensors_save(const char *path, const ct_tensor_dict *set) {
         unsigned char size[8];
         for (int i = 0; i < 8; i++)
             size[i] = (unsigned char)((uint64_t)hlen >> (8 * i));
-        rc = put(&w, size, 8);
+        rc = ct__writer_put(&w, size, 8);
         if (rc == 0)
-            rc = put(&w, header, hlen);
+            rc = ct__writer_put(&w, header, hlen);
         for (int i = 0; rc == 0 && i < count; i++) {
             /* A device tensor is copied to the host one at a time, so that
              * the host holds at most one of them. */
             ct_tensor *host = ct__ck_on_host(ct_tensor_dict_tensor(set, i));
-            rc = host ? put_tensor(&w, host)
+            rc = host ? ct__for_each_run(host, ct__writer_put, &w)
                       : ct__seterr(ct_errcode(), "%s: %s: tensor " NAME ": %s", fn, path,
                                    ct_tensor_dict_name(set, i), ct_errmsg());
             ct_tensor_free(host);
         }
         if (rc == 0)
-            rc = flush(&w);
-        if (rc == 0 && fsync(w.fd) != 0)
-            rc = ct__seterr(CT_EIO, "%s: cannot sync %s: %s", fn, tmp, strerror(errno));
-        if (close(w.fd) != 0 && rc == 0)
-            rc = ct__seterr(CT_EIO, "%s: cannot close %s: %s", fn, tmp, strerror(errno));
-        if (rc == 0 && rename(tmp, path) != 0)
-            rc = ct__seterr(CT_EIO, "%s: cannot rename %s to %s: %s", fn, tmp, path,
-                            strerror(errno));
-        if (rc)
-            unlink(tmp);
-        else
-            rc = sync_parent(path);
+            rc = ct__writer_flush(&w);
+        rc = ct__file_commit(AT_FDCWD, w.fd, tmp, path, rc, fn);
     }
-    free(w.stage);
+    ct__writer_free(&w);
     free(tmp);
     free(header);
     return rc;

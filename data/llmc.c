@@ -12,6 +12,7 @@
 
 #include <ct/cuda.h>
 
+#include "file_impl.h"
 #include "tensor_impl.h"
 
 #include <errno.h>
@@ -55,87 +56,48 @@ static const char *magic_owner(int32_t magic) {
     }
 }
 
-static const char *file_kind(mode_t mode) {
-    return S_ISFIFO(mode)   ? "a FIFO"
-           : S_ISDIR(mode)  ? "a directory"
-           : S_ISSOCK(mode) ? "a socket"
-                            : "a device";
-}
-
-/* Opens path for reading, refusing a symbolic link (O_NOFOLLOW) and
- * anything but a regular file; *size is its length. Returns the fd or a
- * negative code with the message set. */
+/* Opens path for reading, refusing a symbolic link and anything but a
+ * regular file; *size is its length. Returns the fd or a negative code
+ * with the message set. */
 static int open_regular(const char *fn, const char *path, int64_t *size) {
-    /* O_NONBLOCK: opening a FIFO for reading would wait for a writer. */
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);
-    if (fd < 0) {
-        if (errno == ELOOP)
-            return ct__seterr(
-                CT_ECORRUPT, "%s: %s: a symbolic link; give the path of the file itself", fn, path);
-        return ct__seterr(CT_EIO, "%s: %s: cannot open: %s", fn, path, strerror(errno));
-    }
-    struct stat st;
-    int rc = 0;
-    if (fstat(fd, &st) != 0)
-        rc = ct__seterr(CT_EIO, "%s: %s: cannot stat: %s", fn, path, strerror(errno));
-    else if (!S_ISREG(st.st_mode))
-        rc = ct__seterr(CT_ECORRUPT, "%s: %s: not a regular file (%s)", fn, path,
-                        file_kind(st.st_mode));
-    else if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0)
-        rc = ct__seterr(CT_EIO, "%s: %s: %s", fn, path, strerror(errno));
-    if (rc) {
-        close(fd);
-        return rc;
-    }
-    *size = (int64_t)st.st_size;
-    return fd;
+    static const ct__file_rules rules = {
+        .refuse = CT_ECORRUPT,
+        .link_why = "; give the path of the file itself",
+    };
+    int fd = ct__file_open(AT_FDCWD, path, path, &rules, size, NULL);
+    return fd < 0 ? ct__seterr(fd, "%s: %s", fn, ct_errmsg()) : fd;
 }
 
 /* Reads len bytes at off; a file that ends first is corrupt. */
 static int pread_all(int fd, void *buf, size_t len, int64_t off, const char *fn, const char *path) {
-    char *p = buf;
-    while (len > 0) {
-        ssize_t n = pread(fd, p, len, (off_t)off);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0)
-            return ct__seterr(CT_EIO, "%s: %s: reading %zu bytes at %lld: %s", fn, path, len,
-                              (long long)off, strerror(errno));
-        if (n == 0)
-            return ct__seterr(CT_ECORRUPT, "%s: %s: the file ends at byte %lld, %zu bytes early",
-                              fn, path, (long long)off, len);
-        p += n;
-        len -= (size_t)n;
-        off += n;
-    }
-    return 0;
+    int rc = ct__pread_all(fd, buf, len, off, path);
+    return rc ? ct__seterr(rc, "%s: %s", fn, ct_errmsg()) : 0;
 }
 
 static int pwrite_all(int fd, const void *buf, size_t len, int64_t off, const char *fn,
                       const char *path) {
-    const char *p = buf;
-    while (len > 0) {
-        ssize_t n = pwrite(fd, p, len, (off_t)off);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            return ct__seterr(CT_EIO, "%s: %s: writing %zu bytes at %lld: %s", fn, path, len,
-                              (long long)off, n < 0 ? strerror(errno) : "wrote nothing");
-        p += n;
-        len -= (size_t)n;
-        off += n;
-    }
-    return 0;
+    int rc = ct__pwrite_all(fd, buf, len, off, path);
+    return rc ? ct__seterr(rc, "%s: %s", fn, ct_errmsg()) : 0;
 }
 
-/* The header of a file of hdr_bytes or more: a file shorter than a header
- * is corrupt with a message that says so (rather than "ends early"). */
-static int read_header(int fd, int64_t size, int32_t *h, const char *fn, const char *path,
-                       const char *what) {
-    if (size < HEADER_BYTES)
-        return ct__seterr(CT_ECORRUPT, "%s: %s: %lld bytes, shorter than the %d-byte header of %s",
-                          fn, path, (long long)size, HEADER_BYTES, what);
-    return pread_all(fd, h, HEADER_BYTES, 0, fn, path);
+/* Opens path (as open_regular) and reads its header into h; a file shorter
+ * than a header is corrupt with a message that says so (rather than "ends
+ * early"). Returns the fd or a negative code, the file closed. */
+static int open_with_header(const char *fn, const char *path, const char *what, int32_t *h,
+                            int64_t *size) {
+    int fd = open_regular(fn, path, size);
+    if (fd < 0)
+        return fd;
+    int rc =
+        *size < HEADER_BYTES
+            ? ct__seterr(CT_ECORRUPT, "%s: %s: %lld bytes, shorter than the %d-byte header of %s",
+                         fn, path, (long long)*size, HEADER_BYTES, what)
+            : pread_all(fd, h, HEADER_BYTES, 0, fn, path);
+    if (rc) {
+        close(fd);
+        return rc;
+    }
+    return fd;
 }
 
 /* A body of exactly want bytes after the header, or an error saying how
@@ -180,12 +142,12 @@ static bool tokens_ok(const ct_llmc_tokens *ts) { return ts && ts->magic == TOKE
 
 static int map_shard(shard *sh, const char *fn) {
     int64_t size;
-    int fd = open_regular(fn, sh->path, &size);
+    int32_t h[HEADER_WORDS];
+    int fd = open_with_header(fn, sh->path, "a token shard", h, &size);
     if (fd < 0)
         return fd;
-    int32_t h[HEADER_WORDS];
-    int rc = read_header(fd, size, h, fn, sh->path, "a token shard");
-    if (rc == 0 && h[0] != CT_LLMC_TOKENS_MAGIC)
+    int rc = 0;
+    if (h[0] != CT_LLMC_TOKENS_MAGIC)
         rc = ct__seterr(CT_ECORRUPT, "%s: %s: magic %d is not llm.c's token shard magic %d%s", fn,
                         sh->path, h[0], CT_LLMC_TOKENS_MAGIC, magic_owner(h[0]));
     if (rc == 0 && h[1] != CT_LLMC_TOKENS_VERSION)
@@ -826,13 +788,11 @@ static int parse_model_header(const int32_t *w, int64_t size, model_header *h, c
  * from) or a negative code. */
 static int open_model(const char *fn, const char *path, model_header *h) {
     int64_t size;
-    int fd = open_regular(fn, path, &size);
+    int32_t w[HEADER_WORDS];
+    int fd = open_with_header(fn, path, "an llm.c GPT-2 checkpoint", w, &size);
     if (fd < 0)
         return fd;
-    int32_t w[HEADER_WORDS];
-    int rc = read_header(fd, size, w, fn, path, "an llm.c GPT-2 checkpoint");
-    if (rc == 0)
-        rc = parse_model_header(w, size, h, fn, path);
+    int rc = parse_model_header(w, size, h, fn, path);
     if (rc) {
         close(fd);
         return rc;
@@ -1031,25 +991,6 @@ static int write_model(int fd, const char *fn, const char *tmp, const model_head
     return rc;
 }
 
-/* fsyncs path's directory, so that a rename into it lasts. */
-static int sync_dir_of(const char *fn, const char *path) {
-    const char *slash = strrchr(path, '/');
-    char *dir = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : strdup(".");
-    if (!dir)
-        return ct__seterr(CT_ENOMEM, "%s: %s: out of memory", fn, path);
-    int rc = 0, fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0)
-        rc = ct__seterr(CT_EIO, "%s: %s: opening the directory to sync it: %s", fn, dir,
-                        strerror(errno));
-    /* Some file systems cannot fsync a directory (EINVAL). */
-    else if (fsync(fd) != 0 && errno != EINVAL)
-        rc = ct__seterr(CT_EIO, "%s: %s: fsync: %s", fn, dir, strerror(errno));
-    if (fd >= 0)
-        close(fd);
-    free(dir);
-    return rc;
-}
-
 int ct_llmc_gpt_save_as(const ct_module *gpt_in, const char *path, int version) {
     static const char fn[] = "llmc_gpt_save";
     if (!path || !path[0])
@@ -1103,17 +1044,7 @@ int ct_llmc_gpt_save_as(const ct_module *gpt_in, const char *path, int version) 
             rc = write_model(fd, fn, tmp, &h, src);
             if (rc == 0 && fchmod(fd, 0644) != 0)
                 rc = ct__seterr(CT_EIO, "%s: %s: chmod: %s", fn, tmp, strerror(errno));
-            if (rc == 0 && fsync(fd) != 0)
-                rc = ct__seterr(CT_EIO, "%s: cannot sync %s: %s", fn, tmp, strerror(errno));
-            if (close(fd) != 0 && rc == 0)
-                rc = ct__seterr(CT_EIO, "%s: cannot close %s: %s", fn, tmp, strerror(errno));
-            if (rc == 0 && rename(tmp, path) != 0)
-                rc = ct__seterr(CT_EIO, "%s: cannot rename %s to %s: %s", fn, tmp, path,
-                                strerror(errno));
-            if (rc)
-                unlink(tmp);
-            else
-                rc = sync_dir_of(fn, path);
+            rc = ct__file_commit(AT_FDCWD, fd, tmp, path, rc, fn);
         }
     }
     free(tmp);
@@ -1187,13 +1118,13 @@ ct_llmc_tokenizer *ct_llmc_tokenizer_load(const char *path) {
         return NULL;
     }
     int64_t size;
-    int fd = open_regular(fn, path, &size);
+    int32_t w[HEADER_WORDS];
+    int fd = open_with_header(fn, path, "an llm.c tokenizer", w, &size);
     if (fd < 0)
         return NULL;
-    int32_t w[HEADER_WORDS];
-    int rc = read_header(fd, size, w, fn, path, "an llm.c tokenizer");
-    uint32_t version = rc ? 0 : (uint32_t)w[1], vocab = rc ? 0 : (uint32_t)w[2];
-    if (rc == 0 && w[0] != CT_LLMC_TOKENIZER_MAGIC)
+    int rc = 0;
+    uint32_t version = (uint32_t)w[1], vocab = (uint32_t)w[2];
+    if (w[0] != CT_LLMC_TOKENIZER_MAGIC)
         rc = ct__seterr(CT_ECORRUPT, "%s: %s: magic %d is not llm.c's tokenizer magic %d%s", fn,
                         path, w[0], CT_LLMC_TOKENIZER_MAGIC, magic_owner(w[0]));
     if (rc == 0 && version != 1 && version != 2)

@@ -21,6 +21,7 @@
 #include <ct/cuda.h>
 #include <ct/npy.h>
 
+#include "file_impl.h"
 #include "tensor_impl.h"
 
 #include <errno.h>
@@ -32,7 +33,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 /* Elements are mapped, read and written in place, without conversion,
@@ -45,8 +45,6 @@ _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
 /* The writer pads the header so that the data starts at a multiple of this
  * (numpy's ARRAY_ALIGN): aligned for every element type, and for SIMD. */
 #define ALIGN 64
-/* Bytes gathered per write when saving a view. */
-#define STAGE_BYTES ((size_t)1 << 20)
 /* Messages quote at most this much of the header around a fault. */
 #define NEAR 24
 
@@ -415,55 +413,20 @@ static int size_data(const char *what, npy_header *h) {
 /* --------------------------------------------------------------- the file */
 
 static int pread_all(int fd, void *buf, size_t len, int64_t off, const char *what) {
-    char *p = buf;
-    while (len > 0) {
-        ssize_t n = pread(fd, p, len, (off_t)off);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0)
-            return ct__seterr(CT_EIO, "npy: %s: reading %zu bytes at byte %lld: %s", what, len,
-                              (long long)off, strerror(errno));
-        /* The size was checked: a short read means the file shrank. */
-        if (n == 0)
-            return ct__seterr(CT_EIO, "npy: %s: the file ended at byte %lld while it was read",
-                              what, (long long)off);
-        p += n;
-        len -= (size_t)n;
-        off += n;
-    }
-    return 0;
+    int rc = ct__pread_all(fd, buf, len, off, what);
+    return rc ? ct__seterr(rc, "npy: %s", ct_errmsg()) : 0;
 }
 
 /* Opens name for reading, refusing what is not a regular file; *size gets
  * its size. */
 static int open_file(int dirfd, const char *name, bool follow, int64_t *size) {
-    /* O_NONBLOCK: opening a FIFO for reading would wait for a writer. */
-    int fd = openat(dirfd, name, O_RDONLY | O_NONBLOCK | O_CLOEXEC | (follow ? 0 : O_NOFOLLOW));
-    if (fd < 0 && errno == ELOOP && !follow)
-        return ct__seterr(CT_EIO,
-                          "npy: %s: a symbolic link, which ct_npy_load does not follow (load its "
-                          "target, or set follow_symlinks)",
-                          name);
-    if (fd < 0)
-        return ct__seterr(CT_EIO, "npy: %s: cannot open: %s", name, strerror(errno));
-    struct stat st;
-    int rc = 0;
-    if (fstat(fd, &st) != 0)
-        rc = ct__seterr(CT_EIO, "npy: %s: cannot stat: %s", name, strerror(errno));
-    else if (!S_ISREG(st.st_mode))
-        rc = ct__seterr(CT_EIO, "npy: %s: not a regular file (%s)", name,
-                        S_ISFIFO(st.st_mode)   ? "a FIFO"
-                        : S_ISDIR(st.st_mode)  ? "a directory"
-                        : S_ISSOCK(st.st_mode) ? "a socket"
-                                               : "a device");
-    else if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0)
-        rc = ct__seterr(CT_EIO, "npy: %s: %s", name, strerror(errno));
-    if (rc) {
-        close(fd);
-        return rc;
-    }
-    *size = (int64_t)st.st_size;
-    return fd;
+    const ct__file_rules rules = {
+        .refuse = CT_EIO,
+        .follow = follow,
+        .link_why = ", which ct_npy_load does not follow (load its target, or set follow_symlinks)",
+    };
+    int fd = ct__file_open(dirfd, name, name, &rules, size, NULL);
+    return fd < 0 ? ct__seterr(fd, "npy: %s", ct_errmsg()) : fd;
 }
 
 static uint32_t le16(const unsigned char *b) { return (uint32_t)b[0] | (uint32_t)b[1] << 8; }
@@ -621,34 +584,7 @@ static ct_storage *read_data(int fd, const char *what, const npy_header *h) {
     return s;
 }
 
-/* Calls fn on each stretch of t's elements that is contiguous in memory,
- * in row-major order. */
-typedef int (*run_fn)(void *ctx, const char *p, size_t n);
-static int for_each_run(const ct_tensor *t, run_fn fn, void *ctx) {
-    const char *base = ct_data_ptr(t);
-    const size_t esize = ct__esize(t->dtype);
-    int64_t numel = ct__numel(t->ndim, t->sizes);
-    if (numel == 0)
-        return 0;
-    int outer = t->ndim;
-    int64_t run = 1;
-    while (outer > 0 && (t->sizes[outer - 1] == 1 || t->strides[outer - 1] == run))
-        run *= t->sizes[--outer];
-    int64_t idx[CT_MAX_DIMS] = {0};
-    for (int64_t r = 0; r < numel / run; r++) {
-        int64_t off = 0;
-        for (int d = 0; d < outer; d++)
-            off += idx[d] * t->strides[d];
-        int rc = fn(ctx, base + off * (int64_t)esize, (size_t)run * esize);
-        if (rc)
-            return rc;
-        for (int d = outer - 1; d >= 0 && ++idx[d] == t->sizes[d]; d--)
-            idx[d] = 0;
-    }
-    return 0;
-}
-
-static int append(void *ctx, const char *p, size_t n) {
+static int append(void *ctx, const void *p, size_t n) {
     char **dst = ctx;
     memcpy(*dst, p, n);
     *dst += n;
@@ -664,7 +600,7 @@ static ct_tensor *row_major(const char *what, ct_tensor *v) {
         return NULL;
     }
     char *dst = ct_data_ptr(t);
-    for_each_run(v, append, &dst);
+    ct__for_each_run(v, append, &dst);
     return t;
 }
 
@@ -762,50 +698,6 @@ static size_t make_header(char *buf, const char *descr, int ndim, const int64_t 
     return total;
 }
 
-typedef struct writer {
-    const char *what;
-    int fd;
-    char *stage; /* STAGE_BYTES, allocated on first use */
-    size_t used;
-} writer;
-
-static int write_all(writer *w, const char *p, size_t n) {
-    while (n > 0) {
-        ssize_t k = write(w->fd, p, n);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k <= 0)
-            return ct__seterr(CT_EIO, "npy_save: %s: writing: %s", w->what,
-                              k < 0 ? strerror(errno) : "wrote nothing");
-        p += k;
-        n -= (size_t)k;
-    }
-    return 0;
-}
-
-static int flush(writer *w) {
-    int rc = write_all(w, w->stage, w->used);
-    w->used = 0;
-    return rc;
-}
-
-/* Writes n bytes, gathering small pieces (a view's runs) into the stage. */
-static int put(void *ctx, const char *p, size_t n) {
-    writer *w = ctx;
-    if (w->used + n > STAGE_BYTES) {
-        int rc = flush(w);
-        if (rc)
-            return rc;
-    }
-    if (n >= STAGE_BYTES)
-        return write_all(w, p, n);
-    if (!w->stage && !(w->stage = malloc(STAGE_BYTES)))
-        return ct__seterr(CT_ENOMEM, "npy_save: %s: out of memory for a write buffer", w->what);
-    memcpy(w->stage + w->used, p, n);
-    w->used += n;
-    return 0;
-}
-
 /* Creates a new file beside base in dir, for the data to go to before it
  * is renamed over base: a fresh name each time, so that saves of one path
  * from several threads or processes never share one. */
@@ -825,31 +717,19 @@ static int create_temp(int dir, const char *what, const char *base, char *tmp, s
 
 static int write_file(int dir, const char *what, const char *base, const ct_tensor *t,
                       const char *header, size_t hlen) {
-    char tmp[NAME_MAX + 1];
-    writer w = {.what = what, .fd = create_temp(dir, what, base, tmp, sizeof tmp)};
-    if (w.fd < 0)
+    char tmp[NAME_MAX + 1], shown[512];
+    snprintf(shown, sizeof shown, "npy_save: %s", what);
+    int fd = create_temp(dir, what, base, tmp, sizeof tmp);
+    if (fd < 0)
         return ct_errcode();
-    int rc = put(&w, header, hlen);
+    ct__writer w = {.shown = shown, .fd = fd};
+    int rc = ct__writer_put(&w, header, hlen);
     if (rc == 0)
-        rc = for_each_run(t, put, &w);
+        rc = ct__for_each_run(t, ct__writer_put, &w);
     if (rc == 0)
-        rc = flush(&w);
-    if (rc == 0 && fsync(w.fd) != 0)
-        rc = ct__seterr(CT_EIO, "npy_save: %s: cannot sync %s: %s", what, tmp, strerror(errno));
-    if (close(w.fd) != 0 && rc == 0)
-        rc = ct__seterr(CT_EIO, "npy_save: %s: cannot close %s: %s", what, tmp, strerror(errno));
-    if (rc == 0 && renameat(dir, tmp, dir, base) != 0)
-        rc = ct__seterr(CT_EIO, "npy_save: %s: cannot rename %s to it: %s", what, tmp,
-                        strerror(errno));
-    if (rc)
-        unlinkat(dir, tmp, 0);
-    /* Some file systems cannot fsync a directory (EINVAL): there is nothing
-     * more to do there. */
-    else if (fsync(dir) != 0 && errno != EINVAL)
-        rc = ct__seterr(CT_EIO, "npy_save: %s: cannot sync its directory: %s", what,
-                        strerror(errno));
-    free(w.stage);
-    return rc;
+        rc = ct__writer_flush(&w);
+    ct__writer_free(&w);
+    return ct__file_commit(dir, fd, tmp, base, rc, shown);
 }
 
 int ct_npy_save_at(int dirfd, const char *name, const ct_tensor *t) {

@@ -59,6 +59,19 @@ void example_common_flags(example_options *o, ct_cli_flag out[EXAMPLE_NUM_COMMON
     memcpy(out, flags, sizeof flags);
 }
 
+void example_resume_flags(example_resume *r, const char *save_help,
+                          ct_cli_flag out[EXAMPLE_NUM_RESUME_FLAGS]) {
+    const ct_cli_flag flags[EXAMPLE_NUM_RESUME_FLAGS] = {
+        CT_CLI_FLAG("--checkpoint-dir", CT_CLI_STRING, &r->dir, "DIR",
+                    "resume from the newest checkpoint in DIR and save there"),
+        CT_CLI_FLAG("--save-every", CT_CLI_INT64, &r->save_every, "N", save_help, .min = 0,
+                    .max = 1e15),
+        CT_CLI_FLAG("--stop-at-step", CT_CLI_INT64, &r->stop_at_step, "N",
+                    "save and stop at step N, to resume later (0: never)", .min = 0, .max = 1e15),
+    };
+    memcpy(out, flags, sizeof flags);
+}
+
 int example_parse(const char *name, const char *about, const ct_cli_flag *own, size_t nown,
                   example_options *o, int argc, char **argv) {
     ct_cli_flag flags[EXAMPLE_NUM_COMMON_FLAGS + EXAMPLE_MAX_OWN_FLAGS];

@@ -70,6 +70,19 @@ example_options example_options_defaults(void);
 #define EXAMPLE_MAX_OWN_FLAGS    24
 void example_common_flags(example_options *o, ct_cli_flag out[EXAMPLE_NUM_COMMON_FLAGS]);
 
+/* What a resumable run is told (fmnist_mlp's and gpt's flags). */
+typedef struct example_resume {
+    const char *dir;      /* --checkpoint-dir; NULL: no checkpoints */
+    int64_t save_every;   /* --save-every: 0 only where the program saves anyway */
+    int64_t stop_at_step; /* --stop-at-step: 0 never */
+} example_resume;
+
+/* --checkpoint-dir, --save-every (with save_help, which says when the
+ * program saves anyway) and --stop-at-step, pointing into r. */
+#define EXAMPLE_NUM_RESUME_FLAGS 3
+void example_resume_flags(example_resume *r, const char *save_help,
+                          ct_cli_flag out[EXAMPLE_NUM_RESUME_FLAGS]);
+
 /* Parses argv by the common flags and the example's own (at most
  * EXAMPLE_MAX_OWN_FLAGS), into the defaults already in o and own's
  * destinations. --help and --version print and exit 0; bad usage: -1,

@@ -65,9 +65,8 @@ typedef struct options {
     int recipe; /* index into recipes */
     int warmup_steps;
     const char *metrics;
-    const char *plot;           /* NULL: no chart */
-    const char *checkpoint_dir; /* NULL: no checkpoints */
-    int save_every, stop_at_step;
+    const char *plot; /* NULL: no chart */
+    example_resume resume;
 } options;
 
 static const char about[] =
@@ -92,7 +91,7 @@ static int parse(int argc, char **argv, options *o) {
     *o = (options){.common = example_options_defaults(),
                    .warmup_steps = 50,
                    .metrics = "fmnist_mlp.metrics.jsonl"};
-    const ct_cli_flag own[] = {
+    const ct_cli_flag mine[] = {
         CT_CLI_FLAG("--recipe", CT_CLI_CHOICE, &o->recipe, NULL,
                     "sgd: the reference (docs/bench-train.md); adamw: 1024 wide, AdamW, "
                     "cosine, dropout, and its own epochs 15, batch 128, hidden 1024, lr 0.001",
@@ -103,16 +102,14 @@ static int parse(int argc, char **argv, options *o) {
                     "draw the metrics as a chart at the end (needs gnuplot)"),
         CT_CLI_FLAG("--warmup-steps", CT_CLI_INT, &o->warmup_steps, "N",
                     "first steps left out of samples/s", .min = 0, .max = 1e9),
-        CT_CLI_FLAG("--checkpoint-dir", CT_CLI_STRING, &o->checkpoint_dir, "DIR",
-                    "resume from the newest checkpoint in DIR and save there"),
-        CT_CLI_FLAG("--save-every", CT_CLI_INT, &o->save_every, "N",
-                    "also save every N steps (0: after every epoch only)", .min = 0, .max = 1e9),
-        CT_CLI_FLAG("--stop-at-step", CT_CLI_INT, &o->stop_at_step, "N",
-                    "save and stop at step N, to resume later (0: never)", .min = 0, .max = 1e9),
         CT_CLI_FLAG("--device", CT_CLI_CUSTOM, &o->common.device, "cpu|cuda|cuda:N",
                     "where the model trains (cuda: each rank's own GPU)",
                     .parse = example_parse_device, .default_text = "cpu"),
     };
+    ct_cli_flag own[sizeof mine / sizeof *mine + EXAMPLE_NUM_RESUME_FLAGS];
+    memcpy(own, mine, sizeof mine);
+    example_resume_flags(&o->resume, "also save every N steps (0: after every epoch only)",
+                         own + sizeof mine / sizeof *mine);
     if (example_parse("fmnist_mlp", about, own, sizeof own / sizeof *own, &o->common, argc, argv))
         return -1;
     use_recipe(o);
@@ -237,9 +234,9 @@ static int train(const options *o, bool *complete) {
     ct_lr_schedule sched = schedule(o, total);
     resumable ckpt = {0};
     int64_t step = 0;
-    if (o->checkpoint_dir && (resumable_init(&ckpt, &params, opt, world) ||
-                              (step = resume(&ckpt, o->checkpoint_dir, world, loader,
-                                             ct_sampler_len(&sampler), opt)) < 0))
+    if (o->resume.dir &&
+        (resumable_init(&ckpt, &params, opt, world) ||
+         (step = resume(&ckpt, o->resume.dir, world, loader, ct_sampler_len(&sampler), opt)) < 0))
         return -1;
     int64_t first_epoch = 0, first_offset = 0;
     ct_loader_position(loader, &first_epoch, &first_offset);
@@ -250,7 +247,7 @@ static int train(const options *o, bool *complete) {
         if (rank == 0)
             printf("fmnist_mlp: the run in %s is complete: step %lld of %lld (%d epochs); "
                    "nothing to train (give more --epochs to go on)\n",
-                   o->checkpoint_dir, (long long)step, (long long)total, o->common.epochs);
+                   o->resume.dir, (long long)step, (long long)total, o->common.epochs);
         goto done;
     }
     if (rank == 0 && *o->metrics &&
@@ -333,18 +330,18 @@ static int train(const options *o, bool *complete) {
                         "{\"step\":%lld,\"epoch\":%d,\"loss\":%s,\"lr\":%.6g,\"time_s\":%.3f}\n",
                         (long long)step, epoch, example_json_number(nb, last_loss),
                         ct_optim_lr(opt), example_now() - start);
-            stopped = step + 1 == o->stop_at_step;
-            if (o->checkpoint_dir &&
-                ((o->save_every && (step + 1) % o->save_every == 0) || stopped))
-                rc = save(&ckpt, o->checkpoint_dir, step + 1, loader);
+            stopped = step + 1 == o->resume.stop_at_step;
+            if (o->resume.dir &&
+                ((o->resume.save_every && (step + 1) % o->resume.save_every == 0) || stopped))
+                rc = save(&ckpt, o->resume.dir, step + 1, loader);
             if (stopped) {
                 step++;
                 break;
             }
         }
         /* Every epoch's end, and the end of training, are saved too. */
-        if (!rc && o->checkpoint_dir)
-            rc = save(&ckpt, o->checkpoint_dir, step, loader);
+        if (!rc && o->resume.dir)
+            rc = save(&ckpt, o->resume.dir, step, loader);
         if (rc)
             break;
         if (rank != 0)
@@ -392,7 +389,7 @@ done:
 
 /* Every input and output the run will need, before its first step. */
 static int check_inputs(const options *o, int rank) {
-    if (o->checkpoint_dir && example_check_dir("--checkpoint-dir", o->checkpoint_dir))
+    if (o->resume.dir && example_check_dir("--checkpoint-dir", o->resume.dir))
         return -1;
     if (rank == 0 && o->plot && metrics_plot_check(o->plot))
         return -1;

@@ -68,12 +68,13 @@
 typedef struct options {
     ct_gpt_config model; /* vocab from the corpus */
     int64_t batch, steps, warmup, eval_every, eval_batches, log_every;
-    int64_t save_every, stop_at_step, sample_tokens;
+    int64_t sample_tokens;
+    example_resume resume;
     double time, lr, min_lr, weight_decay, clip, temperature;
     uint64_t seed;
     int threads; /* 0: the machine's cores, shared among the local ranks */
     bool bench;  /* throughput only: no validation or sample at the end */
-    const char *metrics, *plot, *init, *checkpoint_dir, *prompt, *data;
+    const char *metrics, *plot, *init, *prompt, *data;
     const char *val_data, *tokenizer, *export_llmc; /* llm.c's files (docs/llmc.md) */
     int64_t vocab;  /* token shards: the vocabulary (text: the corpus's bytes) */
     bool init_llmc; /* --init is llm.c's checkpoint, whose sizes the model takes */
@@ -92,7 +93,7 @@ static const char about[] =
 /* Parses argv into o, which holds the defaults; -1 after printing why. */
 static int parse_args(int argc, char **argv, options *o) {
     bool steps_given = false, time_given = false;
-    const ct_cli_flag flags[] = {
+    const ct_cli_flag mine[] = {
         CT_CLI_FLAG("--layers", CT_CLI_INT64, &o->model.layers, "N", "transformer blocks", .min = 1,
                     .max = 1024, .given = &o->given.layers),
         CT_CLI_FLAG("--heads", CT_CLI_INT64, &o->model.heads, "N",
@@ -146,12 +147,6 @@ static int parse_args(int argc, char **argv, options *o) {
                     "checkpoint (gpt2_124M.bin), whose sizes the model then takes"),
         CT_CLI_FLAG("--checkpoint-activations", CT_CLI_SWITCH, &o->model.checkpoint, NULL,
                     "recompute each block in backward instead of keeping its activations"),
-        CT_CLI_FLAG("--checkpoint-dir", CT_CLI_STRING, &o->checkpoint_dir, "DIR",
-                    "resume from the newest checkpoint in DIR and save there"),
-        CT_CLI_FLAG("--save-every", CT_CLI_INT64, &o->save_every, "N",
-                    "also save every N steps (0: at the end only)", .min = 0, .max = 1e15),
-        CT_CLI_FLAG("--stop-at-step", CT_CLI_INT64, &o->stop_at_step, "N",
-                    "save and stop at step N, to resume later (0: never)", .min = 0, .max = 1e15),
         CT_CLI_FLAG("--prompt", CT_CLI_STRING, &o->prompt, "TEXT",
                     "the start of the sample (characters of the corpus)"),
         CT_CLI_FLAG("--sample-tokens", CT_CLI_INT64, &o->sample_tokens, "N",
@@ -176,6 +171,10 @@ static int parse_args(int argc, char **argv, options *o) {
         CT_CLI_FLAG("--bench", CT_CLI_SWITCH, &o->bench, NULL,
                     "measure throughput only: no validation and no sample at the end"),
     };
+    ct_cli_flag flags[sizeof mine / sizeof *mine + EXAMPLE_NUM_RESUME_FLAGS];
+    memcpy(flags, mine, sizeof mine);
+    example_resume_flags(&o->resume, "also save every N steps (0: at the end only)",
+                         flags + sizeof mine / sizeof *mine);
     ct_cli cli = {.prog = NAME,
                   .about = about,
                   .flags = flags,
@@ -363,11 +362,17 @@ static int corpus_load(corpus *c, const char *dir) {
     return 0;
 }
 
-/* --data (and --val-data, --tokenizer) as the corpus: a directory is text,
- * anything else llm.c's token shards over o->vocab tokens. */
+/* Whether --data names llm.c's token shards: a .bin file or a pattern
+ * (docs/llmc.md); anything else is a directory of text. */
+static bool is_token_shards(const char *data) {
+    size_t len = strlen(data);
+    return strpbrk(data, "*?[") || (len > 4 && !strcmp(data + len - 4, ".bin"));
+}
+
+/* --data (and --val-data, --tokenizer) as the corpus: a directory of text,
+ * or llm.c's token shards over o->vocab tokens. */
 static int corpus_open(corpus *c, const options *o) {
-    struct stat st;
-    if (!stat(o->data, &st) && S_ISDIR(st.st_mode)) {
+    if (!is_token_shards(o->data)) {
         if (o->val_data || o->tokenizer)
             return ct_seterr(CT_EINVAL,
                              "--val-data and --tokenizer are for token shards; --data "
@@ -693,8 +698,8 @@ static int train_step(run *r, int64_t step, const ct_lr_schedule *sched, double 
 static int train(run *r, bool *complete) {
     const options *o = r->o;
     int64_t step = 0, tokens = o->batch * o->model.context, timed_steps = 0;
-    if (o->checkpoint_dir &&
-        (step = example_ckpt_resume(&r->ckpt, o->checkpoint_dir, r->world, r->opt)) < 0)
+    if (o->resume.dir &&
+        (step = example_ckpt_resume(&r->ckpt, o->resume.dir, r->world, r->opt)) < 0)
         return -1;
     /* --steps is the run's length, also for a run resumed from a shorter
      * one; a resumed --time run keeps the length its first steps fixed. */
@@ -706,7 +711,7 @@ static int train(run *r, bool *complete) {
         if (r->rank == 0)
             printf(NAME ": the run in %s is complete: step %lld of %lld; nothing to train "
                         "(give more --steps to go on)\n",
-                   o->checkpoint_dir, (long long)step, (long long)r->total);
+                   o->resume.dir, (long long)step, (long long)r->total);
         return 0;
     }
     if (r->rank == 0 && *o->metrics &&
@@ -776,17 +781,18 @@ static int train(run *r, bool *complete) {
                 fflush(r->metrics);
             }
         }
-        stopped = step + 1 == o->stop_at_step;
-        if (o->checkpoint_dir && ((o->save_every && (step + 1) % o->save_every == 0) || stopped))
-            rc = example_ckpt_save(&r->ckpt, o->checkpoint_dir, step + 1);
+        stopped = step + 1 == o->resume.stop_at_step;
+        if (o->resume.dir &&
+            ((o->resume.save_every && (step + 1) % o->resume.save_every == 0) || stopped))
+            rc = example_ckpt_save(&r->ckpt, o->resume.dir, step + 1);
     }
     double train_s = example_now() - start, val = NAN;
     /* The last step's loss over the whole global batch. */
     if (!rc && r->ranks > 1 && !(rc = example_allreduce_sum(r->world, &loss, 1)))
         loss /= r->ranks;
     int64_t peak = ct_memory_peak(o->device); /* training's, before evaluation's */
-    if (!rc && o->checkpoint_dir)
-        rc = example_ckpt_save(&r->ckpt, o->checkpoint_dir, step);
+    if (!rc && o->resume.dir)
+        rc = example_ckpt_save(&r->ckpt, o->resume.dir, step);
     if (r->rank == 0)
         example_progress_end_epoch(&prog, 0, step, loss, rate);
     if (!rc && !stopped && !o->bench)
@@ -843,7 +849,7 @@ static int setup(run *r) {
     }
     if (!(r->opt = build_optimizer(o, &r->params)))
         return -1;
-    if (o->checkpoint_dir &&
+    if (o->resume.dir &&
         (example_ckpt_init(&r->ckpt, &r->params, r->opt, r->world) ||
          ct_state_add_i64(r->ckpt.st, "train.total_steps", &r->total, CT_STATE_REPLICATED)))
         return -1;
@@ -925,7 +931,7 @@ static int check_inputs(const options *o, const corpus *c, int rank, int ranks) 
                              "%s, so the model cannot read it; give a prompt of the corpus's "
                              "characters",
                              (uint8_t)*p, *p >= 0x20 && *p < 0x7f ? *p : '?', o->data);
-    if (o->checkpoint_dir && example_check_dir("--checkpoint-dir", o->checkpoint_dir))
+    if (o->resume.dir && example_check_dir("--checkpoint-dir", o->resume.dir))
         return -1;
     if (rank == 0 && o->plot && metrics_plot_check(o->plot))
         return -1;

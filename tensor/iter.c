@@ -1,4 +1,5 @@
-/* The element iterator shared by every elementwise and reduction kernel. */
+/* The element iterator shared by every elementwise and reduction kernel,
+ * and the row-major walk over a view's contiguous runs. */
 #include "tensor_impl.h"
 
 /* Should dim a be iterated inside (faster than) dim b? Decided by the first
@@ -140,4 +141,29 @@ void ct__iter_run(const ct__iter *it, ct__loop_fn loop, void *ctx, int64_t grain
     }
     iter_job j = {it, loop, ctx};
     ct_parallel_for(0, it->numel, grain, iter_chunk, &j);
+}
+
+int ct__for_each_run(const ct_tensor *t, ct__run_fn fn, void *ctx) {
+    const char *base = ct_data_ptr(t);
+    const size_t esize = ct__esize(t->dtype);
+    int64_t numel = ct__numel(t->ndim, t->sizes);
+    if (numel == 0)
+        return 0;
+    /* The innermost dims that are contiguous (or of size 1) make one run. */
+    int outer = t->ndim;
+    int64_t run = 1;
+    while (outer > 0 && (t->sizes[outer - 1] == 1 || t->strides[outer - 1] == run))
+        run *= t->sizes[--outer];
+    int64_t idx[CT_MAX_DIMS] = {0};
+    for (int64_t r = 0; r < numel / run; r++) {
+        int64_t off = 0;
+        for (int d = 0; d < outer; d++)
+            off += idx[d] * t->strides[d];
+        int rc = fn(ctx, base + off * (int64_t)esize, (size_t)run * esize);
+        if (rc)
+            return rc;
+        for (int d = outer - 1; d >= 0 && ++idx[d] == t->sizes[d]; d--)
+            idx[d] = 0;
+    }
+    return 0;
 }

@@ -249,6 +249,13 @@ void ct__iter_run(const ct__iter *it, ct__loop_fn loop, void *ctx, int64_t grain
 /* Runs loop sequentially over the linear range [lo, hi) of the iterator. */
 void ct__iter_run_range(const ct__iter *it, ct__loop_fn loop, void *ctx, int64_t lo, int64_t hi);
 
+/* Calls fn on each stretch of t's elements that is contiguous in memory, in
+ * row-major order: how a view is written out as a row-major file. ct__iter
+ * does not serve here, as it reorders dims for speed. Returns fn's first
+ * nonzero result, or 0. */
+typedef int (*ct__run_fn)(void *ctx, const void *p, size_t n);
+int ct__for_each_run(const ct_tensor *t, ct__run_fn fn, void *ctx);
+
 /* Grain sizes: below these, work runs on one thread. */
 #define CT__GRAIN_ELEMENTWISE 32768
 #define CT__GRAIN_REDUCE      32768

@@ -410,3 +410,28 @@ void tt_ctlaunch_scenario(const char *launcher, const char *rank_path, int np, c
     TT_ASSERT_JOB(&j, tt_job_ranks_passed(&j, scenario, np, skip, true));
     printf("  %s on %d ranks: %.1f s\n", scenario, np, j.seconds);
 }
+
+const char *tt_put_file(char path[static 256], const char *name, const void *bytes, size_t n) {
+    tt_tmp_path(path, name);
+    /* A new inode, so that a test that left a symlink or a read-only file
+     * there does not write through it. */
+    unlink(path);
+    FILE *f = fopen(path, "wb");
+    if (!f || (n && fwrite(bytes, 1, n, f) != n) || fclose(f) != 0)
+        abort();
+    return path;
+}
+
+unsigned char *tt_read_file(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    size_t cap = 1 << 16, len = 0, k;
+    unsigned char *buf = malloc(cap);
+    while (buf && (k = fread(buf + len, 1, cap - len, f)) > 0)
+        if ((len += k) == cap)
+            buf = realloc(buf, cap *= 2);
+    fclose(f);
+    *n = len;
+    return buf;
+}

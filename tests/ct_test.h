@@ -31,6 +31,12 @@ void tt_launch_env(const char *const *pairs);
  * at exit (children that end with _exit leave it alone). */
 const char *tt_tmp_path(char path[static 256], const char *name);
 
+/* path (256 bytes) = tt_tmp_path(name), holding exactly bytes[0..n) (a file
+ * there before is replaced); aborts when it cannot be written. */
+const char *tt_put_file(char path[static 256], const char *name, const void *bytes, size_t n);
+/* The whole file at path (malloc'd, *n its size), or NULL. */
+unsigned char *tt_read_file(const char *path, size_t *n);
+
 /* Runs fn on a new thread, which has no scope: for tests of what happens at
  * the outermost scope (every TEST body runs inside one). */
 void tt_run_unscoped(void (*fn)(void));

@@ -117,7 +117,8 @@ TEST(bad_usage_exits_2_and_help_exits_0) {
     tt_run_job(&job_, (const char *const[]){CTPLOT_PATH, NULL}, (const char *const[]){NULL},
                DEADLINE);
     ASSERT_EQ(tt_job_exit_code(&job_), 2);
-    TT_ASSERT_JOB(&job_, strstr(job_.err, "which metrics file") && strstr(job_.err, "ctplot --help"));
+    TT_ASSERT_JOB(&job_,
+                  strstr(job_.err, "which metrics file") && strstr(job_.err, "ctplot --help"));
     ASSERT_EQ(CTPLOT("m.jsonl", "--colour", "red"), 2);
     TT_ASSERT_JOB(&job_, strstr(job_.err, "unknown option '--colour'"));
     ASSERT_EQ(CTPLOT("m.jsonl", "-o"), 2);

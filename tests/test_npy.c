@@ -65,30 +65,6 @@ static bool same_tensor(int line, const char *name, ct_tensor *got, ct_tensor *w
 
 /* ------------------------------------------------------------ files */
 
-static const char *put_file(char path[static 256], const char *name, const void *bytes, size_t n) {
-    tt_tmp_path(path, name);
-    unlink(path);
-    FILE *f = fopen(path, "wb");
-    if (!f || (n && fwrite(bytes, 1, n, f) != n) || fclose(f) != 0)
-        abort();
-    return path;
-}
-
-/* The whole file at path (malloc'd, *n its size), or NULL. */
-static unsigned char *slurp(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    size_t cap = 1 << 16, len = 0, k;
-    unsigned char *buf = malloc(cap);
-    while ((k = fread(buf + len, 1, cap - len, f)) > 0)
-        if ((len += k) == cap)
-            buf = realloc(buf, cap *= 2);
-    fclose(f);
-    *n = len;
-    return buf;
-}
-
 /* An .npy file as the format describes it: the magic, version major.0, the
  * header length (2 bytes little-endian in 1.0, 4 in 2.0 and 3.0), dict
  * padded with spaces and '\n' so that the data starts at a multiple of
@@ -109,7 +85,7 @@ static const char *npy_file_aligned(char path[static 256], const char *name, int
     b[total - 1] = '\n';
     if (data)
         memcpy(b + total, data, ndata);
-    put_file(path, name, b, total + ndata);
+    tt_put_file(path, name, b, total + ndata);
     free(b);
     return path;
 }
@@ -128,7 +104,7 @@ static const char *raw_header_file(char path[static 256], const char *name, cons
     b[8] = (unsigned char)hlen;
     b[9] = (unsigned char)(hlen >> 8);
     memcpy(b + 10, text, hlen);
-    put_file(path, name, b, 10 + hlen + ndata);
+    tt_put_file(path, name, b, 10 + hlen + ndata);
     free(b);
     return path;
 }
@@ -218,7 +194,7 @@ TEST(saved_header_is_what_numpy_writes) {
         ct_tensor *t = ct_zeros(cases[c].ndim, cases[c].sizes, cases[c].dtype);
         ASSERT_EQ(ct_npy_save(path, t), 0);
         size_t n;
-        unsigned char *b = slurp(path, &n);
+        unsigned char *b = tt_read_file(path, &n);
         ASSERT_TRUE(b);
         size_t hlen = (size_t)(b[8] | b[9] << 8), dlen = strlen(cases[c].dict);
         size_t data = (size_t)ct_numel(t) * ct_dtype_size(cases[c].dtype);
@@ -462,7 +438,7 @@ TEST(misaligned_data_is_read_not_mapped) {
     b[9] = 0;
     memcpy(b + 10, text, hlen);
     memcpy(b + 10 + hlen, v, sizeof v);
-    put_file(path, "odd.npy", b, 10 + hlen + sizeof v);
+    tt_put_file(path, "odd.npy", b, 10 + hlen + sizeof v);
     ASSERT_SAME("read", ct_npy_load(path, NULL), ct_from_data(v, CT_SHAPE(3), CT_FLOAT32));
     ASSERT_FAILS(ct_npy_load(path, &always), CT_ENOTSUP, "not a multiple of the element size");
 }
@@ -473,14 +449,14 @@ TEST(misaligned_data_is_read_not_mapped) {
 
 TEST(bad_magic_and_versions_are_refused) {
     char path[256];
-    put_file(path, "magic.npy", "\x93NUMPZ\x01\x00\x10\x00", 10);
+    tt_put_file(path, "magic.npy", "\x93NUMPZ\x01\x00\x10\x00", 10);
     ASSERT_FAILS(ct_npy_load(path, NULL), CT_ECORRUPT, "magic.npy", "not an .npy file",
                  "\\x93NUMPY", "93 4e 55 4d 50 5a");
-    put_file(path, "empty.npy", "", 0);
+    tt_put_file(path, "empty.npy", "", 0);
     ASSERT_FAILS(ct_npy_load(path, NULL), CT_ECORRUPT, "begins with bytes []");
-    put_file(path, "short.npy", "\x93NUMPY\x01", 7);
+    tt_put_file(path, "short.npy", "\x93NUMPY\x01", 7);
     ASSERT_FAILS(ct_npy_load(path, NULL), CT_ECORRUPT, "inside the version");
-    put_file(path, "prefix.npy", "\x93NUMPY\x02\x00\x10\x00", 10);
+    tt_put_file(path, "prefix.npy", "\x93NUMPY\x02\x00\x10\x00", 10);
     ASSERT_FAILS(ct_npy_load(path, NULL), CT_ECORRUPT, "a version 2.0 file begins with 12");
 
     static const struct {
@@ -509,7 +485,7 @@ TEST(header_length_is_bounded_by_the_file_and_the_limit) {
     unsigned char b[100] = "\x93NUMPY\x01\x00";
     b[8] = 0xf4; /* 500 */
     b[9] = 0x01;
-    put_file(path, "past.npy", b, sizeof b);
+    tt_put_file(path, "past.npy", b, sizeof b);
     ASSERT_FAILS(ct_npy_load(path, NULL), CT_ECORRUPT, "header length 500 runs past the end",
                  "100 bytes");
 
@@ -524,7 +500,7 @@ TEST(header_length_is_bounded_by_the_file_and_the_limit) {
     memcpy(big + 12, dict, strlen(dict));
     memset(big + 12 + strlen(dict), ' ', 20000 - strlen(dict) - 1);
     big[n - 1] = '\n';
-    put_file(path, "long.npy", big, n);
+    tt_put_file(path, "long.npy", big, n);
     free(big);
     ASSERT_FAILS(ct_npy_load(path, NULL), CT_ECORRUPT, "20000 bytes", "limit of 10000");
 }

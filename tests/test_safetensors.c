@@ -11,25 +11,6 @@
 
 /* ------------------------------------------------------------ temp files */
 
-static const char *put_file(char path[static 256], const char *name, const void *bytes, size_t n) {
-    tt_tmp_path(path, name);
-    FILE *f = fopen(path, "wb");
-    if (!f || (n && fwrite(bytes, 1, n, f) != n) || fclose(f) != 0)
-        abort();
-    return path;
-}
-
-/* The whole file at path (malloc'd; *n its size). */
-static unsigned char *slurp(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    unsigned char *buf = malloc(1 << 20);
-    *n = fread(buf, 1, 1 << 20, f);
-    fclose(f);
-    return buf;
-}
-
 /* A safetensors file: the 8-byte little-endian length of header, header,
  * then ndata bytes of data (zeros when data is NULL). */
 static const char *st_file(char path[static 256], const char *name, const char *header,
@@ -41,7 +22,7 @@ static const char *st_file(char path[static 256], const char *name, const char *
     memcpy(b + 8, header, hlen);
     if (data)
         memcpy(b + 8 + hlen, data, ndata);
-    put_file(path, name, b, n);
+    tt_put_file(path, name, b, n);
     free(b);
     return path;
 }
@@ -267,7 +248,7 @@ TEST(the_reference_test_vectors_read_and_write_byte_for_byte) {
         snprintf(fname, sizeof fname, "vector%zu.mine", c);
         ASSERT_EQ(ct_safetensors_save(tt_tmp_path(mine, fname), d), 0);
         size_t n1 = 0, n2 = 0;
-        unsigned char *a = slurp(path, &n1), *b = slurp(mine, &n2);
+        unsigned char *a = tt_read_file(path, &n1), *b = tt_read_file(mine, &n2);
         bool same = a && b && n1 == n2 && memcmp(a, b, n1) == 0;
         if (!same)
             tt_fail(__FILE__, __LINE__, "vector %zu: ct wrote %zu bytes, the reference %zu: %.*s",
@@ -674,9 +655,9 @@ TEST(deep_nesting_and_long_names_are_refused_or_read_without_crashing) {
 TEST(bad_sizes_and_truncated_files_are_refused) {
     char path[256];
     ct_tensor_dict *d = NULL;
-    ASSERT_RC(ct_safetensors_load(put_file(path, "zero", "", 0), &d), CT_ECORRUPT, path,
+    ASSERT_RC(ct_safetensors_load(tt_put_file(path, "zero", "", 0), &d), CT_ECORRUPT, path,
               "is 0 bytes", "8-byte header size");
-    ASSERT_RC(ct_safetensors_load(put_file(path, "three", "\x02\x00\x00", 3), &d), CT_ECORRUPT,
+    ASSERT_RC(ct_safetensors_load(tt_put_file(path, "three", "\x02\x00\x00", 3), &d), CT_ECORRUPT,
               path, "is 3 bytes");
     ASSERT_TRUE(d == NULL);
 
@@ -695,8 +676,8 @@ TEST(bad_sizes_and_truncated_files_are_refused) {
         unsigned char b[12] = "........{}  ";
         for (int k = 0; k < 8; k++)
             b[k] = (unsigned char)(sizes[i].n >> (8 * k));
-        ASSERT_RC(ct_safetensors_load(put_file(path, sizes[i].file, b, sizeof b), &d), CT_ECORRUPT,
-                  path, sizes[i].says);
+        ASSERT_RC(ct_safetensors_load(tt_put_file(path, sizes[i].file, b, sizeof b), &d),
+                  CT_ECORRUPT, path, sizes[i].says);
     }
 
     /* A file we wrote, cut short anywhere: never a crash, always a clear
@@ -707,10 +688,10 @@ TEST(bad_sizes_and_truncated_files_are_refused) {
     ASSERT_EQ(ct_safetensors_save(tt_tmp_path(path, "whole"), w), 0);
     ct_tensor_dict_free(w);
     size_t n;
-    unsigned char *whole = slurp(path, &n);
+    unsigned char *whole = tt_read_file(path, &n);
     ASSERT_TRUE(whole && n > 100);
     for (size_t cut = 0; cut < n; cut++) {
-        put_file(path, "cut", whole, cut);
+        tt_put_file(path, "cut", whole, cut);
         ct_errclear();
         int rc = ct_safetensors_load(path, &d);
         if (rc != CT_ECORRUPT || d || !strstr(ct_errmsg(), path)) {
@@ -719,7 +700,7 @@ TEST(bad_sizes_and_truncated_files_are_refused) {
             break;
         }
     }
-    ASSERT_RC(ct_safetensors_load(put_file(path, "cut", whole, n - 1), &d), CT_ECORRUPT, path,
+    ASSERT_RC(ct_safetensors_load(tt_put_file(path, "cut", whole, n - 1), &d), CT_ECORRUPT, path,
               "tensor 'b'", "end past");
     free(whole);
 }

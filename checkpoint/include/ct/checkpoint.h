@@ -16,6 +16,7 @@
  *
  * Example:
  *
+ *     #define _POSIX_C_SOURCE 200809L // mkdtemp
  *     #include <ct/checkpoint.h>
  *     #include <stdio.h>
  *     #include <stdlib.h>

@@ -13,31 +13,62 @@
  *   - the GPT-2 tokenizer (gpt2_tokenizer.bin, magic 20240328), for turning
  *     token ids back into bytes.
  *
- * Example: train on fineweb shards from llm.c's weights.
+ * The example writes a shard by hand, streams it in batches, and sends a
+ * model to llm.c's format and back. On real data the pattern would be
+ * "dev/data/fineweb10B/fineweb_train_*.bin" and the model gpt2_124M.bin.
  *
+ * Example:
+ *
+ *     #define _POSIX_C_SOURCE 200809L
  *     #include <ct/llmc.h>
+ *     #include <stdint.h>
+ *     #include <stdio.h>
+ *     #include <stdlib.h>
  *
- *     ct_llmc_tokens *train = ct_llmc_tokens_open("dev/data/fineweb10B/fineweb_train_*.bin");
- *     ct_module *gpt = train ? ct_llmc_gpt_load("gpt2_124M.bin", NULL) : NULL;
- *     ct_llmc_loader *loader = NULL;
- *     if (gpt && ct_llmc_tokens_set_vocab(train, 50257) == 0)
- *         loader = ct_llmc_loader_new(train, &(ct_llmc_loader_options){
- *                                                .batch = 4, .context = 1024,
- *                                                .rank = rank, .num_ranks = ranks});
- *     if (!loader)
- *         return fail(ct_errmsg());
- *     for (int64_t step = 0; step < steps; step++) {
- *         ct_scope_begin();
- *         ct_tensor *x, *y;                       // int64 [4, 1024] each
- *         if (ct_llmc_loader_next(loader, &x, &y) != 0)
- *             ...                                 // a token >= 50257, say
- *         ... forward, backward, step ...
- *         ct_scope_end();
+ *     int main(void) {
+ *         char dir[] = "/tmp/ct_llmc_XXXXXX", shard[64], model[64];
+ *         if (!mkdtemp(dir))
+ *             return 1;
+ *         snprintf(shard, sizeof shard, "%s/tiny_train.bin", dir);
+ *         snprintf(model, sizeof model, "%s/model.bin", dir);
+ *         int32_t header[256] = {CT_LLMC_TOKENS_MAGIC, CT_LLMC_TOKENS_VERSION, 4096};
+ *         uint16_t tokens[4096];
+ *         for (int i = 0; i < 4096; i++)
+ *             tokens[i] = (uint16_t)(i % 50);
+ *         FILE *f = fopen(shard, "wb");
+ *         if (!f || fwrite(header, sizeof header, 1, f) != 1 ||
+ *             fwrite(tokens, sizeof tokens, 1, f) != 1 || fclose(f))
+ *             return 1;
+ *         ct_llmc_tokens *train = ct_llmc_tokens_open(shard);
+ *         ct_llmc_loader *loader = NULL;
+ *         if (train && ct_llmc_tokens_set_vocab(train, 50) == 0)
+ *             loader = ct_llmc_loader_new(
+ *                 train, &(ct_llmc_loader_options){.batch = 4, .context = 64, .num_ranks = 1});
+ *         ct_gpt_config cfg = {.vocab = 50, .context = 64, .layers = 1, .heads = 2, .width = 16};
+ *         ct_module *gpt = loader ? ct_gpt_new(&cfg) : NULL;
+ *         ct_module *back = gpt && ct_llmc_gpt_save(gpt, model) == 0
+ *                               ? ct_llmc_gpt_load(model, NULL) : NULL;
+ *         int rc = back ? 0 : 1;
+ *         for (int step = 0; step < 3 && rc == 0; step++) {
+ *             ct_scope_begin();
+ *             ct_tensor *x, *y; // int64 [4, 64] each
+ *             rc = ct_llmc_loader_next(loader, &x, &y);
+ *             ct_tensor *logits = rc ? NULL : ct_module_forward(back, x);
+ *             if (!rc && !logits)
+ *                 rc = ct_errcode();
+ *             ct_scope_end();
+ *         }
+ *         if (rc)
+ *             fprintf(stderr, "%s\n", ct_errmsg());
+ *         ct_module_free(back);
+ *         ct_module_free(gpt);
+ *         ct_llmc_loader_free(loader);
+ *         ct_llmc_tokens_free(train);
+ *         remove(shard);
+ *         remove(model);
+ *         remove(dir);
+ *         return rc ? 1 : 0;
  *     }
- *     ct_llmc_position pos;                     // save it with a checkpoint;
- *     ct_llmc_loader_position(loader, &pos);    // ct_llmc_loader_set_position resumes
- *     ct_llmc_loader_free(loader);
- *     ct_llmc_tokens_free(train);
  *
  * Files are hostile input. Every header field is checked before it sizes
  * anything, a body must be exactly as long as its header says, and each
