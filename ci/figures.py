@@ -73,15 +73,17 @@ MEASURED = re.compile(r"_Measured on: (.*?); ")
 def machine(build):
     """The CPU and the build, as a block names them: figures repeat
     exactly only where both are the same."""
-    model, avx512 = "unknown CPU", False
+    # A virtual machine may show only "AMD EPYC": the family and model
+    # numbers tell the generations apart.
+    info = {}
     try:
         for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-            if line.startswith("flags"):
-                avx512 = " avx512f " in line + " "
+            key, _, value = line.partition(":")
+            info.setdefault(key.strip(), value.strip())
     except OSError:
         pass
+    model = info.get("model name", "unknown CPU")
+    avx512 = " avx512f " in " " + info.get("flags", "") + " "
     cache = {}
     try:
         for line in open(build / "CMakeCache.txt"):
@@ -90,7 +92,8 @@ def machine(build):
                 cache[m.group(1)] = m.group(2)
     except OSError:
         pass
-    cpu = f"{model} ({'AVX-512' if avx512 else 'no AVX-512'})"
+    cpu = (f"{model} (family {info.get('cpu family', '?')} model {info.get('model', '?')}, "
+           f"{'AVX-512' if avx512 else 'no AVX-512'})")
     native = "-march=native" if cache.get("CT_NATIVE", "ON") == "ON" else "generic x86-64"
     flavour = f"a {cache.get('CMAKE_BUILD_TYPE', 'Release')} build, {native}"
     return f"{cpu}, {flavour}", cache
