@@ -541,7 +541,7 @@ static int zero_run(const ct_tensor *t, char *p, size_t bytes) {
     }
     ct_tensor *run =
         ct_tensor_from_storage(s, p - (char *)s->data, CT_SHAPE((int64_t)bytes), NULL, CT_UINT8);
-    return run ? ct__cuda_fill(run, 0) : ct_errcode();
+    return run ? ct__fill_any(run, 0) : ct_errcode();
 }
 
 int ct_optim_zero_grad(ct_optim *opt, bool set_to_none) {

@@ -1,5 +1,6 @@
-/* Copies and dtype conversion, on the CPU and on a CUDA device. */
-#include "cuda_impl.h"
+/* Copies and dtype conversion, on any device and between the host and
+ * one. */
+#include "device_impl.h"
 #include "tensor_impl.h"
 
 typedef struct memcpy_job {
@@ -26,11 +27,15 @@ void ct__copy_into(ct_tensor *dst, ct_tensor *src) {
 }
 
 int ct__copy_any(ct_tensor *dst, ct_tensor *src) {
-    if (dst->storage->device.type == CT_CPU && src->storage->device.type == CT_CPU) {
-        ct__copy_into(dst, src);
-        return 0;
-    }
-    return ct__cuda_copy_tensor(dst, src);
+    /* Across the host and a device, the device's copy moves the bytes. */
+    ct_device on = ct__is_host(dst->storage->device) ? src->storage->device : dst->storage->device;
+    const ct__device_ops *ops = CT__DEVICE_GET("copy_", on, copy);
+    return ops ? ops->copy(dst, src) : ct_errcode();
+}
+
+int ct__fill_any(ct_tensor *t, double value) {
+    const ct__device_ops *ops = CT__DEVICE_GET("fill", t->storage->device, fill);
+    return ops ? ops->fill(t, value) : ct_errcode();
 }
 
 ct_tensor *ct_copy_(ct_tensor *dst, ct_tensor *src) {

@@ -1,5 +1,6 @@
 /* Factories: tensors made from a value, a sequence or the caller's data. */
-#include "cuda_impl.h"
+#include "cpu_impl.h"
+#include "device_impl.h"
 
 #include <math.h>
 
@@ -7,46 +8,14 @@ static ct_tensor *record_factory(ct_tensor *t) {
     return ct__record1(CT_OP_EMPTY, t, NULL, 0, NULL);
 }
 
-typedef struct fill_job {
-    char *data;
-    size_t esize;
-    unsigned char value[8]; /* one element, already in the dtype's bytes */
-} fill_job;
-
-/* Writes the element once, then doubles the filled prefix with memcpy: any
- * element size, at memcpy speed. */
-static void fill_chunk(void *arg, int64_t lo, int64_t hi) {
-    const fill_job *j = arg;
-    char *p = j->data + lo * (int64_t)j->esize;
-    size_t total = (size_t)(hi - lo) * j->esize, done = j->esize;
-    memcpy(p, j->value, j->esize);
-    while (done < total) {
-        size_t n = done < total - done ? done : total - done;
-        memcpy(p + done, p, n);
-        done += n;
-    }
-}
-
-/* Fills a new contiguous tensor with value. */
-static void fill_value(ct_tensor *t, double value) {
-    fill_job j = {ct__data(t), ct_dtype_size(t->dtype), {0}};
-    ct__store_double(t->dtype, j.value, value);
-    ct_parallel_for(0, ct_numel(t), CT__GRAIN_ELEMENTWISE, fill_chunk, &j);
-}
-
 /* A new tensor on device, filled with value when fill is set. */
 static ct_tensor *make_on(const char *op, int ndim, const int64_t *sizes, bool fill, double value,
                           ct_dtype dtype, ct_device device) {
-    if (device.type != CT_CPU && device.type != CT_CUDA) {
-        ct__seterr(CT_EDEVICE, "%s: unknown device type %d", op, (int)device.type);
-        return NULL;
-    }
-    ct_tensor *t = ct__new_on(op, ndim, sizes, dtype, device);
+    const ct__device_ops *dev = CT__DEVICE_GET(op, device, fill);
+    ct_tensor *t = dev ? ct__new_on(op, ndim, sizes, dtype, device) : NULL;
     if (!t || !fill)
         return t ? record_factory(t) : NULL;
-    if (device.type == CT_CPU)
-        fill_value(t, value);
-    else if (ct__cuda_fill(t, value)) {
+    if (dev->fill(t, value)) {
         ct__release(t);
         return NULL;
     }
@@ -119,7 +88,7 @@ ct_tensor *ct_eye(int64_t n, int64_t m, ct_dtype dtype) {
     ct_tensor *t = ct__new("eye", 2, (int64_t[]){n, m}, dtype);
     if (!t)
         return NULL;
-    fill_value(t, 0.0);
+    ct__cpu_fill(t, 0.0);
     size_t esize = ct_dtype_size(dtype);
     char *data = ct__data(t);
     for (int64_t i = 0; i < n && i < m; i++)

@@ -1,5 +1,6 @@
 /* Storage, tensor objects, scopes, accessors and the autograd hook. */
-#include "cuda_impl.h"
+#include "cpu_impl.h"
+#include "device_impl.h"
 #include "tensor_impl.h"
 
 #include <math.h>
@@ -21,17 +22,29 @@ static void count_alloc(long long nbytes) {
         ;
 }
 
+int64_t ct__cpu_memory_allocated(void) { return atomic_load(&cpu_allocated); }
+
+int64_t ct__cpu_memory_peak(void) { return atomic_load(&cpu_peak); }
+
+void ct__cpu_memory_reset_peak(void) { atomic_store(&cpu_peak, atomic_load(&cpu_allocated)); }
+
+/* The device's own statistics: a CUDA device's come from its caching
+ * allocator (they were 0 before, so gpt's peak_bytes was wrong there). 0
+ * for a device type this build lacks. */
 int64_t ct_memory_allocated(ct_device device) {
-    return device.type == CT_CPU ? atomic_load(&cpu_allocated) : 0;
+    const ct__device_ops *ops = ct__device_ops_of(device.type);
+    return ops && ops->memory_allocated ? ops->memory_allocated(device.index) : 0;
 }
 
 int64_t ct_memory_peak(ct_device device) {
-    return device.type == CT_CPU ? atomic_load(&cpu_peak) : 0;
+    const ct__device_ops *ops = ct__device_ops_of(device.type);
+    return ops && ops->memory_peak ? ops->memory_peak(device.index) : 0;
 }
 
 void ct_memory_reset_peak(ct_device device) {
-    if (device.type == CT_CPU)
-        atomic_store(&cpu_peak, atomic_load(&cpu_allocated));
+    const ct__device_ops *ops = ct__device_ops_of(device.type);
+    if (ops && ops->memory_reset_peak)
+        ops->memory_reset_peak(device.index);
 }
 
 /* Data up to this size lives in the same heap block as the storage header
@@ -85,14 +98,11 @@ static ct_storage *storage_new_in_block(size_t nbytes, size_t prefix) {
     return s;
 }
 
+ct_storage *ct__cpu_storage_new(size_t nbytes) { return storage_new_in_block(nbytes, 0); }
+
 ct_storage *ct_storage_new(size_t nbytes, ct_device device) {
-    if (device.type == CT_CUDA)
-        return ct__cuda_storage_new("storage_new", nbytes, device.index);
-    if (device.type != CT_CPU) {
-        ct__seterr(CT_EDEVICE, "storage_new: unknown device type %d", (int)device.type);
-        return NULL;
-    }
-    return storage_new_in_block(nbytes, 0);
+    const ct__device_ops *ops = CT__DEVICE_GET("storage_new", device, storage_new);
+    return ops ? ops->storage_new("storage_new", nbytes, device.index) : NULL;
 }
 
 ct_storage *ct_storage_from_blob(void *data, size_t nbytes, ct_device device, ct_free_fn free_fn,
@@ -390,22 +400,26 @@ int ct__check_handles(const char *op, ct_tensor *const *ts, int n) {
 int ct__check_same_device(const char *op, ct_tensor *const *ts, int n) {
     for (int i = 1; i < n; i++) {
         ct_device a = ts[0]->storage->device, b = ts[i]->storage->device;
-        if (a.type != b.type || (a.type == CT_CUDA && a.index != b.index))
+        char na[32], nb[32];
+        /* The host is one device whatever its index says. */
+        if (a.type != b.type || (!ct__is_host(a) && a.index != b.index))
             return ct__seterr(CT_EDEVICE, "%s: input 0 is on %s:%d and input %d on %s:%d", op,
-                              a.type == CT_CPU ? "cpu" : "cuda", a.index, i,
-                              b.type == CT_CPU ? "cpu" : "cuda", b.index);
+                              ct__device_name(a.type, na), a.index, i, ct__device_name(b.type, nb),
+                              b.index);
     }
     return 0;
 }
 
 ct_tensor *ct__new_on(const char *op, int ndim, const int64_t *sizes, ct_dtype dtype,
                       ct_device device) {
-    if (device.type == CT_CPU)
+    /* The host's tensor and small storage share one heap block. */
+    if (ct__is_host(device))
         return ct__new(op, ndim, sizes, dtype);
-    if (ct__check_shape(op, ndim, sizes, dtype))
+    const ct__device_ops *ops = CT__DEVICE_GET(op, device, storage_new);
+    if (!ops || ct__check_shape(op, ndim, sizes, dtype))
         return NULL;
     ct_storage *s =
-        ct__cuda_storage_new(op, (size_t)ct__numel(ndim, sizes) * ct__esize(dtype), device.index);
+        ops->storage_new(op, (size_t)ct__numel(ndim, sizes) * ct__esize(dtype), device.index);
     ct_tensor *t = s ? ct_tensor_from_storage(s, 0, ndim, sizes, NULL, dtype) : NULL;
     ct_storage_free(s);
     return t;
@@ -415,11 +429,13 @@ int ct__check_inputs(const char *op, ct_tensor *const *ts, int n) {
     int rc = ct__check_handles(op, ts, n);
     for (int i = 0; i < n && !rc; i++) {
         ct_device d = ts[i]->storage->device;
-        if (d.type != CT_CPU)
+        char name[32];
+        if (!ct__is_host(d))
             rc = ct__seterr(CT_EDEVICE,
-                            "%s: input %d is on cuda:%d, and ct has no CUDA kernel for %s yet "
+                            "%s: input %d is on %s:%d, and ct has no %s kernel for %s yet "
                             "(ct_to(t, CT_DEVICE_CPU) brings it to the host)",
-                            op, i, d.index, op);
+                            op, i, ct__device_name(d.type, name), d.index,
+                            ct__device_name(d.type, name), op);
     }
     return rc;
 }
@@ -599,10 +615,12 @@ bool ct_is_contiguous(const ct_tensor *t) {
  * (the host waits for a device's queued work); NaN with the error on a
  * failed copy. */
 static double load_any(const ct_tensor *t, const char *p) {
-    if (t->storage->device.type == CT_CPU)
+    ct_device device = t->storage->device;
+    if (ct__is_host(device))
         return ct__load_double(t->dtype, p);
     unsigned char buf[8];
-    if (ct__cuda_copy(t->storage->device.index, buf, p, ct__esize(t->dtype), false, true))
+    const ct__device_ops *ops = CT__DEVICE_GET("item", device, read);
+    if (!ops || ops->read(device.index, buf, p, ct__esize(t->dtype)))
         return NAN;
     return ct__load_double(t->dtype, buf);
 }
@@ -620,8 +638,7 @@ double ct_item(const ct_tensor *t) {
 }
 
 int64_t ct_item_int64(const ct_tensor *t) {
-    if (t && t->magic == CT__TENSOR_MAGIC && ct_numel(t) == 1 &&
-        t->storage->device.type == CT_CPU) {
+    if (t && t->magic == CT__TENSOR_MAGIC && ct_numel(t) == 1 && ct__is_host(t->storage->device)) {
         if (t->dtype == CT_INT64)
             return *(const int64_t *)ct__data(t);
         if (t->dtype == CT_INT32)

@@ -38,9 +38,12 @@ int ct__check_same_device(const char *op, ct_tensor *const *ts, int n);
 /* A new contiguous tensor on device, owned like ct__new's. */
 ct_tensor *ct__new_on(const char *op, int ndim, const int64_t *sizes, ct_dtype dtype,
                       ct_device device);
-/* dst = src (broadcast, converted) on whichever device they share; CPU or
- * CUDA. Returns 0 or a CT_E* code. */
+/* dst = src (broadcast, converted) on whichever device they share, or
+ * between the host and a device. Returns 0 or a CT_E* code. */
 int ct__copy_any(ct_tensor *dst, ct_tensor *src);
+/* t = value (converted) on t's device, any layout. Returns 0 or a CT_E*
+ * code. */
+int ct__fill_any(ct_tensor *t, double value);
 /* The current CUDA device of threads that set none (ct_dist_init: the
  * local rank's). */
 void ct__cuda_set_default_device(int index);

@@ -1,8 +1,8 @@
-/* Binary elementwise ops, comparisons, where and masked_fill. They run on
- * a CUDA device too (tensor/cuda/kernels.cu; where and masked_fill:
- * tensor/cuda/index.cu). */
-#include "cuda_impl.h"
-#include "cuda_kernels.h"
+/* The CPU kernels of the binary elementwise ops, comparisons, where and
+ * masked_fill (their front ends: tensor/ops/binary.c), and the fused
+ * activation gradients. */
+#include "cpu_impl.h"
+#include "ops_impl.h"
 #include "tensor_impl.h"
 #include "vmath.h"
 
@@ -89,36 +89,15 @@ static inline int64_t int_pow(int64_t x, int64_t e) {
 #define FOR_INTS(M, NAME, EXPR) M(NAME, EXPR, INT64) M(NAME, EXPR, INT32) M(NAME, EXPR, UINT8)
 #define FOR_ALL(M, NAME, EXPR)  FOR_FLOATS(M, NAME, EXPR) FOR_INTS(M, NAME, EXPR) M(NAME, EXPR, BOOL)
 
-/* name, OP, float expr, integer expr (NONE: promoted to float). */
-#define ARITH_OPS(X)                                                                               \
-    X(add, ADD, F_ADD, I_ADD)                                                                      \
-    X(sub, SUB, F_SUB, I_SUB)                                                                      \
-    X(mul, MUL, F_MUL, I_MUL)                                                                      \
-    X(div, DIV, F_DIV, NONE)                                                                       \
-    X(pow, POW, F_POW, I_POW)                                                                      \
-    X(maximum, MAXIMUM, F_MAXIMUM, I_MAXIMUM)                                                      \
-    X(minimum, MINIMUM, F_MINIMUM, I_MINIMUM)
-#define COMPARE_OPS(X)                                                                             \
-    X(eq, EQ, C_EQ, C_EQ)                                                                          \
-    X(ne, NE, C_NE, C_NE)                                                                          \
-    X(lt, LT, C_LT, C_LT)                                                                          \
-    X(le, LE, C_LE, C_LE)                                                                          \
-    X(gt, GT, C_GT, C_GT)                                                                          \
-    X(ge, GE, C_GE, C_GE)
-
-#define STAMP_ARITH(name, NAME, FEXPR, IEXPR)                                                      \
-    FOR_FLOATS(ARITH_FLOAT, name, FEXPR) STAMP_ARITH_INT_##IEXPR(name, IEXPR)
-#define STAMP_ARITH_INT_NONE(name, IEXPR)
-#define STAMP_ARITH_INT_I_ADD(name, IEXPR)                                                         \
-    FOR_INTS(ARITH_INT, name, IEXPR) ARITH_INT(name, IEXPR, BOOL)
-#define STAMP_ARITH_INT_I_SUB(name, IEXPR) FOR_INTS(ARITH_INT, name, IEXPR)
-#define STAMP_ARITH_INT_I_MUL              STAMP_ARITH_INT_I_ADD
-#define STAMP_ARITH_INT_I_POW              STAMP_ARITH_INT_I_SUB
-#define STAMP_ARITH_INT_I_MAXIMUM          STAMP_ARITH_INT_I_ADD
-#define STAMP_ARITH_INT_I_MINIMUM          STAMP_ARITH_INT_I_ADD
-ARITH_OPS(STAMP_ARITH)
-#define STAMP_COMPARE(name, NAME, FEXPR, IEXPR) FOR_ALL(COMPARE, name, FEXPR)
-COMPARE_OPS(STAMP_COMPARE)
+/* One loop per op and dtype the registry (ops_impl.h) gives it. */
+#define STAMP_ARITH(name, NAME, FEXPR, IEXPR, INTS)                                                \
+    FOR_FLOATS(ARITH_FLOAT, name, FEXPR) STAMP_INTS_##INTS(name, IEXPR)
+#define STAMP_INTS_NONE(name, IEXPR)
+#define STAMP_INTS_INTS(name, IEXPR) FOR_INTS(ARITH_INT, name, IEXPR)
+#define STAMP_INTS_ALL(name, IEXPR)  FOR_INTS(ARITH_INT, name, IEXPR) ARITH_INT(name, IEXPR, BOOL)
+CT__ARITH_OPS(STAMP_ARITH)
+#define STAMP_COMPARE(name, NAME, FEXPR, IEXPR, INTS) FOR_ALL(COMPARE, name, FEXPR)
+CT__COMPARE_OPS(STAMP_COMPARE)
 
 /* Activation gradients g f'(x), each one pass instead of the dozen ops its
  * formula takes as a chain. */
@@ -141,178 +120,38 @@ FOR_FLOATS(ARITH_FLOAT, gelu_tanh_grad, A_GELU_TANH)
 FOR_FLOATS(ARITH_FLOAT, gelu_grad, A_GELU)
 FOR_FLOATS(ARITH_FLOAT, silu_grad, A_SILU)
 
-typedef struct binary_op {
-    const char *names[2][2]; /* [scalar form][in place]: add, add_, add_scalar, add_scalar_ */
-    ct_op op;
-    bool compare;
-    ct__loop_fn kernels[CT_NDTYPES]; /* by compute dtype; NULL: unsupported */
-} binary_op;
-
 #define ROW_FLOATS(name)                                                                           \
     [CT_FLOAT32] = name##_FLOAT32, [CT_FLOAT64] = name##_FLOAT64, [CT_BFLOAT16] = name##_BFLOAT16, \
     [CT_FLOAT16] = name##_FLOAT16
 #define ROW_INTS(name)                                                                             \
     [CT_INT64] = name##_INT64, [CT_INT32] = name##_INT32, [CT_UINT8] = name##_UINT8
-#define ROW_ARITH_NONE(name)  ROW_FLOATS(name)
-#define ROW_ARITH_I_ADD(name) ROW_FLOATS(name), ROW_INTS(name), [CT_BOOL] = name##_BOOL
-#define ROW_ARITH_I_SUB(name) ROW_FLOATS(name), ROW_INTS(name)
-#define ROW_ARITH_I_MUL       ROW_ARITH_I_ADD
-#define ROW_ARITH_I_POW       ROW_ARITH_I_SUB
-#define ROW_ARITH_I_MAXIMUM   ROW_ARITH_I_ADD
-#define ROW_ARITH_I_MINIMUM   ROW_ARITH_I_ADD
 
-enum {
-#define BINARY_ENUM(name, NAME, FEXPR, IEXPR) B_##name,
-    ARITH_OPS(BINARY_ENUM) COMPARE_OPS(BINARY_ENUM)
-#undef BINARY_ENUM
-};
-/* The device kernels take the op by this index. */
-_Static_assert((int)B_add == (int)CT__CUDA_ADD && (int)B_pow == (int)CT__CUDA_POW &&
-                   (int)B_eq == (int)CT__CUDA_EQ && (int)B_ge == (int)CT__CUDA_GE,
-               "binary ops and their CUDA kernels disagree on the order");
-
-#define NAMES(name)                                                                                \
-    {                                                                                              \
-        {#name, #name "_"}, { #name "_scalar", #name "_scalar_" }                                  \
-    }
-static const binary_op binary_ops[] = {
-#define ARITH_ROW(name, NAME, FEXPR, IEXPR)                                                        \
-    {NAMES(name), CT_OP_##NAME, false, {ROW_ARITH_##IEXPR(name)}},
-#define COMPARE_ROW(name, NAME, FEXPR, IEXPR)                                                      \
-    {NAMES(name), CT_OP_##NAME, true, {ROW_FLOATS(name), ROW_INTS(name), [CT_BOOL] = name##_BOOL}},
-    ARITH_OPS(ARITH_ROW) COMPARE_OPS(COMPARE_ROW)
-#undef ARITH_ROW
-#undef COMPARE_ROW
+/* The loops by op index and compute dtype; NULL where the registry gives
+ * the op no such dtype (the front end refused it). */
+static const ct__loop_fn binary_kernels[CT__NUM_BINARY][CT_NDTYPES] = {
+#define KERNEL_ROW(name, NAME, FEXPR, IEXPR, INTS) [CT__BINARY_##NAME] = {KERNELS_##INTS(name)},
+#define KERNELS_NONE(name)                         ROW_FLOATS(name)
+#define KERNELS_INTS(name)                         ROW_FLOATS(name), ROW_INTS(name)
+#define KERNELS_ALL(name)                          ROW_FLOATS(name), ROW_INTS(name), [CT_BOOL] = name##_BOOL
+    CT__BINARY_OPS(KERNEL_ROW)
+#undef KERNEL_ROW
 };
 
-static int dtype_category(ct_dtype d) { return d == CT_BOOL ? 0 : ct_dtype_is_float(d) ? 2 : 1; }
-
-/* The dtype a scalar operand takes next to tensor dtype t (PyTorch's rule
- * for Python numbers: it never widens a tensor of the same category). */
-static ct_dtype scalar_dtype(ct_dtype t, double v) {
-    bool whole = v == floor(v) && fabs(v) < 9.2e18;
-    if (ct_dtype_is_float(t))
-        return t;
-    if (!whole)
-        return CT_FLOAT32;
-    return t == CT_BOOL ? CT_INT64 : t;
-}
-
-/* t itself when it has dtype, else a conversion owned by the current
- * scope. */
-static ct_tensor *as_dtype(ct_tensor *t, ct_dtype dtype) {
-    return t->dtype == dtype ? t : ct_to_dtype(t, dtype);
-}
-
-/* a (op) b, or a (op) scalar when b is NULL. inplace writes into a. */
-static ct_tensor *binary(int which, ct_tensor *a, ct_tensor *b, double scalar, bool inplace) {
-    const binary_op *bo = &binary_ops[which];
-    bool has_b = b != NULL;
-    const char *name = bo->names[!has_b][inplace];
-    char da[CT__DESC_STR], db[CT__DESC_STR];
-    if (has_b ? CT__CHECK_ANY(name, a, b) : CT__CHECK_ANY(name, a))
-        return NULL;
-    if (has_b && ct__check_same_device(name, (ct_tensor *[]){a, b}, 2))
-        return NULL;
-    ct_device device = a->storage->device;
-    bool cuda = device.type == CT_CUDA;
-    ct_dtype compute =
-        has_b ? ct_promote_types(a->dtype, b->dtype) : scalar_dtype(a->dtype, scalar);
-    if (which == B_div && !ct_dtype_is_float(compute))
-        compute = CT_FLOAT32;
-    if (!bo->kernels[compute]) {
-        ct__seterr(CT_EDTYPE, "%s: not supported for %s operands (%s%s%s)", name,
-                   ct_dtype_name(compute), ct__desc(da, a), has_b ? " and " : "",
-                   has_b ? ct__desc(db, b) : "");
-        return NULL;
-    }
-    ct_dtype result = bo->compare ? CT_BOOL : compute;
-    int nd = a->ndim;
-    int64_t shape[CT_MAX_DIMS];
-    memcpy(shape, a->sizes, sizeof shape);
-    if (has_b && ct__broadcast_shapes(name, a->ndim, a->sizes, b->ndim, b->sizes, &nd, shape))
-        return NULL;
-    if (inplace) {
-        bool fits = nd == a->ndim && memcmp(shape, a->sizes, sizeof(int64_t) * (size_t)nd) == 0;
-        char ds[CT__SHAPE_STR];
-        if (!fits) {
-            ct__seterr(CT_ESHAPE, "%s: the broadcast shape %s does not match %s, written in place",
-                       name, ct__shape_str(ds, nd, shape), ct__desc(da, a));
-            return NULL;
-        }
-        if (dtype_category(result) > dtype_category(a->dtype)) {
-            ct__seterr(CT_EDTYPE, "%s: result type %s cannot be stored in %s in place", name,
-                       ct_dtype_name(result), ct__desc(da, a));
-            return NULL;
-        }
-        if (ct__check_inplace(bo->op, name, a, (ct_tensor *[]){b}, has_b))
-            return NULL;
-    }
-
-    /* The result is made in the caller's scope. Operands in another dtype
-     * are converted, and an in-place result of another dtype is computed
-     * into a temporary, in a private scope that releases them; the common
-     * case needs none and skips it. */
-    bool direct = inplace && result == a->dtype;
-    bool temps = a->dtype != compute || (has_b && b->dtype != compute) || (inplace && !direct);
-    ct_tensor *out = inplace ? a : ct__new_on(name, nd, shape, result, device);
-    if (!out)
-        return NULL;
-    if (temps)
-        ct_scope_begin();
+int ct__cpu_binary(int op, ct_tensor *dst, ct_tensor *x, ct_tensor *y, double scalar,
+                   ct_dtype dtype, int nd, const int64_t *shape) {
+    ct__loop_fn fn = op >= 0 && op < CT__NUM_BINARY ? binary_kernels[op][dtype] : NULL;
+    if (!fn)
+        return ct__seterr(CT_EINVAL, "binary: no CPU loop for op %d on %s", op,
+                          ct_dtype_name(dtype));
+    /* A scalar operand is a 0-d tensor of the compute dtype, broadcast. */
     ct__scalar_operand operand;
-    ct_tensor *x = as_dtype(a, compute);
-    /* The device kernel takes a scalar operand by value. */
-    ct_tensor *y = has_b  ? as_dtype(b, compute)
-                   : cuda ? NULL
-                          : ct__scalar_operand_init(&operand, scalar, compute);
-    ct_tensor *dst = inplace && !direct ? ct__new_on(name, nd, shape, result, device) : out;
-    bool ok = x && (y || (cuda && !has_b)) && dst;
-    if (ok && cuda) {
-        ok = ct__cuda_binary(which, dst, x, y, scalar, compute, nd, shape) == 0;
-    } else if (ok) {
-        ct__iter it;
-        ct__iter_init(&it, (ct_tensor *[]){dst, x, y}, 3, nd, shape);
-        ct__iter_run(&it, bo->kernels[compute], NULL, CT__GRAIN_ELEMENTWISE);
-    }
-    if (ok && dst != out)
-        ok = ct__copy_any(out, dst) == 0;
-    if (temps)
-        ct_scope_end();
-    if (!ok) {
-        if (!inplace)
-            ct__release(out);
-        return NULL;
-    }
-
-    ct_tensor *res = inplace ? a : out;
-    ct_op_args args = {.scalars = {scalar, 0}, .scalar_operand = !has_b};
-    return ct__record(bo->op, (ct_tensor *[]){a, b}, has_b ? 2 : 1, (ct_tensor *[]){res}, 1,
-                      inplace, &args);
+    if (!y)
+        y = ct__scalar_operand_init(&operand, scalar, dtype);
+    ct__iter it;
+    ct__iter_init(&it, (ct_tensor *[]){dst, x, y}, 3, nd, shape);
+    ct__iter_run(&it, fn, NULL, CT__GRAIN_ELEMENTWISE);
+    return 0;
 }
-
-#define DEFINE_BINARY(name)                                                                        \
-    ct_tensor *ct_##name(ct_tensor *a, ct_tensor *b) {                                             \
-        if (!b && CT__CHECK(#name, a, b))                                                          \
-            return NULL;                                                                           \
-        return binary(B_##name, a, b, 0, false);                                                   \
-    }                                                                                              \
-    ct_tensor *ct_##name##_(ct_tensor *a, ct_tensor *b) {                                          \
-        if (!b && CT__CHECK(#name "_", a, b))                                                      \
-            return NULL;                                                                           \
-        return binary(B_##name, a, b, 0, true);                                                    \
-    }
-#define DEFINE_BINARY_SCALAR(name)                                                                 \
-    ct_tensor *ct_##name##_scalar(ct_tensor *a, double b) {                                        \
-        return binary(B_##name, a, NULL, b, false);                                                \
-    }                                                                                              \
-    ct_tensor *ct_##name##_scalar_(ct_tensor *a, double b) {                                       \
-        return binary(B_##name, a, NULL, b, true);                                                 \
-    }
-CT_BINARY_OP_MAP(DEFINE_BINARY)
-CT_BINARY_OP_MAP(DEFINE_BINARY_SCALAR)
-/* pow's scalar form is the unary ct_pow_scalar (unary.c). */
-DEFINE_BINARY(pow)
 
 /* ------------------------------------------------------ where, masked_fill */
 
@@ -359,89 +198,19 @@ static int size_index(size_t size) { return size == 1 ? 0 : size == 2 ? 1 : size
 static const ct__loop_fn where_kernels[] = {where_8, where_16, where_32, where_64};
 static const ct__loop_fn fill_kernels[] = {fill_8, fill_16, fill_32, fill_64};
 
-static int check_mask(const char *op, const ct_tensor *mask) {
-    char desc[CT__DESC_STR];
-    if (mask->dtype != CT_BOOL)
-        return ct__seterr(CT_EDTYPE, "%s: the condition must be bool, got %s", op,
-                          ct__desc(desc, mask));
-    return 0;
-}
-
-ct_tensor *ct_where(ct_tensor *cond, ct_tensor *a, ct_tensor *b) {
-    if (CT__CHECK_ANY("where", cond, a, b) ||
-        ct__check_same_device("where", (ct_tensor *[]){cond, a, b}, 3) || check_mask("where", cond))
-        return NULL;
-    int nab, nd;
-    int64_t ab[CT_MAX_DIMS], shape[CT_MAX_DIMS];
-    if (ct__broadcast_shapes("where", a->ndim, a->sizes, b->ndim, b->sizes, &nab, ab) ||
-        ct__broadcast_shapes("where", cond->ndim, cond->sizes, nab, ab, &nd, shape))
-        return NULL;
-    ct_dtype dt = ct_promote_types(a->dtype, b->dtype);
-    ct_scope_begin();
-    ct_tensor *x = ct_to_dtype(a, dt), *y = ct_to_dtype(b, dt);
-    ct_tensor *out = ct__new_on("where", nd, shape, dt, cond->storage->device);
-    bool ok = x && y && out;
-    if (ok && cond->storage->device.type == CT_CUDA) {
-        ok = ct__cuda_where(out, cond, x, y, NULL, nd, shape) == 0;
-    } else if (ok) {
-        ct__iter it;
-        ct__iter_init(&it, (ct_tensor *[]){out, cond, x, y}, 4, nd, shape);
-        ct__iter_run(&it, where_kernels[size_index(ct_dtype_size(dt))], NULL,
-                     CT__GRAIN_ELEMENTWISE);
-    }
-    if (!ok) {
-        ct_scope_end();
-        return NULL;
-    }
-    ct_keep(out);
-    ct_scope_end();
-    return ct__record1(CT_OP_WHERE, out, (ct_tensor *[]){cond, a, b}, 3, NULL);
-}
-
-static ct_tensor *masked_fill(ct_tensor *t, ct_tensor *mask, double value, bool inplace) {
-    const char *name = inplace ? "masked_fill_" : "masked_fill";
-    if (CT__CHECK_ANY(name, t, mask) || ct__check_same_device(name, (ct_tensor *[]){t, mask}, 2) ||
-        check_mask(name, mask))
-        return NULL;
-    int nd;
-    int64_t shape[CT_MAX_DIMS];
-    if (ct__broadcast_shapes(name, t->ndim, t->sizes, mask->ndim, mask->sizes, &nd, shape))
-        return NULL;
-    if (nd != t->ndim || memcmp(shape, t->sizes, sizeof(int64_t) * (size_t)nd) != 0) {
-        char dt[CT__DESC_STR], dm[CT__DESC_STR];
-        ct__seterr(CT_ESHAPE, "%s: mask %s does not broadcast to %s", name, ct__desc(dm, mask),
-                   ct__desc(dt, t));
-        return NULL;
-    }
-    ct_tensor *out = inplace ? t : ct_clone(t);
-    if (!out ||
-        (inplace && ct__check_inplace(CT_OP_MASKED_FILL, name, t, (ct_tensor *[]){mask}, 1)))
-        return NULL;
-    uint64_t bits = 0;
-    ct__store_double(t->dtype, &bits, value);
-    if (t->storage->device.type == CT_CUDA) {
-        if (ct__cuda_where(out, mask, NULL, out, &bits, nd, shape)) {
-            if (!inplace)
-                ct__release(out);
-            return NULL;
-        }
+int ct__cpu_where(ct_tensor *out, ct_tensor *cond, ct_tensor *a, ct_tensor *b,
+                  const uint64_t *a_bits, int nd, const int64_t *shape) {
+    int k = size_index(ct_dtype_size(out->dtype));
+    ct__iter it;
+    if (a) {
+        ct__iter_init(&it, (ct_tensor *[]){out, cond, a, b}, 4, nd, shape);
+        ct__iter_run(&it, where_kernels[k], NULL, CT__GRAIN_ELEMENTWISE);
     } else {
-        ct__iter it;
-        ct__iter_init(&it, (ct_tensor *[]){out, mask}, 2, nd, shape);
-        ct__iter_run(&it, fill_kernels[size_index(ct_dtype_size(t->dtype))], &bits,
-                     CT__GRAIN_ELEMENTWISE);
+        /* masked_fill: b is out itself, so only the masked elements move. */
+        ct__iter_init(&it, (ct_tensor *[]){out, cond}, 2, nd, shape);
+        ct__iter_run(&it, fill_kernels[k], (void *)a_bits, CT__GRAIN_ELEMENTWISE);
     }
-    ct_op_args args = {.scalars = {value, 0}};
-    return ct__record(CT_OP_MASKED_FILL, (ct_tensor *[]){t, mask}, 2, (ct_tensor *[]){out}, 1,
-                      inplace, &args);
-}
-
-ct_tensor *ct_masked_fill(ct_tensor *t, ct_tensor *mask, double value) {
-    return masked_fill(t, mask, value, false);
-}
-
-ct_tensor *ct_masked_fill_(ct_tensor *t, ct_tensor *mask, double value) {
-    return masked_fill(t, mask, value, true);
+    return 0;
 }
 
 ct_tensor *ct__activation_grad(ct_op op, ct_tensor *x, ct_tensor *g) {
@@ -471,7 +240,8 @@ ct_tensor *ct__activation_grad(ct_op op, ct_tensor *x, ct_tensor *g) {
     if (!out)
         return NULL;
     ct_scope_begin();
-    ct_tensor *xc = as_dtype(x, compute), *gc = as_dtype(g, compute);
+    ct_tensor *xc = x->dtype == compute ? x : ct_to_dtype(x, compute);
+    ct_tensor *gc = g->dtype == compute ? g : ct_to_dtype(g, compute);
     if (xc && gc) {
         ct__iter it;
         ct__iter_init(&it, (ct_tensor *[]){out, xc, gc}, 3, nd, shape);

@@ -313,10 +313,7 @@ ct_tensor *ct_matmul(ct_tensor *a, ct_tensor *b) {
     int rc = 0;
     if (!work) {
         /* k == 0 sums nothing: zeros. */
-        if (cuda)
-            rc = ct__cuda_fill(out, 0);
-        else
-            memset(ct__data(out), 0, (size_t)ct_numel(out) * ct_dtype_size(dtype));
+        rc = ct__fill_any(out, 0);
     } else {
         p.c = scratch[2] ? ct__data(&cbuf) : ct__data(out);
         mm_fold_batch(&p);

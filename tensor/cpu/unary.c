@@ -1,7 +1,7 @@
-/* Unary elementwise ops, on the CPU and on a CUDA device
- * (tensor/cuda/kernels.cu). */
-#include "cuda_impl.h"
-#include "cuda_kernels.h"
+/* The CPU kernels of the unary elementwise ops (their front end:
+ * tensor/ops/unary.c). */
+#include "cpu_impl.h"
+#include "ops_impl.h"
 #include "tensor_impl.h"
 #include "vmath.h"
 
@@ -81,32 +81,12 @@ static inline int64_t int_pow(int64_t x, int64_t e) {
         }                                                                                          \
     }
 
-/* name, float expression, integer expression (0: float-valued only). */
-#define UNARY_OPS(X)                                                                               \
-    X(neg, NEG, F_NEG, I_NEG)                                                                      \
-    X(abs, ABS, F_ABS, I_ABS)                                                                      \
-    X(exp, EXP, F_EXP, 0)                                                                          \
-    X(log, LOG, F_LOG, 0)                                                                          \
-    X(log1p, LOG1P, F_LOG1P, 0)                                                                    \
-    X(sqrt, SQRT, F_SQRT, 0)                                                                       \
-    X(rsqrt, RSQRT, F_RSQRT, 0)                                                                    \
-    X(sin, SIN, F_SIN, 0)                                                                          \
-    X(cos, COS, F_COS, 0)                                                                          \
-    X(tanh, TANH, F_TANH, 0)                                                                       \
-    X(sigmoid, SIGMOID, F_SIGMOID, 0)                                                              \
-    X(relu, RELU, F_RELU, I_RELU)                                                                  \
-    X(gelu, GELU, F_GELU, 0)                                                                       \
-    X(gelu_tanh, GELU_TANH, F_GELU_TANH, 0)                                                        \
-    X(silu, SILU, F_SILU, 0)                                                                       \
-    X(pow_scalar, POW_SCALAR, F_POW_SCALAR, I_POW_SCALAR)                                          \
-    X(clamp, CLAMP, F_CLAMP, I_CLAMP)
-
 #define STAMP_FLOAT_OP(name, NAME, FEXPR, IEXPR)                                                   \
     UNARY_KERNEL(FEXPR, FLOAT32)                                                                   \
     UNARY_KERNEL(FEXPR, FLOAT64)                                                                   \
     UNARY_KERNEL(FEXPR, BFLOAT16)                                                                  \
     UNARY_KERNEL(FEXPR, FLOAT16)
-UNARY_OPS(STAMP_FLOAT_OP)
+CT__UNARY_OPS(STAMP_FLOAT_OP)
 
 #define STAMP_INT(OP)                                                                              \
     UNARY_KERNEL(OP, INT64)                                                                        \
@@ -117,13 +97,6 @@ STAMP_INT(I_ABS)
 STAMP_INT(I_RELU)
 STAMP_INT(I_POW_SCALAR)
 STAMP_INT(I_CLAMP)
-
-typedef struct unary_op {
-    const char *names[2]; /* [in place] */
-    ct_op op;
-    ct__loop_fn floats[4]; /* FLOAT32, FLOAT64, BFLOAT16, FLOAT16 */
-    ct__loop_fn ints[3];   /* INT64, INT32, UINT8; NULL: float-valued */
-} unary_op;
 
 #define INT_ROW_0                                                                                  \
     { NULL, NULL, NULL }
@@ -137,92 +110,29 @@ typedef struct unary_op {
 #define INT_ROW_SELECT_I_POW_SCALAR INT_ROW(I_POW_SCALAR)
 #define INT_ROW_SELECT_I_CLAMP      INT_ROW(I_CLAMP)
 
-enum {
-#define UNARY_ENUM(name, NAME, FEXPR, IEXPR) U_##name,
-    UNARY_OPS(UNARY_ENUM)
-#undef UNARY_ENUM
-};
-_Static_assert((int)U_neg == (int)CT__CUDA_NEG && (int)U_silu == (int)CT__CUDA_SILU &&
-                   (int)U_clamp == (int)CT__CUDA_CLAMP,
-               "unary ops and their CUDA kernels disagree on the order");
-
-static const unary_op unary_ops[] = {
-#define UNARY_ROW(name, NAME, FEXPR, IEXPR)                                                        \
-    {{#name, #name "_"},                                                                           \
-     CT_OP_##NAME,                                                                                 \
-     {FEXPR##_FLOAT32, FEXPR##_FLOAT64, FEXPR##_BFLOAT16, FEXPR##_FLOAT16},                        \
-     INT_ROW_SELECT(IEXPR)},
-    UNARY_OPS(UNARY_ROW)
-#undef UNARY_ROW
+/* The loops by op index: float32, float64, bfloat16, float16; int64,
+ * int32, uint8 (NULL for the float-valued ops). */
+static const struct {
+    ct__loop_fn floats[4];
+    ct__loop_fn ints[3];
+} unary_kernels[CT__NUM_UNARY] = {
+#define KERNEL_ROW(name, NAME, FEXPR, IEXPR)                                                       \
+    [CT__UNARY_##NAME] = {{FEXPR##_FLOAT32, FEXPR##_FLOAT64, FEXPR##_BFLOAT16, FEXPR##_FLOAT16},   \
+                          INT_ROW_SELECT(IEXPR)},
+    CT__UNARY_OPS(KERNEL_ROW)
+#undef KERNEL_ROW
 };
 
-static ct_tensor *unary(int which, ct_tensor *t, bool inplace, double p0, double p1) {
-    const unary_op *u = &unary_ops[which];
-    const char *name = u->names[inplace];
-    if (CT__CHECK_ANY(name, t))
-        return NULL;
-    ct_device device = t->storage->device;
-    char desc[CT__DESC_STR];
-    bool is_float = ct_dtype_is_float(t->dtype);
-    /* Integer powers stay integral only for whole, non-negative exponents. */
-    bool int_ok = u->ints[0] != NULL && t->dtype != CT_BOOL &&
-                  !(which == U_pow_scalar && (p0 < 0 || p0 != floor(p0)));
-    ct_dtype out_dtype = is_float || int_ok ? t->dtype : CT_FLOAT32;
-    if (t->dtype == CT_BOOL && u->ints[0] != NULL && which != U_pow_scalar) {
-        ct__seterr(CT_EDTYPE, "%s: not supported for bool tensors (%s)", name, ct__desc(desc, t));
-        return NULL;
-    }
-    if (inplace && out_dtype != t->dtype) {
-        ct__seterr(CT_EDTYPE, "%s: result type %s cannot be stored in the input %s in place", name,
-                   ct_dtype_name(out_dtype), ct__desc(desc, t));
-        return NULL;
-    }
-    unary_params prm = {{p0, p1}, {0, 0}};
-    for (int k = 0; k < 2; k++)
-        prm.i[k] = isnan(prm.d[k])       ? 0
-                   : prm.d[k] <= -9.2e18 ? INT64_MIN
-                   : prm.d[k] >= 9.2e18
-                       ? INT64_MAX
-                       : (int64_t)(which == U_clamp && k == 0 ? ceil(prm.d[k]) : floor(prm.d[k]));
-
-    ct_tensor *out = inplace ? t : ct__new_on(name, t->ndim, t->sizes, out_dtype, device);
-    if (!out || (inplace && ct__check_inplace(u->op, name, out, NULL, 0)))
-        return NULL;
-    /* An integer input of a float-valued op (never in place: refused above)
-     * is converted in a private scope that releases the copy. */
-    bool convert = out_dtype != t->dtype;
-    if (convert)
-        ct_scope_begin();
-    ct_tensor *src = convert ? ct_to_dtype(t, out_dtype) : t;
-    bool ok = src != NULL;
-    if (ok && device.type == CT_CUDA) {
-        ok = ct__cuda_unary(which, out, src, prm.d, prm.i) == 0;
-    } else if (ok) {
-        ct__loop_fn fn =
-            ct_dtype_is_float(out_dtype) ? u->floats[out_dtype] : u->ints[out_dtype - CT_INT64];
-        ct__iter it;
-        ct__iter_init(&it, (ct_tensor *[]){out, src}, 2, out->ndim, out->sizes);
-        ct__iter_run(&it, fn, &prm, CT__GRAIN_ELEMENTWISE);
-    }
-    if (convert)
-        ct_scope_end();
-    if (!ok) {
-        if (!inplace)
-            ct__release(out);
-        return NULL;
-    }
-
-    ct_op_args args = {.scalars = {p0, p1}};
-    return ct__record(u->op, (ct_tensor *[]){t}, 1, (ct_tensor *[]){out}, 1, inplace, &args);
+int ct__cpu_unary(int op, ct_tensor *out, ct_tensor *src, const double p[2], const int64_t ip[2]) {
+    ct_dtype d = out->dtype;
+    ct__loop_fn fn = op < 0 || op >= CT__NUM_UNARY || d == CT_BOOL ? NULL
+                     : ct_dtype_is_float(d)                        ? unary_kernels[op].floats[d]
+                                            : unary_kernels[op].ints[d - CT_INT64];
+    if (!fn)
+        return ct__seterr(CT_EINVAL, "unary: no CPU loop for op %d on %s", op, ct_dtype_name(d));
+    unary_params prm = {{p[0], p[1]}, {ip[0], ip[1]}};
+    ct__iter it;
+    ct__iter_init(&it, (ct_tensor *[]){out, src}, 2, out->ndim, out->sizes);
+    ct__iter_run(&it, fn, &prm, CT__GRAIN_ELEMENTWISE);
+    return 0;
 }
-
-#define DEFINE_SIMPLE(name)                                                                        \
-    ct_tensor *ct_##name(ct_tensor *t) { return unary(U_##name, t, false, 0, 0); }                 \
-    ct_tensor *ct_##name##_(ct_tensor *t) { return unary(U_##name, t, true, 0, 0); }
-
-CT_UNARY_OP_MAP(DEFINE_SIMPLE)
-
-ct_tensor *ct_pow_scalar(ct_tensor *t, double e) { return unary(U_pow_scalar, t, false, e, 0); }
-ct_tensor *ct_pow_scalar_(ct_tensor *t, double e) { return unary(U_pow_scalar, t, true, e, 0); }
-ct_tensor *ct_clamp(ct_tensor *t, double lo, double hi) { return unary(U_clamp, t, false, lo, hi); }
-ct_tensor *ct_clamp_(ct_tensor *t, double lo, double hi) { return unary(U_clamp, t, true, lo, hi); }

@@ -8,6 +8,8 @@
 #ifndef CT_CUDA_KERNELS_H
 #define CT_CUDA_KERNELS_H
 
+#include "ops_impl.h"
+
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -35,23 +37,7 @@ int ct__cuda_launch_copy(const ct__cuda_iter *it, int dst_dtype, int src_dtype, 
 /* Every element of it's only operand = value, converted to dtype. */
 int ct__cuda_launch_fill(const ct__cuda_iter *it, int dtype, double value, void *stream);
 
-/* Binary ops, in the order of tensor/cpu/binary.c's table. */
-enum {
-    CT__CUDA_ADD,
-    CT__CUDA_SUB,
-    CT__CUDA_MUL,
-    CT__CUDA_DIV,
-    CT__CUDA_POW,
-    CT__CUDA_MAXIMUM,
-    CT__CUDA_MINIMUM,
-    CT__CUDA_EQ,
-    CT__CUDA_NE,
-    CT__CUDA_LT,
-    CT__CUDA_LE,
-    CT__CUDA_GT,
-    CT__CUDA_GE,
-    CT__CUDA_NBINARY
-};
+/* Binary ops by their registry index (ops_impl.h): CT__BINARY_ADD, ... */
 
 /* out = a (op) b, all of dtype (ct_dtype), except comparisons, whose out is
  * bool. With scalar_b, b is the value scalar (converted to dtype first, as
@@ -59,27 +45,7 @@ enum {
 int ct__cuda_launch_binary(const ct__cuda_iter *it, int op, int dtype, int scalar_b, double scalar,
                            void *stream);
 
-/* Unary ops, in the order of tensor/cpu/unary.c's table. */
-enum {
-    CT__CUDA_NEG,
-    CT__CUDA_ABS,
-    CT__CUDA_EXP,
-    CT__CUDA_LOG,
-    CT__CUDA_LOG1P,
-    CT__CUDA_SQRT,
-    CT__CUDA_RSQRT,
-    CT__CUDA_SIN,
-    CT__CUDA_COS,
-    CT__CUDA_TANH,
-    CT__CUDA_SIGMOID,
-    CT__CUDA_RELU,
-    CT__CUDA_GELU,
-    CT__CUDA_GELU_TANH,
-    CT__CUDA_SILU,
-    CT__CUDA_POW_SCALAR,
-    CT__CUDA_CLAMP,
-    CT__CUDA_NUNARY
-};
+/* Unary ops by their registry index (ops_impl.h): CT__UNARY_NEG, ... */
 
 /* out = op(in), both of dtype; p are the op's scalars (pow's exponent,
  * clamp's bounds) as doubles, ip the same as integers, converted as the CPU
@@ -153,9 +119,10 @@ typedef struct ct__cuda_rows {
 int ct__cuda_launch_softmax(const ct__cuda_rows *r, int dtype, int log, void *stream);
 
 /* Cross-entropy over contiguous scores x [n, c] of dtype (float32 or
- * float64) and int64 targets t [n] (each ignore or in [0, c)): lse [n]
- * (dtype) gets each row's logsumexp, loss [n] (float64) its loss, 0 for
- * ignored rows. */
+ * float64) and int64 targets t [n] (each ignore or in [0, c)): lse [2, n]
+ * (dtype) gets each row's maximum, then log sum exp(x - max) (kept apart, so
+ * that x - max - log sum keeps its digits at large logits), loss [n]
+ * (float64) its loss, 0 for ignored rows. */
 int ct__cuda_launch_cross_entropy(const void *x, const int64_t *t, void *lse, double *loss,
                                   int64_t n, int64_t c, int64_t ignore, double smoothing, int dtype,
                                   void *stream);

@@ -55,12 +55,12 @@ __device__ inline int64_t int_pow(int64_t x, int64_t e) {
 template <typename A> struct Arith {
     __device__ static A apply(int op, A x, A y) {
         switch (op) {
-        case CT__CUDA_ADD: return x + y;
-        case CT__CUDA_SUB: return x - y;
-        case CT__CUDA_MUL: return x * y;
-        case CT__CUDA_DIV: return x / y;
-        case CT__CUDA_POW: return pow(x, y);
-        case CT__CUDA_MAXIMUM: return x > y || x != x ? x : y; // NaN propagates
+        case CT__BINARY_ADD: return x + y;
+        case CT__BINARY_SUB: return x - y;
+        case CT__BINARY_MUL: return x * y;
+        case CT__BINARY_DIV: return x / y;
+        case CT__BINARY_POW: return pow(x, y);
+        case CT__BINARY_MAXIMUM: return x > y || x != x ? x : y; // NaN propagates
         default: return x < y || x != x ? x : y;
         }
     }
@@ -69,11 +69,11 @@ template <> struct Arith<int64_t> {
     __device__ static int64_t apply(int op, int64_t x, int64_t y) {
         uint64_t ux = static_cast<uint64_t>(x), uy = static_cast<uint64_t>(y);
         switch (op) {
-        case CT__CUDA_ADD: return wrap(ux + uy);
-        case CT__CUDA_SUB: return wrap(ux - uy);
-        case CT__CUDA_MUL: return wrap(ux * uy);
-        case CT__CUDA_POW: return int_pow(x, y);
-        case CT__CUDA_MAXIMUM: return x > y ? x : y;
+        case CT__BINARY_ADD: return wrap(ux + uy);
+        case CT__BINARY_SUB: return wrap(ux - uy);
+        case CT__BINARY_MUL: return wrap(ux * uy);
+        case CT__BINARY_POW: return int_pow(x, y);
+        case CT__BINARY_MAXIMUM: return x > y ? x : y;
         default: return x < y ? x : y;
         }
     }
@@ -81,11 +81,11 @@ template <> struct Arith<int64_t> {
 
 template <typename A> __device__ bool compare(int op, A x, A y) {
     switch (op) {
-    case CT__CUDA_EQ: return x == y;
-    case CT__CUDA_NE: return x != y;
-    case CT__CUDA_LT: return x < y;
-    case CT__CUDA_LE: return x <= y;
-    case CT__CUDA_GT: return x > y;
+    case CT__BINARY_EQ: return x == y;
+    case CT__BINARY_NE: return x != y;
+    case CT__BINARY_LT: return x < y;
+    case CT__BINARY_LE: return x <= y;
+    case CT__BINARY_GT: return x > y;
     default: return x >= y;
     }
 }
@@ -127,12 +127,12 @@ int launch_binary(const ct__cuda_iter &it, Op op, bool scalar_b, double scalar, 
 
 extern "C" int ct__cuda_launch_binary(const ct__cuda_iter *it, int op, int dtype, int scalar_b,
                                       double scalar, void *stream) {
-    if (op < 0 || op >= CT__CUDA_NBINARY)
+    if (op < 0 || op >= CT__NUM_BINARY)
         return static_cast<int>(cudaErrorInvalidValue);
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     return by_dtype(dtype, [&](auto t) {
         using T = decltype(t);
-        if (op >= CT__CUDA_EQ)
+        if (op >= CT__BINARY_EQ)
             return launch_binary<Bool, T>(*it, CompareOp<T>{op}, scalar_b != 0, scalar, s);
         return launch_binary<T, T>(*it, ArithOp<T>{op}, scalar_b != 0, scalar, s);
     });
@@ -146,24 +146,24 @@ template <typename A> struct Unary {
     __device__ static A apply(int op, A x, A p0, A p1) {
         const A half = A(0.5), one = A(1);
         switch (op) {
-        case CT__CUDA_NEG: return -x;
-        case CT__CUDA_ABS: return fabs(x);
-        case CT__CUDA_EXP: return exp(x);
-        case CT__CUDA_LOG: return log(x);
-        case CT__CUDA_LOG1P: return log1p(x);
-        case CT__CUDA_SQRT: return sqrt(x);
-        case CT__CUDA_RSQRT: return one / sqrt(x);
-        case CT__CUDA_SIN: return sin(x);
-        case CT__CUDA_COS: return cos(x);
-        case CT__CUDA_TANH: return tanh(x);
-        case CT__CUDA_SIGMOID: return one / (one + exp(-x));
-        case CT__CUDA_RELU: return x > 0 || x != x ? x : A(0);
-        case CT__CUDA_GELU: return x * half * (one + erf(x * A(0.70710678118654752440)));
-        case CT__CUDA_GELU_TANH:
+        case CT__UNARY_NEG: return -x;
+        case CT__UNARY_ABS: return fabs(x);
+        case CT__UNARY_EXP: return exp(x);
+        case CT__UNARY_LOG: return log(x);
+        case CT__UNARY_LOG1P: return log1p(x);
+        case CT__UNARY_SQRT: return sqrt(x);
+        case CT__UNARY_RSQRT: return one / sqrt(x);
+        case CT__UNARY_SIN: return sin(x);
+        case CT__UNARY_COS: return cos(x);
+        case CT__UNARY_TANH: return tanh(x);
+        case CT__UNARY_SIGMOID: return one / (one + exp(-x));
+        case CT__UNARY_RELU: return x > 0 || x != x ? x : A(0);
+        case CT__UNARY_GELU: return x * half * (one + erf(x * A(0.70710678118654752440)));
+        case CT__UNARY_GELU_TANH:
             return half * x *
                    (one + tanh(A(0.79788456080286535588) * (x + A(0.044715) * x * x * x)));
-        case CT__CUDA_SILU: return x / (one + exp(-x));
-        case CT__CUDA_POW_SCALAR: return p0 == A(2) ? x * x : pow(x, p0);
+        case CT__UNARY_SILU: return x / (one + exp(-x));
+        case CT__UNARY_POW_SCALAR: return p0 == A(2) ? x * x : pow(x, p0);
         default: {
             // min(max(x, lo), hi) as PyTorch: hi wins when lo > hi.
             A lo = x < p0 ? p0 : x;
@@ -177,10 +177,10 @@ template <typename A> struct Unary {
 template <> struct Unary<int64_t> {
     __device__ static int64_t apply(int op, int64_t x, int64_t p0, int64_t p1) {
         switch (op) {
-        case CT__CUDA_NEG: return wrap(0 - static_cast<uint64_t>(x));
-        case CT__CUDA_ABS: return x < 0 ? wrap(0 - static_cast<uint64_t>(x)) : x;
-        case CT__CUDA_RELU: return x > 0 ? x : 0;
-        case CT__CUDA_POW_SCALAR: return int_pow(x, p0);
+        case CT__UNARY_NEG: return wrap(0 - static_cast<uint64_t>(x));
+        case CT__UNARY_ABS: return x < 0 ? wrap(0 - static_cast<uint64_t>(x)) : x;
+        case CT__UNARY_RELU: return x > 0 ? x : 0;
+        case CT__UNARY_POW_SCALAR: return int_pow(x, p0);
         default: {
             int64_t lo = x < p0 ? p0 : x;
             return lo > p1 ? p1 : lo;
@@ -202,7 +202,7 @@ template <typename T> struct UnaryOp {
 
 extern "C" int ct__cuda_launch_unary(const ct__cuda_iter *it, int op, int dtype, const double p[2],
                                      const int64_t ip[2], void *stream) {
-    if (op < 0 || op >= CT__CUDA_NUNARY)
+    if (op < 0 || op >= CT__NUM_UNARY)
         return static_cast<int>(cudaErrorInvalidValue);
     if (dtype == 7) /* bool has no unary op */
         return static_cast<int>(cudaErrorInvalidValue);

@@ -37,19 +37,6 @@ int ct__cuda_copy(int device, void *dst, const void *src, size_t n, bool to_devi
 
 int ct__cuda_sync(int device) { return none(device); }
 
-int ct__cuda_copy_tensor(ct_tensor *dst, ct_tensor *src) { return NONE_ON(dst); }
-
-int ct__cuda_binary(int op, ct_tensor *dst, ct_tensor *x, ct_tensor *y, double scalar,
-                    ct_dtype dtype, int nd, const int64_t *shape) {
-    return NONE_ON(dst);
-}
-
-int ct__cuda_unary(int op, ct_tensor *out, ct_tensor *src, const double p[2], const int64_t ip[2]) {
-    return NONE_ON(out);
-}
-
-int ct__cuda_fill(ct_tensor *t, double value) { return NONE_ON(t); }
-
 /* reductions, softmax, cross-entropy, layer norm */
 
 int ct__cuda_reduce(ct__cuda_reduce_args *a, ct_tensor *in, ct_tensor *out, ct_tensor *indices,
@@ -94,11 +81,6 @@ int ct__cuda_scatter_add(ct_tensor *const ops[3], int64_t jump) { return NONE_ON
 int ct__cuda_one_hot(ct_tensor *out, ct_tensor *labels, int64_t classes) { return NONE_ON(out); }
 
 int ct__cuda_band(ct_tensor *out, ct_tensor *t, int64_t k, bool upper) { return NONE_ON(out); }
-
-int ct__cuda_where(ct_tensor *out, ct_tensor *cond, ct_tensor *a, ct_tensor *b,
-                   const uint64_t *a_bits, int nd, const int64_t *shape) {
-    return NONE_ON(out);
-}
 
 int ct__cuda_draw(ct_tensor *out, const ct__draw *d) { return NONE_ON(out); }
 

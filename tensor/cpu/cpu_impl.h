@@ -1,0 +1,23 @@
+/* ct CPU device internal header: the kernels tensor/cpu/ lists in its
+ * dispatch table (device.c there), with device_impl.h's signatures. */
+#ifndef CT_CPU_IMPL_H
+#define CT_CPU_IMPL_H
+
+#include "tensor_impl.h"
+
+int ct__cpu_unary(int op, ct_tensor *out, ct_tensor *src, const double p[2], const int64_t ip[2]);
+int ct__cpu_binary(int op, ct_tensor *dst, ct_tensor *x, ct_tensor *y, double scalar,
+                   ct_dtype dtype, int nd, const int64_t *shape);
+int ct__cpu_where(ct_tensor *out, ct_tensor *cond, ct_tensor *a, ct_tensor *b,
+                  const uint64_t *a_bits, int nd, const int64_t *shape);
+/* t = value (any layout). */
+int ct__cpu_fill(ct_tensor *t, double value);
+
+/* CPU storage and its statistics (tensor.c, where tensor objects share a
+ * heap block with small storages). */
+ct_storage *ct__cpu_storage_new(size_t nbytes);
+int64_t ct__cpu_memory_allocated(void);
+int64_t ct__cpu_memory_peak(void);
+void ct__cpu_memory_reset_peak(void);
+
+#endif

@@ -1,0 +1,38 @@
+/* A CUDA device's dispatch table (device_impl.h): the kernels of
+ * tensor/cuda/ and the memory of its caching allocator. Built with CUDA
+ * only; a build without it has no CUDA table. */
+#include "cuda_impl.h"
+#include "device_impl.h"
+
+#include <ct/cuda.h>
+
+static int64_t cuda_allocated(int index) {
+    ct_cuda_memory_stats s;
+    return ct_cuda_memory_stats_get(index, &s) ? 0 : s.allocated;
+}
+
+static int64_t cuda_peak(int index) {
+    ct_cuda_memory_stats s;
+    return ct_cuda_memory_stats_get(index, &s) ? 0 : s.peak_allocated;
+}
+
+static void cuda_reset_peak(int index) { (void)ct_cuda_reset_peak_memory(index); }
+
+static int cuda_read(int index, void *dst, const void *src, size_t n) {
+    return ct__cuda_copy(index, dst, src, n, false, true);
+}
+
+const ct__device_ops ct__cuda_device_ops = {
+    .name = "cuda",
+    .storage_new = ct__cuda_storage_new,
+    .memory_allocated = cuda_allocated,
+    .memory_peak = cuda_peak,
+    .memory_reset_peak = cuda_reset_peak,
+    .synchronize = ct__cuda_sync,
+    .read = cuda_read,
+    .copy = ct__cuda_copy_tensor,
+    .fill = ct__cuda_fill,
+    .unary = ct__cuda_unary,
+    .binary = ct__cuda_binary,
+    .where = ct__cuda_where,
+};

@@ -1,0 +1,92 @@
+/* ct device dispatch internal header: not installed, not part of the API.
+ *
+ * One table of kernels per device type, in the way collectives have one
+ * per backend (coll_impl.h) and ggml has ggml_backend_i. An op's front end
+ * (tensor/ops/) checks its inputs, promotes, broadcasts, allocates the
+ * result and records it for autograd; then it calls its device's entry.
+ * A device folder (tensor/cpu/, tensor/cuda/) holds only kernels and the
+ * table that lists them. An entry a device lacks is NULL: calling it
+ * through ct__device_get() fails with CT_EDEVICE, naming the op and the
+ * device, and the front end has nothing to branch on (docs/cuda-design.md,
+ * "The dispatch table").
+ *
+ * The families move into the table one at a time; those not in it yet
+ * (reductions, softmax, the index ops, random draws, matmul, the optimizer
+ * kernels) still call tensor/cuda/ directly from their front ends.
+ *
+ * Errors: entries return 0 or a negative CT_E* code with the message set,
+ * as ct's functions do. Threads: the tables are immutable; every entry may
+ * be called from any thread, as its kernels allow (a device's queue orders
+ * the work of all threads). */
+#ifndef CT_DEVICE_IMPL_H
+#define CT_DEVICE_IMPL_H
+
+#include "tensor_impl.h"
+
+#include <stddef.h>
+
+typedef struct ct__device_ops {
+    const char *name; /* "cpu", "cuda": in messages and device strings */
+
+    /* ---- memory (index: the device's number) */
+    /* New storage of nbytes on the device, counted in its statistics; NULL
+     * with the message set. op names the caller in that message. */
+    ct_storage *(*storage_new)(const char *op, size_t nbytes, int index);
+    /* Bytes held by live tensors, and their high-water mark since the start
+     * or the last reset_peak. */
+    int64_t (*memory_allocated)(int index);
+    int64_t (*memory_peak)(int index);
+    void (*memory_reset_peak)(int index);
+    /* Waits until the work queued on the device is done. */
+    int (*synchronize)(int index);
+    /* n bytes from device memory at src to host memory at dst, waiting for
+     * the work queued before (reading one element: ct_get). */
+    int (*read)(int index, void *dst, const void *src, size_t n);
+
+    /* ---- elementwise (operands already checked, on this device, viewed
+     * with the broadcast shape (nd, shape) where one is given) */
+    /* dst = src, broadcast and converted; src may be on the host when dst
+     * is on this device, and the other way round (the device's table is
+     * the one of the side that is not the CPU). */
+    int (*copy)(ct_tensor *dst, ct_tensor *src);
+    /* t = value, converted to t's dtype. */
+    int (*fill)(ct_tensor *t, double value);
+    /* out = op(src), op a CT__UNARY_OPS index (ops_impl.h), both of out's
+     * dtype; p and ip the op's scalars as doubles and as integers. */
+    int (*unary)(int op, ct_tensor *out, ct_tensor *src, const double p[2], const int64_t ip[2]);
+    /* dst = x (op) y, op a CT__BINARY_OPS index, x and y of dtype (dst of
+     * dtype, or bool for a comparison); y NULL: the scalar. */
+    int (*binary)(int op, ct_tensor *dst, ct_tensor *x, ct_tensor *y, double scalar, ct_dtype dtype,
+                  int nd, const int64_t *shape);
+    /* out = cond ? a : b, all of out's dtype but the bool cond; a NULL: the
+     * element whose bytes are *a_bits (masked_fill, b then being out). */
+    int (*where)(ct_tensor *out, ct_tensor *cond, ct_tensor *a, ct_tensor *b,
+                 const uint64_t *a_bits, int nd, const int64_t *shape);
+} ct__device_ops;
+
+/* Whether device's memory is the host's, which the CPU reads directly (the
+ * fast paths that skip the table, and copies across devices). */
+static inline bool ct__is_host(ct_device device) { return device.type == CT_CPU; }
+
+/* The table of device type type, NULL when this build has none (CUDA in a
+ * build without it). */
+const ct__device_ops *ct__device_ops_of(ct_device_type type);
+
+/* The table of device, if it has the entry at offset (offsetof into
+ * ct__device_ops); else NULL with CT_EDEVICE: "op: no ENTRY kernel for
+ * DEVICE yet", or that this build has no such device. Use it through
+ * CT__DEVICE_GET. */
+const ct__device_ops *ct__device_get(const char *op, ct_device device, size_t offset,
+                                     const char *entry);
+#define CT__DEVICE_GET(op, device, entry)                                                          \
+    ct__device_get(op, device, offsetof(ct__device_ops, entry), #entry)
+
+/* "cpu", "cuda": device's type as its table names it ("device 7" for one
+ * this build lacks). In static storage, or in buf (32 bytes). */
+const char *ct__device_name(ct_device_type type, char buf[32]);
+
+/* The tables the device folders define, each its device's. */
+extern const ct__device_ops ct__cpu_device_ops;
+extern const ct__device_ops ct__cuda_device_ops;
+
+#endif

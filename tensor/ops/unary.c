@@ -1,0 +1,105 @@
+/* Unary elementwise ops: the front end. It checks, picks the result
+ * dtype, allocates and records; the kernels are the device's
+ * (device_impl.h): tensor/cpu/unary.c, tensor/cuda/kernels.cu. */
+#include "device_impl.h"
+#include "ops_impl.h"
+#include "tensor_impl.h"
+
+#include <math.h>
+
+typedef struct unary_op {
+    const char *names[2]; /* [in place] */
+    ct_op op;
+    bool ints; /* integer inputs stay integral (else: computed in float32) */
+} unary_op;
+
+/* The registry's integer expression is 0 for the float-valued ops. */
+static const unary_op unary_ops[] = {
+#define UNARY_ROW(name, NAME, FEXPR, IEXPR) {{#name, #name "_"}, CT_OP_##NAME, sizeof #IEXPR > 2},
+    CT__UNARY_OPS(UNARY_ROW)
+#undef UNARY_ROW
+};
+_Static_assert(sizeof unary_ops / sizeof *unary_ops == CT__NUM_UNARY,
+               "a row for every unary op of the registry");
+/* The public list (ct/tensor.h) is the registry but pow_scalar and clamp,
+ * which take scalars; a name it lacks would not compile below. */
+#define COUNT_PUBLIC(name) +1
+_Static_assert(0 CT_UNARY_OP_MAP(COUNT_PUBLIC) + 2 == CT__NUM_UNARY,
+               "CT_UNARY_OP_MAP (ct/tensor.h) and the registry (ops_impl.h) list the same ops");
+
+static ct_tensor *unary(int which, ct_tensor *t, bool inplace, double p0, double p1) {
+    const unary_op *u = &unary_ops[which];
+    const char *name = u->names[inplace];
+    if (CT__CHECK_ANY(name, t))
+        return NULL;
+    ct_device device = t->storage->device;
+    const ct__device_ops *dev = CT__DEVICE_GET(name, device, unary);
+    if (!dev)
+        return NULL;
+    char desc[CT__DESC_STR];
+    bool is_float = ct_dtype_is_float(t->dtype);
+    /* Integer powers stay integral only for whole, non-negative exponents. */
+    bool int_ok = u->ints && t->dtype != CT_BOOL &&
+                  !(which == CT__UNARY_POW_SCALAR && (p0 < 0 || p0 != floor(p0)));
+    ct_dtype out_dtype = is_float || int_ok ? t->dtype : CT_FLOAT32;
+    if (t->dtype == CT_BOOL && u->ints && which != CT__UNARY_POW_SCALAR) {
+        ct__seterr(CT_EDTYPE, "%s: not supported for bool tensors (%s)", name, ct__desc(desc, t));
+        return NULL;
+    }
+    if (inplace && out_dtype != t->dtype) {
+        ct__seterr(CT_EDTYPE, "%s: result type %s cannot be stored in the input %s in place", name,
+                   ct_dtype_name(out_dtype), ct__desc(desc, t));
+        return NULL;
+    }
+    struct {
+        double d[2];
+        int64_t i[2];
+    } prm = {{p0, p1}, {0, 0}};
+    for (int k = 0; k < 2; k++)
+        prm.i[k] =
+            isnan(prm.d[k])       ? 0
+            : prm.d[k] <= -9.2e18 ? INT64_MIN
+            : prm.d[k] >= 9.2e18
+                ? INT64_MAX
+                : (int64_t)(which == CT__UNARY_CLAMP && k == 0 ? ceil(prm.d[k]) : floor(prm.d[k]));
+
+    ct_tensor *out = inplace ? t : ct__new_on(name, t->ndim, t->sizes, out_dtype, device);
+    if (!out || (inplace && ct__check_inplace(u->op, name, out, NULL, 0)))
+        return NULL;
+    /* An integer input of a float-valued op (never in place: refused above)
+     * is converted in a private scope that releases the copy. */
+    bool convert = out_dtype != t->dtype;
+    if (convert)
+        ct_scope_begin();
+    ct_tensor *src = convert ? ct_to_dtype(t, out_dtype) : t;
+    bool ok = src && dev->unary(which, out, src, prm.d, prm.i) == 0;
+    if (convert)
+        ct_scope_end();
+    if (!ok) {
+        if (!inplace)
+            ct__release(out);
+        return NULL;
+    }
+
+    ct_op_args args = {.scalars = {p0, p1}};
+    return ct__record(u->op, (ct_tensor *[]){t}, 1, (ct_tensor *[]){out}, 1, inplace, &args);
+}
+
+#define DEFINE_SIMPLE(name)                                                                        \
+    ct_tensor *ct_##name(ct_tensor *t) { return unary(ct__unary_##name, t, false, 0, 0); }         \
+    ct_tensor *ct_##name##_(ct_tensor *t) { return unary(ct__unary_##name, t, true, 0, 0); }
+
+CT_UNARY_OP_MAP(DEFINE_SIMPLE)
+
+ct_tensor *ct_pow_scalar(ct_tensor *t, double e) {
+    return unary(CT__UNARY_POW_SCALAR, t, false, e, 0);
+}
+ct_tensor *ct_pow_scalar_(ct_tensor *t, double e) {
+    return unary(CT__UNARY_POW_SCALAR, t, true, e, 0);
+}
+ct_tensor *ct_clamp(ct_tensor *t, double lo, double hi) {
+    return unary(CT__UNARY_CLAMP, t, false, lo, hi);
+}
+ct_tensor *ct_clamp_(ct_tensor *t, double lo, double hi) {
+    return unary(CT__UNARY_CLAMP, t, true, lo, hi);
+}
