@@ -69,6 +69,10 @@ static int d_permute(ct_node *n, args_t *a) {
 static ct_tensor *embed(const ct__shape *s, ct_tensor *g, int dim, int64_t start, int64_t step) {
     ct_tensor *z = zeros_of(s);
     int64_t len = ct_size(g, dim);
+    /* Nothing to place; the slice end below, start - step + 1, can then be
+     * negative, which a slice reads as counted from the back. */
+    if (len == 0)
+        return z;
     if (!ct_grad_enabled()) {
         ct_tensor *v = ct_slice(z, dim, start, start + (len - 1) * step + 1, step);
         return ct_copy_(v, g) ? z : NULL;
@@ -223,7 +227,11 @@ static int d_silu(ct_node *n, args_t *a) {
 
 static int d_pow_scalar(ct_node *n, args_t *a) {
     double e = n->args.scalars[0];
-    if (e != 0)
+    /* x ** 0 is constant: zeros, as PyTorch gives (NULL would make ct_grad
+     * report x as unused). */
+    if (e == 0)
+        SET(0, zeros_of(in_shape(n, 0)));
+    else
         SET(0, ct_mul(G, ct_mul_scalar(ct_pow_scalar(IN(0), e - 1), e)));
     return 0;
 }
@@ -275,7 +283,12 @@ static int d_div(ct_node *n, args_t *a) {
 
 static int d_pow(ct_node *n, args_t *a) {
     ct_tensor *x = IN(0), *e = IN(1);
-    SET(0, ct_mul(G, ct_mul(e, ct_pow(x, ct_sub_scalar(e, 1)))));
+    /* e * x ** (e - 1) is 0 * inf at x = 0, e = 0; x ** 0 is constant, so
+     * PyTorch masks it to zero. */
+    if (NEEDS(0)) {
+        ct_tensor *d = ct_mul(G, ct_mul(e, ct_pow(x, ct_sub_scalar(e, 1))));
+        a->grad_inputs[0] = ct_where(ct_eq_scalar(e, 0), scalar_like(0, G), d);
+    }
     if (NEEDS(1)) {
         /* 0 ** e for e >= 0 has no dependence on e worth reporting (log 0);
          * PyTorch masks it to zero. */

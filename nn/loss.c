@@ -46,7 +46,7 @@ static ct_tensor *scalar_on(double value, ct_dtype dtype, const ct_tensor *like)
 typedef struct ce_job {
     const void *x;        /* [n, c] contiguous */
     const int64_t *t;     /* [n] */
-    void *lse;            /* [n], x's dtype: written by forward */
+    void *lse;            /* [2, n], x's dtype: row maxima, then log sum exp(x - max) */
     double *loss;         /* [n]: forward */
     void *grad;           /* [n, c]: backward */
     const void *scale;    /* backward: one value (stride 0) or one per row, x's dtype */
@@ -67,15 +67,23 @@ typedef struct ce_job {
             T m = r[0];                                                                            \
             for (int64_t k = 1; k < j->c; k++)                                                     \
                 m = r[k] > m ? r[k] : m;                                                           \
-            T s = 0, total = 0;                                                                    \
+            T s = 0, dev = 0;                                                                      \
             for (int64_t k = 0; k < j->c; k++) {                                                   \
-                s += EXP(r[k] - m);                                                                \
-                total += r[k];                                                                     \
+                T d = r[k] - m;                                                                    \
+                s += EXP(d);                                                                       \
+                dev += d;                                                                          \
             }                                                                                      \
-            lse[i] = m + LOG(s);                                                                   \
+            T ls = LOG(s);                                                                         \
+            lse[i] = m;                                                                            \
+            lse[j->n + i] = ls;                                                                    \
             int64_t t = j->t[i];                                                                   \
+            /* (1 - e) * -log_softmax(x)[t] + e * mean(-log_softmax(x)), with                      \
+             * -log_softmax(x) = (m - x) + ls, is ls + on * (m - x[t]) - off * dev:                \
+             * ls never meets a value of x's size, whose spacing it would be                       \
+             * rounded to. No smoothing needs no dev (a -inf logit's). */                          \
+            double smooth = off > 0 ? off * (double)dev : 0;                                       \
             j->loss[i] =                                                                           \
-                t == j->ignore ? 0 : (double)lse[i] - on * (double)r[t] - off * (double)total;     \
+                t == j->ignore ? 0 : (double)ls + on * ((double)m - (double)r[t]) - smooth;        \
         }                                                                                          \
     }                                                                                              \
     static void ce_backward_##T(const ce_job *j, int64_t lo, int64_t hi) {                         \
@@ -92,7 +100,7 @@ typedef struct ce_job {
                 continue;                                                                          \
             }                                                                                      \
             for (int64_t k = 0; k < j->c; k++)                                                     \
-                out[k] = (EXP(r[k] - lse[i]) - off) * s;                                           \
+                out[k] = (EXP((r[k] - lse[i]) - lse[j->n + i]) - off) * s;                         \
             out[t] -= on * s;                                                                      \
         }                                                                                          \
     }
@@ -222,7 +230,8 @@ ct_tensor *ct_cross_entropy(ct_tensor *logits, ct_tensor *target, const ct_loss_
     ct_tensor *x = logits->ndim == 1 ? ct_unsqueeze(logits, 0) : logits;
     x = ct_contiguous(ct_to_dtype(x, dt));
     ct_tensor *t = ct_contiguous(ct_to_dtype(ct_reshape(target, 1, (int64_t[]){-1}), CT_INT64));
-    ct_tensor *lse = x ? ct_empty_on(1, x->sizes, dt, ct_tensor_device(x)) : NULL;
+    ct_tensor *lse =
+        x ? ct_empty_on(2, (int64_t[]){2, x->sizes[0]}, dt, ct_tensor_device(x)) : NULL;
     /* Targets are checked on the host, as errors are returned, not
      * asserted: a device's come over, and the host waits for them. */
     ct_tensor *th = cuda && t ? ct_to(t, CT_DEVICE_CPU) : t;

@@ -428,3 +428,42 @@ TEST(double_backward) {
     for (size_t i = 0; i < sizeof double_cases / sizeof *double_cases; i++)
         check_case(&double_cases[i]);
 }
+
+/* ------------------------------------------------ values at edge points */
+
+/* An empty slice passes nothing back: x's gradient is zero, whatever the
+ * step, with and without create_graph (as in PyTorch). */
+TEST(empty_slice_gives_zero_gradients) {
+    for (int64_t step = 1; step <= 3; step++)
+        for (int cg = 0; cg < 2; cg++) {
+            ct_tensor *x = ct_requires_grad_(ct_arange(0, 5, 1, CT_FLOAT64), true);
+            ct_tensor *y = ct_sum(ct_slice(x, 0, 0, 0, step), NULL, 0, false);
+            ct_tensor *g = NULL;
+            ct_grad_options o = {.create_graph = cg};
+            ASSERT_EQ(ct_grad(&y, 1, NULL, &x, 1, &g, &o), 0);
+            ASSERT_CLOSE(g, ct_zeros(CT_SHAPE(5), CT_FLOAT64), 0, 0);
+        }
+}
+
+/* d/da a^b is b * a^(b-1), which is 0 * inf at a = 0, b = 0; PyTorch masks
+ * it to 0 where b == 0, and d/db a^b = log(a) * a^b to 0 where a == 0 and
+ * b >= 0. */
+TEST(pow_gradients_at_zero_follow_pytorch) {
+    double av[] = {0, 0, 0, 0, 2}, bv[] = {0, 1, 2, -1, 0};
+    ct_tensor *a = ct_requires_grad_(ct_from_data(av, CT_SHAPE(5), CT_FLOAT64), true);
+    ct_tensor *b = ct_requires_grad_(ct_from_data(bv, CT_SHAPE(5), CT_FLOAT64), true);
+    ct_tensor *y = ct_sum(ct_pow(a, b), NULL, 0, false);
+    ASSERT_EQ(ct_backward(&y, 1, NULL, false), 0);
+    ASSERT_CLOSE(ct_tensor_grad(a),
+                 ct_from_data((double[]){0, 1, 0, -INFINITY, 0}, CT_SHAPE(5), CT_FLOAT64), 0, 0);
+    /* At a = 0, b = -1 PyTorch has log(0) * inf = -inf * inf. */
+    ASSERT_CLOSE(ct_tensor_grad(b),
+                 ct_from_data((double[]){0, 0, 0, -INFINITY, log(2.0)}, CT_SHAPE(5), CT_FLOAT64),
+                 1e-15, 0);
+    /* The scalar exponent 0: a constant, so no gradient at all. */
+    ct_tensor *z = ct_requires_grad_(ct_zeros(CT_SHAPE(2), CT_FLOAT32), true);
+    ct_tensor *yz = ct_sum(ct_pow_scalar(z, 0), NULL, 0, false);
+    ct_tensor *gz = NULL;
+    ASSERT_EQ(ct_grad(&yz, 1, NULL, &z, 1, &gz, NULL), 0);
+    ASSERT_CLOSE(ct_to_dtype(gz, CT_FLOAT64), ct_zeros(CT_SHAPE(2), CT_FLOAT64), 0, 0);
+}

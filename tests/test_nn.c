@@ -251,6 +251,31 @@ TEST(cross_entropy_edge_cases_and_errors) {
               "float32 or float64");
 }
 
+/* The loss is (max - x[t]) + log(sum exp(x - max)), and the gradient
+ * exp((x - max) - log sum): max + log sum, in the logits' dtype, rounds the
+ * log to the spacing of the logits, about log 2 itself at 1e4 in float32
+ * (1e16 in float64). */
+TEST(cross_entropy_keeps_accuracy_at_large_logits) {
+    static const double big[] = {1e4, 1e16};
+    for (int dt = 0; dt < 2; dt++) {
+        ct_dtype dtype = dt ? CT_FLOAT64 : CT_FLOAT32;
+        double tol = dt ? 1e-15 : 1e-7, b = big[dt];
+        ct_tensor *x = ct_requires_grad_(
+            ct_to_dtype(doubles(2, (int64_t[]){1, 3}, (double[]){b, b, 0}), dtype), true);
+        ct_tensor *loss = ct_cross_entropy(x, ct_zeros(CT_SHAPE(1), CT_INT64), NULL);
+        ASSERT_NEAR(ct_item(loss), log(2.0), tol);
+        ASSERT_EQ(ct_backward(&loss, 1, NULL, false), 0);
+        ASSERT_CLOSE(ct_to_dtype(ct_tensor_grad(x), CT_FLOAT64),
+                     doubles(2, (int64_t[]){1, 3}, (double[]){-0.5, 0.5, 0}), 0, tol);
+        /* Label smoothing spreads the target over classes equal to the max:
+         * the loss stays log 2. */
+        ct_loss_options o = {CT_REDUCTION_NONE, -100, 0.5};
+        ct_tensor *x2 = ct_to_dtype(doubles(2, (int64_t[]){1, 2}, (double[]){b, b}), dtype);
+        ct_tensor *per = ct_cross_entropy(x2, ct_ones(CT_SHAPE(1), CT_INT64), &o);
+        ASSERT_NEAR(ct_get(per, (int64_t[]){0}), log(2.0), tol);
+    }
+}
+
 static ct_tensor *f_nll(void *ctx, ct_tensor *const *x, int n) {
     (void)n;
     const ce_case *c = ctx;

@@ -469,6 +469,50 @@ TEST(var_correction_and_tiny_counts) {
     ASSERT_NEAR(v, 4.0 / 3, 0.03);
 }
 
+/* float32 var and std of deviations whose float squares underflow (5e-24)
+ * or overflow (2e38), while the std of each is a normal float: summed in
+ * double, rooted and rounded once. Whole tensors, short rows (the column
+ * kernels) and long rows (the run kernels, lanes and tail) all do. */
+TEST(float32_std_of_tiny_and_huge_spreads) {
+    double v[3][101] = {{1e-23, 0}, {3e38, 0, 1}};
+    for (int i = 0; i < 101; i++)
+        v[2][i] = i % 2 ? 0 : 1e-23;
+    static const int64_t len[] = {2, 3, 101};
+    double want[] = {sqrt(2.0) * 5e-24, sqrt(3.0) * 1e38, 1e-23 * sqrt(51.0 * 50 / (101 * 100))};
+    for (int k = 0; k < 3; k++) {
+        ct_tensor *x = ct_to_dtype(ct_from_data(v[k], CT_SHAPE(len[k]), CT_FLOAT64), CT_FLOAT32);
+        ct_tensor *rows = ct_contiguous(ct_expand(ct_unsqueeze(x, 0), CT_SHAPE(3, len[k])));
+        ct_tensor *cols = ct_contiguous(ct_transpose(rows, 0, 1));
+        ct_tensor *got[] = {ct_std(x, NULL, 0, 1, false), ct_std(rows, CT_DIMS(1), 1, false),
+                            ct_std(cols, CT_DIMS(0), 1, false)};
+        for (int g = 0; g < 3; g++)
+            for (int64_t i = 0; i < ct_numel(got[g]); i++)
+                ASSERT_NEAR(tt_at(got[g], i) / want[k], 1, 1e-7);
+    }
+}
+
+/* A partial whose mean squared overflows merges into an empty one without
+ * NaN (0 * inf): squared deviations that overflow give +inf, constant rows
+ * of large values 0, as the whole-tensor reduction gives. Rows of a few
+ * elements take the column kernels. */
+TEST(float64_var_of_huge_values_is_inf_or_zero) {
+    ct_tensor *x = ct_from_data((double[]){1e200, 3e200}, CT_SHAPE(2), CT_FLOAT64);
+    ct_tensor *rows = ct_contiguous(ct_expand(ct_unsqueeze(x, 0), CT_SHAPE(2, 2)));
+    ct_tensor *cols = ct_contiguous(ct_transpose(rows, 0, 1));
+    for (int sd = 0; sd < 2; sd++) {
+        ct_tensor *(*f)(ct_tensor *, const int *, int, double, bool) = sd ? ct_std : ct_var;
+        ct_tensor *huge[] = {f(x, NULL, 0, 1, false), f(rows, CT_DIMS(1), 1, false),
+                             f(cols, CT_DIMS(0), 0, false)};
+        for (int g = 0; g < 3; g++)
+            for (int64_t i = 0; i < ct_numel(huge[g]); i++)
+                ASSERT_TRUE(tt_at(huge[g], i) == INFINITY);
+        ct_tensor *flat[] = {f(rows, CT_DIMS(0), 1, false), f(cols, CT_DIMS(1), 0, true)};
+        for (int g = 0; g < 2; g++)
+            for (int64_t i = 0; i < ct_numel(flat[g]); i++)
+                ASSERT_TRUE(tt_at(flat[g], i) == 0);
+    }
+}
+
 /* Float32 sums keep double-like accuracy over many elements. */
 TEST(float32_sum_is_accurate) {
     int64_t n = 1 << 22;

@@ -125,6 +125,30 @@ TEST(special_values) {
     }
 }
 
+/* log_softmax is (x - max) - log(sum exp(x - max)): x - (max + log sum)
+ * rounds the log to the spacing of the logits, which at 1e4 in float32
+ * (1e16 in float64) is about log 2 itself. Rows and columns take different
+ * kernels. */
+TEST(log_softmax_keeps_accuracy_at_large_logits) {
+    static const double rows[][3] = {{1e4, 1e4, 0}, {1e16, 1e16, 0}};
+    for (int dt = 0; dt < 2; dt++) {
+        ct_dtype dtype = dt ? CT_FLOAT64 : CT_FLOAT32;
+        double tol = dt ? 1e-15 : 1e-7;
+        ct_tensor *row = ct_from_data(rows[dt], CT_SHAPE(1, 3), CT_FLOAT64);
+        ct_tensor *t = ct_to_dtype(ct_expand(row, CT_SHAPE(4, 3)), dtype);
+        ct_tensor *ls[2] = {
+            ct_log_softmax(t, 1),
+            ct_transpose(ct_log_softmax(ct_contiguous(ct_transpose(t, 0, 1)), 0), 0, 1)};
+        for (int k = 0; k < 2; k++)
+            for (int64_t i = 0; i < 4; i++) {
+                ASSERT_NEAR(ct_get(ls[k], (int64_t[]){i, 0}), -log(2.0), tol);
+                ASSERT_NEAR(ct_get(ls[k], (int64_t[]){i, 1}), -log(2.0), tol);
+                ASSERT_NEAR(ct_get(ls[k], (int64_t[]){i, 2}), -rows[dt][0] - log(2.0),
+                            rows[dt][0] * tol);
+            }
+    }
+}
+
 static bool bitwise_equal(ct_tensor *a, ct_tensor *b) {
     return a && b && ct_numel(a) == ct_numel(b) &&
            memcmp(ct_data_ptr(a), ct_data_ptr(b),

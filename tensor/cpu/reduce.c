@@ -360,9 +360,17 @@ static void merge(red_family fam, bool is_int, red_acc *a, const red_acc *b) {
         double na = (double)a->i[0], nb = (double)b->i[0], n = na + nb;
         if (nb == 0)
             return;
+        /* Into an empty a, b as it is: delta * delta can overflow there, and
+         * times na == 0 it would be NaN. */
+        if (na == 0) {
+            *a = *b;
+            return;
+        }
         double delta = b->f[0] - a->f[0];
         a->f[0] += delta * (nb / n);
-        a->f[1] += b->f[1] + delta * delta * (na * nb / n);
+        /* With na * nb / n >= 1/2, this order overflows only when the term
+         * itself does. */
+        a->f[1] += b->f[1] + delta * (delta * (na * nb / n));
         a->i[0] += b->i[0];
         return;
     }
@@ -516,6 +524,33 @@ static red_acc identity(red_family fam) {
     }                                                                                              \
     DEFINE_INNER(NAME##_##MAP, S)
 
+/* The squared deviations of float input from mean: in float lanes, fast
+ * but with float's range, where a square underflows below deviations of
+ * about 1e-19 and overflows above 2e19 though the std is still a normal
+ * float. A sum small enough for underflow to matter, or not finite, is
+ * redone in double lanes, as PyTorch accumulates var in double. */
+static double sum_DEV_f(const float *x, int64_t n, float c);
+static double sum_DEV_d(const double *x, int64_t n, double c);
+
+static double dev_f(const float *x, int64_t n, double mean) {
+    double m2 = sum_DEV_f(x, n, (float)mean);
+    if (isfinite(m2) && m2 >= (double)n * 0x1p-100)
+        return m2;
+    double part[32] = {0};
+    int64_t i = 0;
+    for (; n - i >= 32; i += 32)
+        for (int j = 0; j < 32; j++)
+            part[j] += ((double)x[i + j] - mean) * ((double)x[i + j] - mean);
+    for (int j = 0; j < 32 && i + j < n; j++)
+        part[j] += ((double)x[i + j] - mean) * ((double)x[i + j] - mean);
+    for (int w = 16; w > 0; w /= 2)
+        for (int j = 0; j < w; j++)
+            part[j] += part[j + w];
+    return part[0];
+}
+
+static double dev_d(const double *x, int64_t n, double mean) { return sum_DEV_d(x, n, mean); }
+
 /* Variance: two passes over data that is in cache, mean then squared
  * deviations; partials merge with Chan's formula. */
 #define DEFINE_VAR_KERNELS(S)                                                                      \
@@ -523,7 +558,7 @@ static red_acc identity(red_family fam) {
         double mean = (double)sum_ID_##S(x, n, 0) / (double)n;                                     \
         a->i[0] = n;                                                                               \
         a->f[0] = mean;                                                                            \
-        a->f[1] = (double)sum_DEV_##S(x, n, (comp_##S)mean);                                       \
+        a->f[1] = dev_##S(x, n, mean);                                                             \
     }                                                                                              \
     static void var_outer_##S(red_acc *a, red_rows *t, double c) {                                 \
         const void *rows[RED_SUB];                                                                 \

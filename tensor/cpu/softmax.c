@@ -2,7 +2,9 @@
  * (tensor/cuda/reduce.cu).
  *
  * A row along dim takes three passes: its max, the sum of exp(x - max), then
- * the output. Rows are either contiguous runs (dim is the input's fastest
+ * the output. log_softmax is (x - max) - log(sum): x - (max + log(sum))
+ * would round the log to the spacing of x, which at large x is as coarse as
+ * the log itself. Rows are either contiguous runs (dim is the input's fastest
  * dim) or are handled a tile of columns at a time, vectorised across the
  * other dims: the split of reduce_impl.h. float32 and the 16-bit floats
  * compute in float, float64 in double. A row's result depends only on that
@@ -81,7 +83,7 @@ static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
                 s += ct__red_sumexp_##S(x, len, m);                                                \
             }                                                                                      \
         }                                                                                          \
-        T lse = (T)(m + log(s)), inv = (T)(1 / s);                                                 \
+        T ls = (T)log(s), inv = (T)(1 / s);                                                        \
         for (int64_t b = 0; b < n; b += SM_BLOCK) {                                                \
             int64_t len = min64(SM_BLOCK, n - b);                                                  \
             T *y = target(j, dst + b * sout, sout, scratch);                                       \
@@ -93,7 +95,7 @@ static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
             const T *x = load(j, src + b * sin, sin, len, scratch);                                \
             if (j->log)                                                                            \
                 for (int64_t i = 0; i < len; i++)                                                  \
-                    y[i] = x[i] - lse;                                                             \
+                    y[i] = (x[i] - m) - ls;                                                        \
             else                                                                                   \
                 for (int64_t i = 0; i < len; i++)                                                  \
                     y[i] = EXP(x[i] - m) * inv;                                                    \
@@ -127,7 +129,7 @@ static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
             }                                                                                      \
         }                                                                                          \
         for (int64_t c = 0; c < ncols; c++)                                                        \
-            k[c] = (T)(j->log ? m[c] + log(s[c]) : 1 / s[c]);                                      \
+            k[c] = (T)(j->log ? log(s[c]) : 1 / s[c]);                                             \
         for (int64_t r = 0; r < n; r++) {                                                          \
             T *y = target(j, dst + r * rout, cout, scratch);                                       \
             if (keep_exp) {                                                                        \
@@ -138,7 +140,7 @@ static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
             const T *x = load(j, src + r * rin, cin, ncols, scratch);                              \
             if (j->log)                                                                            \
                 for (int64_t c = 0; c < ncols; c++)                                                \
-                    y[c] = x[c] - k[c];                                                            \
+                    y[c] = (x[c] - m[c]) - k[c];                                                   \
             else                                                                                   \
                 for (int64_t c = 0; c < ncols; c++)                                                \
                     y[c] = EXP(x[c] - m[c]) * k[c];                                                \

@@ -66,7 +66,7 @@ int ct__cuda_reduce(ct__cuda_reduce_args *a, ct_tensor *in, ct_tensor *out, ct_t
 int ct__cuda_softmax(ct_tensor *out, ct_tensor *in, int dim, bool log);
 /* Cross-entropy of contiguous scores x [n, c] (float32 or float64) against
  * contiguous int64 targets t [n], already checked: loss [n] (float64) and
- * lse [n] (x's dtype). */
+ * lse [2, n] (x's dtype): each row's maximum, then log sum exp(x - max). */
 int ct__cuda_cross_entropy(ct_tensor *loss, ct_tensor *lse, ct_tensor *x, ct_tensor *t,
                            int64_t ignore, double smoothing);
 /* Its gradient into grad [n, c] (x's dtype, contiguous), scale a 0-d or an

@@ -254,10 +254,18 @@ template <typename C> struct Var {
     __device__ void merge(const Var &o, const ct__cuda_reduce_args &) {
         if (o.n == 0)
             return;
+        // Into an empty partial, o as it is: delta * delta can overflow, and
+        // times na == 0 it would be NaN.
+        if (n == 0) {
+            *this = o;
+            return;
+        }
         double na = static_cast<double>(n), nb = static_cast<double>(o.n), t = na + nb;
         double delta = o.mean - mean;
         mean += delta * (nb / t);
-        m2 += o.m2 + delta * delta * (na * nb / t);
+        // With na * nb / t >= 1/2, this order overflows only when the term
+        // itself does.
+        m2 += o.m2 + delta * (delta * (na * nb / t));
         n += o.n;
     }
     __device__ double value(const ct__cuda_reduce_args &a) const {
@@ -572,11 +580,13 @@ __global__ void __launch_bounds__(kBlock) softmax_kernel(ct__cuda_rows r, int lo
         for (int64_t k = tx; k < n; k += gx)
             s += exp(to_comp<C>(load_at<T>(x + k * r.in_step)) - m);
         s = group_reduce(s, AddOp(), sh);
-        C lse = m + log(s), inv = C(1) / s;
+        // (v - m) - log(s), not v - (m + log(s)): the sum would round log(s)
+        // to the spacing of v (softmax.c's rule).
+        C ls = log(s), inv = C(1) / s;
         for (int64_t k = tx; k < n; k += gx) {
             C v = to_comp<C>(load_at<T>(x + k * r.in_step));
             *reinterpret_cast<T *>(y + k * r.out_step) =
-                Conv<T>::from(static_cast<double>(log_out ? v - lse : exp(v - m) * inv));
+                Conv<T>::from(static_cast<double>(log_out ? (v - m) - ls : exp(v - m) * inv));
         }
     }
 }
@@ -603,8 +613,9 @@ extern "C" int ct__cuda_launch_softmax(const ct__cuda_rows *r, int dtype, int lo
 
 namespace {
 
-// One row per group: the row's max, the sum of exp(x - max) and of x, as
-// the CPU's ce_forward computes them (in T).
+// One row per group: the row's max, the sums of exp(x - max) and of
+// x - max, and the loss from them, as the CPU's ce_forward computes them (in
+// T). lse [2, n] gets the maxima, then the logs of the sums of exp.
 template <typename T>
 __global__ void __launch_bounds__(kBlock)
     ce_forward_kernel(const T *x, const int64_t *t, T *lse, double *loss, int64_t n, int64_t c,
@@ -621,20 +632,24 @@ __global__ void __launch_bounds__(kBlock)
         for (int64_t k = tx; k < len; k += gx)
             m = MaxOp()(m, r[k]);
         m = group_reduce(m, MaxOp(), sh);
-        T s = 0, total = 0;
+        T s = 0, dev = 0;
         for (int64_t k = tx; k < len; k += gx) {
-            s += exp(r[k] - m);
-            total += r[k];
+            T d = r[k] - m;
+            s += exp(d);
+            dev += d;
         }
         s = group_reduce(s, AddOp(), sh);
-        total = group_reduce(total, AddOp(), sh);
+        dev = group_reduce(dev, AddOp(), sh);
         if (tx == 0 && i < n) {
-            T l = m + log(s);
-            lse[i] = l;
+            T ls = log(s);
+            lse[i] = m;
+            lse[n + i] = ls;
             int64_t k = t[i];
-            loss[i] = k == ignore ? 0
-                                  : static_cast<double>(l) - on * static_cast<double>(r[k]) -
-                                        off * static_cast<double>(total);
+            double smooth = off > 0 ? off * static_cast<double>(dev) : 0;
+            loss[i] = k == ignore
+                          ? 0
+                          : static_cast<double>(ls) +
+                                on * (static_cast<double>(m) - static_cast<double>(r[k])) - smooth;
         }
     }
 }
@@ -650,7 +665,7 @@ __global__ void ce_backward_kernel(const T *x, const int64_t *t, const T *lse, c
             continue;
         }
         T s = scale[i * scale_stride];
-        T v = (exp(x[e] - lse[i]) - off) * s;
+        T v = (exp((x[e] - lse[i]) - lse[n + i]) - off) * s;
         g[e] = k == target ? v - on * s : v;
     }
 }
