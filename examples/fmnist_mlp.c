@@ -242,6 +242,7 @@ static int train(const options *o, bool *complete) {
     ct_loader_position(loader, &first_epoch, &first_offset);
     FILE *metrics = NULL;
     int rc = 0;
+    bool stopped = false; /* by --stop-at-step */
     if ((*complete = step >= total)) {
         /* Nothing to train: the outputs of the run stay as they are. */
         if (rank == 0)
@@ -278,7 +279,6 @@ static int train(const options *o, bool *complete) {
     double timed = 0, start = example_now(), loss_sum = 0, acc = 0, last_loss = NAN,
            epoch_loss = NAN;
     int epochs_run = 0; /* begun, the last one possibly cut short by --max-steps */
-    bool stopped = false;
     for (int epoch = (int)first_epoch + 1;
          epoch <= o->common.epochs && step < total && !rc && !stopped; epoch++) {
         epochs_run = epoch;
@@ -370,12 +370,12 @@ static int train(const options *o, bool *complete) {
         example_print_summary(head, more, &o->common, epochs_run, step,
                               timed > 0 ? (double)timed_samples / timed : 0, acc, epoch_loss);
     }
+done:
     if (example_ckpt_finish(&ckpt.ck) && !rc)
         rc = -1;
     if (stopped && rank == 0)
         printf("fmnist_mlp: stopped at step %lld, as --stop-at-step asks; run again to resume\n",
                (long long)step);
-done:
     if (metrics && fclose(metrics) && !rc)
         rc = ct_seterr(CT_EIO, "%s: %s", o->metrics, strerror(errno));
     ct_loader_free(loader);

@@ -11,8 +11,9 @@
  * "The dispatch table").
  *
  * The families move into the table one at a time; those not in it yet
- * (reductions, softmax, the index ops, random draws, matmul, the optimizer
- * kernels) still call tensor/cuda/ directly from their front ends.
+ * (softmax, cross-entropy, layer norm, the index ops, random draws,
+ * matmul, the optimizer kernels) still call tensor/cuda/ directly from
+ * their front ends.
  *
  * Errors: entries return 0 or a negative CT_E* code with the message set,
  * as ct's functions do. Threads: the tables are immutable; every entry may
@@ -24,6 +25,16 @@
 #include "tensor_impl.h"
 
 #include <stddef.h>
+
+/* A reduction as its front end describes it (tensor/ops/reduce.c). */
+typedef struct ct__reduction {
+    const char *name; /* the op, for messages */
+    int kind;         /* CT__KIND_* (ops_impl.h) */
+    int post;         /* CT__POST_* */
+    double scalar;    /* var/std's correction, norm's p */
+    bool index_only;  /* argmax/argmin: out holds the index */
+    bool float_out;   /* integer inputs reduce in float32 (logsumexp) */
+} ct__reduction;
 
 typedef struct ct__device_ops {
     const char *name; /* "cpu", "cuda": in messages and device strings */
@@ -62,6 +73,13 @@ typedef struct ct__device_ops {
      * element whose bytes are *a_bits (masked_fill, b then being out). */
     int (*where)(ct_tensor *out, ct_tensor *cond, ct_tensor *a, ct_tensor *b,
                  const uint64_t *a_bits, int nd, const int64_t *shape);
+
+    /* ---- reductions */
+    /* out (and indices, max_dim's, or NULL) = r of in over the dims in
+     * mask; out is new and contiguous, of in's rank when keepdim, else
+     * without the reduced dims, and of the dtype the front end chose. */
+    int (*reduce)(const ct__reduction *r, ct_tensor *in, ct_tensor *out, ct_tensor *indices,
+                  const bool *mask, bool keepdim);
 } ct__device_ops;
 
 /* Whether device's memory is the host's, which the CPU reads directly (the

@@ -83,4 +83,44 @@ enum {
 /* The first comparison: indices from it on give bool results. */
 #define CT__FIRST_COMPARE CT__BINARY_EQ
 
+/* Reductions (tensor/ops/reduce.c): the families of accumulation, what
+ * each kind sums or compares (its map), and what happens to a finished
+ * value (its post step). X(KIND, FAMILY, MAP). */
+#define CT__RED_KINDS(X)                                                                           \
+    X(SUM, SUM, ID)                                                                                \
+    X(SUM_ABS, SUM, ABS)                                                                           \
+    X(SUM_NZ, SUM, NZ)                                                                             \
+    X(SUM_POW, SUM, POW)                                                                           \
+    X(SUM_SQR, SUM, SQR)                                                                           \
+    X(PROD, PROD, ID)                                                                              \
+    X(MAX, MAX, ID)                                                                                \
+    X(MIN, MIN, ID)                                                                                \
+    X(MAX_ABS, MAX, ABS)                                                                           \
+    X(MIN_ABS, MIN, ABS)                                                                           \
+    X(VAR, VAR, ID)                                                                                \
+    X(LSE, LSE, ID)                                                                                \
+    X(ARGMAX, ARGMAX, ID)                                                                          \
+    X(ARGMIN, ARGMIN, ID)
+
+enum {
+    CT__RED_SUM,
+    CT__RED_PROD,
+    CT__RED_MAX,
+    CT__RED_MIN,
+    CT__RED_VAR,
+    CT__RED_LSE,
+    CT__RED_ARGMAX,
+    CT__RED_ARGMIN
+};
+enum { CT__MAP_ID, CT__MAP_ABS, CT__MAP_NZ, CT__MAP_POW, CT__MAP_SQR };
+/* mean divides by the count, norms take a root, std the square root of the
+ * variance. */
+enum { CT__POST_NONE, CT__POST_MEAN, CT__POST_SQRT, CT__POST_ROOT };
+enum {
+#define CT__RED_KIND_INDEX(KIND, FAMILY, MAP) CT__KIND_##KIND,
+    CT__RED_KINDS(CT__RED_KIND_INDEX)
+#undef CT__RED_KIND_INDEX
+        CT__NUM_RED_KINDS
+};
+
 #endif

@@ -3,13 +3,15 @@
 #ifndef CT_CPU_IMPL_H
 #define CT_CPU_IMPL_H
 
-#include "tensor_impl.h"
+#include "device_impl.h"
 
 int ct__cpu_unary(int op, ct_tensor *out, ct_tensor *src, const double p[2], const int64_t ip[2]);
 int ct__cpu_binary(int op, ct_tensor *dst, ct_tensor *x, ct_tensor *y, double scalar,
                    ct_dtype dtype, int nd, const int64_t *shape);
 int ct__cpu_where(ct_tensor *out, ct_tensor *cond, ct_tensor *a, ct_tensor *b,
                   const uint64_t *a_bits, int nd, const int64_t *shape);
+int ct__cpu_reduce(const ct__reduction *r, ct_tensor *in, ct_tensor *out, ct_tensor *indices,
+                   const bool *mask, bool keepdim);
 /* t = value (any layout). */
 int ct__cpu_fill(ct_tensor *t, double value);
 

@@ -89,4 +89,5 @@ const ct__device_ops ct__cpu_device_ops = {
     .unary = ct__cpu_unary,
     .binary = ct__cpu_binary,
     .where = ct__cpu_where,
+    .reduce = ct__cpu_reduce,
 };

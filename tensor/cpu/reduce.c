@@ -13,7 +13,8 @@
  * whose size depends on the shape alone; a chunk is reduced in a fixed order,
  * and chunks merge in index order. Threads take whole chunks, so the thread
  * count never changes a result. */
-#include "cuda_impl.h"
+#include "cpu_impl.h"
+#include "ops_impl.h"
 #include "reduce_impl.h"
 #include "vexp.h"
 
@@ -326,37 +327,29 @@ typedef void (*red_outer_fn)(red_acc *a, red_rows *t, double c);
 
 /* ------------------------------------------------------------- families */
 
-typedef enum red_family {
-    FAM_SUM,
-    FAM_PROD,
-    FAM_MAX,
-    FAM_MIN,
-    FAM_VAR,
-    FAM_LSE,
-    FAM_ARGMAX,
-    FAM_ARGMIN,
-} red_family;
+/* A family of the registry (ops_impl.h): CT__RED_SUM, ... */
+typedef int red_family;
 
 /* Merges b, the partial of later reduced elements, into a. */
 static void merge(red_family fam, bool is_int, red_acc *a, const red_acc *b) {
     switch (fam) {
-    case FAM_SUM:
+    case CT__RED_SUM:
         a->f[0] += b->f[0];
         a->i[0] = (int64_t)((uint64_t)a->i[0] + (uint64_t)b->i[0]);
         return;
-    case FAM_PROD:
+    case CT__RED_PROD:
         a->f[0] *= b->f[0];
         a->i[0] = (int64_t)((uint64_t)a->i[0] * (uint64_t)b->i[0]);
         return;
-    case FAM_MAX:
+    case CT__RED_MAX:
         a->f[0] = PICK_MAX(d, b->f[0], a->f[0]) ? b->f[0] : a->f[0];
         a->i[0] = b->i[0] > a->i[0] ? b->i[0] : a->i[0];
         return;
-    case FAM_MIN:
+    case CT__RED_MIN:
         a->f[0] = PICK_MIN(d, b->f[0], a->f[0]) ? b->f[0] : a->f[0];
         a->i[0] = b->i[0] < a->i[0] ? b->i[0] : a->i[0];
         return;
-    case FAM_VAR: {
+    case CT__RED_VAR: {
         double na = (double)a->i[0], nb = (double)b->i[0], n = na + nb;
         if (nb == 0)
             return;
@@ -374,23 +367,23 @@ static void merge(red_family fam, bool is_int, red_acc *a, const red_acc *b) {
         a->i[0] += b->i[0];
         return;
     }
-    case FAM_LSE: {
+    case CT__RED_LSE: {
         double m = PICK_MAX(d, b->f[0], a->f[0]) ? b->f[0] : a->f[0];
         if (isfinite(m))
             a->f[1] = a->f[1] * exp(a->f[0] - m) + b->f[1] * exp(b->f[0] - m);
         a->f[0] = m;
         return;
     }
-    case FAM_ARGMAX:
-    case FAM_ARGMIN: {
+    case CT__RED_ARGMAX:
+    case CT__RED_ARGMIN: {
         bool take;
         if (a->i[1] < 0)
             take = true;
         else if (is_int)
-            take = fam == FAM_ARGMAX ? b->i[0] > a->i[0] : b->i[0] < a->i[0];
+            take = fam == CT__RED_ARGMAX ? b->i[0] > a->i[0] : b->i[0] < a->i[0];
         else
-            take = !isnan(a->f[0]) && (fam == FAM_ARGMAX ? PICK_MAX(d, b->f[0], a->f[0])
-                                                         : PICK_MIN(d, b->f[0], a->f[0]));
+            take = !isnan(a->f[0]) && (fam == CT__RED_ARGMAX ? PICK_MAX(d, b->f[0], a->f[0])
+                                                             : PICK_MIN(d, b->f[0], a->f[0]));
         if (take)
             *a = *b;
         return;
@@ -400,14 +393,14 @@ static void merge(red_family fam, bool is_int, red_acc *a, const red_acc *b) {
 
 static red_acc identity(red_family fam) {
     switch (fam) {
-    case FAM_PROD: return (red_acc){{1, 0}, {1, 0}};
-    case FAM_MAX: return (red_acc){{-INFINITY, 0}, {INT64_MIN, 0}};
-    case FAM_MIN: return (red_acc){{INFINITY, 0}, {INT64_MAX, 0}};
-    case FAM_LSE: return (red_acc){{-INFINITY, 0}, {0, 0}};
-    case FAM_ARGMAX:
-    case FAM_ARGMIN: return (red_acc){{0, 0}, {0, -1}};
-    case FAM_SUM:
-    case FAM_VAR: break;
+    case CT__RED_PROD: return (red_acc){{1, 0}, {1, 0}};
+    case CT__RED_MAX: return (red_acc){{-INFINITY, 0}, {INT64_MIN, 0}};
+    case CT__RED_MIN: return (red_acc){{INFINITY, 0}, {INT64_MAX, 0}};
+    case CT__RED_LSE: return (red_acc){{-INFINITY, 0}, {0, 0}};
+    case CT__RED_ARGMAX:
+    case CT__RED_ARGMIN: return (red_acc){{0, 0}, {0, -1}};
+    case CT__RED_SUM:
+    case CT__RED_VAR: break;
     }
     return (red_acc){{0, 0}, {0, 0}};
 }
@@ -571,7 +564,7 @@ static double dev_d(const double *x, int64_t n, double mean) { return sum_DEV_d(
                 mean[j] /= (double)n;                                                              \
             FOLD_COLUMNS(S, double, m2, rows, n, t->ncols, STEP_DEV, mean);                        \
             for (int64_t j = 0; j < t->ncols; j++)                                                 \
-                merge(FAM_VAR, false, &a[j], &(red_acc){{mean[j], m2[j]}, {n, 0}});                \
+                merge(CT__RED_VAR, false, &a[j], &(red_acc){{mean[j], m2[j]}, {n, 0}});            \
         }                                                                                          \
     }                                                                                              \
     DEFINE_INNER(var, S)
@@ -596,7 +589,7 @@ static double dev_d(const double *x, int64_t n, double mean) { return sum_DEV_d(
             FOLD_COLUMNS(S, comp_##S, m, rows, n, t->ncols, STEP_PICK, ID, PICK_MAX);              \
             FOLD_COLUMNS(S, TOTAL_##S, s, rows, n, t->ncols, STEP_EXP, m);                         \
             for (int64_t j = 0; j < t->ncols; j++)                                                 \
-                merge(FAM_LSE, false, &a[j],                                                       \
+                merge(CT__RED_LSE, false, &a[j],                                                   \
                       &(red_acc){{m[j], isfinite(m[j]) ? s[j] : 0}, {0, 0}});                      \
         }                                                                                          \
     }                                                                                              \
@@ -684,23 +677,6 @@ double ct__red_sumexp_f64(const double *x, int64_t n, double c) { return sum_EXP
 
 /* ---------------------------------------------------------------- kinds */
 
-typedef enum red_kind {
-    K_SUM,
-    K_SUM_ABS,
-    K_SUM_NZ,
-    K_SUM_POW,
-    K_SUM_SQR,
-    K_PROD,
-    K_MAX,
-    K_MIN,
-    K_MAX_ABS,
-    K_MIN_ABS,
-    K_VAR,
-    K_LSE,
-    K_ARGMAX,
-    K_ARGMIN,
-} red_kind;
-
 typedef struct red_kernels {
     red_family fam;
     red_inner_fn inner[NCOMP];
@@ -719,18 +695,21 @@ typedef struct red_kernels {
     }
 
 static const red_kernels kinds[] = {
-    [K_SUM] = KERNELS_ALL(FAM_SUM, sum_ID),        [K_SUM_ABS] = KERNELS_FLOAT(FAM_SUM, sum_ABS),
-    [K_SUM_NZ] = KERNELS_FLOAT(FAM_SUM, sum_NZ),   [K_SUM_POW] = KERNELS_FLOAT(FAM_SUM, sum_POW),
-    [K_SUM_SQR] = KERNELS_FLOAT(FAM_SUM, sum_SQR), [K_PROD] = KERNELS_ALL(FAM_PROD, prod),
-    [K_MAX] = KERNELS_ALL(FAM_MAX, max_ID),        [K_MIN] = KERNELS_ALL(FAM_MIN, min_ID),
-    [K_MAX_ABS] = KERNELS_FLOAT(FAM_MAX, max_ABS), [K_MIN_ABS] = KERNELS_FLOAT(FAM_MIN, min_ABS),
-    [K_VAR] = KERNELS_FLOAT(FAM_VAR, var),         [K_LSE] = KERNELS_FLOAT(FAM_LSE, lse),
-    [K_ARGMAX] = KERNELS_ALL(FAM_ARGMAX, argmax),  [K_ARGMIN] = KERNELS_ALL(FAM_ARGMIN, argmin),
+    [CT__KIND_SUM] = KERNELS_ALL(CT__RED_SUM, sum_ID),
+    [CT__KIND_SUM_ABS] = KERNELS_FLOAT(CT__RED_SUM, sum_ABS),
+    [CT__KIND_SUM_NZ] = KERNELS_FLOAT(CT__RED_SUM, sum_NZ),
+    [CT__KIND_SUM_POW] = KERNELS_FLOAT(CT__RED_SUM, sum_POW),
+    [CT__KIND_SUM_SQR] = KERNELS_FLOAT(CT__RED_SUM, sum_SQR),
+    [CT__KIND_PROD] = KERNELS_ALL(CT__RED_PROD, prod),
+    [CT__KIND_MAX] = KERNELS_ALL(CT__RED_MAX, max_ID),
+    [CT__KIND_MIN] = KERNELS_ALL(CT__RED_MIN, min_ID),
+    [CT__KIND_MAX_ABS] = KERNELS_FLOAT(CT__RED_MAX, max_ABS),
+    [CT__KIND_MIN_ABS] = KERNELS_FLOAT(CT__RED_MIN, min_ABS),
+    [CT__KIND_VAR] = KERNELS_FLOAT(CT__RED_VAR, var),
+    [CT__KIND_LSE] = KERNELS_FLOAT(CT__RED_LSE, lse),
+    [CT__KIND_ARGMAX] = KERNELS_ALL(CT__RED_ARGMAX, argmax),
+    [CT__KIND_ARGMIN] = KERNELS_ALL(CT__RED_ARGMIN, argmin),
 };
-
-/* What happens to a finished value: mean divides by the count, norms take a
- * root, std the square root of the variance. */
-typedef enum red_post { POST_NONE, POST_MEAN, POST_SQRT, POST_ROOT } red_post;
 
 /* ---------------------------------------------------------------- driver */
 
@@ -748,7 +727,7 @@ typedef struct red_job {
     char *indices;    /* max_dim's indices (same layout as out), or NULL */
     ct_dtype out_dtype;
     int64_t out_size;
-    red_post post;
+    int post;         /* CT__POST_* */
     double scalar;    /* correction (var, std) or p (norm, and the pow map) */
     int64_t nred;     /* reduced elements per output */
     int64_t chunk;    /* per chunk: elements (inner) or rows (outer) */
@@ -763,19 +742,19 @@ typedef struct red_job {
 static double finish(const red_job *j, const red_acc *a) {
     double v = a->f[0];
     switch (j->k->fam) {
-    case FAM_VAR: {
+    case CT__RED_VAR: {
         double dof = (double)a->i[0] - j->scalar;
         v = a->f[1] / (dof > 0 ? dof : 0);
         break;
     }
-    case FAM_LSE: v = isfinite(v) ? v + log(a->f[1]) : v; break;
+    case CT__RED_LSE: v = isfinite(v) ? v + log(a->f[1]) : v; break;
     default: break;
     }
     switch (j->post) {
-    case POST_NONE: return v;
-    case POST_MEAN: return v / (double)j->nred;
-    case POST_SQRT: return sqrt(v);
-    case POST_ROOT: return pow(v, 1.0 / j->scalar);
+    case CT__POST_NONE: return v;
+    case CT__POST_MEAN: return v / (double)j->nred;
+    case CT__POST_SQRT: return sqrt(v);
+    case CT__POST_ROOT: return pow(v, 1.0 / j->scalar);
     }
     return v;
 }
@@ -998,230 +977,23 @@ static int run(const char *op, red_job *j, ct_tensor *in, ct_tensor *out, const 
 
 /* ------------------------------------------------------------ front end */
 
-typedef struct red_desc {
-    const char *name;
-    ct_op op;
-    red_kind kind;
-    red_post post;
-    bool float_only; /* CT_EDTYPE for other inputs, as PyTorch's mean/var/norm */
-    bool float_out;  /* integer inputs give float32 (logsumexp) */
-} red_desc;
-
-/* Validates dims and fills the reduced-dim mask, the output shape and the
- * dims recorded for autograd. */
-static int parse_dims(const char *op, const ct_tensor *t, const int *dims, int ndims, bool keepdim,
-                      bool *mask, ct_op_args *args, int *out_ndim, int64_t *out_sizes) {
-    char desc[CT__DESC_STR];
-    int maxd = t->ndim > 0 ? t->ndim : 1;
-    if (ndims < 0 || ndims > maxd || (ndims > 0 && !dims))
-        return ct__seterr(CT_EINVAL, "%s: %d dims%s given for %s; expected 0 (every dim) to %d", op,
-                          ndims, ndims > 0 && !dims ? " (but a NULL list)" : "", ct__desc(desc, t),
-                          maxd);
-    for (int d = 0; d < CT_MAX_DIMS; d++)
-        mask[d] = ndims == 0;
-    for (int i = 0; i < ndims; i++) {
-        int w = ct__wrap_dim(op, dims[i], t->ndim);
-        if (w < 0)
-            return ct__seterr(CT_EINVAL, "%s; input is %s", ct_errmsg(), ct__desc(desc, t));
-        if (mask[w])
-            return ct__seterr(CT_EINVAL,
-                              "%s: dim %d appears more than once in the dims reduced over %s", op,
-                              dims[i], ct__desc(desc, t));
-        mask[w] = true;
-        args->ints[i] = w;
-    }
-    args->nints = ndims;
-    *out_ndim = 0;
-    for (int d = 0; d < t->ndim; d++)
-        if (!mask[d] || keepdim)
-            out_sizes[(*out_ndim)++] = mask[d] ? 1 : t->sizes[d];
-    return 0;
-}
-
-static ct_dtype out_dtype(const red_desc *d, ct_dtype in) {
-    if (ct_dtype_is_float(in))
-        return in;
-    if (d->float_out)
-        return CT_FLOAT32;
-    if (d->kind == K_SUM || d->kind == K_PROD)
-        return CT_INT64;
-    return in;
-}
-
-/* Each kind as the device kernels name it: its family and what it sums or
- * compares. */
-static const struct {
-    int family, map;
-} cuda_kinds[] = {
-    [K_SUM] = {CT__CUDA_RED_SUM, CT__CUDA_MAP_ID},
-    [K_SUM_ABS] = {CT__CUDA_RED_SUM, CT__CUDA_MAP_ABS},
-    [K_SUM_NZ] = {CT__CUDA_RED_SUM, CT__CUDA_MAP_NZ},
-    [K_SUM_POW] = {CT__CUDA_RED_SUM, CT__CUDA_MAP_POW},
-    [K_SUM_SQR] = {CT__CUDA_RED_SUM, CT__CUDA_MAP_SQR},
-    [K_PROD] = {CT__CUDA_RED_PROD, CT__CUDA_MAP_ID},
-    [K_MAX] = {CT__CUDA_RED_MAX, CT__CUDA_MAP_ID},
-    [K_MIN] = {CT__CUDA_RED_MIN, CT__CUDA_MAP_ID},
-    [K_MAX_ABS] = {CT__CUDA_RED_MAX, CT__CUDA_MAP_ABS},
-    [K_MIN_ABS] = {CT__CUDA_RED_MIN, CT__CUDA_MAP_ABS},
-    [K_VAR] = {CT__CUDA_RED_VAR, CT__CUDA_MAP_ID},
-    [K_LSE] = {CT__CUDA_RED_LSE, CT__CUDA_MAP_ID},
-    [K_ARGMAX] = {CT__CUDA_RED_ARGMAX, CT__CUDA_MAP_ID},
-    [K_ARGMIN] = {CT__CUDA_RED_ARGMIN, CT__CUDA_MAP_ID},
-};
-_Static_assert((int)POST_NONE == CT__CUDA_POST_NONE && (int)POST_MEAN == CT__CUDA_POST_MEAN &&
-                   (int)POST_SQRT == CT__CUDA_POST_SQRT && (int)POST_ROOT == CT__CUDA_POST_ROOT,
-               "reduce.c's post steps and the device's disagree on the order");
-
-static ct_tensor *reduce(const red_desc *d, ct_tensor *t, const int *dims, int ndims, bool keepdim,
-                         double scalar, ct_tensor **indices) {
-    if (indices)
-        *indices = NULL;
-    if (CT__CHECK_ANY(d->name, t))
-        return NULL;
-    const red_kernels *k = &kinds[d->kind];
-    bool mask[CT_MAX_DIMS];
-    ct_op_args args = {.scalars = {scalar}, .keepdim = keepdim};
-    int out_ndim = 0;
-    int64_t out_sizes[CT_MAX_DIMS];
-    char desc[CT__DESC_STR];
-    if (parse_dims(d->name, t, dims, ndims, keepdim, mask, &args, &out_ndim, out_sizes))
-        return NULL;
-    if (d->float_only && !ct_dtype_is_float(t->dtype)) {
-        ct__seterr(CT_EDTYPE,
-                   "%s: input %s is not floating point; %s needs float32, float64, bfloat16 or "
-                   "float16 (convert with ct_to_dtype)",
-                   d->name, ct__desc(desc, t), d->name);
-        return NULL;
-    }
-    bool arg = k->fam == FAM_ARGMAX || k->fam == FAM_ARGMIN;
-    if (arg || k->fam == FAM_MAX || k->fam == FAM_MIN)
-        for (int i = 0; i < t->ndim; i++)
-            if (mask[i] && t->sizes[i] == 0) {
-                ct__seterr(CT_EINVAL,
-                           "%s: cannot reduce over dim %d of %s: it has size 0 and %s has no "
-                           "identity",
-                           d->name, i, ct__desc(desc, t), d->name);
-                return NULL;
-            }
-
-    red_job j = {.k = k, .post = d->post, .scalar = scalar, .ident = identity(k->fam)};
+int ct__cpu_reduce(const ct__reduction *r, ct_tensor *t, ct_tensor *out, ct_tensor *idx,
+                   const bool *mask, bool keepdim) {
+    const red_kernels *k = &kinds[r->kind];
+    red_job j = {.k = k, .post = r->post, .scalar = r->scalar, .ident = identity(k->fam)};
     j.comp = t->dtype == CT_FLOAT64                        ? COMP_D
-             : ct_dtype_is_float(t->dtype) || d->float_out ? COMP_F
+             : ct_dtype_is_float(t->dtype) || r->float_out ? COMP_F
                                                            : COMP_I;
     j.comp_dtype = (ct_dtype[]){CT_FLOAT32, CT_FLOAT64, CT_INT64}[j.comp];
     j.comp_size = (int64_t)ct_dtype_size(j.comp_dtype);
     j.load = ct__cast_kernel(j.comp_dtype, t->dtype);
     j.direct = t->dtype == j.comp_dtype;
     j.int_result = j.comp == COMP_I;
-    j.index_only = d->op == CT_OP_ARGMAX || d->op == CT_OP_ARGMIN;
-    j.out_dtype = j.index_only ? CT_INT64 : out_dtype(d, t->dtype);
+    j.index_only = r->index_only;
+    j.out_dtype = out->dtype;
     j.out_size = (int64_t)ct_dtype_size(j.out_dtype);
-    j.plain = k->fam != FAM_VAR && k->fam != FAM_LSE && d->post == POST_NONE;
-
-    /* max_dim always makes its indices: autograd needs them even when the
-     * caller does not. */
-    bool with_indices = arg && !j.index_only;
-    ct_device device = t->storage->device;
-    ct_tensor *out = ct__new_on(d->name, out_ndim, out_sizes, j.out_dtype, device);
-    ct_tensor *idx =
-        with_indices ? ct__new_on(d->name, out_ndim, out_sizes, CT_INT64, device) : NULL;
-    bool ok = out && (idx || !with_indices);
-    if (ok && device.type == CT_CUDA) {
-        ct__cuda_reduce_args a = {.family = cuda_kinds[d->kind].family,
-                                  .map = cuda_kinds[d->kind].map,
-                                  .post = (int)d->post,
-                                  .scalar = scalar,
-                                  .index_only = j.index_only};
-        ok = ct__cuda_reduce(&a, t, out, idx, mask, keepdim) == 0;
-    } else if (ok) {
-        j.out = ct__data(out);
-        j.indices = idx ? ct__data(idx) : NULL;
-        ok = run(d->name, &j, t, out, mask, keepdim) == 0;
-    }
-    if (!ok) {
-        ct__release(out);
-        ct__release(idx);
-        return NULL;
-    }
-    if (!idx)
-        return ct__record1(d->op, out, (ct_tensor *[]){t}, 1, &args);
-    ct_tensor *r =
-        ct__record(d->op, (ct_tensor *[]){t}, 1, (ct_tensor *[]){out, idx}, 2, false, &args);
-    if (r && indices)
-        *indices = idx;
-    else if (r)
-        ct__release(idx);
-    return r;
-}
-
-/* ------------------------------------------------------------------- ops */
-
-/* Reductions without a parameter; name doubles as the op's name in errors. */
-#define DEFINE_REDUCTION(name, OP, kind, post, float_only, float_out)                              \
-    ct_tensor *ct_##name(ct_tensor *t, const int *dims, int ndims, bool keepdim) {                 \
-        return reduce(&(const red_desc){#name, CT_OP_##OP, kind, post, float_only, float_out}, t,  \
-                      dims, ndims, keepdim, 0, NULL);                                              \
-    }
-
-DEFINE_REDUCTION(sum, SUM, K_SUM, POST_NONE, false, false)
-DEFINE_REDUCTION(mean, MEAN, K_SUM, POST_MEAN, true, false)
-DEFINE_REDUCTION(prod, PROD, K_PROD, POST_NONE, false, false)
-DEFINE_REDUCTION(amax, AMAX, K_MAX, POST_NONE, false, false)
-DEFINE_REDUCTION(amin, AMIN, K_MIN, POST_NONE, false, false)
-DEFINE_REDUCTION(logsumexp, LOGSUMEXP, K_LSE, POST_NONE, false, true)
-
-ct_tensor *ct_var(ct_tensor *t, const int *dims, int ndims, double correction, bool keepdim) {
-    return reduce(&(const red_desc){"var", CT_OP_VAR, K_VAR, POST_NONE, true, false}, t, dims,
-                  ndims, keepdim, correction, NULL);
-}
-
-ct_tensor *ct_std(ct_tensor *t, const int *dims, int ndims, double correction, bool keepdim) {
-    return reduce(&(const red_desc){"std", CT_OP_STD, K_VAR, POST_SQRT, true, false}, t, dims,
-                  ndims, keepdim, correction, NULL);
-}
-
-ct_tensor *ct_norm(ct_tensor *t, double p, const int *dims, int ndims, bool keepdim) {
-    if (isnan(p)) {
-        char desc[CT__DESC_STR];
-        if (!CT__CHECK_ANY("norm", t))
-            ct__seterr(CT_EINVAL, "norm: p is NaN for %s; expected a number or +-INFINITY",
-                       ct__desc(desc, t));
-        return NULL;
-    }
-    red_kind kind = K_SUM_POW;
-    red_post post = POST_ROOT;
-    if (isinf(p)) {
-        kind = p > 0 ? K_MAX_ABS : K_MIN_ABS;
-        post = POST_NONE;
-    } else if (p == 0 || p == 1) {
-        kind = p == 0 ? K_SUM_NZ : K_SUM_ABS;
-        post = POST_NONE;
-    } else if (p == 2) {
-        kind = K_SUM_SQR;
-        post = POST_SQRT;
-    }
-    return reduce(&(const red_desc){"norm", CT_OP_NORM, kind, post, true, false}, t, dims, ndims,
-                  keepdim, p, NULL);
-}
-
-static ct_tensor *extreme_dim(const char *name, ct_op op, red_kind kind, ct_tensor *t, int dim,
-                              bool keepdim, ct_tensor **indices) {
-    return reduce(&(const red_desc){name, op, kind, POST_NONE, false, false}, t, &dim, 1, keepdim,
-                  0, indices);
-}
-
-ct_tensor *ct_max_dim(ct_tensor *t, int dim, bool keepdim, ct_tensor **indices) {
-    return extreme_dim("max_dim", CT_OP_MAX_DIM, K_ARGMAX, t, dim, keepdim, indices);
-}
-
-ct_tensor *ct_min_dim(ct_tensor *t, int dim, bool keepdim, ct_tensor **indices) {
-    return extreme_dim("min_dim", CT_OP_MIN_DIM, K_ARGMIN, t, dim, keepdim, indices);
-}
-
-ct_tensor *ct_argmax(ct_tensor *t, int dim, bool keepdim) {
-    return extreme_dim("argmax", CT_OP_ARGMAX, K_ARGMAX, t, dim, keepdim, NULL);
-}
-
-ct_tensor *ct_argmin(ct_tensor *t, int dim, bool keepdim) {
-    return extreme_dim("argmin", CT_OP_ARGMIN, K_ARGMIN, t, dim, keepdim, NULL);
+    j.plain = k->fam != CT__RED_VAR && k->fam != CT__RED_LSE && r->post == CT__POST_NONE;
+    j.out = ct__data(out);
+    j.indices = idx ? ct__data(idx) : NULL;
+    return run(r->name, &j, t, out, mask, keepdim);
 }

@@ -11,6 +11,7 @@
 
 #include "caching_allocator.h"
 #include "cuda_kernels.h"
+#include "device_impl.h"
 #include "tensor_impl.h"
 
 /* Devices present (0 when there is no driver or no device; *why, if not
@@ -55,11 +56,8 @@ int ct__cuda_fill(ct_tensor *t, double value);
 
 /* reductions, softmax, cross-entropy, layer norm (reduce.cu, reduce.c) */
 
-/* out (and indices, max_dim's, or NULL) = the reduction a describes (its
- * family, map, post, scalar and index_only set by the caller) of in over
- * the dims in mask; out is new and contiguous, of in's rank when keepdim,
- * else without the reduced dims. */
-int ct__cuda_reduce(ct__cuda_reduce_args *a, ct_tensor *in, ct_tensor *out, ct_tensor *indices,
+/* The table's reduce (device_impl.h): r of in over the dims in mask. */
+int ct__cuda_reduce(const ct__reduction *r, ct_tensor *in, ct_tensor *out, ct_tensor *indices,
                     const bool *mask, bool keepdim);
 /* out = softmax (or log_softmax) of in along dim (wrapped); out is new and
  * contiguous, of in's shape and float dtype. */

@@ -66,21 +66,8 @@ typedef struct ct__cuda_red_space {
     int64_t out[CT__CUDA_MAX_DIMS];
 } ct__cuda_red_space;
 
-/* Reduction families, the value each sums or compares (sum: the map;
- * max and min: ID or ABS), and what happens to a finished value; the
- * order of the post steps is reduce.c's. */
-enum {
-    CT__CUDA_RED_SUM,
-    CT__CUDA_RED_PROD,
-    CT__CUDA_RED_MAX,
-    CT__CUDA_RED_MIN,
-    CT__CUDA_RED_VAR,
-    CT__CUDA_RED_LSE,
-    CT__CUDA_RED_ARGMAX,
-    CT__CUDA_RED_ARGMIN
-};
-enum { CT__CUDA_MAP_ID, CT__CUDA_MAP_ABS, CT__CUDA_MAP_NZ, CT__CUDA_MAP_POW, CT__CUDA_MAP_SQR };
-enum { CT__CUDA_POST_NONE, CT__CUDA_POST_MEAN, CT__CUDA_POST_SQRT, CT__CUDA_POST_ROOT };
+/* The reduction families, maps and post steps are the registry's
+ * (ops_impl.h): CT__RED_*, CT__MAP_*, CT__POST_*. */
 
 /* One reduction: every point of kept is an output, reducing the nred
  * points of red from its input offset. Integer inputs compute in int64

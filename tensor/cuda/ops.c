@@ -35,4 +35,5 @@ const ct__device_ops ct__cuda_device_ops = {
     .unary = ct__cuda_unary,
     .binary = ct__cuda_binary,
     .where = ct__cuda_where,
+    .reduce = ct__cuda_reduce,
 };

@@ -19,8 +19,23 @@ static int launched(int e, const ct_tensor *t, const char *what) {
     return ct__cuda_launched(e, t->storage->device.index, what);
 }
 
-int ct__cuda_reduce(ct__cuda_reduce_args *a, ct_tensor *in, ct_tensor *out, ct_tensor *indices,
+/* Each kind's family and map, as the kernels take them (ops_impl.h). */
+static const struct {
+    int family, map;
+} kinds[CT__NUM_RED_KINDS] = {
+#define KIND_ROW(KIND, FAMILY, MAP) [CT__KIND_##KIND] = {CT__RED_##FAMILY, CT__MAP_##MAP},
+    CT__RED_KINDS(KIND_ROW)
+#undef KIND_ROW
+};
+
+int ct__cuda_reduce(const ct__reduction *r, ct_tensor *in, ct_tensor *out, ct_tensor *indices,
                     const bool *mask, bool keepdim) {
+    ct__cuda_reduce_args args = {.family = kinds[r->kind].family,
+                                 .map = kinds[r->kind].map,
+                                 .post = r->post,
+                                 .scalar = r->scalar,
+                                 .index_only = r->index_only};
+    ct__cuda_reduce_args *a = &args;
     a->in_dtype = (int)in->dtype;
     a->out_dtype = (int)out->dtype;
     a->in = ct__data(in);

@@ -178,10 +178,10 @@ template <typename C> struct Sum {
         } else {
             C v = x;
             switch (a.map) {
-            case CT__CUDA_MAP_ABS: v = fabs(x); break;
-            case CT__CUDA_MAP_NZ: v = x != 0 ? C(1) : C(0); break;
-            case CT__CUDA_MAP_POW: v = pow(fabs(x), static_cast<C>(a.scalar)); break;
-            case CT__CUDA_MAP_SQR: v = x * x; break;
+            case CT__MAP_ABS: v = fabs(x); break;
+            case CT__MAP_NZ: v = x != 0 ? C(1) : C(0); break;
+            case CT__MAP_POW: v = pow(fabs(x), static_cast<C>(a.scalar)); break;
+            case CT__MAP_SQR: v = x * x; break;
             default: break;
             }
             s += static_cast<double>(v);
@@ -219,15 +219,15 @@ template <typename C> __device__ inline C highest() {
 template <typename C> struct Extreme {
     C m;
     __device__ void init(const ct__cuda_reduce_args &a) {
-        m = a.family == CT__CUDA_RED_MAX ? lowest<C>() : highest<C>();
+        m = a.family == CT__RED_MAX ? lowest<C>() : highest<C>();
     }
     __device__ void take(C v, const ct__cuda_reduce_args &a) {
-        bool better = a.family == CT__CUDA_RED_MAX ? v > m : v < m;
+        bool better = a.family == CT__RED_MAX ? v > m : v < m;
         m = better || is_nan(v) ? v : m;
     }
     __device__ void add(C x, int64_t, const ct__cuda_reduce_args &a) {
         if constexpr (!std::is_same<C, int64_t>::value)
-            x = a.map == CT__CUDA_MAP_ABS ? fabs(x) : x;
+            x = a.map == CT__MAP_ABS ? fabs(x) : x;
         take(x, a);
     }
     __device__ void merge(const Extreme &o, const ct__cuda_reduce_args &a) { take(o.m, a); }
@@ -337,7 +337,7 @@ template <typename C> struct Arg {
         } else if (bv == v) {
             better = bi < i;
         } else {
-            better = a.family == CT__CUDA_RED_ARGMAX ? bv > v : bv < v;
+            better = a.family == CT__RED_ARGMAX ? bv > v : bv < v;
         }
         if (better) {
             v = bv;
@@ -355,9 +355,9 @@ template <typename C> struct IsArg<Arg<C>> : std::true_type {};
 
 __device__ inline double post(const ct__cuda_reduce_args &a, double v) {
     switch (a.post) {
-    case CT__CUDA_POST_MEAN: return v / static_cast<double>(a.nred);
-    case CT__CUDA_POST_SQRT: return sqrt(v);
-    case CT__CUDA_POST_ROOT: return pow(v, 1.0 / a.scalar);
+    case CT__POST_MEAN: return v / static_cast<double>(a.nred);
+    case CT__POST_SQRT: return sqrt(v);
+    case CT__POST_ROOT: return pow(v, 1.0 / a.scalar);
     default: return v;
     }
 }
@@ -486,14 +486,14 @@ template <typename Fn> int by_family(const ct__cuda_reduce_args &a, Fn &&fn) {
         using C = typename std::conditional<fl, typename Acc<T>::type, int64_t>::type;
         using L = typename std::conditional<fl, typename Acc<T>::type, float>::type;
         switch (a.family) {
-        case CT__CUDA_RED_SUM: return fn(T(), C(), Sum<C>());
-        case CT__CUDA_RED_PROD: return fn(T(), C(), Prod<C>());
-        case CT__CUDA_RED_MAX:
-        case CT__CUDA_RED_MIN: return fn(T(), C(), Extreme<C>());
-        case CT__CUDA_RED_LSE: return fn(T(), L(), Lse<L>());
-        case CT__CUDA_RED_ARGMAX:
-        case CT__CUDA_RED_ARGMIN: return fn(T(), C(), Arg<C>());
-        case CT__CUDA_RED_VAR:
+        case CT__RED_SUM: return fn(T(), C(), Sum<C>());
+        case CT__RED_PROD: return fn(T(), C(), Prod<C>());
+        case CT__RED_MAX:
+        case CT__RED_MIN: return fn(T(), C(), Extreme<C>());
+        case CT__RED_LSE: return fn(T(), L(), Lse<L>());
+        case CT__RED_ARGMAX:
+        case CT__RED_ARGMIN: return fn(T(), C(), Arg<C>());
+        case CT__RED_VAR:
             if constexpr (fl)
                 return fn(T(), C(), Var<C>());
             break;
