@@ -3,10 +3,11 @@
 #
 #   bash ci/test.sh
 #
-# Steps: install system packages (ci/setup.sh), configure, build, install
-# into a temporary prefix and build a program against it with find_package
-# and with pkg-config, build and install the Debian packages (debian/) and
-# use them the same way, then run ctest.
+# Steps: install system packages (ci/setup.sh), configure, build, check the
+# layering (ci/layers.py), install into a temporary prefix and build a
+# program against it with find_package and with pkg-config, build and
+# install the Debian packages (debian/) and use them the same way, then run
+# ctest.
 #
 # Environment:
 #   BUILD_DIR          build directory (default: build)
@@ -71,6 +72,11 @@ cmake -S . -B "$build_dir" "${fresh[@]}" \
 
 step "build with $(nproc) jobs"
 cmake --build "$build_dir" --parallel "$(nproc)"
+
+# No include or call points up a layer (ARCHITECTURE.md): the sources, and
+# nm on the objects just built. About a second.
+step "layers: ci/layers.py --build $build_dir"
+python3 ci/layers.py --build "$build_dir"
 
 if [[ ${CT_BUILD_ONLY:-0} == 1 ]]; then
     step "built; CT_BUILD_ONLY=1, so no tests run"
