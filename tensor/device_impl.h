@@ -11,7 +11,7 @@
  * "The dispatch table").
  *
  * The families move into the table one at a time; those not in it yet
- * (softmax, cross-entropy, layer norm, the index ops, random draws,
+ * (cross-entropy, layer norm, the index ops, random draws,
  * matmul, the optimizer kernels) still call tensor/cuda/ directly from
  * their front ends.
  *
@@ -80,6 +80,9 @@ typedef struct ct__device_ops {
      * without the reduced dims, and of the dtype the front end chose. */
     int (*reduce)(const ct__reduction *r, ct_tensor *in, ct_tensor *out, ct_tensor *indices,
                   const bool *mask, bool keepdim);
+    /* out = softmax (log: log_softmax) of in along dim (wrapped); out new
+     * and contiguous, of in's shape and float dtype. */
+    int (*softmax)(ct_tensor *out, ct_tensor *in, int dim, bool log);
 } ct__device_ops;
 
 /* Whether device's memory is the host's, which the CPU reads directly (the

@@ -12,6 +12,7 @@ int ct__cpu_where(ct_tensor *out, ct_tensor *cond, ct_tensor *a, ct_tensor *b,
                   const uint64_t *a_bits, int nd, const int64_t *shape);
 int ct__cpu_reduce(const ct__reduction *r, ct_tensor *in, ct_tensor *out, ct_tensor *indices,
                    const bool *mask, bool keepdim);
+int ct__cpu_softmax(ct_tensor *out, ct_tensor *in, int dim, bool log);
 /* t = value (any layout). */
 int ct__cpu_fill(ct_tensor *t, double value);
 

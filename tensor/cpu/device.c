@@ -90,4 +90,5 @@ const ct__device_ops ct__cpu_device_ops = {
     .binary = ct__cpu_binary,
     .where = ct__cpu_where,
     .reduce = ct__cpu_reduce,
+    .softmax = ct__cpu_softmax,
 };

@@ -1,5 +1,5 @@
-/* Softmax and log-softmax along one dim, on the CPU and on a CUDA device
- * (tensor/cuda/reduce.cu).
+/* The CPU kernels of softmax and log-softmax along one dim (their front
+ * end: tensor/ops/softmax.c).
  *
  * A row along dim takes three passes: its max, the sum of exp(x - max), then
  * the output. log_softmax is (x - max) - log(sum): x - (max + log(sum))
@@ -9,7 +9,7 @@
  * other dims: the split of reduce_impl.h. float32 and the 16-bit floats
  * compute in float, float64 in double. A row's result depends only on that
  * row, so the thread count changes nothing. */
-#include "cuda_impl.h"
+#include "cpu_impl.h"
 #include "reduce_impl.h"
 #include "vexp.h"
 
@@ -171,61 +171,29 @@ static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 DEFINE_SOFTMAX(f32, float, ct__vexpf, ct__f32_select)
 DEFINE_SOFTMAX(f64, double, exp, ct__f64_select)
 
-static ct_tensor *softmax_op(const char *name, ct_op op, bool log, ct_tensor *t, int dim) {
-    if (CT__CHECK_ANY(name, t))
-        return NULL;
-    char desc[CT__DESC_STR];
-    int d = ct__wrap_dim(name, dim, t->ndim);
-    if (d < 0) {
-        ct__seterr(CT_EINVAL, "%s; input is %s", ct_errmsg(), ct__desc(desc, t));
-        return NULL;
+int ct__cpu_softmax(ct_tensor *out, ct_tensor *t, int d, bool log) {
+    if (ct_numel(t) == 0)
+        return 0;
+    bool mask[CT_MAX_DIMS] = {false};
+    mask[d] = t->ndim > 0;
+    ct_tensor marker;
+    ct__red_marker(&marker, out, t, mask, true);
+    sm_job j = {.log = log};
+    ct__red_plan_init(&j.plan, (ct_tensor *[]){t, &marker, out}, 3);
+    ct_dtype comp = t->dtype == CT_FLOAT64 ? CT_FLOAT64 : CT_FLOAT32;
+    j.comp_size = (int64_t)ct_dtype_size(comp);
+    j.comp_dtype = t->dtype == comp;
+    j.load = ct__cast_kernel(comp, t->dtype);
+    j.store = ct__cast_kernel(t->dtype, comp);
+    int64_t n = j.plan.red.shape[0], items = j.plan.kept.numel, per_item = n;
+    if (!j.plan.inner) {
+        j.ncols = min64(j.plan.kept.shape[0], SM_COLS);
+        j.ncb = (j.plan.kept.shape[0] + j.ncols - 1) / j.ncols;
+        items = items / j.plan.kept.shape[0] * j.ncb;
+        per_item = n * j.ncols;
     }
-    if (!ct_dtype_is_float(t->dtype)) {
-        ct__seterr(CT_EDTYPE,
-                   "%s: input %s is not floating point; %s needs float32, float64, bfloat16 or "
-                   "float16 (convert with ct_to_dtype)",
-                   name, ct__desc(desc, t), name);
-        return NULL;
-    }
-    ct_tensor *out = ct__new_on(name, t->ndim, t->sizes, t->dtype, t->storage->device);
-    if (!out)
-        return NULL;
-    if (t->storage->device.type == CT_CUDA) {
-        if (ct__cuda_softmax(out, t, d, log)) {
-            ct__release(out);
-            return NULL;
-        }
-    } else if (ct_numel(t) > 0) {
-        bool mask[CT_MAX_DIMS] = {false};
-        mask[d] = t->ndim > 0;
-        ct_tensor marker;
-        ct__red_marker(&marker, out, t, mask, true);
-        sm_job j = {.log = log};
-        ct__red_plan_init(&j.plan, (ct_tensor *[]){t, &marker, out}, 3);
-        ct_dtype comp = t->dtype == CT_FLOAT64 ? CT_FLOAT64 : CT_FLOAT32;
-        j.comp_size = (int64_t)ct_dtype_size(comp);
-        j.comp_dtype = t->dtype == comp;
-        j.load = ct__cast_kernel(comp, t->dtype);
-        j.store = ct__cast_kernel(t->dtype, comp);
-        int64_t n = j.plan.red.shape[0], items = j.plan.kept.numel, per_item = n;
-        if (!j.plan.inner) {
-            j.ncols = min64(j.plan.kept.shape[0], SM_COLS);
-            j.ncb = (j.plan.kept.shape[0] + j.ncols - 1) / j.ncols;
-            items = items / j.plan.kept.shape[0] * j.ncb;
-            per_item = n * j.ncols;
-        }
-        int64_t grain = CT__GRAIN_ELEMENTWISE / per_item;
-        ct_parallel_for(0, items, grain > 1 ? grain : 1, comp == CT_FLOAT64 ? items_f64 : items_f32,
-                        &j);
-    }
-    ct_op_args args = {.ints = {d}, .nints = 1};
-    return ct__record1(op, out, (ct_tensor *[]){t}, 1, &args);
-}
-
-ct_tensor *ct_softmax(ct_tensor *t, int dim) {
-    return softmax_op("softmax", CT_OP_SOFTMAX, false, t, dim);
-}
-
-ct_tensor *ct_log_softmax(ct_tensor *t, int dim) {
-    return softmax_op("log_softmax", CT_OP_LOG_SOFTMAX, true, t, dim);
+    int64_t grain = CT__GRAIN_ELEMENTWISE / per_item;
+    ct_parallel_for(0, items, grain > 1 ? grain : 1, comp == CT_FLOAT64 ? items_f64 : items_f32,
+                    &j);
+    return 0;
 }

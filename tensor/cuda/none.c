@@ -39,8 +39,6 @@ int ct__cuda_sync(int device) { return none(device); }
 
 /* reductions, softmax, cross-entropy, layer norm */
 
-int ct__cuda_softmax(ct_tensor *out, ct_tensor *in, int dim, bool log) { return NONE_ON(in); }
-
 int ct__cuda_cross_entropy(ct_tensor *loss, ct_tensor *lse, ct_tensor *x, ct_tensor *t,
                            int64_t ignore, double smoothing) {
     return NONE_ON(x);

@@ -36,4 +36,5 @@ const ct__device_ops ct__cuda_device_ops = {
     .binary = ct__cuda_binary,
     .where = ct__cuda_where,
     .reduce = ct__cuda_reduce,
+    .softmax = ct__cuda_softmax,
 };

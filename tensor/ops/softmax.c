@@ -1,0 +1,41 @@
+/* Softmax and log-softmax along one dim: the front end. It checks the dim
+ * and the dtype, allocates and records; the device computes
+ * (device_impl.h: tensor/cpu/softmax.c, tensor/cuda/reduce.cu). */
+#include "device_impl.h"
+#include "tensor_impl.h"
+
+static ct_tensor *softmax_op(const char *name, ct_op op, bool log, ct_tensor *t, int dim) {
+    if (CT__CHECK_ANY(name, t))
+        return NULL;
+    char desc[CT__DESC_STR];
+    int d = ct__wrap_dim(name, dim, t->ndim);
+    if (d < 0) {
+        ct__seterr(CT_EINVAL, "%s; input is %s", ct_errmsg(), ct__desc(desc, t));
+        return NULL;
+    }
+    if (!ct_dtype_is_float(t->dtype)) {
+        ct__seterr(CT_EDTYPE,
+                   "%s: input %s is not floating point; %s needs float32, float64, bfloat16 or "
+                   "float16 (convert with ct_to_dtype)",
+                   name, ct__desc(desc, t), name);
+        return NULL;
+    }
+    const ct__device_ops *dev = CT__DEVICE_GET(name, t->storage->device, softmax);
+    ct_tensor *out = dev ? ct__new_on(name, t->ndim, t->sizes, t->dtype, t->storage->device) : NULL;
+    if (!out)
+        return NULL;
+    if (dev->softmax(out, t, d, log)) {
+        ct__release(out);
+        return NULL;
+    }
+    ct_op_args args = {.ints = {d}, .nints = 1};
+    return ct__record1(op, out, (ct_tensor *[]){t}, 1, &args);
+}
+
+ct_tensor *ct_softmax(ct_tensor *t, int dim) {
+    return softmax_op("softmax", CT_OP_SOFTMAX, false, t, dim);
+}
+
+ct_tensor *ct_log_softmax(ct_tensor *t, int dim) {
+    return softmax_op("log_softmax", CT_OP_LOG_SOFTMAX, true, t, dim);
+}
