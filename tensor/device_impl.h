@@ -11,7 +11,7 @@
  * "The dispatch table").
  *
  * The families move into the table one at a time; those not in it yet
- * (cross-entropy, layer norm, the index ops, random draws,
+ * (cross-entropy, layer norm, random draws,
  * matmul, the optimizer kernels) still call tensor/cuda/ directly from
  * their front ends.
  *
@@ -83,6 +83,24 @@ typedef struct ct__device_ops {
     /* out = softmax (log: log_softmax) of in along dim (wrapped); out new
      * and contiguous, of in's shape and float dtype. */
     int (*softmax)(ct_tensor *out, ct_tensor *in, int dim, bool log);
+
+    /* ---- indexing (tensor/cpu/index.c's front ends; operands checked) */
+    /* Scans index (int64, int32 or uint8) in the element iterator's order:
+     * *found says whether a value lies outside [0, bound) (bound < 0:
+     * whether one is negative), *bad is the first such, *max the largest
+     * (INT64_MIN when empty). The host waits for the answer. */
+    int (*scan_index)(ct_tensor *index, int64_t bound, bool *found, int64_t *bad, int64_t *max);
+    /* out[..., k, ...] = t[..., index[..., k, ...], ...] along dim, over
+     * index's shape (out's); the values are in range. */
+    int (*gather)(ct_tensor *out, ct_tensor *t, int dim, ct_tensor *index);
+    /* self[..., index[..., k, ...], ...] += src[..., k, ...] along dim. */
+    int (*scatter_add)(ct_tensor *self, int dim, ct_tensor *index, ct_tensor *src);
+    /* out ([..., classes] int64, contiguous) = one_hot of labels (in
+     * range). */
+    int (*one_hot)(ct_tensor *out, ct_tensor *labels, int64_t classes);
+    /* out (contiguous, t's shape and dtype) = tril(t, k), or triu with
+     * upper. */
+    int (*band)(ct_tensor *out, ct_tensor *t, int64_t k, bool upper);
 } ct__device_ops;
 
 /* Whether device's memory is the host's, which the CPU reads directly (the

@@ -83,6 +83,21 @@ struct ct_tensor {
     void *meta;                   /* autograd's slot */
 };
 
+/* A header over t's storage with another shape, strides and offset (in
+ * elements), on the stack: the views kernels take, made without a new
+ * tensor object. */
+static inline ct_tensor ct__layout_view(const ct_tensor *t, int ndim, const int64_t *sizes,
+                                        const int64_t *strides, int64_t offset) {
+    ct_tensor v = {.magic = CT__TENSOR_MAGIC,
+                   .storage = t->storage,
+                   .offset = offset,
+                   .ndim = ndim,
+                   .dtype = t->dtype};
+    memcpy(v.sizes, sizes, sizeof(int64_t) * (size_t)ndim);
+    memcpy(v.strides, strides, sizeof(int64_t) * (size_t)ndim);
+    return v;
+}
+
 /* ct_dtype_size without the bounds check or the call: public functions are
  * interposable, so calls to them from inside libct go through the PLT. */
 extern const size_t ct__dtype_sizes[CT_NDTYPES];

@@ -13,6 +13,11 @@ int ct__cpu_where(ct_tensor *out, ct_tensor *cond, ct_tensor *a, ct_tensor *b,
 int ct__cpu_reduce(const ct__reduction *r, ct_tensor *in, ct_tensor *out, ct_tensor *indices,
                    const bool *mask, bool keepdim);
 int ct__cpu_softmax(ct_tensor *out, ct_tensor *in, int dim, bool log);
+int ct__cpu_scan_index(ct_tensor *index, int64_t bound, bool *found, int64_t *bad, int64_t *max);
+int ct__cpu_gather(ct_tensor *out, ct_tensor *t, int dim, ct_tensor *index);
+int ct__cpu_scatter_add(ct_tensor *self, int dim, ct_tensor *index, ct_tensor *src);
+int ct__cpu_one_hot(ct_tensor *out, ct_tensor *labels, int64_t classes);
+int ct__cpu_band(ct_tensor *out, ct_tensor *t, int64_t k, bool upper);
 /* t = value (any layout). */
 int ct__cpu_fill(ct_tensor *t, double value);
 

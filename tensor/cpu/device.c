@@ -91,4 +91,9 @@ const ct__device_ops ct__cpu_device_ops = {
     .where = ct__cpu_where,
     .reduce = ct__cpu_reduce,
     .softmax = ct__cpu_softmax,
+    .scan_index = ct__cpu_scan_index,
+    .gather = ct__cpu_gather,
+    .scatter_add = ct__cpu_scatter_add,
+    .one_hot = ct__cpu_one_hot,
+    .band = ct__cpu_band,
 };

@@ -11,27 +11,16 @@
  * device alike: an index out of range is CT_ERANGE, never a stray write. On
  * a device the check is a scan kernel whose answer the host waits for, so
  * that the error is returned by the op that caused it, as on the CPU. */
-#include "cuda_impl.h"
+#include "cpu_impl.h"
+#include "device_impl.h"
 
 /* ------------------------------------------------------- stack views */
-
-static ct_tensor layout_view(const ct_tensor *t, int ndim, const int64_t *sizes,
-                             const int64_t *strides, int64_t offset) {
-    ct_tensor v = {.magic = CT__TENSOR_MAGIC,
-                   .storage = t->storage,
-                   .offset = offset,
-                   .ndim = ndim,
-                   .dtype = t->dtype};
-    memcpy(v.sizes, sizes, sizeof(int64_t) * (size_t)ndim);
-    memcpy(v.strides, strides, sizeof(int64_t) * (size_t)ndim);
-    return v;
-}
 
 static ct_tensor narrow_view(const ct_tensor *t, int dim, int64_t start, int64_t length) {
     int64_t sizes[CT_MAX_DIMS];
     memcpy(sizes, t->sizes, sizeof sizes);
     sizes[dim] = length;
-    return layout_view(t, t->ndim, sizes, t->strides, t->offset + start * t->strides[dim]);
+    return ct__layout_view(t, t->ndim, sizes, t->strides, t->offset + start * t->strides[dim]);
 }
 
 static ct_tensor select_view(const ct_tensor *t, int dim, int64_t index) {
@@ -42,15 +31,15 @@ static ct_tensor select_view(const ct_tensor *t, int dim, int64_t index) {
         sizes[j] = t->sizes[i];
         strides[j++] = t->strides[i];
     }
-    return layout_view(t, t->ndim - 1, sizes, strides, t->offset + index * t->strides[dim]);
+    return ct__layout_view(t, t->ndim - 1, sizes, strides, t->offset + index * t->strides[dim]);
 }
 
 /* Gather and scatter treat a 0-d tensor as one element along dim 0, as
  * PyTorch does. */
 static ct_tensor at_least_1d(const ct_tensor *t) {
     if (t->ndim > 0)
-        return layout_view(t, t->ndim, t->sizes, t->strides, t->offset);
-    return layout_view(t, 1, (int64_t[]){1}, (int64_t[]){1}, t->offset);
+        return ct__layout_view(t, t->ndim, t->sizes, t->strides, t->offset);
+    return ct__layout_view(t, 1, (int64_t[]){1}, (int64_t[]){1}, t->offset);
 }
 
 /* Every dtype's zero is all-zero bytes. */
@@ -70,8 +59,6 @@ static void zero_into(ct_tensor *dst) {
     ct__iter_init(&it, &dst, 1, dst->ndim, dst->sizes);
     ct__iter_run(&it, zero_loop, &esize, CT__GRAIN_ELEMENTWISE);
 }
-
-static bool on_cuda(const ct_tensor *t) { return t->storage->device.type == CT_CUDA; }
 
 /* Live inputs, all on one device. */
 static int check_inputs(const char *op, ct_tensor *const *ts, int n) {
@@ -247,15 +234,22 @@ static void scan_loop(void *ctx, char **data, const int64_t *strides, int64_t n)
 
 /* Scans on one thread, or on the device in the same order: the report must
  * name the same value every run. */
-static int scan_index(ct_tensor *index, int64_t bound, index_scan *s) {
-    *s = (index_scan){index->dtype, bound, false, 0, INT64_MIN};
-    if (on_cuda(index))
-        return ct__cuda_scan_index(index, bound, &s->found, &s->bad, &s->max);
+int ct__cpu_scan_index(ct_tensor *index, int64_t bound, bool *found, int64_t *bad, int64_t *max) {
+    index_scan s = {index->dtype, bound, false, 0, INT64_MIN};
     ct__iter it;
     ct__iter_init(&it, &index, 1, index->ndim, index->sizes);
     if (it.numel > 0)
-        ct__iter_run_range(&it, scan_loop, s, 0, it.numel);
+        ct__iter_run_range(&it, scan_loop, &s, 0, it.numel);
+    *found = s.found;
+    *bad = s.bad;
+    *max = s.max;
     return 0;
+}
+
+static int scan_index(ct_tensor *index, int64_t bound, index_scan *s) {
+    *s = (index_scan){index->dtype, bound, false, 0, INT64_MIN};
+    const ct__device_ops *dev = CT__DEVICE_GET("index", index->storage->device, scan_index);
+    return dev ? dev->scan_index(index, bound, &s->found, &s->bad, &s->max) : ct_errcode();
 }
 
 static int check_index_range(const char *op, ct_tensor *index, const ct_tensor *t, int dim) {
@@ -355,7 +349,7 @@ static void index_iter(ct__iter *it, index_loop *c, ct_tensor *const ops[3], int
     outer[dim] = 1;
     ct_tensor views[3];
     for (int k = 0; k < 3; k++) {
-        views[k] = layout_view(ops[k], index->ndim, outer, ops[k]->strides, ops[k]->offset);
+        views[k] = ct__layout_view(ops[k], index->ndim, outer, ops[k]->strides, ops[k]->offset);
         c->step[k] = ops[k]->strides[dim] * (int64_t)ct_dtype_size(ops[k]->dtype);
     }
     ct__iter_init(it, (ct_tensor *const[]){&views[0], &views[1], &views[2]}, 3, index->ndim, outer);
@@ -380,26 +374,9 @@ static void gather_dim_chunk(void *arg, int64_t lo, int64_t hi) {
     ct__iter_run_range(j->it, gather_loop, &c, 0, j->it->numel);
 }
 
-/* The device kernels take the operands over index's shape, the one that
- * walks with the index first; the indexed one stays put along dim (stride
- * 0) and moves there by the index values, jump bytes each. */
-static int device_index_op(ct_tensor *walks, ct_tensor *index, ct_tensor *indexed, int dim,
-                           bool scatter) {
-    int64_t strides[CT_MAX_DIMS];
-    memcpy(strides, indexed->strides, sizeof strides);
-    int64_t jump = strides[dim] * (int64_t)ct__esize(indexed->dtype);
-    strides[dim] = 0;
-    ct_tensor w = layout_view(walks, index->ndim, index->sizes, walks->strides, walks->offset);
-    ct_tensor x = layout_view(indexed, index->ndim, index->sizes, strides, indexed->offset);
-    ct_tensor *const ops[3] = {&w, index, &x};
-    return scatter ? ct__cuda_scatter_add(ops, jump) : ct__cuda_gather(ops, jump);
-}
-
 /* out[..., k, ...] = t[..., index[..., k, ...], ...] along dim, over index's
  * shape (which out has). The index values must be in range. */
-static int gather_into(ct_tensor *out, ct_tensor *t, int dim, ct_tensor *index) {
-    if (on_cuda(out))
-        return device_index_op(out, index, t, dim, false);
+int ct__cpu_gather(ct_tensor *out, ct_tensor *t, int dim, ct_tensor *index) {
     ct__iter it;
     index_loop c;
     index_iter(&it, &c, (ct_tensor *const[]){out, index, t}, dim, 2);
@@ -421,15 +398,24 @@ static int gather_into(ct_tensor *out, ct_tensor *t, int dim, ct_tensor *index) 
 /* On a device the adds are atomic, and a sum over duplicate indices may
  * come in any order: float sums can differ from the CPU's in the last
  * bits. */
-static int scatter_add_into(ct_tensor *self, int dim, ct_tensor *index, ct_tensor *src) {
-    if (on_cuda(self))
-        return device_index_op(src, index, self, dim, true);
+int ct__cpu_scatter_add(ct_tensor *self, int dim, ct_tensor *index, ct_tensor *src) {
     ct__iter it;
     index_loop c;
     index_iter(&it, &c, (ct_tensor *const[]){self, index, src}, dim, 0);
     if (it.numel > 0 && c.k1 > 0)
         ct__iter_run(&it, scatter_add_loop, &c, CT__GRAIN_ELEMENTWISE / c.k1);
     return 0;
+}
+
+/* The kernels of the operands' device (device_impl.h). */
+static int gather_into(ct_tensor *out, ct_tensor *t, int dim, ct_tensor *index) {
+    const ct__device_ops *dev = CT__DEVICE_GET("gather", out->storage->device, gather);
+    return dev ? dev->gather(out, t, dim, index) : ct_errcode();
+}
+
+static int scatter_add_into(ct_tensor *self, int dim, ct_tensor *index, ct_tensor *src) {
+    const ct__device_ops *dev = CT__DEVICE_GET("scatter_add", self->storage->device, scatter_add);
+    return dev ? dev->scatter_add(self, dim, index, src) : ct_errcode();
 }
 
 /* -------------------------------------------------------- index ops */
@@ -463,7 +449,7 @@ ct_tensor *ct_index_select(ct_tensor *t, int dim, ct_tensor *index) {
     ct_tensor t1 = at_least_1d(t), out1 = at_least_1d(out);
     int64_t idx_strides[CT_MAX_DIMS] = {0};
     idx_strides[d] = index->ndim ? index->strides[0] : 0;
-    ct_tensor idx = layout_view(index, out1.ndim, out1.sizes, idx_strides, index->offset);
+    ct_tensor idx = ct__layout_view(index, out1.ndim, out1.sizes, idx_strides, index->offset);
     if (gather_into(&out1, &t1, d, &idx)) {
         ct__release(out);
         return NULL;
@@ -587,21 +573,18 @@ static void one_hot_rows(void *ctx, char **data, const int64_t *strides, int64_t
 }
 
 /* Fills out ([..., classes], contiguous) from labels already checked. */
-static int one_hot_into(ct_tensor *out, ct_tensor *labels, int64_t classes) {
-    if (on_cuda(labels)) {
-        /* The device writes every element, each seeing its row's label. */
-        int64_t strides[CT_MAX_DIMS];
-        memcpy(strides, labels->strides, sizeof strides);
-        strides[labels->ndim] = 0;
-        ct_tensor along = layout_view(labels, out->ndim, out->sizes, strides, labels->offset);
-        return ct__cuda_one_hot(out, &along, classes);
-    }
-    ct_tensor rows = layout_view(out, labels->ndim, labels->sizes, out->strides, out->offset);
+int ct__cpu_one_hot(ct_tensor *out, ct_tensor *labels, int64_t classes) {
+    ct_tensor rows = ct__layout_view(out, labels->ndim, labels->sizes, out->strides, out->offset);
     one_hot_loop c = {classes, labels->dtype};
     ct__iter it;
     ct__iter_init(&it, (ct_tensor *const[]){&rows, labels}, 2, labels->ndim, labels->sizes);
     ct__iter_run(&it, one_hot_rows, &c, CT__GRAIN_ELEMENTWISE / (classes > 0 ? classes : 1));
     return 0;
+}
+
+static int one_hot_into(ct_tensor *out, ct_tensor *labels, int64_t classes) {
+    const ct__device_ops *dev = CT__DEVICE_GET("one_hot", labels->storage->device, one_hot);
+    return dev ? dev->one_hot(out, labels, classes) : ct_errcode();
 }
 
 ct_tensor *ct_one_hot(ct_tensor *labels, int64_t num_classes) {
@@ -679,9 +662,7 @@ static void band_rows(void *arg, int64_t r0, int64_t r1) {
     }
 }
 
-static int band_into(ct_tensor *out, ct_tensor *t, int64_t k, bool upper) {
-    if (on_cuda(t))
-        return ct__cuda_band(out, t, k, upper);
+int ct__cpu_band(ct_tensor *out, ct_tensor *t, int64_t k, bool upper) {
     band_job j = {out, t, k, upper};
     int64_t rows = t->sizes[t->ndim - 2];
     int64_t per_row = ct_numel(t) / (rows > 0 ? rows : 1);
@@ -692,6 +673,11 @@ static int band_into(ct_tensor *out, ct_tensor *t, int64_t k, bool upper) {
     else if (per_row > 0)
         ct_parallel_for(0, rows, CT__GRAIN_ELEMENTWISE / per_row, band_rows, &j);
     return 0;
+}
+
+static int band_into(ct_tensor *out, ct_tensor *t, int64_t k, bool upper) {
+    const ct__device_ops *dev = CT__DEVICE_GET(upper ? "triu" : "tril", t->storage->device, band);
+    return dev ? dev->band(out, t, k, upper) : ct_errcode();
 }
 
 static ct_tensor *band(const char *op, ct_op opcode, ct_tensor *t, int64_t k, bool upper) {

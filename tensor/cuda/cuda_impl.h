@@ -95,16 +95,10 @@ int ct__cuda_scan_index(ct_tensor *index, int64_t bound, bool *found, int64_t *b
  * too). */
 int ct__cuda_scan_probabilities(ct_tensor *p, bool *found, double *bad);
 
-/* Gather (ops[0] = ops[2] at the index) and scatter_add (ops[2] at the
- * index += ops[0]) along a dim, over the shape of ops[1], the index (int64
- * or int32), whose values must be in range. Each operand is viewed at the
- * index's shape; ops[2] has stride 0 along the dim and moves jump bytes per
- * index value there. */
-int ct__cuda_gather(ct_tensor *const ops[3], int64_t jump);
-int ct__cuda_scatter_add(ct_tensor *const ops[3], int64_t jump);
-
-/* out (contiguous int64 [..., classes]) = one_hot of labels, viewed at out's
- * shape (stride 0 along the classes); the labels must be in range. */
+/* The table's gather, scatter_add and one_hot (device_impl.h): the index
+ * (int64 or int32) and the labels in range. */
+int ct__cuda_gather(ct_tensor *out, ct_tensor *t, int dim, ct_tensor *index);
+int ct__cuda_scatter_add(ct_tensor *self, int dim, ct_tensor *index, ct_tensor *src);
 int ct__cuda_one_hot(ct_tensor *out, ct_tensor *labels, int64_t classes);
 
 /* out (contiguous, t's shape and dtype) = tril(t, k), or triu with upper. */

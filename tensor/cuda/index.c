@@ -64,13 +64,36 @@ static int index_op(ct_tensor *const ops[3], int64_t jump, bool scatter) {
         device, "the gather kernel");
 }
 
-int ct__cuda_gather(ct_tensor *const ops[3], int64_t jump) { return index_op(ops, jump, false); }
+/* The kernels take the operands over index's shape, the one that walks
+ * with the index first; the indexed one stays put along dim (stride 0) and
+ * moves there by the index values, jump bytes each. */
+static int dim_index_op(ct_tensor *walks, ct_tensor *index, ct_tensor *indexed, int dim,
+                        bool scatter) {
+    int64_t strides[CT_MAX_DIMS];
+    memcpy(strides, indexed->strides, sizeof strides);
+    int64_t jump = strides[dim] * (int64_t)ct__esize(indexed->dtype);
+    strides[dim] = 0;
+    ct_tensor w = ct__layout_view(walks, index->ndim, index->sizes, walks->strides, walks->offset);
+    ct_tensor x = ct__layout_view(indexed, index->ndim, index->sizes, strides, indexed->offset);
+    return index_op((ct_tensor *const[]){&w, index, &x}, jump, scatter);
+}
 
-int ct__cuda_scatter_add(ct_tensor *const ops[3], int64_t jump) {
-    return index_op(ops, jump, true);
+int ct__cuda_gather(ct_tensor *out, ct_tensor *t, int dim, ct_tensor *index) {
+    return dim_index_op(out, index, t, dim, false);
+}
+
+int ct__cuda_scatter_add(ct_tensor *self, int dim, ct_tensor *index, ct_tensor *src) {
+    return dim_index_op(src, index, self, dim, true);
 }
 
 int ct__cuda_one_hot(ct_tensor *out, ct_tensor *labels, int64_t classes) {
+    /* Every element is written, each seeing its row's label: the labels
+     * viewed at out's shape, stride 0 along the classes. */
+    int64_t strides[CT_MAX_DIMS];
+    memcpy(strides, labels->strides, sizeof strides);
+    strides[labels->ndim] = 0;
+    ct_tensor along = ct__layout_view(labels, out->ndim, out->sizes, strides, labels->offset);
+    labels = &along;
     ct__cuda_iter k;
     ct__cuda_iter_of(&k, (ct_tensor *[]){out, labels}, 2, out->ndim, out->sizes);
     int device;

@@ -61,19 +61,7 @@ int ct__cuda_layer_norm_backward(ct_tensor *dx, ct_tensor *dw, ct_tensor *db, ct
 
 /* indexing, where, concatenation, factories, random */
 
-int ct__cuda_scan_index(ct_tensor *index, int64_t bound, bool *found, int64_t *bad, int64_t *max) {
-    return NONE_ON(index);
-}
-
 int ct__cuda_scan_probabilities(ct_tensor *p, bool *found, double *bad) { return NONE_ON(p); }
-
-int ct__cuda_gather(ct_tensor *const ops[3], int64_t jump) { return NONE_ON(ops[1]); }
-
-int ct__cuda_scatter_add(ct_tensor *const ops[3], int64_t jump) { return NONE_ON(ops[1]); }
-
-int ct__cuda_one_hot(ct_tensor *out, ct_tensor *labels, int64_t classes) { return NONE_ON(out); }
-
-int ct__cuda_band(ct_tensor *out, ct_tensor *t, int64_t k, bool upper) { return NONE_ON(out); }
 
 int ct__cuda_draw(ct_tensor *out, const ct__draw *d) { return NONE_ON(out); }
 

@@ -37,4 +37,9 @@ const ct__device_ops ct__cuda_device_ops = {
     .where = ct__cuda_where,
     .reduce = ct__cuda_reduce,
     .softmax = ct__cuda_softmax,
+    .scan_index = ct__cuda_scan_index,
+    .gather = ct__cuda_gather,
+    .scatter_add = ct__cuda_scatter_add,
+    .one_hot = ct__cuda_one_hot,
+    .band = ct__cuda_band,
 };
