@@ -11,7 +11,7 @@
  * "The dispatch table").
  *
  * The families move into the table one at a time; those not in it yet
- * (cross-entropy, layer norm, random draws,
+ * (cross-entropy, layer norm,
  * matmul, the optimizer kernels) still call tensor/cuda/ directly from
  * their front ends.
  *
@@ -22,6 +22,7 @@
 #ifndef CT_DEVICE_IMPL_H
 #define CT_DEVICE_IMPL_H
 
+#include "ops_impl.h"
 #include "tensor_impl.h"
 
 #include <stddef.h>
@@ -101,6 +102,14 @@ typedef struct ct__device_ops {
     /* out (contiguous, t's shape and dtype) = tril(t, k), or triu with
      * upper. */
     int (*band)(ct_tensor *out, ct_tensor *t, int64_t k, bool upper);
+
+    /* ---- random draws (tensor/random.c) */
+    /* The draw d into out (contiguous, d->n elements of d->dtype at
+     * d->out); the stream's blocks are claimed already. */
+    int (*draw)(ct_tensor *out, const ct__draw *d);
+    /* The first value of the float tensor p outside [0, 1] (NaN too), in
+     * the element iterator's order. */
+    int (*scan_probabilities)(ct_tensor *p, bool *found, double *bad);
 } ct__device_ops;
 
 /* Whether device's memory is the host's, which the CPU reads directly (the

@@ -10,6 +10,8 @@
 #ifndef CT_OPS_IMPL_H
 #define CT_OPS_IMPL_H
 
+#include <stdint.h>
+
 /* Unary ops: X(name, NAME, float expression, integer expression; 0 where
  * the op is float-valued, so integer inputs are computed in float32). */
 #define CT__UNARY_OPS(X)                                                                           \
@@ -122,5 +124,24 @@ enum {
 #undef CT__RED_KIND_INDEX
         CT__NUM_RED_KINDS
 };
+
+/* A Philox draw into n contiguous elements (tensor/philox.h defines the
+ * stream); the CPU's draws (tensor/random.c) and the devices' use the same
+ * description. Uniform and
+ * normal: out = a + b * value, where value is a uniform of `bits` bits or a
+ * standard normal; bernoulli: 1 where the uniform < p, p = a or, with
+ * p_in_out, the value already in the element. */
+enum { CT__DRAW_UNIFORM, CT__DRAW_NORMAL, CT__DRAW_BERNOULLI };
+typedef struct ct__draw {
+    int kind;
+    int dtype;     /* of out */
+    int per_block; /* 4: the 32-bit layout, 2: the 64-bit one */
+    int bits;
+    double a, b;
+    int p_in_out;
+    uint64_t seed, offset;
+    char *out;
+    int64_t n;
+} ct__draw;
 
 #endif

@@ -7,7 +7,8 @@
  * threads, or over a device's threads (tensor/cuda/index.cu, which runs
  * philox.h's code), gives the same tensor. The generator lives on the host
  * either way and advances by the same blocks. */
-#include "cuda_impl.h"
+#include "cpu_impl.h"
+#include "device_impl.h"
 #include "philox.h"
 
 #include <math.h>
@@ -82,16 +83,24 @@ static void draw_blocks(void *arg, int64_t lo, int64_t hi) {
 
 /* Reserves the blocks for n elements and fills out (contiguous) on its
  * device. */
+int ct__cpu_draw(ct_tensor *out, const ct__draw *d) {
+    (void)out;
+    int64_t nblocks = (d->n + d->per_block - 1) / d->per_block;
+    ct__draw copy = *d;
+    ct_parallel_for(0, nblocks, GRAIN_BLOCKS, draw_blocks, &copy);
+    return 0;
+}
+
 static int run_draw(ct__draw *d, ct_tensor *out, ct_generator *gen) {
+    const ct__device_ops *dev = CT__DEVICE_GET("random", out->storage->device, draw);
+    if (!dev)
+        return ct_errcode();
     d->n = ct_numel(out);
     d->out = ct__data(out);
     d->dtype = (int)out->dtype;
     int64_t nblocks = (d->n + d->per_block - 1) / d->per_block;
     ct__generator_claim(gen, (uint64_t)nblocks, &d->seed, &d->offset);
-    if (out->storage->device.type == CT_CUDA)
-        return ct__cuda_draw(out, d);
-    ct_parallel_for(0, nblocks, GRAIN_BLOCKS, draw_blocks, d);
-    return 0;
+    return dev->draw(out, d);
 }
 
 static ct_op_args draw_args(const ct__draw *d, double a, double b) {
@@ -222,15 +231,21 @@ static void p_scan_loop(void *ctx, char **data, const int64_t *strides, int64_t 
 
 /* On one thread, or on the device in the same order, so that the message
  * names the same value every run. */
-static int scan_probabilities(ct_tensor *p, p_scan *s) {
-    *s = (p_scan){p->dtype, false, 0.0};
-    if (p->storage->device.type == CT_CUDA)
-        return ct__cuda_scan_probabilities(p, &s->found, &s->bad);
+int ct__cpu_scan_probabilities(ct_tensor *p, bool *found, double *bad) {
+    p_scan s = {p->dtype, false, 0.0};
     ct__iter it;
     ct__iter_init(&it, &p, 1, p->ndim, p->sizes);
     if (it.numel > 0)
-        ct__iter_run_range(&it, p_scan_loop, s, 0, it.numel);
+        ct__iter_run_range(&it, p_scan_loop, &s, 0, it.numel);
+    *found = s.found;
+    *bad = s.bad;
     return 0;
+}
+
+static int scan_probabilities(ct_tensor *p, p_scan *s) {
+    *s = (p_scan){p->dtype, false, 0.0};
+    const ct__device_ops *dev = CT__DEVICE_GET("bernoulli", p->storage->device, scan_probabilities);
+    return dev ? dev->scan_probabilities(p, &s->found, &s->bad) : ct_errcode();
 }
 
 ct_tensor *ct_bernoulli(ct_tensor *p, ct_generator *gen) {

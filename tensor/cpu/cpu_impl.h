@@ -18,6 +18,8 @@ int ct__cpu_gather(ct_tensor *out, ct_tensor *t, int dim, ct_tensor *index);
 int ct__cpu_scatter_add(ct_tensor *self, int dim, ct_tensor *index, ct_tensor *src);
 int ct__cpu_one_hot(ct_tensor *out, ct_tensor *labels, int64_t classes);
 int ct__cpu_band(ct_tensor *out, ct_tensor *t, int64_t k, bool upper);
+int ct__cpu_draw(ct_tensor *out, const ct__draw *d);
+int ct__cpu_scan_probabilities(ct_tensor *p, bool *found, double *bad);
 /* t = value (any layout). */
 int ct__cpu_fill(ct_tensor *t, double value);
 

@@ -96,4 +96,6 @@ const ct__device_ops ct__cpu_device_ops = {
     .scatter_add = ct__cpu_scatter_add,
     .one_hot = ct__cpu_one_hot,
     .band = ct__cpu_band,
+    .draw = ct__cpu_draw,
+    .scan_probabilities = ct__cpu_scan_probabilities,
 };

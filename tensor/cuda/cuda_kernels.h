@@ -186,24 +186,7 @@ typedef struct ct__cuda_operand {
 int ct__cuda_launch_where(const ct__cuda_iter *it, const ct__cuda_operand *b, int esize,
                           const uint64_t *a_bits, void *stream);
 
-/* A Philox draw into n contiguous elements (tensor/philox.h defines the
- * stream); random.c's CPU draws use the same description. Uniform and
- * normal: out = a + b * value, where value is a uniform of `bits` bits or a
- * standard normal; bernoulli: 1 where the uniform < p, p = a or, with
- * p_in_out, the value already in the element. */
-enum { CT__DRAW_UNIFORM, CT__DRAW_NORMAL, CT__DRAW_BERNOULLI };
-typedef struct ct__draw {
-    int kind;
-    int dtype;     /* of out */
-    int per_block; /* 4: the 32-bit layout, 2: the 64-bit one */
-    int bits;
-    double a, b;
-    int p_in_out;
-    uint64_t seed, offset;
-    char *out;
-    int64_t n;
-} ct__draw;
-
+/* The draw d (ops_impl.h's ct__draw) on stream. */
 int ct__cuda_launch_draw(const ct__draw *d, void *stream);
 
 /* ------------------------------------------------------------- matmul */

@@ -61,10 +61,6 @@ int ct__cuda_layer_norm_backward(ct_tensor *dx, ct_tensor *dw, ct_tensor *db, ct
 
 /* indexing, where, concatenation, factories, random */
 
-int ct__cuda_scan_probabilities(ct_tensor *p, bool *found, double *bad) { return NONE_ON(p); }
-
-int ct__cuda_draw(ct_tensor *out, const ct__draw *d) { return NONE_ON(out); }
-
 /* matmul, pinned host memory */
 
 int ct__cuda_matmul(const ct__mm_plan *p, int device) { return none(device); }

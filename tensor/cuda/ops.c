@@ -42,4 +42,6 @@ const ct__device_ops ct__cuda_device_ops = {
     .scatter_add = ct__cuda_scatter_add,
     .one_hot = ct__cuda_one_hot,
     .band = ct__cuda_band,
+    .draw = ct__cuda_draw,
+    .scan_probabilities = ct__cuda_scan_probabilities,
 };
