@@ -3,6 +3,8 @@
 #include "device_impl.h"
 #include "tensor_impl.h"
 
+#include <ct/cuda.h> /* ct_to and ct_to_async are declared with the devices */
+
 typedef struct memcpy_job {
     char *dst;
     const char *src;
@@ -31,6 +33,44 @@ int ct__copy_any(ct_tensor *dst, ct_tensor *src) {
     ct_device on = ct__is_host(dst->storage->device) ? src->storage->device : dst->storage->device;
     const ct__device_ops *ops = CT__DEVICE_GET("copy_", on, copy);
     return ops ? ops->copy(dst, src) : ct_errcode();
+}
+
+/* ct_to and ct_to_async: the device side's own transfer when it has one
+ * (CUDA: pinned memory, streams), else a contiguous copy through its
+ * copy. */
+static ct_tensor *to_device(const char *fn, ct_tensor *t, ct_device device, bool async) {
+    if (CT__CHECK_ANY(fn, t))
+        return NULL;
+    ct_device from = t->storage->device;
+    if (from.type == device.type && (ct__is_host(device) || from.index == device.index))
+        return ct__scope_own(ct_tensor_retain(t));
+    const ct__device_ops *ops = CT__DEVICE_GET(fn, ct__is_host(device) ? from : device, copy);
+    if (!ops)
+        return NULL;
+    /* Two device types do not know each other's memory. */
+    if (!ct__is_host(device) && !ct__is_host(from) && from.type != device.type) {
+        char a[32], b[32];
+        ct__seterr(CT_EDEVICE, "%s: from %s to %s directly: copy through the host", fn,
+                   ct__device_name(from.type, a), ct__device_name(device.type, b));
+        return NULL;
+    }
+    if (ops->to)
+        return ops->to(fn, t, device, async);
+    ct_tensor *src = ct_contiguous(t);
+    ct_tensor *out = src ? ct__new_on(fn, src->ndim, src->sizes, src->dtype, device) : NULL;
+    int rc = out ? ct__copy_any(out, src) : ct_errcode();
+    ct__release(src);
+    if (rc && out) {
+        ct__release(out);
+        out = NULL;
+    }
+    return out;
+}
+
+ct_tensor *ct_to(ct_tensor *t, ct_device device) { return to_device("ct_to", t, device, false); }
+
+ct_tensor *ct_to_async(ct_tensor *t, ct_device device) {
+    return to_device("ct_to_async", t, device, true);
 }
 
 int ct__fill_any(ct_tensor *t, double value) {

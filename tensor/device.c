@@ -13,7 +13,22 @@ static const ct__device_ops *const tables[] = {
 #undef CT__DEVICE_ROW
 };
 
+/* The test device's table: registered at run time by the tests. */
+static _Atomic(const ct__device_ops *) test_table;
+
+int ct__device_register(ct_device_type type, const ct__device_ops *ops) {
+    if (type != CT_TEST)
+        return ct__seterr(CT_EINVAL,
+                          "device_register: only the test device (type %d) registers, "
+                          "not type %d",
+                          (int)CT_TEST, (int)type);
+    atomic_store(&test_table, ops);
+    return 0;
+}
+
 const ct__device_ops *ct__device_ops_of(ct_device_type type) {
+    if (type == CT_TEST)
+        return atomic_load(&test_table);
     return (unsigned)type < sizeof tables / sizeof *tables ? tables[type] : NULL;
 }
 
@@ -24,6 +39,8 @@ const char *ct__device_name(ct_device_type type, char buf[32]) {
     /* A type this build lacks keeps its public name in messages. */
     if (type == CT_CUDA)
         return "cuda";
+    if (type == CT_TEST)
+        return "test";
     snprintf(buf, 32, "device type %d", (int)type);
     return buf;
 }
@@ -36,6 +53,10 @@ const ct__device_ops *ct__device_get(const char *op, ct_device device, size_t of
                    "%s: cuda:%d: this ct was built without CUDA (configure with -DCT_CUDA=ON "
                    "where the CUDA Toolkit is installed)",
                    op, device.index);
+        return NULL;
+    }
+    if (!ops && device.type == CT_TEST) {
+        ct__seterr(CT_EDEVICE, "%s: no test device is registered (ct's tests register theirs)", op);
         return NULL;
     }
     if (!ops) {

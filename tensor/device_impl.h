@@ -54,6 +54,10 @@ typedef struct ct__device_ops {
     /* n bytes from device memory at src to host memory at dst, waiting for
      * the work queued before (reading one element: ct_get). */
     int (*read)(int index, void *dst, const void *src, size_t n);
+    /* ct_to and ct_to_async (fn names which) of t to device, one side of
+     * them this device: a device with its own transfers (pinned host
+     * memory, streams) says so here; NULL: a contiguous copy through copy. */
+    ct_tensor *(*to)(const char *fn, ct_tensor *t, ct_device device, bool async);
 
     /* ---- elementwise (operands already checked, on this device, viewed
      * with the broadcast shape (nd, shape) where one is given) */
@@ -115,6 +119,11 @@ typedef struct ct__device_ops {
 /* Whether device's memory is the host's, which the CPU reads directly (the
  * fast paths that skip the table, and copies across devices). */
 static inline bool ct__is_host(ct_device device) { return device.type == CT_CPU; }
+
+/* Registers ops as the table of CT_TEST, the test device (tests/), or
+ * takes it away (NULL). Not thread-safe against ops in flight: a test
+ * registers before it makes tensors there. CT_EINVAL for another type. */
+int ct__device_register(ct_device_type type, const ct__device_ops *ops);
 
 /* The table of device type type, NULL when this build has none (CUDA in a
  * build without it). */

@@ -142,6 +142,11 @@ int ct__cuda_launched(int e, int device, const char *what);
  * the kernels' form. */
 void ct__cuda_iter_of(ct__cuda_iter *k, ct_tensor *const *ts, int n, int nd, const int64_t *sizes);
 
+/* The table's to (device_impl.h): ct_to and ct_to_async between the host
+ * and a CUDA device, or two devices, through pinned memory and the compute
+ * streams (device.c). */
+ct_tensor *ct__cuda_to(const char *fn, ct_tensor *t, ct_device device, bool async);
+
 /* device.c: device storage through the device's caching allocator, freed
  * back to it. NULL with the error. */
 ct_storage *ct__cuda_storage_new(const char *op, size_t nbytes, int device);

@@ -330,7 +330,7 @@ int ct_cuda_empty_pinned_cache(void) {
 
 /* ct_to, and ct_to_async when async: a copy to device, in which the host
  * does not wait if the host side is pinned. */
-static ct_tensor *copy_to(const char *fn, ct_tensor *t, ct_device device, bool async) {
+ct_tensor *ct__cuda_to(const char *fn, ct_tensor *t, ct_device device, bool async) {
     if (ct__check_handles(fn, &t, 1))
         return NULL;
     ct_device from = ct_tensor_device(t);
@@ -375,12 +375,6 @@ static ct_tensor *copy_to(const char *fn, ct_tensor *t, ct_device device, bool a
         out = NULL;
     }
     return out;
-}
-
-ct_tensor *ct_to(ct_tensor *t, ct_device device) { return copy_to("ct_to", t, device, false); }
-
-ct_tensor *ct_to_async(ct_tensor *t, ct_device device) {
-    return copy_to("ct_to_async", t, device, true);
 }
 
 /* ------------------------------------------------ streams, for collectives */

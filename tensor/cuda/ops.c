@@ -30,6 +30,7 @@ const ct__device_ops ct__cuda_device_ops = {
     .memory_reset_peak = cuda_reset_peak,
     .synchronize = ct__cuda_sync,
     .read = cuda_read,
+    .to = ct__cuda_to,
     .copy = ct__cuda_copy_tensor,
     .fill = ct__cuda_fill,
     .unary = ct__cuda_unary,

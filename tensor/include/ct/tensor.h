@@ -151,14 +151,18 @@ CT_API ct_dtype ct_promote_types(ct_dtype a, ct_dtype b);
 
 /* --------------------------------------------------------------- devices */
 
-typedef enum ct_device_type { CT_CPU = 0, CT_CUDA = 1 } ct_device_type;
+/* CT_TEST: the test device that ct's tests register (tests/test_device.c):
+ * the CPU's kernels over a heap of its own that host code cannot touch.
+ * Without it registered, a CT_TEST tensor is CT_EDEVICE. */
+typedef enum ct_device_type { CT_CPU = 0, CT_CUDA = 1, CT_TEST = 2 } ct_device_type;
 
 typedef struct ct_device {
     ct_device_type type;
     int index;
 } ct_device;
 
-#define CT_DEVICE_CPU ((ct_device){CT_CPU, 0})
+#define CT_DEVICE_CPU  ((ct_device){CT_CPU, 0})
+#define CT_DEVICE_TEST ((ct_device){CT_TEST, 0})
 
 /* -------------------------------------------------------------- storage */
 
@@ -536,14 +540,15 @@ CT_API bool ct_in_parallel_region(void);
     X(PERMUTE)                                                                                     \
     X(SLICE)                                                                                       \
     X(SELECT)                                                                                      \
-    X(SQUEEZE) X(UNSQUEEZE) X(CONTIGUOUS) X(CLONE) X(COPY) X(TO_DTYPE) X(NEG) X(ABS) X(EXP) X(LOG) \
-        X(LOG1P) X(SQRT) X(RSQRT) X(SIN) X(COS) X(TANH) X(SIGMOID) X(RELU) X(GELU) X(GELU_TANH)    \
-            X(SILU) X(POW_SCALAR) X(CLAMP) X(ADD) X(SUB) X(MUL) X(DIV) X(POW) X(MAXIMUM)           \
-                X(MINIMUM) X(EQ) X(NE) X(LT) X(LE) X(GT) X(GE) X(WHERE) X(MASKED_FILL) X(SUM)      \
-                    X(MEAN) X(PROD) X(AMAX) X(AMIN) X(VAR) X(STD) X(LOGSUMEXP) X(NORM) X(MAX_DIM)  \
-                        X(MIN_DIM) X(ARGMAX) X(ARGMIN) X(MATMUL) X(SOFTMAX) X(LOG_SOFTMAX) X(CAT)  \
-                            X(STACK) X(INDEX_SELECT) X(GATHER) X(SCATTER_ADD) X(ONE_HOT) X(TRIL)   \
-                                X(TRIU) X(RANDOM)
+    X(SQUEEZE)                                                                                     \
+    X(UNSQUEEZE) X(CONTIGUOUS) X(CLONE) X(COPY) X(TO_DTYPE) X(NEG) X(ABS) X(EXP) X(LOG) X(LOG1P)   \
+        X(SQRT) X(RSQRT) X(SIN) X(COS) X(TANH) X(SIGMOID) X(RELU) X(GELU) X(GELU_TANH) X(SILU)     \
+            X(POW_SCALAR) X(CLAMP) X(ADD) X(SUB) X(MUL) X(DIV) X(POW) X(MAXIMUM) X(MINIMUM) X(EQ)  \
+                X(NE) X(LT) X(LE) X(GT) X(GE) X(WHERE) X(MASKED_FILL) X(SUM) X(MEAN) X(PROD)       \
+                    X(AMAX) X(AMIN) X(VAR) X(STD) X(LOGSUMEXP) X(NORM) X(MAX_DIM) X(MIN_DIM)       \
+                        X(ARGMAX) X(ARGMIN) X(MATMUL) X(SOFTMAX) X(LOG_SOFTMAX) X(CAT) X(STACK)    \
+                            X(INDEX_SELECT) X(GATHER) X(SCATTER_ADD) X(ONE_HOT) X(TRIL) X(TRIU)    \
+                                X(RANDOM)
 
 typedef enum ct_op {
 #define CT__OP_DEFINE(NAME) CT_OP_##NAME,
