@@ -107,6 +107,12 @@ typedef struct ct__device_ops {
      * upper. */
     int (*band)(ct_tensor *out, ct_tensor *t, int64_t k, bool upper);
 
+    /* ---- matmul (tensor/cpu/matmul.c plans it) */
+    /* p->c = p->a @ p->b on device index. */
+    int (*matmul)(const ct__mm_plan *p, int index);
+    bool mm_half;     /* multiplies the 16-bit floats itself (else in float32) */
+    int64_t mm_limit; /* the largest matrix dim and leading dim it takes */
+
     /* ---- random draws (tensor/random.c) */
     /* The draw d into out (contiguous, d->n elements of d->dtype at
      * d->out); the stream's blocks are claimed already. */

@@ -10,6 +10,7 @@
 #ifndef CT_OPS_IMPL_H
 #define CT_OPS_IMPL_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 /* Unary ops: X(name, NAME, float expression, integer expression; 0 where
@@ -143,5 +144,30 @@ typedef struct ct__draw {
     char *out;
     int64_t n;
 } ct__draw;
+
+/* ct/tensor.h's CT_MAX_DIMS, for this header's C and CUDA readers. */
+#define CT__OPS_MAX_DIMS 8
+
+/* One operand of a matmul: a batch of matrices, strides in elements. */
+typedef struct ct__mm_mat {
+    const char *data;
+    int64_t bstrides[CT__OPS_MAX_DIMS]; /* per batch dim of the plan; 0 broadcasts */
+    int64_t rs, cs;                     /* between rows / columns */
+    bool blas;                          /* BLAS reads it in place as: */
+    bool trans;                         /*   the transpose of a row-major matrix */
+    int64_t ld;                         /*   with this leading dim */
+} ct__mm_mat;
+
+/* A matmul as its front end (tensor/cpu/matmul.c) plans it for any device:
+ * c (nb, m, n) = a (nb, m, k) @ b (nb, k, n). */
+typedef struct ct__mm_plan {
+    int dtype; /* compute dtype (ct_dtype): the operands' and c's */
+    int nbatch;
+    int64_t batch[CT__OPS_MAX_DIMS]; /* (nbatch) broadcast batch shape; nb its numel */
+    int64_t nb, m, n, k;
+    ct__mm_mat a, b; /* BLAS-readable (blas set), except for int64 */
+    char *c;         /* contiguous */
+    int64_t limit;   /* the largest matrix dim and leading dim BLAS takes */
+} ct__mm_plan;
 
 #endif

@@ -113,6 +113,10 @@ TEST(index_ops_and_random_draws_match_the_cpu) {
     ct_tensor *p = ct_mul_scalar(ct_ones(CT_SHAPE(64), CT_FLOAT32), 0.5);
     ct_generator a = {.seed = 3, .offset = 0}, b = {.seed = 3, .offset = 0};
     SAME("bernoulli", ct_bernoulli(p, &a), ct_bernoulli(on_dev(p), &b));
+    SAME("matmul", ct_matmul(x, ct_transpose(x, 0, 1)), ct_matmul(dx, ct_transpose(dx, 0, 1)));
+    SAME("matmul, int64 and batched",
+         ct_matmul(ct_to_dtype(g, CT_INT64), ct_to_dtype(ct_transpose(g, 0, 1), CT_INT64)),
+         ct_matmul(on_dev(g), ct_transpose(on_dev(g), 0, 1)));
     /* A bad index is found on the device and named as on the CPU. */
     ct_tensor *bad = on_dev(ct_from_data((int64_t[]){9}, CT_SHAPE(1), CT_INT64));
     ASSERT_TRUE(ct_index_select(dx, 0, bad) == NULL);

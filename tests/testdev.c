@@ -155,6 +155,7 @@ ENTRY(scatter_add, (ct_tensor * self, int dim, ct_tensor *index, ct_tensor *src)
 ENTRY(one_hot, (ct_tensor * out, ct_tensor *labels, int64_t classes), (out, labels, classes))
 ENTRY(band, (ct_tensor * out, ct_tensor *t, int64_t k, bool upper), (out, t, k, upper))
 ENTRY(draw, (ct_tensor * out, const ct__draw *d), (out, d))
+ENTRY(matmul, (const ct__mm_plan *p, int index), (p, index))
 ENTRY(scan_probabilities, (ct_tensor * p, bool *found, double *bad), (p, found, bad))
 
 ct__device_ops testdev_ops = {
@@ -177,6 +178,8 @@ ct__device_ops testdev_ops = {
     .scatter_add = dev_scatter_add,
     .one_hot = dev_one_hot,
     .band = dev_band,
+    .matmul = dev_matmul,
+    .mm_limit = CT__CPU_MM_LIMIT,
     .draw = dev_draw,
     .scan_probabilities = dev_scan_probabilities,
 };

@@ -5,6 +5,8 @@
 
 #include "device_impl.h"
 
+#include <cblas.h>
+
 int ct__cpu_unary(int op, ct_tensor *out, ct_tensor *src, const double p[2], const int64_t ip[2]);
 int ct__cpu_binary(int op, ct_tensor *dst, ct_tensor *x, ct_tensor *y, double scalar,
                    ct_dtype dtype, int nd, const int64_t *shape);
@@ -20,6 +22,10 @@ int ct__cpu_one_hot(ct_tensor *out, ct_tensor *labels, int64_t classes);
 int ct__cpu_band(ct_tensor *out, ct_tensor *t, int64_t k, bool upper);
 int ct__cpu_draw(ct_tensor *out, const ct__draw *d);
 int ct__cpu_scan_probabilities(ct_tensor *p, bool *found, double *bad);
+/* The CPU's matmul through BLAS, whose dims and leading dims are
+ * blasints. */
+#define CT__CPU_MM_LIMIT ((int64_t)((1ull << (sizeof(blasint) * 8 - 1)) - 1))
+int ct__cpu_matmul(const ct__mm_plan *p, int index);
 /* t = value (any layout). */
 int ct__cpu_fill(ct_tensor *t, double value);
 

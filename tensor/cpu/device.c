@@ -96,6 +96,8 @@ const ct__device_ops ct__cpu_device_ops = {
     .scatter_add = ct__cpu_scatter_add,
     .one_hot = ct__cpu_one_hot,
     .band = ct__cpu_band,
+    .matmul = ct__cpu_matmul,
+    .mm_limit = CT__CPU_MM_LIMIT,
     .draw = ct__cpu_draw,
     .scan_probabilities = ct__cpu_scan_probabilities,
 };

@@ -24,7 +24,7 @@
  * CUDA tensors take the same plan to the device (tensor/cuda/matmul.c):
  * cuBLAS, which computes float16 and bfloat16 itself (accumulating in
  * float32), so only integers are converted, to int64 for a kernel. */
-#include "cuda_impl.h"
+#include "cpu_impl.h"
 #include "tensor_impl.h"
 
 #include <cblas.h>
@@ -40,13 +40,13 @@
 #define MM_COL_SPLIT_ROWS (8 * MM_ROW_ALIGN)
 /* Multiply-adds that pay for handing a part to another thread. */
 #define MM_GRAIN_MACS (1.0 * (1 << 20))
-#define MM_BLAS_MAX   ((int64_t)((1ull << (sizeof(blasint) * 8 - 1)) - 1))
+#define MM_BLAS_MAX   CT__CPU_MM_LIMIT
 
 /* At load time, before any thread of ct's exists: OpenBLAS's own threads
  * would otherwise compete with ct's pool, and spin while idle. */
 __attribute__((constructor)) static void blas_single_thread(void) { openblas_set_num_threads(1); }
 
-_Static_assert(CT__CUDA_MAX_DIMS == CT_MAX_DIMS, "a plan's batch holds every batch dim");
+_Static_assert(CT__OPS_MAX_DIMS == CT_MAX_DIMS, "a plan's batch holds every batch dim");
 
 /* How the CPU splits one plan across the pool. */
 typedef struct mm_job {
@@ -221,14 +221,22 @@ static void mm_run(const ct__mm_plan *p) {
     ct_parallel_for(0, p->nb * j.parts, grain, mm_chunk, &j);
 }
 
-static ct_dtype compute_dtype(ct_dtype dtype, bool cuda) {
+int ct__cpu_matmul(const ct__mm_plan *p, int index) {
+    (void)index;
+    mm_run(p);
+    return 0;
+}
+
+/* The dtype a device computes dtype's products in: the 16-bit floats in
+ * float32 unless it multiplies them itself. */
+static ct_dtype compute_dtype(ct_dtype dtype, bool half) {
     switch (dtype) {
     case CT_FLOAT64: return CT_FLOAT64;
     case CT_INT64:
     case CT_INT32:
     case CT_UINT8: return CT_INT64;
     case CT_BFLOAT16:
-    case CT_FLOAT16: return cuda ? dtype : CT_FLOAT32;
+    case CT_FLOAT16: return half ? dtype : CT_FLOAT32;
     default: return CT_FLOAT32;
     }
 }
@@ -242,8 +250,8 @@ static int mm_fail(int code, const ct_tensor *a, const ct_tensor *b, const char 
 }
 
 /* Checks shapes and fills p's sizes and the output shape. */
-static int mm_shapes(ct__mm_plan *p, const ct_tensor *a, const ct_tensor *b, bool cuda, int *ndim,
-                     int64_t *sizes) {
+static int mm_shapes(ct__mm_plan *p, const ct_tensor *a, const ct_tensor *b,
+                     const ct__device_ops *dev, int *ndim, int64_t *sizes) {
     char what[CT__SHAPE_STR * 3];
     if (a->ndim == 0 || b->ndim == 0)
         return mm_fail(CT_EINVAL, a, b,
@@ -264,16 +272,15 @@ static int mm_shapes(ct__mm_plan *p, const ct_tensor *a, const ct_tensor *b, boo
         snprintf(what, sizeof what, "%s", ct_errmsg());
         return mm_fail(CT_ESHAPE, a, b, what);
     }
-    p->dtype = compute_dtype(dtype, cuda);
-    /* cuBLAS's dims and leading dims are ints. */
-    p->limit = cuda ? INT32_MAX : MM_BLAS_MAX;
+    p->dtype = compute_dtype(dtype, dev->mm_half);
+    p->limit = dev->mm_limit;
     p->nb = ct__numel(p->nbatch, p->batch);
     p->m = a->ndim > 1 ? a->sizes[a->ndim - 2] : 1;
     p->n = b->ndim > 1 ? b->sizes[b->ndim - 1] : 1;
     p->k = k;
     if (p->dtype != CT_INT64 && (p->m > p->limit || p->n > p->limit || k > p->limit)) {
-        snprintf(what, sizeof what, "a matrix dim exceeds %s's limit of %lld",
-                 cuda ? "cuBLAS" : "BLAS", (long long)p->limit);
+        snprintf(what, sizeof what, "a matrix dim exceeds the %s matmul's limit of %lld", dev->name,
+                 (long long)p->limit);
         return mm_fail(CT_ENOTSUP, a, b, what);
     }
     memcpy(sizes, p->batch, sizeof(int64_t) * (size_t)p->nbatch);
@@ -289,11 +296,11 @@ ct_tensor *ct_matmul(ct_tensor *a, ct_tensor *b) {
     if (CT__CHECK_ANY("matmul", a, b) || ct__check_same_device("matmul", (ct_tensor *[]){a, b}, 2))
         return NULL;
     ct_device device = a->storage->device;
-    bool cuda = device.type == CT_CUDA;
+    const ct__device_ops *dev = CT__DEVICE_GET("matmul", device, matmul);
     ct__mm_plan p;
     int ndim = 0;
     int64_t sizes[CT_MAX_DIMS];
-    if (mm_shapes(&p, a, b, cuda, &ndim, sizes))
+    if (!dev || mm_shapes(&p, a, b, dev, &ndim, sizes))
         return NULL;
     ct_dtype dtype = ct_promote_types(a->dtype, b->dtype);
     bool work = p.nb > 0 && p.m > 0 && p.n > 0 && p.k > 0;
@@ -317,10 +324,7 @@ ct_tensor *ct_matmul(ct_tensor *a, ct_tensor *b) {
     } else {
         p.c = scratch[2] ? ct__data(&cbuf) : ct__data(out);
         mm_fold_batch(&p);
-        if (cuda)
-            rc = ct__cuda_matmul(&p, device.index);
-        else
-            mm_run(&p);
+        rc = dev->matmul(&p, device.index);
         if (!rc && scratch[2])
             rc = ct__copy_any(out, &cbuf);
     }

@@ -191,27 +191,7 @@ int ct__cuda_launch_draw(const ct__draw *d, void *stream);
 
 /* ------------------------------------------------------------- matmul */
 
-/* One operand of a matmul: a batch of matrices, strides in elements. */
-typedef struct ct__mm_mat {
-    const char *data;
-    int64_t bstrides[CT__CUDA_MAX_DIMS]; /* per batch dim of the plan; 0 broadcasts */
-    int64_t rs, cs;                      /* between rows / columns */
-    bool blas;                           /* BLAS reads it in place as: */
-    bool trans;                          /*   the transpose of a row-major matrix */
-    int64_t ld;                          /*   with this leading dim */
-} ct__mm_mat;
-
-/* A matmul as tensor/cpu/matmul.c plans it for the CPU and the device:
- * c (nb, m, n) = a (nb, m, k) @ b (nb, k, n). */
-typedef struct ct__mm_plan {
-    int dtype; /* compute dtype (ct_dtype): the operands' and c's */
-    int nbatch;
-    int64_t batch[CT__CUDA_MAX_DIMS]; /* (nbatch) broadcast batch shape; nb its numel */
-    int64_t nb, m, n, k;
-    ct__mm_mat a, b; /* BLAS-readable (blas set), except for int64 */
-    char *c;         /* contiguous */
-    int64_t limit;   /* the largest matrix dim and leading dim BLAS takes */
-} ct__mm_plan;
+/* Matmul plans are ops_impl.h's (ct__mm_plan). */
 
 /* p->c = p->a @ p->b in int64, wrapping, over any strides; every size of
  * p > 0. */

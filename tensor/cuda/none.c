@@ -63,8 +63,6 @@ int ct__cuda_layer_norm_backward(ct_tensor *dx, ct_tensor *dw, ct_tensor *db, ct
 
 /* matmul, pinned host memory */
 
-int ct__cuda_matmul(const ct__mm_plan *p, int device) { return none(device); }
-
 int ct__cuda_host_alloc(size_t nbytes, void **ptr) {
     *ptr = NULL;
     return none(0);

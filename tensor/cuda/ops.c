@@ -43,6 +43,9 @@ const ct__device_ops ct__cuda_device_ops = {
     .scatter_add = ct__cuda_scatter_add,
     .one_hot = ct__cuda_one_hot,
     .band = ct__cuda_band,
+    .matmul = ct__cuda_matmul,
+    .mm_half = true,
+    .mm_limit = INT32_MAX, /* cuBLAS's dims and leading dims are ints */
     .draw = ct__cuda_draw,
     .scan_probabilities = ct__cuda_scan_probabilities,
 };
