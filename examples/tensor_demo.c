@@ -5,7 +5,7 @@
  * the 60,000 training images with one matmul, draws the means as ASCII art,
  * and classifies the 10,000 test images by their nearest class mean.
  *
- *   tensor_demo [DATA_DIR [CLASS]]
+ *   tensor_demo [DATA_DIR [CLASS]]      (tensor_demo --help says more)
  *
  * DATA_DIR defaults to /usr/share/datasets/fashion-mnist; CLASS (0-9) picks
  * the mean drawn at full size. Every op result below is owned by the scope
@@ -178,18 +178,26 @@ static double mean_nll(ct_tensor *d2, ct_tensor *labels, double temp) {
 }
 
 int main(int argc, char **argv) {
-    const char *dir = argc > 1 ? argv[1] : DEFAULT_DATA_DIR;
+    ct_cli cli = {.prog = "tensor_demo",
+                  .about = "Computes the mean image of every Fashion-MNIST class with one matmul,\n"
+                           "draws them, and classifies the test images by the nearest mean.\n"
+                           "DATA_DIR: " DEFAULT_DATA_DIR " by default; CLASS (0-9, default 9):\n"
+                           "the mean drawn at full size.",
+                  .args = "[DATA_DIR [CLASS]]"};
+    int first, rc = ct_cli_parse(&cli, argc, argv, &first);
+    if (rc)
+        return rc > 0 ? 0 : 2;
+    int npos = argc - first;
+    const char *dir = npos > 0 ? argv[first] : DEFAULT_DATA_DIR;
     int cls = 9;
-    if (argc > 2) {
-        char *end;
-        long v = strtol(argv[2], &end, 10);
-        if (*end || v < 0 || v >= NCLASSES) {
-            fprintf(stderr, "usage: %s [DATA_DIR [CLASS]]: CLASS is 0-9 (got '%s')\n", argv[0],
-                    argv[2]);
-            return 2;
-        }
-        cls = (int)v;
+    char *end = NULL;
+    long picked = npos > 1 ? strtol(argv[first + 1], &end, 10) : cls;
+    if (npos > 2 || (npos > 1 && (!*argv[first + 1] || *end || picked < 0 || picked >= NCLASSES))) {
+        fprintf(stderr, "tensor_demo: %s\nTry 'tensor_demo --help'.\n",
+                npos > 2 ? "at most DATA_DIR and CLASS" : "CLASS is a whole number in [0, 9]");
+        return 2;
     }
+    cls = (int)picked;
     /* Progress lines appear as they happen, also in a CI log. */
     setvbuf(stdout, NULL, _IOLBF, 0);
     printf("ct tensor demo: Fashion-MNIST from %s, %d threads\n\n", dir, ct_get_num_threads());

@@ -388,9 +388,10 @@ TEST(every_program_suggests_the_flag_meant) {
 }
 
 TEST(every_program_has_help_with_defaults_and_a_version) {
-    const char *progs[] = {FMNIST_PATH, GPT_PATH, CTLAUNCH_PATH, CTCKPT_PATH, CTPLOT_PATH};
-    const char *names[] = {"fmnist_mlp", "gpt", "ctlaunch", "ctckpt", "ctplot"};
-    for (int i = 0; i < 5; i++) {
+    const char *progs[] = {FMNIST_PATH, GPT_PATH,    CTLAUNCH_PATH,
+                           CTCKPT_PATH, CTPLOT_PATH, TENSOR_DEMO_PATH};
+    const char *names[] = {"fmnist_mlp", "gpt", "ctlaunch", "ctckpt", "ctplot", "tensor_demo"};
+    for (int i = 0; i < 6; i++) {
         ASSERT_TRUE(run((const char *const[]){progs[i], "--version", NULL}, 0));
         char want[64];
         snprintf(want, sizeof want, "%s (ct) %s\n", names[i], ct_version());
