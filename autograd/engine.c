@@ -299,12 +299,12 @@ ct_tensor *ct__validate_grad(ct_node *n, int i, ct_tensor *g) {
         g = r;
     }
     ct_device gd = g->storage->device;
-    if (gd.type != s->device.type || (gd.type == CT_CUDA && gd.index != s->device.index)) {
+    if (!ct_device_equal(gd, s->device)) {
+        char on[CT_DEVICE_STR], wants[CT_DEVICE_STR];
         ct__seterr(CT_EDEVICE,
-                   "backward: %s returned a gradient on %s:%d for its input %d, which is on "
-                   "%s:%d",
-                   ct__node_desc(desc, sizeof desc, n), gd.type == CT_CUDA ? "cuda" : "cpu",
-                   gd.index, i, s->device.type == CT_CUDA ? "cuda" : "cpu", s->device.index);
+                   "backward: %s returned a gradient on %s for its input %d, which is on %s",
+                   ct__node_desc(desc, sizeof desc, n), ct_device_str(gd, on), i,
+                   ct_device_str(s->device, wants));
         return NULL;
     }
     if (ct_anomaly_enabled() && has_nan(g)) {

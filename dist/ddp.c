@@ -564,14 +564,6 @@ ct_ddp_options ct_ddp_defaults(void) {
 }
 
 /* "cpu", "cuda:1" */
-static const char *device_name(char buf[static 16], ct_device dev) {
-    if (dev.type == CT_CUDA)
-        snprintf(buf, 16, "cuda:%d", dev.index);
-    else
-        snprintf(buf, 16, "cpu");
-    return buf;
-}
-
 static int check_params(ct_ddp *d) {
     if (d->n == 0)
         return ct__seterr(CT_EINVAL, "%s: the model has no parameters", op);
@@ -581,15 +573,15 @@ static int check_params(ct_ddp *d) {
         ct_tensor *t = d->params.tensors[i];
         char desc[CT__DESC_STR];
         ct_device dev = ct_tensor_device(t);
-        char on[16], wants[16];
-        if (dev.type != d->device.type || (dev.type == CT_CUDA && dev.index != d->device.index))
+        char on[CT_DEVICE_STR], wants[CT_DEVICE_STR];
+        if (!ct_device_equal(dev, d->device))
             return ct__seterr(CT_EDEVICE,
                               "%s: parameter %s (%s) is on %s, but the communicator (%s) takes "
                               "tensors on %s; move the model there, or use a communicator for "
                               "its device",
-                              op, d->params.names[i], ct__desc(desc, t), device_name(on, dev),
+                              op, d->params.names[i], ct__desc(desc, t), ct_device_str(dev, on),
                               ct_backend_name(ct_comm_backend(d->comm)),
-                              device_name(wants, d->device));
+                              ct_device_str(d->device, wants));
         if (ct_tensor_dtype(t) != d->dtype || (d->dtype != CT_FLOAT32 && d->dtype != CT_FLOAT64))
             return ct__seterr(CT_EDTYPE,
                               "%s: parameter %s is %s; every parameter must be float32, or every "

@@ -562,7 +562,7 @@ void ct__dist_on_backward(const rpc_call *call, ct_rpc_args *in, rpc_reply *repl
             char want[CT__DESC_STR];
             grads[i] = ct_rpc_args_tensor(in, i + 1);
             ct_device to = s->shapes[i].device, at = grads[i] ? ct_tensor_device(grads[i]) : to;
-            if (grads[i] && (at.type != to.type || (to.type == CT_CUDA && at.index != to.index)))
+            if (grads[i] && !ct_device_equal(at, to))
                 grads[i] = moved[i] = ct__own(ct_to(grads[i], to));
             if (!grads[i])
                 rc = ct_errcode();

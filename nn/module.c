@@ -350,8 +350,7 @@ static int tree_slots(ct_module *m, slot_list *s, bool buffers) {
 }
 
 static bool on_device(const ct_tensor *t, ct_device d) {
-    ct_device td = ct_tensor_device(t);
-    return td.type == d.type && (d.type == CT_CPU || td.index == d.index);
+    return ct_device_equal(ct_tensor_device(t), d);
 }
 
 int ct_module_to(ct_module *m, ct_device device) {

@@ -73,3 +73,17 @@ const ct__device_ops *ct__device_get(const char *op, ct_device device, size_t of
     }
     return ops;
 }
+
+bool ct_device_equal(ct_device a, ct_device b) {
+    return a.type == b.type && (ct__is_host(a) || a.index == b.index);
+}
+
+const char *ct_device_str(ct_device device, char buf[CT_DEVICE_STR]) {
+    char name[32];
+    const char *type = ct__device_name(device.type, name);
+    if (ct__is_host(device))
+        snprintf(buf, CT_DEVICE_STR, "%.16s", type);
+    else
+        snprintf(buf, CT_DEVICE_STR, "%.16s:%d", type, device.index);
+    return buf;
+}

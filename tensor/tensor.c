@@ -400,12 +400,10 @@ int ct__check_handles(const char *op, ct_tensor *const *ts, int n) {
 int ct__check_same_device(const char *op, ct_tensor *const *ts, int n) {
     for (int i = 1; i < n; i++) {
         ct_device a = ts[0]->storage->device, b = ts[i]->storage->device;
-        char na[32], nb[32];
-        /* The host is one device whatever its index says. */
-        if (a.type != b.type || (!ct__is_host(a) && a.index != b.index))
-            return ct__seterr(CT_EDEVICE, "%s: input 0 is on %s:%d and input %d on %s:%d", op,
-                              ct__device_name(a.type, na), a.index, i, ct__device_name(b.type, nb),
-                              b.index);
+        char na[CT_DEVICE_STR], nb[CT_DEVICE_STR];
+        if (!ct_device_equal(a, b))
+            return ct__seterr(CT_EDEVICE, "%s: input 0 is on %s and input %d on %s", op,
+                              ct_device_str(a, na), i, ct_device_str(b, nb));
     }
     return 0;
 }

@@ -141,7 +141,7 @@ TEST(embedding_matches_the_cpu) {
     ASSERT_SAME(ct_embedding(dev(ids), dev(w)), ct_embedding(ids, w));
     ct_tensor *ids32 = ct_to_dtype(ids, CT_INT32);
     ASSERT_SAME(ct_embedding(dev(ids32), dev(w)), ct_embedding(ids32, w));
-    ASSERT_FAILS(ct_embedding(ids, dev(w)), CT_EDEVICE, "embedding", "cpu:0", "cuda:0");
+    ASSERT_FAILS(ct_embedding(ids, dev(w)), CT_EDEVICE, "embedding", "on cpu", "cuda:0");
 }
 
 /* ---------------------------------------------------------------- gather */
@@ -295,7 +295,7 @@ TEST(cat_and_stack_match_the_cpu) {
         ct_scope_end();
     }
     ct_tensor *a = tt_rand(CT_SHAPE(2, 3), CT_FLOAT32, 1);
-    ASSERT_FAILS(ct_cat((ct_tensor *[]){dev(a), a}, 2, 0), CT_EDEVICE, "cat", "cuda:0", "cpu:0");
+    ASSERT_FAILS(ct_cat((ct_tensor *[]){dev(a), a}, 2, 0), CT_EDEVICE, "cat", "cuda:0", "on cpu");
     ASSERT_FAILS(ct_stack((ct_tensor *[]){a, dev(a)}, 2, 0), CT_EDEVICE, "stack");
     ASSERT_SAME_ERROR(
         ct_cat((ct_tensor *[]){dev(a), dev(ct_zeros(CT_SHAPE(3, 3), CT_FLOAT32))}, 2, 1),
@@ -337,7 +337,7 @@ TEST(where_and_masked_fill_match_the_cpu) {
     ASSERT_SAME(ct_where(dev(ec), dev(e), dev(e)), ct_where(ec, e, e));
     ASSERT_SAME(ct_masked_fill(dev(e), dev(ec), 1), ct_masked_fill(e, ec, 1));
     ct_tensor *a = tt_rand(CT_SHAPE(2, 3), CT_FLOAT32, 2), *m = tt_rand(CT_SHAPE(2, 3), CT_BOOL, 3);
-    ASSERT_FAILS(ct_where(dev(m), a, dev(a)), CT_EDEVICE, "where", "cuda:0", "cpu:0");
+    ASSERT_FAILS(ct_where(dev(m), a, dev(a)), CT_EDEVICE, "where", "cuda:0", "on cpu");
     ASSERT_FAILS(ct_masked_fill(dev(a), m, 0), CT_EDEVICE, "masked_fill");
     ASSERT_FAILS(ct_masked_fill_(dev(a), m, 0), CT_EDEVICE, "masked_fill_");
     ASSERT_SAME_ERROR(ct_where(dev(a), dev(a), dev(a)), ct_where(a, a, a), CT_EDTYPE);
@@ -392,8 +392,8 @@ TEST(inputs_on_different_devices_are_refused) {
     ct_tensor *x = tt_rand(CT_SHAPE(5, 3), CT_FLOAT32, 6), *dx = dev(x);
     ct_tensor *idx = index_shaped(CT_SHAPE(2, 3), 3, CT_INT64);
     ASSERT_FAILS(ct_index_select(dx, 0, ct_reshape(idx, CT_SHAPE(6))), CT_EDEVICE, "index_select",
-                 "input 0 is on cuda:0 and input 1 on cpu:0");
-    ASSERT_FAILS(ct_gather(x, 1, dev(idx)), CT_EDEVICE, "gather", "cpu:0", "cuda:0");
+                 "input 0 is on cuda:0 and input 1 on cpu");
+    ASSERT_FAILS(ct_gather(x, 1, dev(idx)), CT_EDEVICE, "gather", "on cpu", "cuda:0");
     ASSERT_FAILS(ct_scatter_add(dx, 1, dev(idx), x), CT_EDEVICE, "scatter_add", "input 2");
     ASSERT_FAILS(ct_scatter_add_(dx, 1, idx, dx), CT_EDEVICE, "scatter_add_", "input 1");
 }

@@ -149,14 +149,6 @@ static const char *nccl_text(char *buf, size_t n, ncclComm_t comm, ncclResult_t 
  * CUDA's own failure on this rank. */
 static int nccl_code(ncclResult_t r) { return r == ncclRemoteError ? CT_EPEER : CT_EFOREIGN; }
 
-static const char *device_str(char *buf, size_t n, ct_device d) {
-    if (d.type == CT_CPU)
-        snprintf(buf, n, "cpu");
-    else
-        snprintf(buf, n, "cuda:%d", d.index);
-    return buf;
-}
-
 /* --------------------------------------------------------- current device */
 
 /* CUDA's current device is per thread, and this backend runs both on ct's
@@ -406,13 +398,13 @@ static void nccl_destroy(ct_comm *c) {
 static int nccl_check_tensor(ct_comm *c, const char *op, const ct_tensor *t) {
     const nccl_impl *n = c->impl;
     ct_device d = t->storage->device;
-    if (d.type == CT_CUDA && d.index == n->device)
+    if (ct_device_equal(d, (ct_device){CT_CUDA, n->device}))
         return 0;
-    char dev[32];
+    char dev[CT_DEVICE_STR];
     return ct__seterr(CT_EDEVICE,
                       "%s: the nccl backend takes CUDA tensors on the communicator's device "
                       "cuda:%d; got a tensor on %s",
-                      op, n->device, device_str(dev, sizeof dev, d));
+                      op, n->device, ct_device_str(d, dev));
 }
 
 static ct_device nccl_device(const ct_comm *c) {

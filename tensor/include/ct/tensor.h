@@ -164,6 +164,14 @@ typedef struct ct_device {
 #define CT_DEVICE_CPU  ((ct_device){CT_CPU, 0})
 #define CT_DEVICE_TEST ((ct_device){CT_TEST, 0})
 
+/* Whether a and b are one device: the same type and, but for the host
+ * (one device whatever its index), the same index. */
+CT_API bool ct_device_equal(ct_device a, ct_device b);
+/* device as messages write it, "cpu", "cuda:1" or "test:0", into buf
+ * (CT_DEVICE_STR bytes); returns buf. */
+#define CT_DEVICE_STR 32
+CT_API const char *ct_device_str(ct_device device, char buf[CT_DEVICE_STR]);
+
 /* -------------------------------------------------------------- storage */
 
 /* A reference-counted block of memory on one device. Thread-safe counts. */
@@ -541,8 +549,9 @@ CT_API bool ct_in_parallel_region(void);
     X(SLICE)                                                                                       \
     X(SELECT)                                                                                      \
     X(SQUEEZE)                                                                                     \
-    X(UNSQUEEZE) X(CONTIGUOUS) X(CLONE) X(COPY) X(TO_DTYPE) X(NEG) X(ABS) X(EXP) X(LOG) X(LOG1P)   \
-        X(SQRT) X(RSQRT) X(SIN) X(COS) X(TANH) X(SIGMOID) X(RELU) X(GELU) X(GELU_TANH) X(SILU)     \
+    X(UNSQUEEZE)                                                                                   \
+    X(CONTIGUOUS) X(CLONE) X(COPY) X(TO_DTYPE) X(NEG) X(ABS) X(EXP) X(LOG) X(LOG1P) X(SQRT)        \
+        X(RSQRT) X(SIN) X(COS) X(TANH) X(SIGMOID) X(RELU) X(GELU) X(GELU_TANH) X(SILU)             \
             X(POW_SCALAR) X(CLAMP) X(ADD) X(SUB) X(MUL) X(DIV) X(POW) X(MAXIMUM) X(MINIMUM) X(EQ)  \
                 X(NE) X(LT) X(LE) X(GT) X(GE) X(WHERE) X(MASKED_FILL) X(SUM) X(MEAN) X(PROD)       \
                     X(AMAX) X(AMIN) X(VAR) X(STD) X(LOGSUMEXP) X(NORM) X(MAX_DIM) X(MIN_DIM)       \
