@@ -216,8 +216,7 @@ struct ct_comm {
     _Atomic unsigned char recent_ops[256]; /* op of collective seq, at seq % 256 */
 };
 
-/* Monotonic seconds. */
-double ct__now(void);
+/* Monotonic seconds: ct__now (tensor_impl.h). */
 
 /* Appends printf-style text to the string in buf (n bytes), truncating. */
 void ct__msg_append(char *buf, size_t n, const char *fmt, ...) CT_PRINTF(3, 4);

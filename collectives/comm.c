@@ -162,12 +162,6 @@ int ct_comm_nccl_id(void *id) {
 #endif
 }
 
-double ct__now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 void ct__msg_append(char *buf, size_t n, const char *fmt, ...) {
     size_t len = strnlen(buf, n);
     if (len + 1 >= n)

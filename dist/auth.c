@@ -226,9 +226,7 @@ enum {
 };
 
 static void log_refusal(ct__auth *a, const char *address, const char *why) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    double now = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+    double now = ct__now();
     a->refused++;
     if (a->logged_at && now - a->logged_at < REFUSAL_LOG_S) {
         a->unlogged++;

@@ -110,17 +110,15 @@ int ct__dist_mpi_share(void *buf, size_t len, const char *what, double timeout_s
         return mpi_error(rc, "MPI_Ibcast");
     /* A bounded wait: a rank 0 that never gets here must not hang the
      * others. The backoff keeps the test loop cheap while it lasts. */
-    struct timespec start, now, pause = {0, 1000};
-    clock_gettime(CLOCK_MONOTONIC, &start);
+    struct timespec pause = {0, 1000};
+    double start = ct__now();
     for (;;) {
         int done = 0;
         if ((rc = MPI_Test(&req, &done, MPI_STATUS_IGNORE)))
             return mpi_error(rc, "MPI_Test of the broadcast");
         if (done)
             return 0;
-        clock_gettime(CLOCK_MONOTONIC, &now);
-        double waited =
-            (double)(now.tv_sec - start.tv_sec) + 1e-9 * (double)(now.tv_nsec - start.tv_nsec);
+        double waited = ct__now() - start;
         if (waited > timeout_s) {
             mpi.abandoned = true;
             return ct__seterr(CT_ETIMEDOUT,

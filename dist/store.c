@@ -35,12 +35,6 @@ struct ct_store {
     char host[256];
 };
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* An argument frame of a request. */
 typedef struct frame {
     const void *data;
@@ -206,11 +200,11 @@ static int status_error(ct_store *s, const call *c, uint8_t status, zmq_msg_t *p
  * by the caller) and *has_payload tells whether there was one. */
 static int roundtrip(ct_store *s, const call *c, const frame *args, int nargs, zmq_msg_t *payload,
                      bool *has_payload) {
-    double start = now_s(), deadline = start + c->timeout_s, next_send = start;
+    double start = ct__now(), deadline = start + c->timeout_s, next_send = start;
     bool waits = c->op == CT__STORE_GET || c->op == CT__STORE_WAIT;
     ct__store_hdr h = {.op = c->op, .id = ++s->next_id};
     for (;;) {
-        double now = now_s();
+        double now = ct__now();
         if (now >= deadline)
             break;
         if (now >= next_send) {
@@ -307,7 +301,7 @@ static int request(ct_store *s, const call *c, const frame *args, int nargs, voi
  * the same. zmq refuses ids that start with a zero byte. */
 static void make_route(uint8_t route[ROUTE_LEN]) {
     if (getrandom(route, ROUTE_LEN, 0) != ROUTE_LEN) {
-        uint64_t x = (uint64_t)getpid() * 0x9e3779b97f4a7c15ull ^ (uint64_t)(now_s() * 1e9) ^
+        uint64_t x = (uint64_t)getpid() * 0x9e3779b97f4a7c15ull ^ (uint64_t)(ct__now() * 1e9) ^
                      (uint64_t)(uintptr_t)route;
         for (int i = 0; i < ROUTE_LEN; i++, x = x * 6364136223846793005ull + 1)
             route[i] = (uint8_t)(x >> 56);

@@ -49,12 +49,6 @@ const char *ct__store_op_name(int op) {
     return op > 0 && op < CT__STORE_NOPS ? names[op] : "?";
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* ------------------------------------------------------------ hash map */
 
 typedef struct entry {
@@ -348,7 +342,7 @@ static void wake_waiters(ct_store_server *s) {
 }
 
 static void expire_waiters(ct_store_server *s) {
-    double now = now_s();
+    double now = ct__now();
     for (size_t i = 0; i < s->nwaiters;) {
         waiter *w = &s->waiters[i];
         if (w->deadline > now) {
@@ -388,7 +382,7 @@ static bool add_waiter(ct_store_server *s, const void *route, size_t rlen, const
                 .id = h->id,
                 .op = h->op,
                 .keys = calloc((size_t)nkeys, sizeof(char *)),
-                .deadline = now_s() + 1e-3 * h->timeout_ms};
+                .deadline = ct__now() + 1e-3 * h->timeout_ms};
     bool ok = w.route && w.keys;
     for (int i = 0; ok && i < nkeys; i++, w.nkeys++) {
         size_t len = zmq_msg_size(&keys[i]);
@@ -654,7 +648,7 @@ static void handle(ct_store_server *s, zmq_msg_t *frames, int n, bool truncated)
         return;
     }
     client *c = e->val;
-    c->last_seen = now_s();
+    c->last_seen = ct__now();
     if (c->seen && h.id <= c->last_id) {
         /* A resend: answer it again if answered; a pending one is still
          * parked, and anything older is stale. */
@@ -721,7 +715,7 @@ static void sweep_clients(ct_store_server *s, double now) {
 static void *serve(void *arg) {
     ct_store_server *s = arg;
     for (;;) {
-        double now = now_s();
+        double now = ct__now();
         if (now >= s->next_sweep)
             sweep_clients(s, now);
         long timeout_ms = (long)((s->next_sweep - now) * 1e3) + 1;
@@ -872,7 +866,7 @@ ct_store_server *ct__store_server_new_detached(void) {
         server_close(s);
         return NULL;
     }
-    s->next_sweep = now_s() + SWEEP_S;
+    s->next_sweep = ct__now() + SWEEP_S;
     return s;
 }
 

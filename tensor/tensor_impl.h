@@ -6,6 +6,16 @@
 
 #include <stdatomic.h>
 #include <string.h>
+#include <time.h>
+
+/* ------------------------------------------------------------------ time */
+
+/* Seconds on the monotonic clock: every module's timeouts and rates. */
+static inline double ct__now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 /* ---------------------------------------------------------------- asserts */
 
