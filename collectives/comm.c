@@ -896,23 +896,6 @@ int ct_comm_reduce(ct_comm *c, ct_tensor *t, ct_reduce_op op, int root, ct_work 
     return submit(c, &r, work);
 }
 
-/* Whether a's and b's elements share memory. */
-static bool overlap(const ct_tensor *a, const ct_tensor *b) {
-    if (a->storage != b->storage)
-        return false;
-    char *a0 = ct__data(a), *b0 = ct__data(b);
-    int64_t la = 0, lb = 0; /* bytes spanned */
-    for (int i = 0; i < a->ndim; i++)
-        la += (a->sizes[i] - 1) * a->strides[i];
-    for (int i = 0; i < b->ndim; i++)
-        lb += (b->sizes[i] - 1) * b->strides[i];
-    if (ct_numel(a) == 0 || ct_numel(b) == 0)
-        return false;
-    char *a1 = a0 + (la + 1) * (int64_t)ct__esize(a->dtype);
-    char *b1 = b0 + (lb + 1) * (int64_t)ct__esize(b->dtype);
-    return a0 < b1 && b0 < a1;
-}
-
 /* Checks a two-tensor op: same dtype, numel(big) == size x numel(small),
  * no overlap unless allowed. */
 static int check_pair(ct_comm *c, const char *name, ct_tensor *out, ct_tensor *in,
@@ -944,7 +927,7 @@ int ct_comm_allgather(ct_comm *c, ct_tensor *out, ct_tensor *in, ct_work **work)
     /* In place: in is this rank's block of a contiguous out. */
     bool in_place = ct_is_contiguous(out) && ct_is_contiguous(in) &&
                     ct__data(in) == ct__data(out) + c->rank * n * (int64_t)ct__esize(in->dtype);
-    if (!in_place && overlap(out, in))
+    if (!in_place && ct__memory_overlaps(out, in))
         return ct__seterr(CT_EINVAL, "%s: in overlaps out without being this rank's block of it",
                           name);
     request r = {name, make_desc(CT__ALLGATHER, in, n), in, out, false};
@@ -958,7 +941,7 @@ int ct_comm_reduce_scatter(ct_comm *c, ct_tensor *out, ct_tensor *in, ct_reduce_
     if (rc || (rc = check_pair(c, name, out, in, 1, c->size)) ||
         (rc = check_rop(name, op, in->dtype)))
         return rc;
-    if (overlap(out, in))
+    if (ct__memory_overlaps(out, in))
         return ct__seterr(CT_EINVAL, "%s: in and out overlap", name);
     request r = {name, make_desc(CT__REDUCE_SCATTER, out, ct_numel(out)), in, out, false};
     r.desc.rop = (int32_t)op;
@@ -975,7 +958,7 @@ int ct_comm_alltoall(ct_comm *c, ct_tensor *out, ct_tensor *in, ct_work **work) 
         return ct__seterr(CT_ESHAPE, "%s: in %s does not split into %d equal blocks", name,
                           ct__desc(a, in), c->size);
     }
-    if (overlap(out, in))
+    if (ct__memory_overlaps(out, in))
         return ct__seterr(CT_EINVAL, "%s: in and out overlap", name);
     request r = {name, make_desc(CT__ALLTOALL, in, ct_numel(in)), in, out, false};
     return submit(c, &r, work);

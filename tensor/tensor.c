@@ -468,7 +468,7 @@ int ct__broadcast_shapes(const char *op, int na, const int64_t *a, int nb, const
 }
 
 /* Byte range [lo, hi) spanned by t's elements; empty for numel 0. */
-static void memory_extent(const ct_tensor *t, char **lo, char **hi) {
+void ct__memory_extent(const ct_tensor *t, char **lo, char **hi) {
     int64_t esize = (int64_t)ct_dtype_size(t->dtype), min = 0, max = 0;
     for (int i = 0; i < t->ndim; i++) {
         if (t->sizes[i] == 0) {
@@ -483,6 +483,15 @@ static void memory_extent(const ct_tensor *t, char **lo, char **hi) {
     }
     *lo = ct__data(t) + min * esize;
     *hi = ct__data(t) + (max + 1) * esize;
+}
+
+bool ct__memory_overlaps(const ct_tensor *a, const ct_tensor *b) {
+    if (a->storage != b->storage)
+        return false;
+    char *alo, *ahi, *blo, *bhi;
+    ct__memory_extent(a, &alo, &ahi);
+    ct__memory_extent(b, &blo, &bhi);
+    return alo < bhi && blo < ahi;
 }
 
 static bool same_layout(const ct_tensor *a, const ct_tensor *b) {
@@ -510,13 +519,13 @@ int ct__check_inplace(ct_op opcode, const char *op, ct_tensor *out, ct_tensor *c
                               "call ct_contiguous or ct_clone first",
                               op, ct__desc(desc, out), i);
     char *olo, *ohi;
-    memory_extent(out, &olo, &ohi);
+    ct__memory_extent(out, &olo, &ohi);
     for (int k = 0; k < nins; k++) {
         const ct_tensor *in = ins[k];
         if (!in || in->storage != out->storage || same_layout(in, out))
             continue;
         char *ilo, *ihi;
-        memory_extent(in, &ilo, &ihi);
+        ct__memory_extent(in, &ilo, &ihi);
         if (ilo < ohi && olo < ihi)
             return ct__seterr(CT_EINVAL,
                               "%s: input %d partially overlaps the output %s in memory; "

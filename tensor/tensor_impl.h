@@ -45,6 +45,12 @@ int ct__check_handles(const char *op, ct_tensor *const *ts, int n);
                       (int)(sizeof((ct_tensor *const[]){__VA_ARGS__}) / sizeof(ct_tensor *)))
 /* CT_EDEVICE unless every input is on one device. */
 int ct__check_same_device(const char *op, ct_tensor *const *ts, int n);
+/* [*lo, *hi): the bytes t's elements span in its storage (lo == hi when
+ * it has none). */
+void ct__memory_extent(const ct_tensor *t, char **lo, char **hi);
+/* Whether a's and b's spans in one storage intersect (views that interleave
+ * without sharing an element count too: the conservative answer). */
+bool ct__memory_overlaps(const ct_tensor *a, const ct_tensor *b);
 /* A new contiguous tensor on device, owned like ct__new's. */
 ct_tensor *ct__new_on(const char *op, int ndim, const int64_t *sizes, ct_dtype dtype,
                       ct_device device);
