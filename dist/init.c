@@ -12,6 +12,7 @@
  * state, touched only by the thread that calls init and finalize, except
  * for the atomics ct_dist_heartbeat() and the heartbeat thread use. */
 #include "dist_impl.h"
+#include "device_impl.h"
 #include "init_mpi.h"
 
 #include <ct/cuda.h>
@@ -474,12 +475,10 @@ static int join(void) {
                           "dist_init: backend shm needs every rank on one machine, but MPI puts "
                           "%d of the %d ranks on this one; use the mpi backend",
                           g.world.local_size, g.world.size);
-    /* Each rank on a machine takes its own GPU, as a PyTorch program does
-     * with set_device(local_rank) by hand; the nccl communicator is made on
-     * it. */
-    int ndev = ct_cuda_device_count();
-    if (ndev > 0)
-        ct__cuda_set_default_device(g.world.local_rank % ndev);
+    /* Each rank on a machine takes its own accelerator, as a PyTorch
+     * program does with set_device(local_rank) by hand; the nccl
+     * communicator is made on it. */
+    ct__device_take_local(g.world.local_rank);
     if (g.world.source == CT_WORLD_CTLAUNCH && g.world.master_port > 0)
         rc = connect_store(g.world.master_addr, g.world.master_port);
     else if (is_mpi_launcher(g.world.source))

@@ -74,6 +74,15 @@ const ct__device_ops *ct__device_get(const char *op, ct_device device, size_t of
     return ops;
 }
 
+void ct__device_take_local(int local_rank) {
+    for (size_t t = 0; t < sizeof tables / sizeof *tables; t++) {
+        const ct__device_ops *ops = tables[t];
+        int n = ops && ops->count && ops->set_default ? ops->count() : 0;
+        if (n > 0)
+            ops->set_default(local_rank % n);
+    }
+}
+
 bool ct_device_equal(ct_device a, ct_device b) {
     return a.type == b.type && (ct__is_host(a) || a.index == b.index);
 }

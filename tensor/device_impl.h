@@ -59,6 +59,24 @@ typedef struct ct__device_ops {
      * memory, streams) says so here; NULL: a contiguous copy through copy. */
     ct_tensor *(*to)(const char *fn, ct_tensor *t, ct_device device, bool async);
 
+    /* ---- devices and streams (NULL on the host, which has one device and
+     * whose work is done when its kernels return) */
+    /* How many devices of this type the machine has (0: none usable). */
+    int (*count)(void);
+    /* Makes index the device of this type for threads that chose none
+     * (dist_init: each rank on a machine takes its own). */
+    void (*set_default)(int index);
+    /* The compute stream of device index: every entry of this table queues
+     * its work there, in order, and the device's allocator reuses memory
+     * in that order. */
+    int (*stream)(int index, void **stream);
+    /* Marks t's memory as used by the work queued on stream (a side
+     * stream, a collective's) by now: its storage goes back to the pool
+     * only once that work is done, however soon t is freed. Without it, a
+     * tensor freed while a side stream still reads it is reused under
+     * that work. */
+    int (*record_stream)(ct_tensor *t, void *stream);
+
     /* ---- elementwise (operands already checked, on this device, viewed
      * with the broadcast shape (nd, shape) where one is given) */
     /* dst = src, broadcast and converted; src may be on the host when dst
@@ -143,6 +161,11 @@ const ct__device_ops *ct__device_get(const char *op, ct_device device, size_t of
                                      const char *entry);
 #define CT__DEVICE_GET(op, device, entry)                                                          \
     ct__device_get(op, device, offsetof(ct__device_ops, entry), #entry)
+
+/* Makes device local_rank % count, of each accelerator type this build has
+ * with count > 0, the default of threads that chose none (dist_init: each
+ * rank on a machine takes its own). */
+void ct__device_take_local(int local_rank);
 
 /* "cpu", "cuda": device's type as its table names it ("device 7" for one
  * this build lacks). In static storage, or in buf (32 bytes). */

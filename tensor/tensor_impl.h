@@ -60,9 +60,6 @@ int ct__copy_any(ct_tensor *dst, ct_tensor *src);
 /* t = value (converted) on t's device, any layout. Returns 0 or a CT_E*
  * code. */
 int ct__fill_any(ct_tensor *t, double value);
-/* The current CUDA device of threads that set none (ct_dist_init: the
- * local rank's). */
-void ct__cuda_set_default_device(int index);
 #define CT__CHECK(op, ...)                                                                         \
     ct__check_inputs(op, (ct_tensor *const[]){__VA_ARGS__},                                        \
                      (int)(sizeof((ct_tensor *const[]){__VA_ARGS__}) / sizeof(ct_tensor *)))

@@ -17,7 +17,7 @@
  * point where it is launched: the price of a non-contiguous output.
  *
  * Memory. Issuing marks the tensors' blocks as used by the communication
- * stream (ct__cuda_record_stream): the caching allocator then holds a
+ * stream (the device table's record_stream): the caching allocator then holds a
  * freed block back until the communication stream's work on it is done,
  * even when the work ended by failing while a copy was still queued.
  *
@@ -60,7 +60,7 @@
  * progress, which is bounded by the timeout.
  */
 #include "coll_impl.h"
-#include "cuda_impl.h"
+#include "device_impl.h"
 #include "tensor_impl.h"
 
 #include <cuda.h>
@@ -110,6 +110,18 @@ typedef struct nccl_impl {
 } nccl_impl;
 
 enum { STAGE_CHECK, STAGE_DIAGNOSE, STAGE_RUN };
+
+/* ct's compute stream on the communicator's device, where tensor ops queue
+ * their work (the CUDA device table's stream). */
+static int compute_stream(const nccl_impl *n, void **stream) {
+    return ct__device_ops_of(CT_CUDA)->stream(n->device, stream);
+}
+
+/* t's blocks are used by the communication stream until its work so far is
+ * done (the table's record_stream). */
+static int record_on_comm(const nccl_impl *n, ct_tensor *t) {
+    return ct__device_ops_of(CT_CUDA)->record_stream(t, n->stream);
+}
 
 /* Each work's state, in w->be. */
 typedef struct nccl_work {
@@ -615,7 +627,7 @@ static int copy_back(nccl_impl *n, ct_work *w) {
     if (!w->out_user || w->out_user == w->out_ref)
         return 0;
     void *compute;
-    int rc = ct__cuda_stream(n->device, &compute);
+    int rc = compute_stream(n, &compute);
     if (rc == 0) {
         cudaError_t e = cudaStreamWaitEvent(compute, work_state(w)->done, 0);
         if (e != cudaSuccess)
@@ -759,7 +771,7 @@ static int issue_locked(nccl_impl *n, ct_work *w) {
     nccl_work *nw = work_state(w);
     *nw = (nccl_work){0};
     void *compute;
-    int rc = ct__cuda_stream(n->device, &compute);
+    int rc = compute_stream(n, &compute);
     if (rc != 0)
         return rc;
     const char *call = "cudaEventCreateWithFlags";
@@ -777,8 +789,8 @@ static int issue_locked(nccl_impl *n, ct_work *w) {
                           "%s: %s on cuda:%d failed: %s", ct__desc_str(desc, sizeof desc, &w->desc),
                           call, n->device, cuda_text(text, sizeof text, e));
     }
-    if ((w->in_ref && (rc = ct__cuda_record_stream(w->in_ref, n->stream))) ||
-        (w->out_ref && (rc = ct__cuda_record_stream(w->out_ref, n->stream))))
+    if ((w->in_ref && (rc = record_on_comm(n, w->in_ref))) ||
+        (w->out_ref && (rc = record_on_comm(n, w->out_ref))))
         work_end(n, w, 0);
     return rc;
 }
@@ -810,7 +822,7 @@ static int nccl_order(ct_comm *c, ct_work *w) {
         device_scope ds;
         void *compute;
         cudaError_t e = device_enter(n->device, &ds);
-        if (e == cudaSuccess && (rc = ct__cuda_stream(n->device, &compute)) == 0)
+        if (e == cudaSuccess && (rc = compute_stream(n, &compute)) == 0)
             e = cudaStreamWaitEvent(compute, nw->done, 0);
         device_leave(&ds);
         if (e != cudaSuccess) {

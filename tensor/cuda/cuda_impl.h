@@ -17,6 +17,9 @@
 /* Devices present (0 when there is no driver or no device; *why, if not
  * NULL, then says which, in static storage). */
 int ct__cuda_count(const char **why);
+/* The current CUDA device of threads that set none (ct_dist_init: the
+ * local rank's, through the table's set_default). */
+void ct__cuda_set_default_device(int index);
 /* Makes device the calling thread's CUDA device. */
 int ct__cuda_use(int device);
 /* The device's compute stream, made on first use (device current). */

@@ -18,6 +18,8 @@ static int64_t cuda_peak(int index) {
 
 static void cuda_reset_peak(int index) { (void)ct_cuda_reset_peak_memory(index); }
 
+static void cuda_set_default(int index) { ct__cuda_set_default_device(index); }
+
 static int cuda_read(int index, void *dst, const void *src, size_t n) {
     return ct__cuda_copy(index, dst, src, n, false, true);
 }
@@ -30,6 +32,10 @@ const ct__device_ops ct__cuda_device_ops = {
     .memory_reset_peak = cuda_reset_peak,
     .synchronize = ct__cuda_sync,
     .read = cuda_read,
+    .count = ct_cuda_device_count,
+    .set_default = cuda_set_default,
+    .stream = ct__cuda_stream,
+    .record_stream = ct__cuda_record_stream,
     .to = ct__cuda_to,
     .copy = ct__cuda_copy_tensor,
     .fill = ct__cuda_fill,
