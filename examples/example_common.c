@@ -207,8 +207,7 @@ ct_module *example_mlp_new(const example_options *o, double dropout) {
     if (dropout > 0)
         ct_sequential_append(net, ct_dropout_new(dropout));
     ct_sequential_append(net, ct_linear_new(o->hidden, 10, true));
-    if ((o->device.type != CT_CPU && ct_module_to(net, o->device)) ||
-        ct_module_flatten(net, false)) {
+    if (ct_module_to(net, o->device) || ct_module_flatten(net, false)) {
         ct_module_free(net);
         return NULL;
     }

@@ -257,8 +257,10 @@ static int train(const options *o, bool *complete) {
         goto done;
     }
     char where[32] = "";
-    if (o->common.device.type == CT_CUDA)
-        snprintf(where, sizeof where, ", on cuda:%d", o->common.device.index);
+    if (!ct_device_equal(o->common.device, CT_DEVICE_CPU)) {
+        char dev[CT_DEVICE_STR];
+        snprintf(where, sizeof where, ", on %s", ct_device_str(o->common.device, dev));
+    }
     if (rank == 0)
         printf("fmnist_mlp: recipe %s, 784-%lld-%lld-10, %lld parameters, batch %lld (%lld per "
                "rank), %d epochs, %d rank%s, %d thread%s each%s\n",
@@ -403,8 +405,8 @@ int main(int argc, char **argv) {
     if (example_init("fmnist_mlp", &o.common))
         return 1;
     /* --device cuda: the device ct_dist_init chose for this rank. */
-    if (o.common.device.type == CT_CUDA && o.common.device.index < 0)
-        o.common.device.index = ct_cuda_current_device();
+    if (o.common.device.index < 0)
+        o.common.device = ct_device_current(o.common.device.type);
     int rank = ct_comm_rank(ct_dist_comm());
     bool complete = false;
     int rc = check_inputs(&o, rank);

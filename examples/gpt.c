@@ -833,7 +833,7 @@ static int setup(run *r) {
     ct_gpt_config cfg = o->model;
     cfg.vocab = r->c->nvocab;
     r->gpt = ct_gpt_new(&cfg);
-    if (!r->gpt || (o->device.type != CT_CPU && ct_module_to(r->gpt, o->device)) ||
+    if (!r->gpt || ct_module_to(r->gpt, o->device) ||
         ct_module_flatten(r->gpt, r->ranks == 1) ||
         ct_module_named_parameters(r->gpt, &r->params) ||
         (o->init && !o->init_llmc && load_init(o->init, &r->params)) ||
@@ -947,8 +947,8 @@ int main(int argc, char **argv) {
     if (example_init(NAME, &eo))
         return 1;
     o.threads = eo.threads;
-    if (o.device.type == CT_CUDA && o.device.index < 0)
-        o.device.index = ct_cuda_current_device();
+    if (o.device.index < 0)
+        o.device = ct_device_current(o.device.type);
     corpus c = {0};
     run r = {.o = &o, .c = &c, .world = ct_dist_comm()};
     r.rank = ct_comm_rank(r.world);

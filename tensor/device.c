@@ -83,6 +83,11 @@ void ct__device_take_local(int local_rank) {
     }
 }
 
+ct_device ct_device_current(ct_device_type type) {
+    const ct__device_ops *ops = ct__device_ops_of(type);
+    return (ct_device){type, ops && ops->current ? ops->current() : 0};
+}
+
 bool ct_device_equal(ct_device a, ct_device b) {
     return a.type == b.type && (ct__is_host(a) || a.index == b.index);
 }

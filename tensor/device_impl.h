@@ -63,6 +63,8 @@ typedef struct ct__device_ops {
      * whose work is done when its kernels return) */
     /* How many devices of this type the machine has (0: none usable). */
     int (*count)(void);
+    /* The calling thread's device of this type. */
+    int (*current)(void);
     /* Makes index the device of this type for threads that chose none
      * (dist_init: each rank on a machine takes its own). */
     void (*set_default)(int index);

@@ -167,6 +167,11 @@ typedef struct ct_device {
 /* Whether a and b are one device: the same type and, but for the host
  * (one device whatever its index), the same index. */
 CT_API bool ct_device_equal(ct_device a, ct_device b);
+/* The device of type type that the calling thread works on: for CUDA the
+ * current device (ct_cuda_set_device, or the one ct_dist_init chose for
+ * the rank); index 0 for a type with one device, or none in this build. A
+ * program that takes "--device cuda" without an index resolves it so. */
+CT_API ct_device ct_device_current(ct_device_type type);
 /* device as messages write it, "cpu", "cuda:1" or "test:0", into buf
  * (CT_DEVICE_STR bytes); returns buf. */
 #define CT_DEVICE_STR 32
