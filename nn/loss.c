@@ -1,10 +1,8 @@
-/* Losses. Cross-entropy is one fused kernel with its own backward, on the
- * CPU and on a CUDA device (tensor/cuda/reduce.cu); the others are
- * compositions of ops. */
-#include "cuda_impl.h"
+/* Losses. Cross-entropy is one fused kernel with its own backward on every
+ * device (the table's cross_entropy entries: tensor/cpu/loss.c,
+ * tensor/cuda/reduce.cu); the others are compositions of ops. */
+#include "device_impl.h"
 #include "nn_impl.h"
-
-#include <ct/cuda.h>
 
 #include <math.h>
 #include <stdlib.h>
@@ -42,89 +40,6 @@ static ct_tensor *scalar_on(double value, ct_dtype dtype, const ct_tensor *like)
 }
 
 /* ------------------------------------------------------- cross-entropy */
-
-typedef struct ce_job {
-    const void *x;        /* [n, c] contiguous */
-    const int64_t *t;     /* [n] */
-    void *lse;            /* [2, n], x's dtype: row maxima, then log sum exp(x - max) */
-    double *loss;         /* [n]: forward */
-    void *grad;           /* [n, c]: backward */
-    const void *scale;    /* backward: one value (stride 0) or one per row, x's dtype */
-    int64_t scale_stride; /* 0 or 1 */
-    int64_t n, c, ignore;
-    double smoothing;
-    bool dbl;
-} ce_job;
-
-/* One body for float and double rows. */
-#define CE_ROWS(T, EXP, LOG)                                                                       \
-    static void ce_forward_##T(const ce_job *j, int64_t lo, int64_t hi) {                          \
-        const T *x = j->x;                                                                         \
-        T *lse = j->lse;                                                                           \
-        double on = 1 - j->smoothing, off = j->smoothing / (double)j->c;                           \
-        for (int64_t i = lo; i < hi; i++) {                                                        \
-            const T *r = x + i * j->c;                                                             \
-            T m = r[0];                                                                            \
-            for (int64_t k = 1; k < j->c; k++)                                                     \
-                m = r[k] > m ? r[k] : m;                                                           \
-            T s = 0, dev = 0;                                                                      \
-            for (int64_t k = 0; k < j->c; k++) {                                                   \
-                T d = r[k] - m;                                                                    \
-                s += EXP(d);                                                                       \
-                dev += d;                                                                          \
-            }                                                                                      \
-            T ls = LOG(s);                                                                         \
-            lse[i] = m;                                                                            \
-            lse[j->n + i] = ls;                                                                    \
-            int64_t t = j->t[i];                                                                   \
-            /* (1 - e) * -log_softmax(x)[t] + e * mean(-log_softmax(x)), with                      \
-             * -log_softmax(x) = (m - x) + ls, is ls + on * (m - x[t]) - off * dev:                \
-             * ls never meets a value of x's size, whose spacing it would be                       \
-             * rounded to. No smoothing needs no dev (a -inf logit's). */                          \
-            double smooth = off > 0 ? off * (double)dev : 0;                                       \
-            j->loss[i] =                                                                           \
-                t == j->ignore ? 0 : (double)ls + on * ((double)m - (double)r[t]) - smooth;        \
-        }                                                                                          \
-    }                                                                                              \
-    static void ce_backward_##T(const ce_job *j, int64_t lo, int64_t hi) {                         \
-        const T *x = j->x, *lse = j->lse, *scale = j->scale;                                       \
-        T *g = j->grad;                                                                            \
-        T on = (T)(1 - j->smoothing), off = (T)(j->smoothing / (double)j->c);                      \
-        for (int64_t i = lo; i < hi; i++) {                                                        \
-            const T *r = x + i * j->c;                                                             \
-            T *out = g + i * j->c;                                                                 \
-            int64_t t = j->t[i];                                                                   \
-            T s = scale[i * j->scale_stride];                                                      \
-            if (t == j->ignore) {                                                                  \
-                memset(out, 0, sizeof(T) * (size_t)j->c);                                          \
-                continue;                                                                          \
-            }                                                                                      \
-            for (int64_t k = 0; k < j->c; k++)                                                     \
-                out[k] = (EXP((r[k] - lse[i]) - lse[j->n + i]) - off) * s;                         \
-            out[t] -= on * s;                                                                      \
-        }                                                                                          \
-    }
-CE_ROWS(float, expf, logf)
-CE_ROWS(double, exp, log)
-#undef CE_ROWS
-
-static void ce_forward_range(void *ctx, int64_t lo, int64_t hi) {
-    const ce_job *j = ctx;
-    if (j->dbl)
-        ce_forward_double(j, lo, hi);
-    else
-        ce_forward_float(j, lo, hi);
-}
-
-static void ce_backward_range(void *ctx, int64_t lo, int64_t hi) {
-    const ce_job *j = ctx;
-    if (j->dbl)
-        ce_backward_double(j, lo, hi);
-    else
-        ce_backward_float(j, lo, hi);
-}
-
-static int64_t ce_grain(int64_t c) { return c >= 4096 ? 1 : 4096 / c; }
 
 /* What backward needs besides the saved tensors (scores, lse, targets). */
 typedef struct ce_ctx {
@@ -169,49 +84,42 @@ static int ce_backward(const ct_backward_args *a) {
         a->grad_inputs[0] = c->logits_ndim == 1 && grad ? ct_view(grad, 1, &x->sizes[1]) : grad;
         return 0;
     }
+    const ct__device_ops *ops =
+        CT__DEVICE_GET("cross_entropy", ct_tensor_device(x), cross_entropy_backward);
     scale = ct_contiguous(ct_to_dtype(scale, x->dtype));
     ct_tensor *grad = ct_empty_on(2, x->sizes, x->dtype, ct_tensor_device(x));
-    if (!scale || !grad)
+    if (!ops || !scale || !grad)
         return ct_errcode();
-    if (ct_tensor_device(x).type == CT_CUDA) {
-        int rc = ct__cuda_cross_entropy_backward(grad, x, t, lse, scale, c->o.ignore_index,
-                                                 c->o.label_smoothing);
-        if (!rc)
-            a->grad_inputs[0] = c->logits_ndim == 1 ? ct_view(grad, 1, &x->sizes[1]) : grad;
-        return rc;
-    }
-    ce_job j = {.x = ct__data(x),
-                .t = (const int64_t *)ct__data(t),
-                .lse = ct__data(lse),
-                .grad = ct__data(grad),
-                .scale = ct__data(scale),
-                .scale_stride = c->o.reduction == CT_REDUCTION_NONE ? 1 : 0,
-                .n = x->sizes[0],
-                .c = x->sizes[1],
-                .ignore = c->o.ignore_index,
-                .smoothing = c->o.label_smoothing,
-                .dbl = x->dtype == CT_FLOAT64};
-    ct_parallel_for(0, j.n, ce_grain(j.c), ce_backward_range, &j);
-    a->grad_inputs[0] = c->logits_ndim == 1 ? ct_view(grad, 1, &x->sizes[1]) : grad;
-    return 0;
+    int rc = ops->cross_entropy_backward(grad, x, t, lse, scale, c->o.ignore_index,
+                                         c->o.label_smoothing);
+    if (!rc)
+        a->grad_inputs[0] = c->logits_ndim == 1 ? ct_view(grad, 1, &x->sizes[1]) : grad;
+    return rc;
 }
 
 static const ct_function_def ce_def = {"CrossEntropyLossBackward", ce_backward, free};
 
-/* The loss of the device's rows (ct__cuda_cross_entropy), reduced on the
- * device: a new tensor of dtype dt, without history. */
-static ct_tensor *ce_device_forward(ct_tensor *x, ct_tensor *t, ct_tensor *lse, int logits_ndim,
-                                    const ct_loss_options *o, int64_t nvalid, ct_dtype dt) {
-    int64_t n = x->sizes[0];
-    ct_tensor *loss = ct_empty_on(1, &n, CT_FLOAT64, ct_tensor_device(x));
-    if (!loss || ct__cuda_cross_entropy(loss, lse, x, t, o->ignore_index, o->label_smoothing))
-        return NULL;
+/* The rows' losses, loss [n] float64 on x's device, reduced: a new tensor
+ * of dtype dt, without history. The host sums them in row order, the
+ * same on any thread count; a device sums them where they lie. */
+static ct_tensor *ce_reduce(ct_tensor *loss, int logits_ndim, const ct_loss_options *o,
+                            int64_t nvalid, ct_dtype dt) {
+    int64_t n = loss->sizes[0];
     if (o->reduction == CT_REDUCTION_NONE) {
         int nd = logits_ndim == 1 ? 0 : 1;
-        ct_tensor *out = ct_empty_on(nd, &n, dt, ct_tensor_device(x));
+        ct_tensor *out = ct_empty_on(nd, &n, dt, ct_tensor_device(loss));
         return ct_copy_(out, ct_reshape(loss, nd, &n));
     }
-    ct_tensor *total = ct_sum(loss, NULL, 0, false);
+    ct_tensor *total;
+    if (ct__is_host(ct_tensor_device(loss))) {
+        const double *rows = (const double *)ct__data(loss);
+        double sum = 0;
+        for (int64_t i = 0; i < n; i++)
+            sum += rows[i];
+        total = ct_scalar(sum, CT_FLOAT64);
+    } else {
+        total = ct_sum(loss, NULL, 0, false);
+    }
     if (o->reduction == CT_REDUCTION_MEAN)
         total = ct_div_scalar(total, (double)nvalid);
     return ct_to_dtype(total, dt);
@@ -223,22 +131,26 @@ ct_tensor *ct_cross_entropy(ct_tensor *logits, ct_tensor *target, const ct_loss_
         ct__check_same_device("cross_entropy", (ct_tensor *[]){logits, target}, 2) ||
         check_options("cross_entropy", &o) || check_targets("cross_entropy", logits, target))
         return NULL;
-    bool cuda = ct_tensor_device(logits).type == CT_CUDA;
+    ct_device dev = ct_tensor_device(logits);
+    const ct__device_ops *ops = CT__DEVICE_GET("cross_entropy", dev, cross_entropy);
+    if (!ops)
+        return NULL;
     ct_scope_begin();
     bool prev = ct_set_grad_enabled(false);
     ct_dtype dt = logits->dtype == CT_FLOAT64 ? CT_FLOAT64 : CT_FLOAT32;
     ct_tensor *x = logits->ndim == 1 ? ct_unsqueeze(logits, 0) : logits;
     x = ct_contiguous(ct_to_dtype(x, dt));
     ct_tensor *t = ct_contiguous(ct_to_dtype(ct_reshape(target, 1, (int64_t[]){-1}), CT_INT64));
-    ct_tensor *lse =
-        x ? ct_empty_on(2, (int64_t[]){2, x->sizes[0]}, dt, ct_tensor_device(x)) : NULL;
+    ct_tensor *lse = x ? ct_empty_on(2, (int64_t[]){2, x->sizes[0]}, dt, dev) : NULL;
+    ct_tensor *loss = x ? ct_empty_on(1, x->sizes, CT_FLOAT64, dev) : NULL;
     /* Targets are checked on the host, as errors are returned, not
      * asserted: a device's come over, and the host waits for them. */
-    ct_tensor *th = cuda && t ? ct_to(t, CT_DEVICE_CPU) : t;
+    ct_tensor *th = t && !ct__is_host(dev) ? ct_to(t, CT_DEVICE_CPU) : t;
     ct_tensor *out = NULL;
     ce_ctx *c = malloc(sizeof *c);
-    double *loss = x && !cuda ? malloc(sizeof(double) * (size_t)(x->sizes[0] + 1)) : NULL;
-    int rc = !x || !th || !lse ? ct_errcode() : !c || (!loss && !cuda) ? CT_ENOMEM : 0;
+    int rc = !x || !th || !lse || !loss ? ct_errcode()
+             : !c                       ? ct__seterr(CT_ENOMEM, "cross_entropy: out of memory")
+                                        : 0;
     int64_t n = x ? x->sizes[0] : 0, nc = x ? x->sizes[1] : 0, nvalid = 0;
     const int64_t *tp = th ? (const int64_t *)ct__data(th) : NULL;
     for (int64_t i = 0; i < n && !rc; i++) {
@@ -252,35 +164,10 @@ ct_tensor *ct_cross_entropy(ct_tensor *logits, ct_tensor *target, const ct_loss_
                             (long long)tp[i], (long long)i, (long long)nc, (long long)nc,
                             (long long)o.ignore_index);
     }
-    if (!rc && cuda) {
-        out = ce_device_forward(x, t, lse, logits->ndim, &o, nvalid, dt);
-        rc = out ? 0 : ct_errcode();
-    } else if (!rc) {
-        ce_job j = {.x = ct__data(x),
-                    .t = tp,
-                    .lse = ct__data(lse),
-                    .loss = loss,
-                    .n = n,
-                    .c = nc,
-                    .ignore = o.ignore_index,
-                    .smoothing = o.label_smoothing,
-                    .dbl = dt == CT_FLOAT64};
-        ct_parallel_for(0, n, ce_grain(nc), ce_forward_range, &j);
-        if (o.reduction == CT_REDUCTION_NONE) {
-            out = logits->ndim == 1 ? ct_empty(0, NULL, dt) : ct_empty(1, &n, dt);
-            for (int64_t i = 0; out && i < n; i++)
-                ct__store_double(dt, (char *)ct__data(out) + i * (int64_t)ct_dtype_size(dt),
-                                 loss[i]);
-        } else {
-            /* Summed in row order: the same result on any thread count. */
-            double total = 0;
-            for (int64_t i = 0; i < n; i++)
-                total += loss[i];
-            out = ct_scalar(o.reduction == CT_REDUCTION_MEAN ? total / (double)nvalid : total, dt);
-        }
-        rc = out ? 0 : ct_errcode();
-    }
-    free(loss);
+    if (!rc)
+        rc = ops->cross_entropy(loss, lse, x, t, o.ignore_index, o.label_smoothing);
+    if (!rc && !(out = ce_reduce(loss, logits->ndim, &o, nvalid, dt)))
+        rc = ct_errcode();
     ct_set_grad_enabled(prev);
     if (!rc) {
         *c = (ce_ctx){o, nvalid, logits->ndim};

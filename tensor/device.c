@@ -83,6 +83,11 @@ void ct__device_take_local(int local_rank) {
     }
 }
 
+int ct_synchronize(ct_device device) {
+    const ct__device_ops *ops = CT__DEVICE_GET("synchronize", device, synchronize);
+    return ops ? ops->synchronize(device.index) : ct_errcode();
+}
+
 ct_device ct_device_current(ct_device_type type) {
     const ct__device_ops *ops = ct__device_ops_of(type);
     return (ct_device){type, ops && ops->current ? ops->current() : 0};

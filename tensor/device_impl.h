@@ -109,6 +109,27 @@ typedef struct ct__device_ops {
      * and contiguous, of in's shape and float dtype. */
     int (*softmax)(ct_tensor *out, ct_tensor *in, int dim, bool log);
 
+    /* ---- fused kernels of nn/ (all operands contiguous and on this
+     * device; w and b of x's dtype, or NULL) */
+    /* Layer norm over x's last dim: y, and mean and rstd per row in the
+     * compute type (float64 for float64, else float32). */
+    int (*layer_norm)(ct_tensor *y, ct_tensor *mean, ct_tensor *rstd, ct_tensor *x, ct_tensor *w,
+                      ct_tensor *b, double eps);
+    /* Its backward from dy: dx, dw, db, each NULL when not wanted. */
+    int (*layer_norm_backward)(ct_tensor *dx, ct_tensor *dw, ct_tensor *db, ct_tensor *dy,
+                               ct_tensor *x, ct_tensor *w, ct_tensor *mean, ct_tensor *rstd);
+    bool ln_half; /* layer norm takes 16-bit floats itself (else in float32) */
+    /* Cross-entropy of the rows of x [n, c] (float32 or float64) against
+     * the int64 targets t [n], in range or ignore: loss [n] float64 (0 on
+     * ignored rows) and lse [2, n] of x's dtype (row maxima, then log sum
+     * exp(x - max)), which the backward takes. */
+    int (*cross_entropy)(ct_tensor *loss, ct_tensor *lse, ct_tensor *x, ct_tensor *t,
+                         int64_t ignore, double smoothing);
+    /* Its gradient into grad [n, c] of x's dtype; scale (x's dtype) is 0-d
+     * or [n], one per row. */
+    int (*cross_entropy_backward)(ct_tensor *grad, ct_tensor *x, ct_tensor *t, ct_tensor *lse,
+                                  ct_tensor *scale, int64_t ignore, double smoothing);
+
     /* ---- indexing (tensor/cpu/index.c's front ends; operands checked) */
     /* Scans index (int64, int32 or uint8) in the element iterator's order:
      * *found says whether a value lies outside [0, bound) (bound < 0:

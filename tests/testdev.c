@@ -147,6 +147,21 @@ ENTRY(reduce,
        bool keepdim),
       (r, in, out, idx, mask, keepdim))
 ENTRY(softmax, (ct_tensor * out, ct_tensor *in, int dim, bool log), (out, in, dim, log))
+ENTRY(layer_norm,
+      (ct_tensor * y, ct_tensor *mean, ct_tensor *rstd, ct_tensor *x, ct_tensor *w, ct_tensor *b,
+       double eps),
+      (y, mean, rstd, x, w, b, eps))
+ENTRY(layer_norm_backward,
+      (ct_tensor * dx, ct_tensor *dw, ct_tensor *db, ct_tensor *dy, ct_tensor *x, ct_tensor *w,
+       ct_tensor *mean, ct_tensor *rstd),
+      (dx, dw, db, dy, x, w, mean, rstd))
+ENTRY(cross_entropy,
+      (ct_tensor * loss, ct_tensor *lse, ct_tensor *x, ct_tensor *t, int64_t ignore, double e),
+      (loss, lse, x, t, ignore, e))
+ENTRY(cross_entropy_backward,
+      (ct_tensor * grad, ct_tensor *x, ct_tensor *t, ct_tensor *lse, ct_tensor *scale,
+       int64_t ignore, double e),
+      (grad, x, t, lse, scale, ignore, e))
 ENTRY(scan_index, (ct_tensor * index, int64_t bound, bool *found, int64_t *bad, int64_t *max),
       (index, bound, found, bad, max))
 ENTRY(gather, (ct_tensor * out, ct_tensor *t, int dim, ct_tensor *index), (out, t, dim, index))
@@ -173,6 +188,10 @@ ct__device_ops testdev_ops = {
     .where = dev_where,
     .reduce = dev_reduce,
     .softmax = dev_softmax,
+    .layer_norm = dev_layer_norm,
+    .layer_norm_backward = dev_layer_norm_backward,
+    .cross_entropy = dev_cross_entropy,
+    .cross_entropy_backward = dev_cross_entropy_backward,
     .scan_index = dev_scan_index,
     .gather = dev_gather,
     .scatter_add = dev_scatter_add,

@@ -15,6 +15,14 @@ int ct__cpu_where(ct_tensor *out, ct_tensor *cond, ct_tensor *a, ct_tensor *b,
 int ct__cpu_reduce(const ct__reduction *r, ct_tensor *in, ct_tensor *out, ct_tensor *indices,
                    const bool *mask, bool keepdim);
 int ct__cpu_softmax(ct_tensor *out, ct_tensor *in, int dim, bool log);
+int ct__cpu_layer_norm(ct_tensor *y, ct_tensor *mean, ct_tensor *rstd, ct_tensor *x, ct_tensor *w,
+                       ct_tensor *b, double eps);
+int ct__cpu_layer_norm_backward(ct_tensor *dx, ct_tensor *dw, ct_tensor *db, ct_tensor *dy,
+                                ct_tensor *x, ct_tensor *w, ct_tensor *mean, ct_tensor *rstd);
+int ct__cpu_cross_entropy(ct_tensor *loss, ct_tensor *lse, ct_tensor *x, ct_tensor *t,
+                          int64_t ignore, double smoothing);
+int ct__cpu_cross_entropy_backward(ct_tensor *grad, ct_tensor *x, ct_tensor *t, ct_tensor *lse,
+                                   ct_tensor *scale, int64_t ignore, double smoothing);
 int ct__cpu_scan_index(ct_tensor *index, int64_t bound, bool *found, int64_t *bad, int64_t *max);
 int ct__cpu_gather(ct_tensor *out, ct_tensor *t, int dim, ct_tensor *index);
 int ct__cpu_scatter_add(ct_tensor *self, int dim, ct_tensor *index, ct_tensor *src);

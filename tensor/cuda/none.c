@@ -1,6 +1,7 @@
 /* The CUDA device layer of a build without CUDA: no device, ever. A CUDA
  * tensor cannot exist here, so the device ops below are reached only by
- * mistake; each says that this ct has no CUDA. */
+ * mistake; each says that this ct has no CUDA. The ops themselves have
+ * no stubs: a build without CUDA has no CUDA table (device_impl.h). */
 #include "cuda_impl.h"
 
 /* Every stub ignores its arguments but the device. */
@@ -12,8 +13,6 @@ static int none(int device) {
                       "-DCT_CUDA=ON where the CUDA Toolkit is installed)",
                       device);
 }
-
-#define NONE_ON(t) none((t)->storage->device.index)
 
 int ct__cuda_count(const char **why) {
     if (why)
@@ -36,30 +35,6 @@ int ct__cuda_copy(int device, void *dst, const void *src, size_t n, bool to_devi
 }
 
 int ct__cuda_sync(int device) { return none(device); }
-
-/* reductions, softmax, cross-entropy, layer norm */
-
-int ct__cuda_cross_entropy(ct_tensor *loss, ct_tensor *lse, ct_tensor *x, ct_tensor *t,
-                           int64_t ignore, double smoothing) {
-    return NONE_ON(x);
-}
-
-int ct__cuda_cross_entropy_backward(ct_tensor *grad, ct_tensor *x, ct_tensor *t, ct_tensor *lse,
-                                    ct_tensor *scale, int64_t ignore, double smoothing) {
-    return NONE_ON(x);
-}
-
-int ct__cuda_layer_norm(ct_tensor *y, ct_tensor *mean, ct_tensor *rstd, ct_tensor *x, ct_tensor *w,
-                        ct_tensor *b, double eps) {
-    return NONE_ON(x);
-}
-
-int ct__cuda_layer_norm_backward(ct_tensor *dx, ct_tensor *dw, ct_tensor *db, ct_tensor *dy,
-                                 ct_tensor *x, ct_tensor *w, ct_tensor *mean, ct_tensor *rstd) {
-    return NONE_ON(x);
-}
-
-/* indexing, where, concatenation, factories, random */
 
 /* matmul, pinned host memory */
 

@@ -96,19 +96,6 @@ CT_API int ct_cuda_reset_peak_memory(int index);
  * processes. Tensors keep theirs. */
 CT_API int ct_cuda_empty_cache(int index);
 
-/* A copy of t on device (a new tensor, contiguous, owned like an op's
- * result), or a new reference to t when it is there already. Host to
- * device, device to host and device to device; the host waits for the copy.
- * CT_EDEVICE for a device that is not there. */
-CT_API ct_tensor *ct_to(ct_tensor *t, ct_device device);
-
-/* ct_to without the wait, where the host side is pinned: host to device
- * from a pinned, contiguous tensor; device to host into a new pinned
- * tensor, to be read after ct_cuda_synchronize(t's device). Anything else
- * (pageable memory, a strided host view, device to device) is ct_to, and
- * waits. Owned like an op's result; errors as ct_to's. */
-CT_API ct_tensor *ct_to_async(ct_tensor *t, ct_device device);
-
 /* A new uninitialised host tensor in page-locked memory (a CPU tensor to
  * every op), owned like an op's result. CT_EDEVICE where there is no CUDA
  * device (pinning needs the driver), CT_ENOMEM when the memory cannot be

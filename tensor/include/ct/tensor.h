@@ -172,6 +172,9 @@ CT_API bool ct_device_equal(ct_device a, ct_device b);
  * the rank); index 0 for a type with one device, or none in this build. A
  * program that takes "--device cuda" without an index resolves it so. */
 CT_API ct_device ct_device_current(ct_device_type type);
+/* Waits until the work queued on device is done (ct_cuda_synchronize for
+ * CUDA; nothing to wait for on the host). 0, or the device's error. */
+CT_API int ct_synchronize(ct_device device);
 /* device as messages write it, "cpu", "cuda:1" or "test:0", into buf
  * (CT_DEVICE_STR bytes); returns buf. */
 #define CT_DEVICE_STR 32
@@ -362,6 +365,18 @@ CT_API ct_tensor *ct_clone(ct_tensor *t);
 CT_API ct_tensor *ct_copy_(ct_tensor *dst, ct_tensor *src);
 /* t converted to dtype (a new reference to t if it already has it). */
 CT_API ct_tensor *ct_to_dtype(ct_tensor *t, ct_dtype dtype);
+
+/* A copy of t on device (a new tensor, contiguous, owned like an op's
+ * result), or a new reference to t when it is there already. Host to
+ * device, device to host and device to device; the host waits for the copy.
+ * CT_EDEVICE for a device that is not there. */
+CT_API ct_tensor *ct_to(ct_tensor *t, ct_device device);
+/* ct_to without the wait, where the host side is pinned (ct/cuda.h): host
+ * to device from a pinned, contiguous tensor; device to host into a new
+ * pinned tensor, to be read after ct_synchronize(t's device). Anything
+ * else (pageable memory, a strided host view, device to device) is ct_to,
+ * and waits. Owned like an op's result; errors as ct_to's. */
+CT_API ct_tensor *ct_to_async(ct_tensor *t, ct_device device);
 
 /* --------------------------------------------------------- elementwise */
 
