@@ -9,7 +9,6 @@
  * segment each. The segments, laid end to end, form one iteration space that
  * a single ct_parallel_for covers, so small parameters do not each pay for a
  * trip to the pool. Nothing is written until the plan has been checked. */
-#include "cuda_impl.h"
 #include "optim_impl.h"
 
 #include <ct/autograd.h>
@@ -20,10 +19,6 @@
 #define OPTIM_MAGIC 0x63744f31u /* "ctO1" */
 #define OPTIM_DEAD  0xdeadc7c9u
 #define MAX_STATES  (1 + CT__OPTIM_MAX_BUFS)
-
-/* Below this many elements a step runs on the calling thread. An Adam
- * update moves 20-28 bytes per element, so this is a few hundred KB. */
-#define STEP_GRAIN 16384
 
 typedef struct group {
     double weight_decay, lr_scale;
@@ -36,15 +31,9 @@ typedef struct param {
     int64_t numel;
 } param;
 
-/* A run of elements updated with one set of hyperparameters. */
-typedef struct segment {
-    int64_t start; /* first index in the step's iteration space */
-    int64_t n;
-    char *p;
-    const char *g;
-    int64_t offset; /* into the flat state buffers, in elements */
-    ct__optim_hyper h;
-} segment;
+/* A run of elements updated with one set of hyperparameters
+ * (device_impl.h's, which the device's optim_step takes). */
+typedef ct__optim_segment segment;
 
 struct ct_optim {
     uint32_t magic;
@@ -454,49 +443,6 @@ static int plan(ct_optim *opt, int *nsegs_out, int64_t *total_out) {
     return 0;
 }
 
-typedef struct run_ctx {
-    const segment *segs;
-    int nsegs;
-    ct_dtype dtype;
-    size_t esize;
-    char *bufs[CT__OPTIM_MAX_BUFS];
-} run_ctx;
-
-static void run_range(void *vctx, int64_t lo, int64_t hi) {
-    const run_ctx *c = vctx;
-    int a = 0, b = c->nsegs;
-    while (b - a > 1) {
-        int mid = a + (b - a) / 2;
-        if (c->segs[mid].start <= lo)
-            a = mid;
-        else
-            b = mid;
-    }
-    for (int k = a; lo < hi; k++) {
-        const segment *s = &c->segs[k];
-        int64_t from = lo - s->start, to = hi - s->start < s->n ? hi - s->start : s->n;
-        char *bufs[CT__OPTIM_MAX_BUFS];
-        for (int j = 0; j < CT__OPTIM_MAX_BUFS; j++)
-            bufs[j] = c->bufs[j] ? c->bufs[j] + (size_t)(s->offset + from) * c->esize : NULL;
-        ct__optim_update(&s->h, c->dtype, s->p + (size_t)from * c->esize,
-                         s->g + (size_t)from * c->esize, bufs, to - from);
-        lo = s->start + to;
-    }
-}
-
-/* One launch per segment, queued in order on the device's stream. */
-static int run_on_device(const run_ctx *c, int device) {
-    int rc = 0;
-    for (int k = 0; k < c->nsegs && !rc; k++) {
-        const segment *s = &c->segs[k];
-        char *bufs[CT__OPTIM_MAX_BUFS];
-        for (int j = 0; j < CT__OPTIM_MAX_BUFS; j++)
-            bufs[j] = c->bufs[j] ? c->bufs[j] + (size_t)s->offset * c->esize : NULL;
-        rc = ct__optim_update_cuda(&s->h, c->dtype, s->p, s->g, bufs, s->n, device);
-    }
-    return rc;
-}
-
 int ct_optim_step(ct_optim *opt) {
     int rc = check(opt, "optim_step");
     if (rc)
@@ -507,14 +453,12 @@ int ct_optim_step(ct_optim *opt) {
     int64_t total = 0;
     rc = plan(opt, &nsegs, &total);
     if (rc == 0) {
-        run_ctx c = {opt->segs, nsegs, opt->dtype, ct_dtype_size(opt->dtype), {NULL}};
+        ct__optim_step st = {opt->segs, nsegs, total, opt->dtype, {NULL}};
         for (int j = 1; j < opt->nstates; j++)
-            c.bufs[j - 1] = ct_data_ptr(opt->states[j]);
+            st.bufs[j - 1] = ct_data_ptr(opt->states[j]);
         ct_device device = opt->nparams ? ct_tensor_device(opt->params[0].t) : CT_DEVICE_CPU;
-        if (device.type == CT_CUDA)
-            rc = run_on_device(&c, device.index);
-        else if (total > 0)
-            ct_parallel_for(0, total, STEP_GRAIN, run_range, &c);
+        const ct__device_ops *ops = CT__DEVICE_GET("optim_step", device, optim_step);
+        rc = ops ? ops->optim_step(&st, device.index) : ct_errcode();
         if (rc == 0) {
             int64_t *steps = param_steps(opt);
             for (int i = 0; i < opt->nparams; i++) {

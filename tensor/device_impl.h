@@ -23,6 +23,7 @@
 #define CT_DEVICE_IMPL_H
 
 #include "ops_impl.h"
+#include "optim_rules.h"
 #include "tensor_impl.h"
 
 #include <stddef.h>
@@ -36,6 +37,29 @@ typedef struct ct__reduction {
     bool index_only;  /* argmax/argmin: out holds the index */
     bool float_out;   /* integer inputs reduce in float32 (logsumexp) */
 } ct__reduction;
+
+/* A run of elements that one optimizer step updates with one set of
+ * hyperparameters, back to back in the parameters, the gradients and the
+ * flat state buffers (optim/optimizer.c plans them). */
+typedef struct ct__optim_segment {
+    int64_t start; /* first index in the step's iteration space */
+    int64_t n;
+    char *p;
+    const char *g;
+    int64_t offset; /* into the flat state buffers, in elements */
+    ct__optim_hyper h;
+} ct__optim_segment;
+
+/* One optimizer step: its segments in order, end to end [0, total), on
+ * elements of dtype (float32 or float64), and the kind's flat state
+ * buffers at element 0 (unused ones NULL). */
+typedef struct ct__optim_step {
+    const ct__optim_segment *segs;
+    int nsegs;
+    int64_t total;
+    ct_dtype dtype;
+    char *bufs[CT__OPTIM_MAX_BUFS];
+} ct__optim_step;
 
 typedef struct ct__device_ops {
     const char *name; /* "cpu", "cuda": in messages and device strings */
@@ -109,8 +133,8 @@ typedef struct ct__device_ops {
      * and contiguous, of in's shape and float dtype. */
     int (*softmax)(ct_tensor *out, ct_tensor *in, int dim, bool log);
 
-    /* ---- fused kernels of nn/ (all operands contiguous and on this
-     * device; w and b of x's dtype, or NULL) */
+    /* ---- fused kernels of nn/ and optim/ (all operands contiguous and on
+     * this device; w and b of x's dtype, or NULL) */
     /* Layer norm over x's last dim: y, and mean and rstd per row in the
      * compute type (float64 for float64, else float32). */
     int (*layer_norm)(ct_tensor *y, ct_tensor *mean, ct_tensor *rstd, ct_tensor *x, ct_tensor *w,
@@ -129,6 +153,10 @@ typedef struct ct__device_ops {
      * or [n], one per row. */
     int (*cross_entropy_backward)(ct_tensor *grad, ct_tensor *x, ct_tensor *t, ct_tensor *lse,
                                   ct_tensor *scale, int64_t ignore, double smoothing);
+
+    /* The optimizer step s on device index: every element updated on its
+     * own, so any split gives the same bits, and the device's the CPU's. */
+    int (*optim_step)(const ct__optim_step *s, int index);
 
     /* ---- indexing (tensor/cpu/index.c's front ends; operands checked) */
     /* Scans index (int64, int32 or uint8) in the element iterator's order:

@@ -169,6 +169,7 @@ ENTRY(scatter_add, (ct_tensor * self, int dim, ct_tensor *index, ct_tensor *src)
       (self, dim, index, src))
 ENTRY(one_hot, (ct_tensor * out, ct_tensor *labels, int64_t classes), (out, labels, classes))
 ENTRY(band, (ct_tensor * out, ct_tensor *t, int64_t k, bool upper), (out, t, k, upper))
+ENTRY(optim_step, (const ct__optim_step *s, int index), (s, index))
 ENTRY(draw, (ct_tensor * out, const ct__draw *d), (out, d))
 ENTRY(matmul, (const ct__mm_plan *p, int index), (p, index))
 ENTRY(scan_probabilities, (ct_tensor * p, bool *found, double *bad), (p, found, bad))
@@ -192,6 +193,7 @@ ct__device_ops testdev_ops = {
     .layer_norm_backward = dev_layer_norm_backward,
     .cross_entropy = dev_cross_entropy,
     .cross_entropy_backward = dev_cross_entropy_backward,
+    .optim_step = dev_optim_step,
     .scan_index = dev_scan_index,
     .gather = dev_gather,
     .scatter_add = dev_scatter_add,

@@ -82,6 +82,8 @@ int ct__cuda_layer_norm(ct_tensor *y, ct_tensor *mean, ct_tensor *rstd, ct_tenso
  * wanted). */
 int ct__cuda_layer_norm_backward(ct_tensor *dx, ct_tensor *dw, ct_tensor *db, ct_tensor *dy,
                                  ct_tensor *x, ct_tensor *w, ct_tensor *mean, ct_tensor *rstd);
+/* The optimizer step st (device_impl.h), one launch per segment (optim.c). */
+int ct__cuda_optim_step(const ct__optim_step *st, int device);
 
 /* indexing, where, concatenation, factories, random (index.cu, index.c)
  *

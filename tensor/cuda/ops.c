@@ -50,6 +50,7 @@ const ct__device_ops ct__cuda_device_ops = {
     .ln_half = true,
     .cross_entropy = ct__cuda_cross_entropy,
     .cross_entropy_backward = ct__cuda_cross_entropy_backward,
+    .optim_step = ct__cuda_optim_step,
     .scan_index = ct__cuda_scan_index,
     .gather = ct__cuda_gather,
     .scatter_add = ct__cuda_scatter_add,

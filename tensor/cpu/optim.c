@@ -1,15 +1,16 @@
-/* The fused update loops: one pass per range reads the gradient, updates the
+/* The optimizers' fused update on the CPU (the table's optim_step,
+ * device_impl.h): one pass per range reads the gradient, updates the
  * state buffers and writes the parameter, each element on its own.
  *
  * Each rule is written once as an always-inline body whose flags are
  * compile-time constants at every call, so every variant is a branch-free
  * loop that gcc vectorises (check with -fopt-info-vec-optimized on this
- * file). The rules themselves are rules.h's, which the CUDA kernel shares.
+ * file). The rules themselves are optim_rules.h's, which the CUDA kernel
+ * shares.
  * This file is built without FP contraction (CMakeLists.txt): a vector loop
  * and its scalar remainder could otherwise fuse different multiply-adds,
  * and where a range is cut would change the bits. */
-#include "optim_impl.h"
-#include "rules.h"
+#include "cpu_impl.h"
 
 #include <math.h>
 
@@ -80,7 +81,7 @@
     }                                                                                              \
                                                                                                    \
     static void adam_##sfx(const ct__optim_hyper *h, T *p, const T *g, T *const *b, int64_t n) {   \
-        if (h->kind == CT_OPTIM_ADAMW)                                                             \
+        if (h->kind == CT__OPTIM_ADAMW)                                                            \
             adam_ams_##sfx(h, p, g, b, n, true, false);                                            \
         else if (h->weight_decay != 0)                                                             \
             adam_ams_##sfx(h, p, g, b, n, false, true);                                            \
@@ -93,20 +94,60 @@ DEFINE_SGD(double, f64)
 DEFINE_ADAM(float, f32, sqrtf)
 DEFINE_ADAM(double, f64, sqrt)
 
-void ct__optim_update(const ct__optim_hyper *h, ct_dtype dtype, char *p, const char *g,
-                      char *const *bufs, int64_t n) {
-    CT_ASSERT(dtype == CT_FLOAT32 || dtype == CT_FLOAT64);
+/* Below this many elements a step runs on the calling thread. An Adam
+ * update moves 20-28 bytes per element, so this is a few hundred KB. */
+#define STEP_GRAIN 16384
+
+/* Applies one update to n elements of dtype: p, g and bufs point at
+ * element 0 of contiguous runs. */
+static void update(const ct__optim_hyper *h, ct_dtype dtype, char *p, const char *g,
+                   char *const *bufs, int64_t n) {
     if (dtype == CT_FLOAT32) {
         float *b[CT__OPTIM_MAX_BUFS] = {(float *)bufs[0], (float *)bufs[1], (float *)bufs[2]};
-        if (h->kind == CT_OPTIM_SGD)
+        if (h->kind == CT__OPTIM_SGD)
             sgd_f32(h, (float *)p, (const float *)g, b[0], n);
         else
             adam_f32(h, (float *)p, (const float *)g, b, n);
     } else {
         double *b[CT__OPTIM_MAX_BUFS] = {(double *)bufs[0], (double *)bufs[1], (double *)bufs[2]};
-        if (h->kind == CT_OPTIM_SGD)
+        if (h->kind == CT__OPTIM_SGD)
             sgd_f64(h, (double *)p, (const double *)g, b[0], n);
         else
             adam_f64(h, (double *)p, (const double *)g, b, n);
     }
+}
+
+/* The segments' elements in [lo, hi) of the step's iteration space. */
+static void step_range(void *ctx, int64_t lo, int64_t hi) {
+    const ct__optim_step *st = ctx;
+    size_t es = ct_dtype_size(st->dtype);
+    int a = 0, b = st->nsegs;
+    while (b - a > 1) {
+        int mid = a + (b - a) / 2;
+        if (st->segs[mid].start <= lo)
+            a = mid;
+        else
+            b = mid;
+    }
+    for (int k = a; lo < hi; k++) {
+        const ct__optim_segment *s = &st->segs[k];
+        int64_t from = lo - s->start, to = hi - s->start < s->n ? hi - s->start : s->n;
+        char *bufs[CT__OPTIM_MAX_BUFS];
+        for (int j = 0; j < CT__OPTIM_MAX_BUFS; j++)
+            bufs[j] = st->bufs[j] ? st->bufs[j] + (size_t)(s->offset + from) * es : NULL;
+        update(&s->h, st->dtype, s->p + (size_t)from * es, s->g + (size_t)from * es, bufs,
+               to - from);
+        lo = s->start + to;
+    }
+}
+
+/* The segments laid end to end are one iteration space, which one
+ * parallel_for covers, so that small parameters do not each pay for a trip
+ * to the pool. */
+int ct__cpu_optim_step(const ct__optim_step *s, int index) {
+    (void)index;
+    CT_ASSERT(s->dtype == CT_FLOAT32 || s->dtype == CT_FLOAT64);
+    if (s->total > 0)
+        ct_parallel_for(0, s->total, STEP_GRAIN, step_range, (void *)s);
+    return 0;
 }

@@ -1,5 +1,5 @@
 /* The optimizers' update rules for one element, shared by the CPU loops
- * (kernels.c) and the CUDA kernel (kernels.cu), so that both compute the
+ * (cpu/optim.c) and the CUDA kernel (cuda/optim.cu), so that both compute the
  * same operations in the same order: PyTorch's _single_tensor_sgd, _adam
  * and _adamw, in the parameter's type T. Both files are built without
  * contraction into fused multiply-adds, so a step on the device gives the
@@ -13,11 +13,19 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+/* The most flat state buffers a kind uses (Adam with amsgrad: exp_avg,
+ * exp_avg_sq, max_exp_avg_sq). */
+#define CT__OPTIM_MAX_BUFS 3
+
 /* Everything one fused update needs besides the pointers: the group's
  * hyperparameters with the step's bias corrections already folded in, so
  * that the kernels do no per-call arithmetic beyond casting to their type. */
+/* The kinds, as ct/optim.h's ct_optim_kind numbers them (optim_impl.h
+ * checks), for the kernels below optim/. */
+enum { CT__OPTIM_SGD, CT__OPTIM_ADAM, CT__OPTIM_ADAMW };
+
 typedef struct ct__optim_hyper {
-    int kind;            /* a ct_optim_kind */
+    int kind;            /* CT__OPTIM_* */
     double lr;           /* the group's rate: the optimizer's lr times lr_scale */
     double weight_decay; /* L2 term added to the gradient (SGD, Adam) */
     /* SGD */
@@ -35,9 +43,10 @@ typedef struct ct__optim_hyper {
 #ifdef __cplusplus
 extern "C" {
 #endif
-/* kernels.cu: h's update on n elements of device memory, queued on stream;
- * adam: 0 SGD, 1 Adam, 2 AdamW; f64: float64, else float32. bufs as
- * ct__optim_update's. Returns a cudaError_t (0: queued). */
+/* cuda/optim.cu: h's update on n elements of device memory, queued on
+ * stream; adam: 0 SGD, 1 Adam, 2 AdamW; f64: float64, else float32; bufs
+ * the kind's state buffers at element 0 (CT__OPTIM_MAX_BUFS, unused ones
+ * NULL). Returns a cudaError_t (0: queued). */
 int ct__optim_launch(const ct__optim_hyper *h, int adam, int f64, char *p, const char *g,
                      char *const *bufs, int64_t n, void *stream);
 #ifdef __cplusplus

@@ -1,9 +1,9 @@
-// The optimizers' fused update on a CUDA device: rules.h's rules, one
+// The optimizers' fused update on a CUDA device: optim_rules.h's rules, one
 // element per thread, grid-stride. Built with --fmad=false (CMakeLists.txt)
 // so that, with CUDA's correctly rounded division and square root, a step
 // gives the CPU loops' bits.
 #include "kernels_common.cuh"
-#include "rules.h"
+#include "optim_rules.h"
 
 using ct_cuda::blocks_for;
 using ct_cuda::first_of_thread;
