@@ -61,6 +61,50 @@ typedef struct ct__optim_step {
     char *bufs[CT__OPTIM_MAX_BUFS];
 } ct__optim_step;
 
+/* Scaled dot-product attention (nn/attention.c plans it). The matrices
+ * of a unit (a batch and head): q, k, v and the output's gradient in, the
+ * output and the gradients of q, k and v out. */
+enum {
+    CT__ATT_Q,
+    CT__ATT_K,
+    CT__ATT_V,
+    CT__ATT_GO,
+    CT__ATT_OUT,
+    CT__ATT_GQ,
+    CT__ATT_GK,
+    CT__ATT_GV,
+    CT__ATT_NMATS
+};
+
+/* One matrix: its data, row stride (BLAS's leading dim) and batch strides
+ * over the broadcast batch shape (0 where it broadcasts), in elements. */
+typedef struct ct__att_mat {
+    char *data;
+    int64_t ld;
+    int64_t bstrides[CT_MAX_DIMS];
+} ct__att_mat;
+
+/* The batch shape (broadcast over q, k and v) and the matrix dims. */
+typedef struct ct__att_dims {
+    int nbatch;
+    int64_t batch[CT_MAX_DIMS];
+    int64_t units, tq, tk, d, dv;
+} ct__att_dims;
+
+/* One pass of scaled dot-product attention, forward (out and probs from
+ * q, k, v) or backward (gq, gk, gv from go, probs, q, k, v), of float32 or
+ * float64 (dbl) matrices that BLAS can read in place (unit-stride rows,
+ * leading dims within int32), on the device; the dropout mask is Philox's
+ * from seed and offset (nn/attention.c). */
+typedef struct ct__attention {
+    ct__att_dims s;
+    ct__att_mat m[CT__ATT_NMATS];
+    bool dbl, causal, backward;
+    double scale, p;
+    uint64_t seed, offset;
+    char *probs; /* [units, tq, tk]: written by forward */
+} ct__attention;
+
 typedef struct ct__device_ops {
     const char *name; /* "cpu", "cuda": in messages and device strings */
 
@@ -154,6 +198,9 @@ typedef struct ct__device_ops {
     int (*cross_entropy_backward)(ct_tensor *grad, ct_tensor *x, ct_tensor *t, ct_tensor *lse,
                                   ct_tensor *scale, int64_t ignore, double smoothing);
 
+    /* The attention pass a. Optional: a device without it runs attention
+     * as ops (matmul, softmax, masked_fill), which every device has. */
+    int (*attention)(const ct__attention *a);
     /* The optimizer step s on device index: every element updated on its
      * own, so any split gives the same bits, and the device's the CPU's. */
     int (*optim_step)(const ct__optim_step *s, int index);

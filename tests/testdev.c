@@ -169,6 +169,7 @@ ENTRY(scatter_add, (ct_tensor * self, int dim, ct_tensor *index, ct_tensor *src)
       (self, dim, index, src))
 ENTRY(one_hot, (ct_tensor * out, ct_tensor *labels, int64_t classes), (out, labels, classes))
 ENTRY(band, (ct_tensor * out, ct_tensor *t, int64_t k, bool upper), (out, t, k, upper))
+ENTRY(attention, (const ct__attention *a), (a))
 ENTRY(optim_step, (const ct__optim_step *s, int index), (s, index))
 ENTRY(draw, (ct_tensor * out, const ct__draw *d), (out, d))
 ENTRY(matmul, (const ct__mm_plan *p, int index), (p, index))
@@ -193,6 +194,7 @@ ct__device_ops testdev_ops = {
     .layer_norm_backward = dev_layer_norm_backward,
     .cross_entropy = dev_cross_entropy,
     .cross_entropy_backward = dev_cross_entropy_backward,
+    .attention = dev_attention,
     .optim_step = dev_optim_step,
     .scan_index = dev_scan_index,
     .gather = dev_gather,

@@ -23,6 +23,7 @@ int ct__cpu_cross_entropy(ct_tensor *loss, ct_tensor *lse, ct_tensor *x, ct_tens
                           int64_t ignore, double smoothing);
 int ct__cpu_cross_entropy_backward(ct_tensor *grad, ct_tensor *x, ct_tensor *t, ct_tensor *lse,
                                    ct_tensor *scale, int64_t ignore, double smoothing);
+int ct__cpu_attention(const ct__attention *a);
 int ct__cpu_optim_step(const ct__optim_step *s, int index);
 int ct__cpu_scan_index(ct_tensor *index, int64_t bound, bool *found, int64_t *bad, int64_t *max);
 int ct__cpu_gather(ct_tensor *out, ct_tensor *t, int dim, ct_tensor *index);

@@ -95,6 +95,7 @@ const ct__device_ops ct__cpu_device_ops = {
     .layer_norm_backward = ct__cpu_layer_norm_backward,
     .cross_entropy = ct__cpu_cross_entropy,
     .cross_entropy_backward = ct__cpu_cross_entropy_backward,
+    .attention = ct__cpu_attention,
     .optim_step = ct__cpu_optim_step,
     .scan_index = ct__cpu_scan_index,
     .gather = ct__cpu_gather,
