@@ -179,7 +179,7 @@ static int d_relu(ct_node *n, args_t *a) {
 /* The activations below have a fused gradient on the CPU, used unless the
  * backward is itself recorded (create_graph), which needs the chain of ops. */
 static bool fused_grad(ct_tensor *x) {
-    return !ct_grad_enabled() && ct_tensor_device(x).type == CT_CPU;
+    return !ct_grad_enabled() && ct__is_host(ct_tensor_device(x));
 }
 
 static int d_gelu(ct_node *n, args_t *a) {

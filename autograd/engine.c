@@ -4,8 +4,7 @@
  * sequence number (later nodes first; AccumulateGrad before anything). Every
  * node gets an input buffer that sums the gradients flowing into it. */
 #include "autograd_impl.h"
-
-#include <ct/cuda.h>
+#include "device_impl.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -568,10 +567,10 @@ static void task_free(task *t) {
  *   stack. Overflow workers are kept for the next overflow: each serves one
  *   job at a time, and nesting that overflows again takes another, so the
  *   pool grows to the deepest chain seen.
- * - A backward whose gradients are on a CUDA device runs on that device's
- *   worker, one per device, made on first use and kept for the process, with
- *   the device current. Its nodes' kernels then queue from one thread in
- *   one order, as PyTorch's device threads do, and backwards on different
+ * - A backward whose gradients are on a device (not the host) runs on that
+ *   device's worker, one per device, made on first use and kept for the
+ *   process, with the device current (the table's use, device_impl.h). Its nodes' kernels then
+ * queue from one thread in one order, as PyTorch's device threads do, and backwards on different
  *   devices (from different callers) run at once. Callers of one device
  *   take turns; a backward started from the device's own worker (a
  *   checkpoint's, a hook's) runs there inline. */
@@ -580,7 +579,7 @@ typedef struct worker {
     pthread_cond_t wake, done;
     const ct__run *run; /* the job; NULL while idle */
     void *parent;       /* the caller's running backward (a task) */
-    int device;         /* a device worker's CUDA device; -1 for overflow */
+    int device;         /* a device worker's slot (slot_device); -1 for overflow */
     int caller_device;  /* overflow: the device worker its caller is, or -1 */
     bool busy;          /* a caller holds it (device workers are shared) */
     bool finished;
@@ -588,20 +587,34 @@ typedef struct worker {
     char msg[1024];
 } worker;
 
+/* Device workers' slots: MAX_DEVICE_WORKERS per device type, by index. */
 #define MAX_DEVICE_WORKERS 64
+#define DEVICE_TYPES       3 /* CT_CPU's slots stay empty: the host has no worker */
+_Static_assert(CT_CUDA < DEVICE_TYPES && CT_TEST < DEVICE_TYPES, "a slot for every device type");
 
 static struct {
     pthread_mutex_t lock;
     worker *idle;
-    worker *device[MAX_DEVICE_WORKERS];
+    worker *device[DEVICE_TYPES * MAX_DEVICE_WORKERS];
 } workers = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
-/* The CUDA device whose worker this thread is, or -1. */
+/* The slot of the device worker this thread is, or -1. */
 static _Thread_local int worker_device = -1;
+
+static ct_device slot_device(int at) {
+    return (ct_device){(ct_device_type)(at / MAX_DEVICE_WORKERS), at % MAX_DEVICE_WORKERS};
+}
+
+/* Makes the device of slot at the calling thread's: 0, or its error. */
+static int select_slot(int at) {
+    ct_device d = slot_device(at);
+    const ct__device_ops *ops = ct__device_ops_of(d.type);
+    return ops && ops->use ? ops->use(d.index) : 0;
+}
 
 static void *worker_main(void *arg) {
     worker *w = arg;
-    if (w->device >= 0 && ct_cuda_set_device(w->device) == 0)
+    if (w->device >= 0 && select_slot(w->device) == 0)
         worker_device = w->device;
     pthread_mutex_lock(&workers.lock);
     for (;;) {
@@ -613,12 +626,13 @@ static void *worker_main(void *arg) {
         /* Overflow from a device worker continues as that device's: going
          * back to it would wait for itself. */
         if (w->device < 0)
-            worker_device = w->caller_device >= 0 && ct_cuda_set_device(w->caller_device) == 0
-                                ? w->caller_device
-                                : -1;
+            worker_device =
+                w->caller_device >= 0 && select_slot(w->caller_device) == 0 ? w->caller_device : -1;
+        char dev[CT_DEVICE_STR];
         int rc = w->device >= 0 && worker_device < 0
-                     ? ct__seterr(CT_EDEVICE, "backward: cannot make cuda:%d current: %s",
-                                  w->device, "its backward thread failed to select it")
+                     ? ct__seterr(CT_EDEVICE, "backward: cannot make %s current: %s",
+                                  ct_device_str(slot_device(w->device), dev),
+                                  "its backward thread failed to select it")
                      : ct__engine_run(run);
         pthread_mutex_lock(&workers.lock);
         current = NULL;
@@ -676,9 +690,10 @@ static int run_on_worker(const ct__run *run, int device) {
     worker *w = take_worker(device);
     if (!w) {
         pthread_mutex_unlock(&workers.lock);
+        char dev[CT_DEVICE_STR];
         return device >= 0
-                   ? ct__seterr(CT_ENOMEM,
-                                "backward: could not start the backward thread of cuda:%d", device)
+                   ? ct__seterr(CT_ENOMEM, "backward: could not start the backward thread of %s",
+                                ct_device_str(slot_device(device), dev))
                    : ct__seterr(CT_ENOMEM,
                                 "backward: nested %d deep, could not start a thread to "
                                 "continue",
@@ -721,12 +736,15 @@ __attribute__((constructor)) static void workers_register_atfork(void) {
     pthread_atfork(workers_atfork_prepare, workers_atfork_parent, workers_atfork_child);
 }
 
-/* The CUDA device of a backward's gradients (its first root's), or -1. */
+/* The worker slot of the device of a backward's gradients (its first
+ * root's on a device), or -1 for the host. */
 static int run_device(const ct__run *run) {
     for (int r = 0; r < run->nroots; r++) {
         ct_device d = run->root_grads[r] ? ct_tensor_device(run->root_grads[r]) : CT_DEVICE_CPU;
-        if (d.type == CT_CUDA)
-            return d.index < MAX_DEVICE_WORKERS ? d.index : -1;
+        if (!ct__is_host(d))
+            return (unsigned)d.type < DEVICE_TYPES && (unsigned)d.index < MAX_DEVICE_WORKERS
+                       ? (int)d.type * MAX_DEVICE_WORKERS + d.index
+                       : -1;
     }
     return -1;
 }

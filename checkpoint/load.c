@@ -466,7 +466,7 @@ static int load_tensor(ck_reader *r, const ck_entry *e, int rank, int size) {
     ct_tensor *dst = e->t, *tmp = NULL;
     /* The file is read into host memory: a view's, or a device tensor's,
      * elements land in a contiguous buffer first. */
-    if (!ct_is_contiguous(dst) || dst->storage->device.type != CT_CPU) {
+    if (!ct_is_contiguous(dst) || !ct__is_host(dst->storage->device)) {
         tmp = ct__own(ct_empty(dst->ndim, dst->sizes, dst->dtype));
         if (!tmp)
             return ct_errcode();

@@ -5,13 +5,13 @@
 #include <ct/cuda.h>
 
 ct_tensor *ct__ck_on_host(ct_tensor *t) {
-    if (t->storage->device.type == CT_CPU)
+    if (ct__is_host(t->storage->device))
         return ct_tensor_retain(t);
     return ct__own(ct_to(t, CT_DEVICE_CPU));
 }
 
 int ct__ck_write_from_host(ct_tensor *dst, ct_tensor *host) {
-    if (dst->storage->device.type == CT_CPU) {
+    if (ct__is_host(dst->storage->device)) {
         ct__copy_into(dst, host);
         return 0;
     }

@@ -760,7 +760,7 @@ int ct_npy_save_at(int dirfd, const char *name, const ct_tensor *t) {
     if (rc)
         return rc;
     ct_tensor *host = NULL;
-    if (ct_tensor_device(t).type != CT_CPU && !(host = ct__own(ct_to(src, CT_DEVICE_CPU))))
+    if (!ct__is_host(ct_tensor_device(t)) && !(host = ct__own(ct_to(src, CT_DEVICE_CPU))))
         rc = ct__seterr(ct_errcode(), "npy_save: %s: copying the tensor to the host: %s", name,
                         ct_errmsg());
     if (rc == 0) {

@@ -602,7 +602,7 @@ static int check_params(ct_ddp *d) {
 static int choose_progress(ct_ddp *d) {
     bool hooks = d->o.progress == CT_DDP_PROGRESS_END;
     /* On a device, the thread only polls events: the device does the work. */
-    if (d->o.progress == CT_DDP_PROGRESS_AUTO && d->device.type == CT_CPU) {
+    if (d->o.progress == CT_DDP_PROGRESS_AUTO && ct__is_host(d->device)) {
         const ct_world *w = ct_dist_world();
         long local = w && w->local_size > 0 ? w->local_size : ct_comm_size(d->comm);
         hooks = sysconf(_SC_NPROCESSORS_ONLN) < 2 * local;

@@ -81,7 +81,7 @@ int ct__rpc_encode_call(rpc_out *m, const char *fn, const ct_rpc_args *args, boo
             /* A contiguous tensor is sent from its own memory; another is
              * packed once. A device's tensor is copied to the host, after
              * the work queued there: it arrives as a CPU tensor. */
-            ct_tensor *sent = ct_tensor_device(v->t).type != CT_CPU
+            ct_tensor *sent = !ct__is_host(ct_tensor_device(v->t))
                                   ? ct__own(ct_to(v->t, CT_DEVICE_CPU))
                               : ct_is_contiguous(v->t) ? ct_tensor_retain(v->t)
                                                        : ct__own(ct_contiguous(v->t));

@@ -479,7 +479,7 @@ int ct_optim_step(ct_optim *opt) {
  * memset on the host, one fill kernel on a device. */
 static int zero_run(const ct_tensor *t, char *p, size_t bytes) {
     ct_storage *s = ct_tensor_storage(t);
-    if (ct_storage_device(s).type == CT_CPU) {
+    if (ct__is_host(ct_storage_device(s))) {
         memset(p, 0, bytes);
         return 0;
     }

@@ -133,6 +133,8 @@ typedef struct ct__device_ops {
     int (*count)(void);
     /* The calling thread's device of this type. */
     int (*current)(void);
+    /* Makes index the calling thread's device of this type. */
+    int (*use)(int index);
     /* Makes index the device of this type for threads that chose none
      * (dist_init: each rank on a machine takes its own). */
     void (*set_default)(int index);
@@ -238,9 +240,6 @@ typedef struct ct__device_ops {
     int (*scan_probabilities)(ct_tensor *p, bool *found, double *bad);
 } ct__device_ops;
 
-/* Whether device's memory is the host's, which the CPU reads directly (the
- * fast paths that skip the table, and copies across devices). */
-static inline bool ct__is_host(ct_device device) { return device.type == CT_CPU; }
 
 /* Registers ops as the table of CT_TEST, the test device (tests/), or
  * takes it away (NULL). Not thread-safe against ops in flight: a test

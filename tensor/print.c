@@ -104,7 +104,7 @@ int ct_tensor_fprint(FILE *f, const ct_tensor *t) {
         return ct__seterr(CT_EINVAL, "tensor_fprint: FILE is NULL");
     if (CT__CHECK_ANY("tensor_fprint", (ct_tensor *)t))
         return ct_errcode();
-    if (t->storage->device.type == CT_CPU)
+    if (ct__is_host(t->storage->device))
         return fprint_host(f, t, CT_DEVICE_CPU);
     /* A device tensor prints from a host copy, which its strides then
      * describe. */
@@ -134,9 +134,9 @@ static int fprint_host(FILE *f, const ct_tensor *t, ct_device device) {
         put(&p, "[]");
     }
     char shape[CT__SHAPE_STR], strides[CT__SHAPE_STR];
-    char where[32] = "";
-    if (device.type == CT_CUDA)
-        snprintf(where, sizeof where, ", device=cuda:%d", device.index);
+    char where[CT_DEVICE_STR + 16] = "", dev[CT_DEVICE_STR];
+    if (!ct__is_host(device))
+        snprintf(where, sizeof where, ", device=%s", ct_device_str(device, dev));
     if (fprintf(f, ", shape=%s, dtype=%s, strides=%s%s)\n", ct__shape_str(shape, t->ndim, t->sizes),
                 ct_dtype_name(t->dtype), ct__shape_str(strides, t->ndim, t->strides), where) < 0)
         p.failed = true;

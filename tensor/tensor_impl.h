@@ -60,6 +60,10 @@ int ct__copy_any(ct_tensor *dst, ct_tensor *src);
 /* t = value (converted) on t's device, any layout. Returns 0 or a CT_E*
  * code. */
 int ct__fill_any(ct_tensor *t, double value);
+/* Whether device's memory is the host's, which the CPU reads directly: the
+ * one question about a device that code outside the dispatch table
+ * (device_impl.h) asks, for its fast paths and for copies to the host. */
+static inline bool ct__is_host(ct_device device) { return device.type == CT_CPU; }
 #define CT__CHECK(op, ...)                                                                         \
     ct__check_inputs(op, (ct_tensor *const[]){__VA_ARGS__},                                        \
                      (int)(sizeof((ct_tensor *const[]){__VA_ARGS__}) / sizeof(ct_tensor *)))

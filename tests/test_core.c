@@ -354,7 +354,7 @@ TEST(factories_on_a_device_and_like_another_tensor) {
     ASSERT_TRUE(ct_is_contiguous(z));
     ASSERT_CLOSE(ct_full_like(view, -1), ct_full(CT_SHAPE(5, 3), -1, CT_BFLOAT16), 0, 0);
     ASSERT_TRUE(ct_empty_like(view) != NULL &&
-                ct_tensor_device(ct_empty_like(view)).type == CT_CPU);
+                ct_device_equal(ct_tensor_device(ct_empty_like(view)), CT_DEVICE_CPU));
     ASSERT_FAILS(ct_full_on(CT_SHAPE(2), 0, CT_FLOAT32, (ct_device){(ct_device_type)7, 0}),
                  CT_EDEVICE, "full_on", "unknown device type 7");
     ASSERT_FAILS(ct_empty_on(CT_SHAPE(-1), CT_FLOAT32, CT_DEVICE_CPU), CT_EINVAL, "empty_on");

@@ -629,11 +629,12 @@ static int mpi_check_tensor(ct_comm *c, const char *op, const ct_tensor *t) {
     (void)c;
     char desc[CT__DESC_STR];
     ct_device dev = t->storage->device;
-    if (dev.type != CT_CPU)
+    char where[CT_DEVICE_STR];
+    if (!ct__is_host(dev))
         return ct__seterr(CT_EDEVICE,
-                          "%s: %s is on cuda:%d; the mpi backend takes CPU tensors (CUDA "
+                          "%s: %s is on %s; the mpi backend takes CPU tensors (CUDA "
                           "tensors go through the nccl backend)",
-                          op, ct__desc(desc, t), dev.index);
+                          op, ct__desc(desc, t), ct_device_str(dev, where));
     int64_t n = ct__numel(t->ndim, t->sizes);
     if (n > INT_MAX)
         return ct__seterr(CT_EINVAL,

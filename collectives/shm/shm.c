@@ -893,9 +893,10 @@ static int shm_progress(ct_comm *c, ct_work *w) {
 
 static int shm_check_tensor(ct_comm *c, const char *op, const ct_tensor *t) {
     ct_device d = ct_tensor_device(t);
-    if (d.type != CT_CPU)
-        return ct__seterr(CT_EDEVICE, "%s: the shm backend takes CPU tensors; this one is on %s:%d",
-                          op, d.type == CT_CUDA ? "cuda" : "?", d.index);
+    char dev[CT_DEVICE_STR];
+    if (!ct__is_host(d))
+        return ct__seterr(CT_EDEVICE, "%s: the shm backend takes CPU tensors; this one is on %s",
+                          op, ct_device_str(d, dev));
     return 0;
 }
 

@@ -34,6 +34,7 @@ const ct__device_ops ct__cuda_device_ops = {
     .read = cuda_read,
     .count = ct_cuda_device_count,
     .current = ct_cuda_current_device,
+    .use = ct_cuda_set_device,
     .set_default = cuda_set_default,
     .stream = ct__cuda_stream,
     .record_stream = ct__cuda_record_stream,
