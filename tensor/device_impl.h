@@ -240,7 +240,6 @@ typedef struct ct__device_ops {
     int (*scan_probabilities)(ct_tensor *p, bool *found, double *bad);
 } ct__device_ops;
 
-
 /* Registers ops as the table of CT_TEST, the test device (tests/), or
  * takes it away (NULL). Not thread-safe against ops in flight: a test
  * registers before it makes tensors there. CT_EINVAL for another type. */
@@ -271,5 +270,57 @@ const char *ct__device_name(ct_device_type type, char buf[32]);
 /* The tables the device folders define, each its device's. */
 extern const ct__device_ops ct__cpu_device_ops;
 extern const ct__device_ops ct__cuda_device_ops;
+
+/* ---------------------------------------------------- op preparation
+ *
+ * The steps every elementwise front end (tensor/ops/) takes around its
+ * kernel, in one place, as ATen's TensorIterator does: checks of the
+ * handles and that they share a device, the device's entry, the broadcast
+ * shape, the in-place rules (the shape fits, the result's dtype can be
+ * stored, no partial overlap, the autograd hook), the result's
+ * allocation, the operands' conversion to the compute dtype, and, after
+ * the kernel, the copy of a temporary into an in-place target, the
+ * release on failure and the autograd record. The front end keeps only
+ * what is its own: its dtype rules and its kernel call. */
+
+#define CT__OP_MAX_INPUTS 3
+
+typedef struct ct__op_spec {
+    const char *name; /* for messages: "add_", "where" */
+    ct_op op;         /* for the autograd record */
+    /* The tensor operands, in the kernel's order; an in-place op writes
+     * into in[0]. fixed: bit k set keeps in[k] in its own dtype (where's
+     * condition) instead of converting it to the compute dtype. */
+    ct_tensor *in[CT__OP_MAX_INPUTS];
+    int nin;
+    unsigned fixed;
+    bool inplace;
+    size_t entry; /* offsetof(ct__device_ops, the kernel) */
+    const char *entry_name;
+} ct__op_spec;
+
+/* The prepared op, filled by ct__op_begin and ct__op_alloc. */
+typedef struct ct__op_run {
+    const ct__device_ops *dev; /* the operands' device's table */
+    ct_device device;
+    int nd; /* the broadcast shape */
+    int64_t shape[CT_MAX_DIMS];
+    ct_tensor *x[CT__OP_MAX_INPUTS]; /* the operands in the compute dtype */
+    ct_tensor *out;                  /* the result: new, or in[0] in place */
+    ct_tensor *dst;                  /* what the kernel writes: out, or a temporary */
+    bool scope;                      /* a private scope holds conversions and the temporary */
+} ct__op_run;
+
+/* Checks s's operands and finds their device's entry and broadcast shape.
+ * 0, or a CT_E* code with the message set (nothing to undo). */
+int ct__op_begin(const ct__op_spec *s, ct__op_run *r);
+/* With the dtypes the front end chose, checks the in-place rules,
+ * allocates the result, and converts the operands. 0, or a CT_E* code
+ * (nothing to undo). */
+int ct__op_alloc(const ct__op_spec *s, ct__op_run *r, ct_dtype compute, ct_dtype result);
+/* After the kernel (rc its result): the result recorded with args (its
+ * scalar operands), or NULL with the error set and a new result released.
+ * Always called after a successful ct__op_alloc. */
+ct_tensor *ct__op_end(const ct__op_spec *s, ct__op_run *r, int rc, const ct_op_args *args);
 
 #endif

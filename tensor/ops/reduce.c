@@ -69,13 +69,20 @@ static ct_tensor *reduce(const red_desc *d, ct_tensor *t, const int *dims, int n
                          double scalar, ct_tensor **indices) {
     if (indices)
         *indices = NULL;
-    if (CT__CHECK_ANY(d->name, t))
+    /* The preparation's checks and lookup; the outputs' shape and the
+     * record, of one or two outputs, are the reduction's own. */
+    ct__op_spec s = {.name = d->name,
+                     .op = d->op,
+                     .in = {t},
+                     .nin = 1,
+                     .entry = offsetof(ct__device_ops, reduce),
+                     .entry_name = "reduce"};
+    ct__op_run prep;
+    if (ct__op_begin(&s, &prep))
         return NULL;
     int family = family_of[d->kind];
-    ct_device device = t->storage->device;
-    const ct__device_ops *dev = CT__DEVICE_GET(d->name, device, reduce);
-    if (!dev)
-        return NULL;
+    ct_device device = prep.device;
+    const ct__device_ops *dev = prep.dev;
     bool mask[CT_MAX_DIMS];
     ct_op_args args = {.scalars = {scalar}, .keepdim = keepdim};
     int out_ndim = 0;

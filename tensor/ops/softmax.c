@@ -1,11 +1,18 @@
 /* Softmax and log-softmax along one dim: the front end. It checks the dim
- * and the dtype, allocates and records; the device computes
- * (device_impl.h: tensor/cpu/softmax.c, tensor/cuda/reduce.cu). */
+ * and the dtype between the op-preparation steps (device_impl.h); the
+ * device computes (tensor/cpu/softmax.c, tensor/cuda/reduce.cu). */
 #include "device_impl.h"
 #include "tensor_impl.h"
 
 static ct_tensor *softmax_op(const char *name, ct_op op, bool log, ct_tensor *t, int dim) {
-    if (CT__CHECK_ANY(name, t))
+    ct__op_spec s = {.name = name,
+                     .op = op,
+                     .in = {t},
+                     .nin = 1,
+                     .entry = offsetof(ct__device_ops, softmax),
+                     .entry_name = "softmax"};
+    ct__op_run r;
+    if (ct__op_begin(&s, &r))
         return NULL;
     char desc[CT__DESC_STR];
     int d = ct__wrap_dim(name, dim, t->ndim);
@@ -20,16 +27,10 @@ static ct_tensor *softmax_op(const char *name, ct_op op, bool log, ct_tensor *t,
                    name, ct__desc(desc, t), name);
         return NULL;
     }
-    const ct__device_ops *dev = CT__DEVICE_GET(name, t->storage->device, softmax);
-    ct_tensor *out = dev ? ct__new_on(name, t->ndim, t->sizes, t->dtype, t->storage->device) : NULL;
-    if (!out)
+    if (ct__op_alloc(&s, &r, t->dtype, t->dtype))
         return NULL;
-    if (dev->softmax(out, t, d, log)) {
-        ct__release(out);
-        return NULL;
-    }
     ct_op_args args = {.ints = {d}, .nints = 1};
-    return ct__record1(op, out, (ct_tensor *[]){t}, 1, &args);
+    return ct__op_end(&s, &r, r.dev->softmax(r.dst, r.x[0], d, log), &args);
 }
 
 ct_tensor *ct_softmax(ct_tensor *t, int dim) {

@@ -1,6 +1,6 @@
-/* Unary elementwise ops: the front end. It checks, picks the result
- * dtype, allocates and records; the kernels are the device's
- * (device_impl.h): tensor/cpu/unary.c, tensor/cuda/kernels.cu. */
+/* Unary elementwise ops: the front end. It picks the result dtype and
+ * calls the kernel between the op-preparation steps (device_impl.h); the
+ * kernels are the device's: tensor/cpu/unary.c, tensor/cuda/kernels.cu. */
 #include "device_impl.h"
 #include "ops_impl.h"
 #include "tensor_impl.h"
@@ -29,26 +29,23 @@ _Static_assert(0 CT_UNARY_OP_MAP(COUNT_PUBLIC) + 2 == CT__NUM_UNARY,
 
 static ct_tensor *unary(int which, ct_tensor *t, bool inplace, double p0, double p1) {
     const unary_op *u = &unary_ops[which];
-    const char *name = u->names[inplace];
-    if (CT__CHECK_ANY(name, t))
+    ct__op_spec s = {.name = u->names[inplace],
+                     .op = u->op,
+                     .in = {t},
+                     .nin = 1,
+                     .inplace = inplace,
+                     .entry = offsetof(ct__device_ops, unary),
+                     .entry_name = "unary"};
+    ct__op_run r;
+    if (ct__op_begin(&s, &r))
         return NULL;
-    ct_device device = t->storage->device;
-    const ct__device_ops *dev = CT__DEVICE_GET(name, device, unary);
-    if (!dev)
-        return NULL;
-    char desc[CT__DESC_STR];
-    bool is_float = ct_dtype_is_float(t->dtype);
     /* Integer powers stay integral only for whole, non-negative exponents. */
     bool int_ok = u->ints && t->dtype != CT_BOOL &&
                   !(which == CT__UNARY_POW_SCALAR && (p0 < 0 || p0 != floor(p0)));
-    ct_dtype out_dtype = is_float || int_ok ? t->dtype : CT_FLOAT32;
+    ct_dtype out_dtype = ct_dtype_is_float(t->dtype) || int_ok ? t->dtype : CT_FLOAT32;
     if (t->dtype == CT_BOOL && u->ints && which != CT__UNARY_POW_SCALAR) {
-        ct__seterr(CT_EDTYPE, "%s: not supported for bool tensors (%s)", name, ct__desc(desc, t));
-        return NULL;
-    }
-    if (inplace && out_dtype != t->dtype) {
-        ct__seterr(CT_EDTYPE, "%s: result type %s cannot be stored in the input %s in place", name,
-                   ct_dtype_name(out_dtype), ct__desc(desc, t));
+        char desc[CT__DESC_STR];
+        ct__seterr(CT_EDTYPE, "%s: not supported for bool tensors (%s)", s.name, ct__desc(desc, t));
         return NULL;
     }
     struct {
@@ -62,27 +59,13 @@ static ct_tensor *unary(int which, ct_tensor *t, bool inplace, double p0, double
             : prm.d[k] >= 9.2e18
                 ? INT64_MAX
                 : (int64_t)(which == CT__UNARY_CLAMP && k == 0 ? ceil(prm.d[k]) : floor(prm.d[k]));
-
-    ct_tensor *out = inplace ? t : ct__new_on(name, t->ndim, t->sizes, out_dtype, device);
-    if (!out || (inplace && ct__check_inplace(u->op, name, out, NULL, 0)))
+    /* An integer input of a float-valued op is computed in float32, which
+     * an integer tensor cannot hold in place. */
+    if (ct__op_alloc(&s, &r, out_dtype, out_dtype))
         return NULL;
-    /* An integer input of a float-valued op (never in place: refused above)
-     * is converted in a private scope that releases the copy. */
-    bool convert = out_dtype != t->dtype;
-    if (convert)
-        ct_scope_begin();
-    ct_tensor *src = convert ? ct_to_dtype(t, out_dtype) : t;
-    bool ok = src && dev->unary(which, out, src, prm.d, prm.i) == 0;
-    if (convert)
-        ct_scope_end();
-    if (!ok) {
-        if (!inplace)
-            ct__release(out);
-        return NULL;
-    }
-
+    int rc = r.dev->unary(which, r.dst, r.x[0], prm.d, prm.i);
     ct_op_args args = {.scalars = {p0, p1}};
-    return ct__record(u->op, (ct_tensor *[]){t}, 1, (ct_tensor *[]){out}, 1, inplace, &args);
+    return ct__op_end(&s, &r, rc, &args);
 }
 
 #define DEFINE_SIMPLE(name)                                                                        \
