@@ -176,7 +176,7 @@ static ct_tensor *gpt_forward(ct_module *m, ct_tensor *idx) {
             continue;
         }
         ct_tensor *y;
-        x = ct_checkpoint(run_block, block, &x, 1, &y, 1) ? NULL : y;
+        x = ct_activation_checkpoint(run_block, block, &x, 1, &y, 1) ? NULL : y;
     }
     x = ct_module_forward(ct_module_child(tr, "ln_f"), x);
     /* The output head is the token embedding (weight tying). */

@@ -7,7 +7,7 @@
  *   sgd, adamw          STEPS steps on N ranks with per-rank batch BATCH / N
  *                       give the parameters of STEPS steps of one process
  *                       with batch BATCH (SGD with momentum, AdamW)
- *   checkpointed        the same with every block under ct_checkpoint
+ *   checkpointed        the same with every block under ct_activation_checkpoint
  *                       (reentrant backward) and static_graph
  *   mismatched_models   rank 1 has another hidden size: CT_EMISMATCH on
  *                       every rank, naming the parameters and both shapes
@@ -96,7 +96,7 @@ static bool join(void) {
  * followed by relu. */
 typedef struct net_config {
     int64_t hidden;
-    bool checkpointed; /* each hidden block runs under ct_checkpoint */
+    bool checkpointed; /* each hidden block runs under ct_activation_checkpoint */
     bool mid_twice;    /* mid runs twice (in two checkpointed segments when checkpointed) */
     bool unused;       /* aux runs, but its output is not part of the loss */
     bool aux_rank0;    /* aux runs, and its output joins the loss on rank 0 only */
@@ -114,7 +114,7 @@ static ct_tensor *block(const net_config *cfg, ct_module *layer, ct_tensor *x) {
     if (!cfg->checkpointed)
         return ct_relu(ct_module_forward(layer, x));
     ct_tensor *y = NULL;
-    return ct_checkpoint(run_block, layer, &x, 1, &y, 1) == 0 ? y : NULL;
+    return ct_activation_checkpoint(run_block, layer, &x, 1, &y, 1) == 0 ? y : NULL;
 }
 
 static ct_tensor *net_forward(ct_module *m, ct_tensor *x) {

@@ -25,8 +25,8 @@ static int run_block(void *ctx, ct_tensor *const *in, int n, ct_tensor **out, in
 static int run_pair(void *ctx, ct_tensor *const *in, int n, ct_tensor **out, int m) {
     ct_module **pair = ctx;
     ct_tensor *mid;
-    int rc = ct_checkpoint(run_block, pair[0], in, n, &mid, 1);
-    return rc ? rc : ct_checkpoint(run_block, pair[1], &mid, 1, out, m);
+    int rc = ct_activation_checkpoint(run_block, pair[0], in, n, &mid, 1);
+    return rc ? rc : ct_activation_checkpoint(run_block, pair[1], &mid, 1, out, m);
 }
 
 typedef enum mode { PLAIN, CHECKPOINTED, NESTED } mode;
@@ -49,10 +49,10 @@ static usage step(ct_module **blocks, ct_tensor *x, mode how, int *rc) {
     for (int i = 1; i < DEPTH && h;) {
         ct_tensor *next = NULL;
         if (how == NESTED && i + 1 < DEPTH) {
-            *rc = ct_checkpoint(run_pair, &blocks[i], &h, 1, &next, 1);
+            *rc = ct_activation_checkpoint(run_pair, &blocks[i], &h, 1, &next, 1);
             i += 2;
         } else if (how != PLAIN) {
-            *rc = ct_checkpoint(run_block, blocks[i], &h, 1, &next, 1);
+            *rc = ct_activation_checkpoint(run_block, blocks[i], &h, 1, &next, 1);
             i++;
         } else {
             next = ct_module_forward(blocks[i++], h);
@@ -120,18 +120,33 @@ TEST(checkpointed_gradients_equal_plain_ones_with_less_memory) {
 TEST(checkpoint_misuse_is_a_clear_error) {
     ct_module *b = block();
     ct_tensor *x = ct_randn(CT_SHAPE(2, WIDTH), CT_FLOAT32, NULL), *out = NULL;
-    ASSERT_RC(ct_checkpoint(run_block, b, &x, 1, &out, 1), CT_EINVAL,
+    ASSERT_RC(ct_activation_checkpoint(run_block, b, &x, 1, &out, 1), CT_EINVAL,
               "none of the 1 inputs requires grad");
-    ASSERT_RC(ct_checkpoint(NULL, b, &x, 1, &out, 1), CT_EINVAL, "bad arguments");
+    ASSERT_RC(ct_activation_checkpoint(NULL, b, &x, 1, &out, 1), CT_EINVAL, "bad arguments");
     ct_tensor *xg = ct_requires_grad_(ct_clone(x), true);
-    ASSERT_EQ(ct_checkpoint(run_block, b, &xg, 1, &out, 1), 0);
+    ASSERT_EQ(ct_activation_checkpoint(run_block, b, &xg, 1, &out, 1), 0);
     ASSERT_STR_CONTAINS(ct_node_name(ct_tensor_grad_fn(out)), "Checkpoint");
     ct_tensor *loss = ct_sum(out, NULL, 0, false), *g = NULL;
     ASSERT_RC(ct_grad(&loss, 1, NULL, &xg, 1, &g, NULL), CT_ENOTSUP, "ct_grad", "use ct_backward");
     /* With grad mode off it simply runs fn. */
     bool prev = ct_set_grad_enabled(false);
-    ASSERT_EQ(ct_checkpoint(run_block, b, &x, 1, &out, 1), 0);
+    ASSERT_EQ(ct_activation_checkpoint(run_block, b, &x, 1, &out, 1), 0);
     ct_set_grad_enabled(prev);
     ASSERT_TRUE(out && !ct_requires_grad(out));
+    ct_module_free(b);
+}
+
+/* The name before 1.0 still works, and says it is deprecated. */
+TEST(the_deprecated_name_runs_the_same_checkpoint) {
+    ct_module *b = block();
+    ct_tensor *x = ct_requires_grad_(ct_randn(CT_SHAPE(2, WIDTH), CT_FLOAT32, NULL), true);
+    ct_tensor *out = NULL;
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+    ASSERT_EQ(ct_checkpoint(run_block, b, &x, 1, &out, 1), 0);
+    ct_checkpoint_fn fn = run_block;
+#pragma GCC diagnostic pop
+    ASSERT_TRUE(fn == run_block);
+    ASSERT_STR_CONTAINS(ct_node_name(ct_tensor_grad_fn(out)), "Checkpoint");
     ct_module_free(b);
 }

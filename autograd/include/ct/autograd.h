@@ -223,7 +223,7 @@ CT_API int ct_function_record(const ct_function_def *def, void *ctx, ct_tensor *
 /* ------------------------------------------------- activation checkpointing */
 
 /* Computes outputs from inputs; the outputs are ordinary op results. */
-typedef int (*ct_checkpoint_fn)(void *ctx, ct_tensor *const *inputs, int ninputs,
+typedef int (*ct_activation_fn)(void *ctx, ct_tensor *const *inputs, int ninputs,
                                 ct_tensor **outputs, int noutputs);
 
 /* Runs fn without recording a graph, keeping only the inputs and the default
@@ -231,9 +231,17 @@ typedef int (*ct_checkpoint_fn)(void *ctx, ct_tensor *const *inputs, int ninputs
  * and backpropagates through the recomputed outputs (a reentrant backward),
  * so gradients equal those of running fn directly, dropout included. ctx
  * must outlive the graph. Errors: CT_EINVAL when no input requires grad;
- * ct_grad() through a checkpoint fails with CT_ENOTSUP. */
-CT_API int ct_checkpoint(ct_checkpoint_fn fn, void *ctx, ct_tensor *const *inputs, int ninputs,
-                         ct_tensor **outputs, int noutputs);
+ * ct_grad() through a checkpoint fails with CT_ENOTSUP. Saving training
+ * state to disk is the checkpoint module's (ct/checkpoint.h). */
+CT_API int ct_activation_checkpoint(ct_activation_fn fn, void *ctx, ct_tensor *const *inputs,
+                                    int ninputs, ct_tensor **outputs, int noutputs);
+
+/* Deprecated names of the above (before 1.0), easy to mistake for the
+ * checkpoint module's ct_checkpoint_save: they will go. */
+typedef ct_activation_fn ct_checkpoint_fn CT_DEPRECATED("use ct_activation_fn");
+CT_API int ct_checkpoint(ct_activation_fn fn, void *ctx, ct_tensor *const *inputs, int ninputs,
+                         ct_tensor **outputs, int noutputs)
+    CT_DEPRECATED("use ct_activation_checkpoint");
 
 /* ------------------------------------------------------------- gradcheck */
 

@@ -245,7 +245,7 @@ typedef struct ct_gpt_config {
     int64_t vocab, context, layers, heads, width;
     double dropout; /* after the embeddings, on attention weights, after each block's branches */
     /* Recompute each block in backward instead of keeping its activations
-     * (ct_checkpoint), in training mode: less memory, about a third more
+     * (ct_activation_checkpoint), in training mode: less memory, about a third more
      * compute. */
     bool checkpoint;
 } ct_gpt_config;

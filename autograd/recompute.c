@@ -1,11 +1,13 @@
-/* Activation checkpointing: forward without a graph, recompute in backward
- * and backpropagate through the recomputation with a reentrant backward. */
+/* Activation checkpointing (ct_activation_checkpoint): forward without a
+ * graph, recompute in backward and backpropagate through the
+ * recomputation with a reentrant backward. Not the checkpoint module's
+ * saving of state to disk. */
 #include "autograd_impl.h"
 
 #include <stdlib.h>
 
 typedef struct checkpoint {
-    ct_checkpoint_fn fn;
+    ct_activation_fn fn;
     void *ctx;
     ct_generator rng; /* the default generator before the forward ran */
     int noutputs;
@@ -14,10 +16,11 @@ typedef struct checkpoint {
 static int recompute(const ct_backward_args *a) {
     checkpoint *c = a->ctx;
     if (ct__engine_capturing())
-        return ct__seterr(CT_ENOTSUP,
-                          "checkpoint: ct_grad() cannot go through a checkpointed region (its "
-                          "backward runs a reentrant ct_backward, which accumulates into .grad); "
-                          "use ct_backward()");
+        return ct__seterr(
+            CT_ENOTSUP,
+            "activation_checkpoint: ct_grad() cannot go through a checkpointed region (its "
+            "backward runs a reentrant ct_backward, which accumulates into .grad); "
+            "use ct_backward()");
     int n = a->nsaved, m = c->noutputs, rc = 0;
     ct_tensor *inputs[n > 0 ? n : 1], *outputs[m], *roots[m], *grads[m];
     for (int i = 0; i < n && !rc; i++) {
@@ -55,15 +58,16 @@ static int recompute(const ct_backward_args *a) {
 
 static const ct_function_def checkpoint_def = {"CheckpointFunctionBackward", recompute, free};
 
-int ct_checkpoint(ct_checkpoint_fn fn, void *ctx, ct_tensor *const *inputs, int ninputs,
-                  ct_tensor **outputs, int noutputs) {
+int ct_activation_checkpoint(ct_activation_fn fn, void *ctx, ct_tensor *const *inputs, int ninputs,
+                             ct_tensor **outputs, int noutputs) {
     if (!fn || noutputs < 1 || !outputs || ninputs < 0 || (ninputs && !inputs))
-        return ct__seterr(CT_EINVAL, "checkpoint: bad arguments (fn %s, %d inputs, %d outputs)",
+        return ct__seterr(CT_EINVAL,
+                          "activation_checkpoint: bad arguments (fn %s, %d inputs, %d outputs)",
                           fn ? "set" : "NULL", ninputs, noutputs);
     int rc = 0;
     bool any = false;
     for (int i = 0; i < ninputs && !rc; i++) {
-        rc = CT__CHECK_ANY("checkpoint", inputs[i]);
+        rc = CT__CHECK_ANY("activation_checkpoint", inputs[i]);
         any = any || (!rc && ct_requires_grad(inputs[i]));
     }
     if (rc)
@@ -73,14 +77,15 @@ int ct_checkpoint(ct_checkpoint_fn fn, void *ctx, ct_tensor *const *inputs, int 
     if (!ct_grad_enabled())
         return fn(ctx, inputs, ninputs, outputs, noutputs);
     if (!any)
-        return ct__seterr(CT_EINVAL,
-                          "checkpoint: none of the %d inputs requires grad, so the checkpointed "
-                          "region would get no gradient; pass at least one input that requires "
-                          "grad (parameters used inside fn are not inputs)",
-                          ninputs);
+        return ct__seterr(
+            CT_EINVAL,
+            "activation_checkpoint: none of the %d inputs requires grad, so the checkpointed "
+            "region would get no gradient; pass at least one input that requires "
+            "grad (parameters used inside fn are not inputs)",
+            ninputs);
     checkpoint *c = malloc(sizeof *c);
     if (!c)
-        return ct__seterr(CT_ENOMEM, "checkpoint: out of memory");
+        return ct__seterr(CT_ENOMEM, "activation_checkpoint: out of memory");
     *c = (checkpoint){fn, ctx, *ct_default_generator(), noutputs};
     /* fn's intermediate results are freed here, not by the caller's scope:
      * that is the memory checkpointing saves. */
@@ -89,7 +94,8 @@ int ct_checkpoint(ct_checkpoint_fn fn, void *ctx, ct_tensor *const *inputs, int 
     rc = fn(ctx, inputs, ninputs, outputs, noutputs);
     for (int o = 0; o < noutputs && !rc; o++)
         if (!outputs[o])
-            rc = ct__seterr(CT_EINVAL, "checkpoint: fn returned 0 but left output %d NULL", o);
+            rc = ct__seterr(CT_EINVAL,
+                            "activation_checkpoint: fn returned 0 but left output %d NULL", o);
     for (int o = 0; o < noutputs && !rc; o++)
         ct_keep(outputs[o]);
     ct_scope_end();
@@ -99,4 +105,11 @@ int ct_checkpoint(ct_checkpoint_fn fn, void *ctx, ct_tensor *const *inputs, int 
                                   ninputs);
     free(c);
     return rc;
+}
+
+/* The name before 1.0, which the checkpoint module's ct_checkpoint_save
+ * made easy to mistake; kept for programs that use it. */
+int ct_checkpoint(ct_activation_fn fn, void *ctx, ct_tensor *const *inputs, int ninputs,
+                  ct_tensor **outputs, int noutputs) {
+    return ct_activation_checkpoint(fn, ctx, inputs, ninputs, outputs, noutputs);
 }
