@@ -104,7 +104,8 @@ static int time_zmq(int rank, int iters) {
     if (rank) {
         rc = zmq_bind(s, "tcp://127.0.0.1:*") ||
              zmq_getsockopt(s, ZMQ_LAST_ENDPOINT, endpoint, &len);
-        rc = rc ? rc : ct_store_set(store, "bench_rpc/zmq", endpoint, strlen(endpoint), 30);
+        if (!rc)
+            rc = ct_store_set(store, "bench_rpc/zmq", endpoint, strlen(endpoint), 30);
         zmq_msg_t id, m;
         zmq_msg_init(&id);
         zmq_msg_init(&m);

@@ -73,8 +73,8 @@ const char *ct_checkpoint_reader_writer(const ct_checkpoint_reader *ck) {
 }
 
 int ct_checkpoint_reader_world_size(const ct_checkpoint_reader *ck) {
-    int rc = check(ck, "ct_checkpoint_reader_world_size");
-    return rc ? rc : ck->r.m->world_size;
+    CT_TRY(check(ck, "ct_checkpoint_reader_world_size"));
+    return ck->r.m->world_size;
 }
 
 int64_t ct_checkpoint_reader_step(const ct_checkpoint_reader *ck) {
@@ -82,24 +82,20 @@ int64_t ct_checkpoint_reader_step(const ct_checkpoint_reader *ck) {
 }
 
 int ct_checkpoint_reader_num_tensors(const ct_checkpoint_reader *ck) {
-    int rc = check(ck, "ct_checkpoint_reader_num_tensors");
-    return rc ? rc : ck->r.m->ntensors;
+    CT_TRY(check(ck, "ct_checkpoint_reader_num_tensors"));
+    return ck->r.m->ntensors;
 }
 
 static int check_index(const ct_checkpoint_reader *ck, const char *fn, int i, int n,
                        const char *what) {
-    int rc = check(ck, fn);
-    if (!rc && (i < 0 || i >= n))
-        rc = ct__seterr(CT_ERANGE, "%s: %s %d is outside [0, %d)", fn, what, i, n);
-    return rc;
+    CT_TRY(check(ck, fn));
+    CT_REQUIRE(i >= 0 && i < n, CT_ERANGE, "%s: %s %d is outside [0, %d)", fn, what, i, n);
+    return 0;
 }
 
 int ct_checkpoint_reader_tensor(const ct_checkpoint_reader *ck, int i,
                                 ct_checkpoint_tensor_info *info) {
-    int rc =
-        check_index(ck, "ct_checkpoint_reader_tensor", i, ck ? ck->r.m->ntensors : 0, "tensor");
-    if (rc)
-        return rc;
+    CT_TRY(check_index(ck, "ct_checkpoint_reader_tensor", i, ck ? ck->r.m->ntensors : 0, "tensor"));
     const ck_tensor *t = &ck->r.m->tensors[i];
     *info = (ct_checkpoint_tensor_info){t->name, t->kind, t->dtype, t->ndim, t->sizes, t->nchunks};
     return 0;
@@ -107,13 +103,9 @@ int ct_checkpoint_reader_tensor(const ct_checkpoint_reader *ck, int i,
 
 int ct_checkpoint_reader_chunk(const ct_checkpoint_reader *ck, int i, int chunk,
                                ct_checkpoint_chunk_info *info) {
-    int rc = check_index(ck, "ct_checkpoint_reader_chunk", i, ck ? ck->r.m->ntensors : 0, "tensor");
-    if (rc)
-        return rc;
+    CT_TRY(check_index(ck, "ct_checkpoint_reader_chunk", i, ck ? ck->r.m->ntensors : 0, "tensor"));
     const ck_tensor *t = &ck->r.m->tensors[i];
-    rc = check_index(ck, "ct_checkpoint_reader_chunk", chunk, t->nchunks, "chunk");
-    if (rc)
-        return rc;
+    CT_TRY(check_index(ck, "ct_checkpoint_reader_chunk", chunk, t->nchunks, "chunk"));
     const ck_chunk *c = &t->chunks[chunk];
     *info =
         (ct_checkpoint_chunk_info){c->offsets,     c->sizes,  c->rank, ck->r.m->files[c->file].name,
@@ -154,15 +146,13 @@ ct_tensor *ct_checkpoint_reader_read(ct_checkpoint_reader *ck, int i, int rank) 
 }
 
 int ct_checkpoint_reader_num_values(const ct_checkpoint_reader *ck) {
-    int rc = check(ck, "ct_checkpoint_reader_num_values");
-    return rc ? rc : ck->r.m->nvalues;
+    CT_TRY(check(ck, "ct_checkpoint_reader_num_values"));
+    return ck->r.m->nvalues;
 }
 
 int ct_checkpoint_reader_value(const ct_checkpoint_reader *ck, int i, int rank, const char **name,
                                ct_state_kind *kind, const char **type, const char **text) {
-    int rc = check_index(ck, "ct_checkpoint_reader_value", i, ck ? ck->r.m->nvalues : 0, "value");
-    if (rc)
-        return rc;
+    CT_TRY(check_index(ck, "ct_checkpoint_reader_value", i, ck ? ck->r.m->nvalues : 0, "value"));
     const ck_value *v = &ck->r.m->values[i];
     int slot = v->kind == CT_STATE_PER_RANK ? rank : 0;
     if (slot < 0 || slot >= v->ntexts)
@@ -180,16 +170,14 @@ int ct_checkpoint_reader_value(const ct_checkpoint_reader *ck, int i, int rank, 
 }
 
 int ct_checkpoint_reader_num_meta(const ct_checkpoint_reader *ck) {
-    int rc = check(ck, "ct_checkpoint_reader_num_meta");
-    return rc ? rc : ck->r.m->nmeta;
+    CT_TRY(check(ck, "ct_checkpoint_reader_num_meta"));
+    return ck->r.m->nmeta;
 }
 
 int ct_checkpoint_reader_meta(const ct_checkpoint_reader *ck, int i, const char **key,
                               const char **value) {
-    int rc =
-        check_index(ck, "ct_checkpoint_reader_meta", i, ck ? ck->r.m->nmeta : 0, "metadata entry");
-    if (rc)
-        return rc;
+    CT_TRY(
+        check_index(ck, "ct_checkpoint_reader_meta", i, ck ? ck->r.m->nmeta : 0, "metadata entry"));
     if (key)
         *key = ck->r.m->meta[2 * i];
     if (value)

@@ -270,71 +270,54 @@ static bool read_int(const st_header *h, const cJSON *j, uint64_t *v, char *why,
 }
 
 static int tensor_entry(const st_header *h, const cJSON *e, st_tensor *t) {
-    const char *what = h->what, *name = e->string;
+    const char *name = e->string;
     t->name = name;
-    if (!name[0])
-        return ct__seterr(CT_ENOTSUP,
-                          "safetensors: %s: a tensor has the empty name \"\"; ct_tensor_dict "
-                          "names cannot be empty",
-                          what);
-    if (!cJSON_IsObject(e))
-        return ct__seterr(CT_ECORRUPT,
-                          "safetensors: %s: tensor " NAME ": the entry is %s; expected an object "
-                          "with dtype, shape and data_offsets",
-                          what, name, json_type(e));
+    CT_REQUIRE(name[0], CT_ENOTSUP,
+               "safetensors: %s: a tensor has the empty name \"\"; ct_tensor_dict names cannot "
+               "be empty",
+               h->what);
+    ct__errctx cx;
+    ct__errctx_init(&cx, "safetensors: %s: tensor " NAME ": ", h->what, name);
+    CT_REQUIRE_CTX(&cx, cJSON_IsObject(e), CT_ECORRUPT,
+                   "the entry is %s; expected an object with dtype, shape and data_offsets",
+                   json_type(e));
     static const char *const fields[] = {"dtype", "shape", "data_offsets"};
     const cJSON *f[3] = {NULL, NULL, NULL};
     for (const cJSON *c = e->child; c; c = c->next) {
         for (int k = 0; k < 3; k++) {
             if (strcmp(c->string, fields[k]) != 0)
                 continue;
-            if (f[k])
-                return ct__seterr(CT_ECORRUPT,
-                                  "safetensors: %s: tensor " NAME ": field '%s' appears twice "
-                                  "(duplicate keys are refused)",
-                                  what, name, fields[k]);
+            CT_REQUIRE_CTX(&cx, !f[k], CT_ECORRUPT,
+                           "field '%s' appears twice (duplicate keys are refused)", fields[k]);
             f[k] = c;
         }
         /* Other fields are ignored, as the reference implementation does. */
     }
     for (int k = 0; k < 3; k++)
-        if (!f[k])
-            return ct__seterr(CT_ECORRUPT,
-                              "safetensors: %s: tensor " NAME ": field '%s' is missing", what, name,
-                              fields[k]);
+        CT_REQUIRE_CTX(&cx, f[k], CT_ECORRUPT, "field '%s' is missing", fields[k]);
     const cJSON *dtype = f[0], *shape = f[1], *offsets = f[2];
 
-    if (!cJSON_IsString(dtype))
-        return ct__seterr(CT_ECORRUPT,
-                          "safetensors: %s: tensor " NAME ": dtype is %s; expected a string", what,
-                          name, json_type(dtype));
+    CT_REQUIRE_CTX(&cx, cJSON_IsString(dtype), CT_ECORRUPT, "dtype is %s; expected a string",
+                   json_type(dtype));
     int d = 0;
     while (d < N_ST_DTYPES && strcmp(st_dtypes[d].name, dtype->valuestring) != 0)
         d++;
-    if (d == N_ST_DTYPES)
-        return ct__seterr(CT_ECORRUPT,
-                          "safetensors: %s: tensor " NAME ": unknown dtype \"%.40s\" (safetensors "
-                          "defines BOOL, U8, I8, I16, U16, F16, BF16, I32, U32, F32, F64, I64, U64 "
-                          "and the F8/F6/F4 formats)",
-                          what, name, dtype->valuestring);
-    if (st_dtypes[d].ct < 0)
-        return ct__seterr(CT_ENOTSUP,
-                          "safetensors: %s: tensor " NAME ": dtype %s is not supported by ct (it "
-                          "reads F64, F32, F16, BF16, I64, I32, U8 and BOOL)",
-                          what, name, st_dtypes[d].name);
+    CT_REQUIRE_CTX(&cx, d < N_ST_DTYPES, CT_ECORRUPT,
+                   "unknown dtype \"%.40s\" (safetensors defines BOOL, U8, I8, I16, U16, F16, "
+                   "BF16, I32, U32, F32, F64, I64, U64 and the F8/F6/F4 formats)",
+                   dtype->valuestring);
+    const char *st_name = st_dtypes[d].name;
+    CT_REQUIRE_CTX(&cx, st_dtypes[d].ct >= 0, CT_ENOTSUP,
+                   "dtype %s is not supported by ct (it reads F64, F32, F16, BF16, I64, I32, U8 "
+                   "and BOOL)",
+                   st_name);
     t->dtype = (ct_dtype)st_dtypes[d].ct;
 
-    if (!cJSON_IsArray(shape))
-        return ct__seterr(CT_ECORRUPT,
-                          "safetensors: %s: tensor " NAME ": shape is %s; expected an array of "
-                          "non-negative integers",
-                          what, name, json_type(shape));
+    CT_REQUIRE_CTX(&cx, cJSON_IsArray(shape), CT_ECORRUPT,
+                   "shape is %s; expected an array of non-negative integers", json_type(shape));
     int ndim = cJSON_GetArraySize(shape);
-    if (ndim > CT_MAX_DIMS)
-        return ct__seterr(CT_ENOTSUP,
-                          "safetensors: %s: tensor " NAME ": shape has %d dims; ct tensors have "
-                          "at most %d",
-                          what, name, ndim, CT_MAX_DIMS);
+    CT_REQUIRE_CTX(&cx, ndim <= CT_MAX_DIMS, CT_ENOTSUP,
+                   "shape has %d dims; ct tensors have at most %d", ndim, CT_MAX_DIMS);
     t->ndim = ndim;
     int64_t numel = 1;
     bool overflow = false;
@@ -342,60 +325,40 @@ static int tensor_entry(const st_header *h, const cJSON *e, st_tensor *t) {
     int k = 0;
     for (const cJSON *s = shape->child; s; s = s->next, k++) {
         uint64_t v;
-        if (!read_int(h, s, &v, why, sizeof why))
-            return ct__seterr(CT_ECORRUPT,
-                              "safetensors: %s: tensor " NAME ": shape entry %d is %s; expected a "
-                              "non-negative integer",
-                              what, name, k, why);
+        CT_REQUIRE_CTX(&cx, read_int(h, s, &v, why, sizeof why), CT_ECORRUPT,
+                       "shape entry %d is %s; expected a non-negative integer", k, why);
         t->sizes[k] = (int64_t)v;
         overflow |= __builtin_mul_overflow(numel, t->sizes[k], &numel);
     }
     char shp[CT__SHAPE_STR];
     ct__shape_str(shp, ndim, t->sizes);
     int64_t nbytes = 0;
-    if (overflow || __builtin_mul_overflow(numel, (int64_t)ct__esize(t->dtype), &nbytes))
-        return ct__seterr(CT_ECORRUPT,
-                          "safetensors: %s: tensor " NAME ": %s%s holds more than 2^63 bytes "
-                          "(the size overflows)",
-                          what, name, st_dtypes[d].name, shp);
+    overflow |= __builtin_mul_overflow(numel, (int64_t)ct__esize(t->dtype), &nbytes);
+    CT_REQUIRE_CTX(&cx, !overflow, CT_ECORRUPT,
+                   "%s%s holds more than 2^63 bytes (the size overflows)", st_name, shp);
     if (ct__check_shape("safetensors", ndim, t->sizes, t->dtype))
-        return ct__seterr(CT_ENOTSUP, "safetensors: %s: tensor " NAME ": %s%s: %s", what, name,
-                          st_dtypes[d].name, shp, ct_errmsg());
+        return ct__errf(&cx, CT_ENOTSUP, "%s%s: %s", st_name, shp, ct_errmsg());
 
     uint64_t off[2];
-    if (!cJSON_IsArray(offsets) || cJSON_GetArraySize(offsets) != 2)
-        return ct__seterr(CT_ECORRUPT,
-                          "safetensors: %s: tensor " NAME ": data_offsets is %s%s; expected an "
-                          "array of 2 integers [begin, end]",
-                          what, name, json_type(offsets),
-                          cJSON_IsArray(offsets) ? " of another length" : "");
+    CT_REQUIRE_CTX(&cx, cJSON_IsArray(offsets) && cJSON_GetArraySize(offsets) == 2, CT_ECORRUPT,
+                   "data_offsets is %s%s; expected an array of 2 integers [begin, end]",
+                   json_type(offsets), cJSON_IsArray(offsets) ? " of another length" : "");
     k = 0;
     for (const cJSON *s = offsets->child; s; s = s->next, k++)
-        if (!read_int(h, s, &off[k], why, sizeof why))
-            return ct__seterr(CT_ECORRUPT,
-                              "safetensors: %s: tensor " NAME ": data_offsets[%d] is %s; expected "
-                              "a non-negative integer",
-                              what, name, k, why);
+        CT_REQUIRE_CTX(&cx, read_int(h, s, &off[k], why, sizeof why), CT_ECORRUPT,
+                       "data_offsets[%d] is %s; expected a non-negative integer", k, why);
     t->begin = off[0];
     t->end = off[1];
-    if (t->begin > t->end)
-        return ct__seterr(CT_ECORRUPT,
-                          "safetensors: %s: tensor " NAME ": data_offsets [%llu, %llu] begin "
-                          "after they end",
-                          what, name, (unsigned long long)t->begin, (unsigned long long)t->end);
-    if (t->end - t->begin != (uint64_t)nbytes)
-        return ct__seterr(CT_ECORRUPT,
-                          "safetensors: %s: tensor " NAME ": data_offsets [%llu, %llu] hold %llu "
-                          "bytes but %s%s needs %lld",
-                          what, name, (unsigned long long)t->begin, (unsigned long long)t->end,
-                          (unsigned long long)(t->end - t->begin), st_dtypes[d].name, shp,
-                          (long long)nbytes);
-    if (t->end > h->data_len)
-        return ct__seterr(CT_ECORRUPT,
-                          "safetensors: %s: tensor " NAME ": data_offsets [%llu, %llu] end past "
-                          "the %llu bytes of data that follow the header",
-                          what, name, (unsigned long long)t->begin, (unsigned long long)t->end,
-                          (unsigned long long)h->data_len);
+    unsigned long long begin = t->begin, end = t->end;
+    CT_REQUIRE_CTX(&cx, begin <= end, CT_ECORRUPT, "data_offsets [%llu, %llu] begin after they end",
+                   begin, end);
+    CT_REQUIRE_CTX(&cx, end - begin == (uint64_t)nbytes, CT_ECORRUPT,
+                   "data_offsets [%llu, %llu] hold %llu bytes but %s%s needs %lld", begin, end,
+                   end - begin, st_name, shp, (long long)nbytes);
+    CT_REQUIRE_CTX(&cx, end <= h->data_len, CT_ECORRUPT,
+                   "data_offsets [%llu, %llu] end past the %llu bytes of data that follow the "
+                   "header",
+                   begin, end, (unsigned long long)h->data_len);
     return 0;
 }
 

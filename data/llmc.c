@@ -140,29 +140,32 @@ struct ct_llmc_tokens {
 
 static bool tokens_ok(const ct_llmc_tokens *ts) { return ts && ts->magic == TOKENS_LIVE; }
 
+/* Whether h, the header of the shard at sh->path, describes a file of size
+ * bytes. */
+static int check_shard_header(const char *fn, const shard *sh, const int32_t *h, int64_t size) {
+    ct__errctx cx;
+    ct__errctx_init(&cx, "%s: %s: ", fn, sh->path);
+    CT_REQUIRE_CTX(&cx, h[0] == CT_LLMC_TOKENS_MAGIC, CT_ECORRUPT,
+                   "magic %d is not llm.c's token shard magic %d%s", h[0], CT_LLMC_TOKENS_MAGIC,
+                   magic_owner(h[0]));
+    CT_REQUIRE_CTX(&cx, h[1] == CT_LLMC_TOKENS_VERSION, CT_EVERSION,
+                   "token shard version %d; this reader knows version %d (uint16 tokens)", h[1],
+                   CT_LLMC_TOKENS_VERSION);
+    CT_REQUIRE_CTX(&cx, h[2] > 0, CT_ECORRUPT,
+                   "the header says %d tokens; a shard holds at least 1", h[2]);
+    char desc[64];
+    snprintf(desc, sizeof desc, "the header's %d tokens", h[2]);
+    /* An int32 count of 2-byte tokens cannot overflow int64. */
+    return check_length(size, HEADER_BYTES + 2 * (int64_t)h[2], fn, sh->path, desc);
+}
+
 static int map_shard(shard *sh, const char *fn) {
     int64_t size;
     int32_t h[HEADER_WORDS];
     int fd = open_with_header(fn, sh->path, "a token shard", h, &size);
     if (fd < 0)
         return fd;
-    int rc = 0;
-    if (h[0] != CT_LLMC_TOKENS_MAGIC)
-        rc = ct__seterr(CT_ECORRUPT, "%s: %s: magic %d is not llm.c's token shard magic %d%s", fn,
-                        sh->path, h[0], CT_LLMC_TOKENS_MAGIC, magic_owner(h[0]));
-    if (rc == 0 && h[1] != CT_LLMC_TOKENS_VERSION)
-        rc = ct__seterr(CT_EVERSION,
-                        "%s: %s: token shard version %d; this reader knows version %d (uint16 "
-                        "tokens)",
-                        fn, sh->path, h[1], CT_LLMC_TOKENS_VERSION);
-    if (rc == 0 && h[2] <= 0)
-        rc = ct__seterr(CT_ECORRUPT, "%s: %s: the header says %d tokens; a shard holds at least 1",
-                        fn, sh->path, h[2]);
-    char desc[64];
-    snprintf(desc, sizeof desc, "the header's %d tokens", rc ? 0 : h[2]);
-    /* An int32 count of 2-byte tokens cannot overflow int64. */
-    if (rc == 0)
-        rc = check_length(size, HEADER_BYTES + 2 * (int64_t)h[2], fn, sh->path, desc);
+    int rc = check_shard_header(fn, sh, h, size);
     if (rc == 0) {
         sh->map = mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0);
         if (sh->map == MAP_FAILED) {

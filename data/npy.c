@@ -171,7 +171,8 @@ static int parse_descr(parser *p, size_t at, size_t n) {
     npy_header *h = p->h;
     const char *d = (const char *)p->s + at;
     snprintf(h->descr, sizeof h->descr, "%.*s", (int)(n < 32 ? n : 32), d);
-    const char *what = p->what, *descr = h->descr;
+    ct__errctx cx;
+    ct__errctx_init(&cx, "npy: %s: descr '%s' ", p->what, h->descr);
     size_t k = 0;
     char order = '=';
     if (k < n && strchr("<>|=", d[k]))
@@ -180,49 +181,34 @@ static int parse_descr(parser *p, size_t at, size_t n) {
     int size = 0, digits = 0;
     for (; k < n && d[k] >= '0' && d[k] <= '9' && digits < 3; k++, digits++)
         size = size * 10 + (d[k] - '0');
-    if (kind == 'O')
-        return ct__seterr(CT_ENOTSUP,
-                          "npy: %s: descr '%s' holds Python objects, which numpy pickles; ct "
-                          "never unpickles (%s)",
-                          what, descr, CT_READS);
+    CT_REQUIRE_CTX(&cx, kind != 'O', CT_ENOTSUP,
+                   "holds Python objects, which numpy pickles; ct never unpickles (%s)", CT_READS);
     if (kind && strchr("SUaMmV", kind) && k < n && d[k] == '[')
         k = n; /* datetime units, "M8[ns]": refused below by kind */
-    if (!kind || k < n || digits == 0 || (digits > 1 && d[k - digits] == '0'))
-        return ct__seterr(CT_ECORRUPT,
-                          "npy: %s: descr '%s' is not a numpy type string (a byte order, a kind "
-                          "letter and a size, such as '<f4')",
-                          what, descr);
+    static const char not_a_type[] =
+        "is not a numpy type string (a byte order, a kind letter and a size, such as '<f4')";
+    CT_REQUIRE_CTX(&cx, kind && k >= n && digits > 0 && (digits == 1 || d[k - digits] != '0'),
+                   CT_ECORRUPT, "%s", not_a_type);
     if (kind == 'V' && size == 2 && p->opts->bfloat16_from_v2 && order != '>') {
         h->dtype = CT_BFLOAT16;
         return 0;
     }
-    if (kind == 'V')
-        return ct__seterr(CT_ENOTSUP,
-                          "npy: %s: descr '%s' is a raw %d-byte void type, which ct does not "
-                          "read%s (%s)",
-                          what, descr, size,
-                          size == 2 ? "; if it holds ml_dtypes bfloat16, set bfloat16_from_v2" : "",
-                          CT_READS);
-    if (strchr("SUaMm", kind))
-        return ct__seterr(CT_ENOTSUP,
-                          "npy: %s: descr '%s' is a %s type, which ct does not read (%s)", what,
-                          descr, kind == 'M' || kind == 'm' ? "datetime" : "string", CT_READS);
+    CT_REQUIRE_CTX(
+        &cx, kind != 'V', CT_ENOTSUP, "is a raw %d-byte void type, which ct does not read%s (%s)",
+        size, size == 2 ? "; if it holds ml_dtypes bfloat16, set bfloat16_from_v2" : "", CT_READS);
+    CT_REQUIRE_CTX(&cx, !strchr("SUaMm", kind), CT_ENOTSUP,
+                   "is a %s type, which ct does not read (%s)",
+                   kind == 'M' || kind == 'm' ? "datetime" : "string", CT_READS);
     int t = 0;
     while (t < N_NPY_TYPES && (npy_types[t].kind != kind || npy_types[t].size != size))
         t++;
-    if (t == N_NPY_TYPES)
-        return ct__seterr(CT_ECORRUPT,
-                          "npy: %s: descr '%s' is not a numpy type string (a byte order, a kind "
-                          "letter and a size, such as '<f4')",
-                          what, descr);
-    if (npy_types[t].ct < 0)
-        return ct__seterr(CT_ENOTSUP, "npy: %s: descr '%s' (numpy %s) has no ct dtype (%s)", what,
-                          descr, npy_types[t].numpy, CT_READS);
-    if (order == '|' && size > 1)
-        return ct__seterr(CT_ECORRUPT,
-                          "npy: %s: descr '%s' says byte order '|' (not applicable), but a "
-                          "%d-byte type has one ('<' or '>')",
-                          what, descr, size);
+    CT_REQUIRE_CTX(&cx, t < N_NPY_TYPES, CT_ECORRUPT, "%s", not_a_type);
+    CT_REQUIRE_CTX(&cx, npy_types[t].ct >= 0, CT_ENOTSUP, "(numpy %s) has no ct dtype (%s)",
+                   npy_types[t].numpy, CT_READS);
+    CT_REQUIRE_CTX(&cx, order != '|' || size <= 1, CT_ECORRUPT,
+                   "says byte order '|' (not applicable), but a %d-byte type has one ('<' or "
+                   "'>')",
+                   size);
     h->dtype = (ct_dtype)npy_types[t].ct;
     h->swap = order == '>' && size > 1;
     return 0;
@@ -437,63 +423,55 @@ static int read_header(int fd, const char *what, int64_t size, const ct_npy_opti
                        npy_header *h) {
     unsigned char pre[12] = {0};
     size_t have = size < 12 ? (size_t)size : 12;
-    int rc = pread_all(fd, pre, have, 0, what);
-    if (rc)
-        return rc;
+    CT_TRY(pread_all(fd, pre, have, 0, what));
+    ct__errctx cx;
+    ct__errctx_init(&cx, "npy: %s: ", what);
     if (have < MAGIC_LEN || memcmp(pre, MAGIC, MAGIC_LEN) != 0) {
         char hex[3 * MAGIC_LEN + 1] = "";
         for (size_t i = 0; i < have && i < MAGIC_LEN; i++)
             sprintf(hex + 3 * i, "%02x ", pre[i]);
         hex[have ? 3 * (have < MAGIC_LEN ? have : MAGIC_LEN) - 1 : 0] = '\0';
-        return ct__seterr(CT_ECORRUPT,
-                          "npy: %s: not an .npy file: it begins with bytes [%s], not the magic "
-                          "\\x93NUMPY (93 4e 55 4d 50 59)",
-                          what, hex);
+        return ct__errf(&cx, CT_ECORRUPT,
+                        "not an .npy file: it begins with bytes [%s], not the magic \\x93NUMPY "
+                        "(93 4e 55 4d 50 59)",
+                        hex);
     }
-    if (have < 8)
-        return ct__seterr(CT_ECORRUPT, "npy: %s: the file ends after %zu bytes, inside the version",
-                          what, have);
+    CT_REQUIRE_CTX(&cx, have >= 8, CT_ECORRUPT, "the file ends after %zu bytes, inside the version",
+                   have);
     h->major = pre[6];
-    if (pre[6] < 1 || pre[6] > 3 || pre[7] != 0)
-        return ct__seterr(
-            CT_EVERSION, "npy: %s: format version %d.%d; this reader knows 1.0, 2.0 and 3.0%s",
-            what, pre[6], pre[7], pre[6] > 3 ? " (the file is newer than this reader)" : "");
+    CT_REQUIRE_CTX(&cx, pre[6] >= 1 && pre[6] <= 3 && pre[7] == 0, CT_EVERSION,
+                   "format version %d.%d; this reader knows 1.0, 2.0 and 3.0%s", pre[6], pre[7],
+                   pre[6] > 3 ? " (the file is newer than this reader)" : "");
     size_t prefix = h->major == 1 ? 10 : 12;
-    if (have < prefix)
-        return ct__seterr(CT_ECORRUPT,
-                          "npy: %s: the file ends after %zu bytes; a version %d.0 file begins "
-                          "with %zu (magic, version, header length)",
-                          what, have, h->major, prefix);
+    CT_REQUIRE_CTX(&cx, have >= prefix, CT_ECORRUPT,
+                   "the file ends after %zu bytes; a version %d.0 file begins with %zu (magic, "
+                   "version, header length)",
+                   have, h->major, prefix);
     uint32_t hlen = h->major == 1 ? le16(pre + 8) : le32(pre + 8);
-    if (hlen > CT_NPY_MAX_HEADER)
-        return ct__seterr(CT_ECORRUPT,
-                          "npy: %s: the header is %u bytes, over the limit of %d (numpy's own "
-                          "default; a .npy header ct can read needs a few hundred)",
-                          what, hlen, CT_NPY_MAX_HEADER);
+    CT_REQUIRE_CTX(&cx, hlen <= CT_NPY_MAX_HEADER, CT_ECORRUPT,
+                   "the header is %u bytes, over the limit of %d (numpy's own default; a .npy "
+                   "header ct can read needs a few hundred)",
+                   hlen, CT_NPY_MAX_HEADER);
     h->data_off = (int64_t)prefix + hlen;
-    if (h->data_off > size)
-        return ct__seterr(CT_ECORRUPT,
-                          "npy: %s: the header length %u runs past the end of the file (%lld "
-                          "bytes, %lld after the %zu-byte prefix)",
-                          what, hlen, (long long)size, (long long)size - (long long)prefix, prefix);
+    CT_REQUIRE_CTX(&cx, h->data_off <= size, CT_ECORRUPT,
+                   "the header length %u runs past the end of the file (%lld bytes, %lld after "
+                   "the %zu-byte prefix)",
+                   hlen, (long long)size, (long long)size - (long long)prefix, prefix);
     unsigned char text[CT_NPY_MAX_HEADER];
-    if ((rc = pread_all(fd, text, hlen, (int64_t)prefix, what)) != 0)
-        return rc;
+    CT_TRY(pread_all(fd, text, hlen, (int64_t)prefix, what));
     parser p = {.what = what, .s = text, .n = hlen, .opts = opts, .h = h};
-    if ((rc = parse_dict(&p)) != 0 || (rc = size_data(what, h)) != 0)
-        return rc;
+    CT_TRY(parse_dict(&p));
+    CT_TRY(size_data(what, h));
     int64_t want = h->data_off + h->nbytes;
-    if (size < want)
-        return ct__seterr(CT_ECORRUPT,
-                          "npy: %s: the file is %lld bytes; the header's %s needs %lld (%lld "
-                          "header + %lld data): truncated",
-                          what, (long long)size, h->desc, (long long)want, (long long)h->data_off,
-                          (long long)h->nbytes);
-    if (size > want)
-        return ct__seterr(CT_ECORRUPT,
-                          "npy: %s: %lld bytes follow the %lld that the header's %s describes "
-                          "(trailing bytes are refused: the header or the file is wrong)",
-                          what, (long long)(size - want), (long long)want, h->desc);
+    CT_REQUIRE_CTX(&cx, size >= want, CT_ECORRUPT,
+                   "the file is %lld bytes; the header's %s needs %lld (%lld header + %lld "
+                   "data): truncated",
+                   (long long)size, h->desc, (long long)want, (long long)h->data_off,
+                   (long long)h->nbytes);
+    CT_REQUIRE_CTX(&cx, size <= want, CT_ECORRUPT,
+                   "%lld bytes follow the %lld that the header's %s describes (trailing bytes are "
+                   "refused: the header or the file is wrong)",
+                   (long long)(size - want), (long long)want, h->desc);
     return 0;
 }
 

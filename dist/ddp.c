@@ -385,8 +385,8 @@ static int keep_view(param *p) {
     ct_tensor *g = ct_tensor_grad(p->t);
     if (g == p->grad)
         return 0;
-    int rc = ct__copy_any(p->grad, g ? g : p->ddp->zero);
-    return rc ? rc : ct_tensor_set_grad(p->t, p->grad);
+    CT_TRY(ct__copy_any(p->grad, g ? g : p->ddp->zero));
+    return ct_tensor_set_grad(p->t, p->grad);
 }
 
 static int finalize(void *ctx);
@@ -521,8 +521,10 @@ static int finalize(void *ctx) {
         /* Every bucket starts now, and together they tile the buffer: one
          * allreduce of all of it costs one synchronization instead of one
          * per bucket (measured in docs/bench-ddp.md). */
-        rc = rc ? rc : write_usage_map(d);
-        rc = rc ? rc : ct_comm_allreduce(d->comm, d->flat, CT_REDUCE_AVG, NULL);
+        if (!rc)
+            rc = write_usage_map(d);
+        if (!rc)
+            rc = ct_comm_allreduce(d->comm, d->flat, CT_REDUCE_AVG, NULL);
         d->next_launch = d->nbuckets;
     }
     for (int i = d->next_launch; i < d->nbuckets; i++)
@@ -715,23 +717,19 @@ static int check_ddp(const ct_ddp *d, const char *fn) {
 }
 
 int ct_ddp_set_sync(ct_ddp *d, bool sync) {
-    int rc = check_ddp(d, "ddp_set_sync");
-    if (rc)
-        return rc;
-    if (d->in_backward)
-        return ct__seterr(CT_ESTATE, "ddp_set_sync: called during a backward");
+    CT_TRY(check_ddp(d, "ddp_set_sync"));
+    CT_REQUIRE(!d->in_backward, CT_ESTATE, "ddp_set_sync: called during a backward");
     d->sync = sync;
     return 0;
 }
 
 int ct_ddp_join(ct_ddp *d) {
-    int rc = check_ddp(d, "ddp_join");
-    if (rc)
-        return rc;
-    if (!d->o.uneven_inputs)
-        return ct__seterr(CT_ESTATE, "ddp_join: the ct_ddp was made without uneven_inputs in its "
-                                     "options; every rank must then run the same number of steps");
+    CT_TRY(check_ddp(d, "ddp_join"));
+    CT_REQUIRE(d->o.uneven_inputs, CT_ESTATE,
+               "ddp_join: the ct_ddp was made without uneven_inputs in its options; every rank "
+               "must then run the same number of steps");
     d->joined = true;
+    int rc;
     for (;;) {
         int training;
         if ((rc = count_training(d, &training)) || training == 0)
@@ -746,12 +744,10 @@ int ct_ddp_join(ct_ddp *d) {
 }
 
 int ct_ddp_set_comm_hook(ct_ddp *d, const ct_ddp_comm_hook *hook) {
-    int rc = check_ddp(d, "ddp_set_comm_hook");
-    if (rc)
-        return rc;
-    if (hook && (!hook->start || (hook->free && !hook->ctx)))
-        return ct__seterr(CT_EINVAL, "ddp_set_comm_hook: the hook has no start function, or "
-                                     "its state could not be made");
+    CT_TRY(check_ddp(d, "ddp_set_comm_hook"));
+    CT_REQUIRE(!hook || (hook->start && (!hook->free || hook->ctx)), CT_EINVAL,
+               "ddp_set_comm_hook: the hook has no start function, or its state could not be "
+               "made");
     if (d->has_hook && d->hook.free)
         d->hook.free(d->hook.ctx);
     d->has_hook = hook != NULL;
@@ -761,8 +757,8 @@ int ct_ddp_set_comm_hook(ct_ddp *d, const ct_ddp_comm_hook *hook) {
 }
 
 int ct_ddp_num_buckets(const ct_ddp *d) {
-    int rc = check_ddp(d, "ddp_num_buckets");
-    return rc ? rc : d->nbuckets;
+    CT_TRY(check_ddp(d, "ddp_num_buckets"));
+    return d->nbuckets;
 }
 
 const char *const *ct_ddp_bucket_names(const ct_ddp *d, int bucket) {
@@ -803,8 +799,8 @@ static int bf16_start(ct_comm *comm, ct_tensor *bucket, int index, void *ctx, ct
                                           ct_tensor_device(bucket)))))
             return ct_errcode();
     }
-    int rc = ct__copy_any(*wire, bucket);
-    return rc ? rc : ct_comm_allreduce(comm, *wire, CT_REDUCE_AVG, work);
+    CT_TRY(ct__copy_any(*wire, bucket));
+    return ct_comm_allreduce(comm, *wire, CT_REDUCE_AVG, work);
 }
 
 static int bf16_finish(ct_comm *comm, ct_tensor *bucket, int index, void *ctx) {

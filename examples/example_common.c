@@ -311,21 +311,23 @@ void example_print_summary(const char *head, const char *more, const example_opt
 
 int example_ckpt_init(example_ckpt *r, const ct_param_list *params, ct_optim *opt, ct_comm *world) {
     *r = (example_ckpt){.st = ct_state_new(), .ck = ct_checkpointer_new(world), .last_saved = -1};
-    int rc = r->st && r->ck ? 0 : ct_errcode();
-    for (int i = 0; !rc && i < params->n; i++)
-        rc = ct_state_add_tensor(r->st, params->names[i], params->tensors[i], CT_STATE_REPLICATED);
-    int n = rc ? 0 : ct_optim_num_states(opt);
-    for (int i = 0; !rc && i < n; i++) {
+    if (!r->st || !r->ck)
+        return ct_errcode();
+    for (int i = 0; i < params->n; i++)
+        CT_TRY(
+            ct_state_add_tensor(r->st, params->names[i], params->tensors[i], CT_STATE_REPLICATED));
+    int n = ct_optim_num_states(opt);
+    for (int i = 0; i < n; i++) {
         const char *name;
         ct_tensor *t;
         char key[96];
-        rc = ct_optim_state_at(opt, i, &name, &t);
+        CT_TRY(ct_optim_state_at(opt, i, &name, &t));
         snprintf(key, sizeof key, "optimizer.%s", name);
-        rc = rc ? rc : ct_state_add_tensor(r->st, key, t, CT_STATE_REPLICATED);
+        CT_TRY(ct_state_add_tensor(r->st, key, t, CT_STATE_REPLICATED));
     }
-    rc = rc ? rc : ct_state_add_i64(r->st, "train.step", &r->step, CT_STATE_REPLICATED);
-    rc = rc ? rc : ct_state_add_generator(r->st, "rng", ct_default_generator(), CT_STATE_PER_RANK);
-    return rc ? -1 : 0;
+    CT_TRY(ct_state_add_i64(r->st, "train.step", &r->step, CT_STATE_REPLICATED));
+    CT_TRY(ct_state_add_generator(r->st, "rng", ct_default_generator(), CT_STATE_PER_RANK));
+    return 0;
 }
 
 int64_t example_ckpt_resume(example_ckpt *r, const char *dir, ct_comm *world, ct_optim *opt) {

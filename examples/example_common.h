@@ -205,8 +205,8 @@ typedef struct example_ckpt {
 } example_ckpt;
 
 /* Registers params (replicated), opt's state as "optimizer.<name>",
- * "train.step" and "rng" (per rank). On error the caller still calls
- * example_ckpt_finish(). */
+ * "train.step" and "rng" (per rank). Returns 0 or a CT_E* code; on error
+ * the caller still calls example_ckpt_finish(). */
 int example_ckpt_init(example_ckpt *r, const ct_param_list *params, ct_optim *opt, ct_comm *world);
 /* Faults in the staging memory of background saves (so that the first save
  * does not), then loads the newest checkpoint in dir, if there is one, and

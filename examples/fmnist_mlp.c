@@ -169,10 +169,10 @@ typedef struct resumable {
 
 static int resumable_init(resumable *r, const ct_param_list *params, ct_optim *opt,
                           ct_comm *world) {
-    int rc = example_ckpt_init(&r->ck, params, opt, world);
-    rc = rc ? rc : ct_state_add_i64(r->ck.st, "data.epoch", &r->epoch, CT_STATE_REPLICATED);
-    rc = rc ? rc : ct_state_add_i64(r->ck.st, "data.offset", &r->offset, CT_STATE_REPLICATED);
-    return rc ? -1 : 0;
+    CT_TRY(example_ckpt_init(&r->ck, params, opt, world));
+    CT_TRY(ct_state_add_i64(r->ck.st, "data.epoch", &r->epoch, CT_STATE_REPLICATED));
+    CT_TRY(ct_state_add_i64(r->ck.st, "data.offset", &r->offset, CT_STATE_REPLICATED));
+    return 0;
 }
 
 /* Loads the newest checkpoint in dir, if any, and moves the loader there
@@ -410,7 +410,8 @@ int main(int argc, char **argv) {
     int rank = ct_comm_rank(ct_dist_comm());
     bool complete = false;
     int rc = check_inputs(&o, rank);
-    rc = rc ? rc : train(&o, &complete);
+    if (!rc)
+        rc = train(&o, &complete);
     /* On stderr, as the summary ends stdout. */
     if (!rc && !complete && rank == 0 && o.plot) {
         rc = metrics_plot(o.metrics, o.plot, NULL);

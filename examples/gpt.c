@@ -682,16 +682,17 @@ static int fix_length(run *r, int64_t done, double elapsed) {
 }
 
 static int train_step(run *r, int64_t step, const ct_lr_schedule *sched, double *loss) {
+    *loss = NAN;
     ct_tensor *x, *y;
-    int rc = train_batch(r->c, r->o, step, r->rank, r->ranks, &x, &y);
-    rc = rc ? rc : ct_optim_set_lr(r->opt, ct_lr_schedule_at(sched, step));
-    ct_tensor *l = rc ? NULL : loss_of(r->gpt, x, y);
-    rc = rc ? rc : l ? ct_tensor_backward(l) : ct_errcode();
-    rc = rc ? rc : ct_clip_grad_norm(r->params.tensors, r->params.n, r->o->clip, NULL);
-    rc = rc ? rc : ct_optim_step(r->opt);
-    rc = rc ? rc : ct_optim_zero_grad(r->opt, r->ddp == NULL);
-    *loss = rc ? NAN : ct_item(l);
-    return rc;
+    CT_TRY(train_batch(r->c, r->o, step, r->rank, r->ranks, &x, &y));
+    CT_TRY(ct_optim_set_lr(r->opt, ct_lr_schedule_at(sched, step)));
+    ct_tensor *l = loss_of(r->gpt, x, y);
+    CT_TRY(l ? ct_tensor_backward(l) : ct_errcode());
+    CT_TRY(ct_clip_grad_norm(r->params.tensors, r->params.n, r->o->clip, NULL));
+    CT_TRY(ct_optim_step(r->opt));
+    CT_TRY(ct_optim_zero_grad(r->opt, r->ddp == NULL));
+    *loss = ct_item(l);
+    return 0;
 }
 
 /* *complete: the checkpoint in --checkpoint-dir had finished the run. */
@@ -938,6 +939,16 @@ static int check_inputs(const options *o, const corpus *c, int rank, int ranks) 
     return 0;
 }
 
+/* Everything between init and teardown; what it made, main frees. */
+static int run_job(options *o, corpus *c, run *r, bool *complete) {
+    if (o->init && is_llmc_model(o->init))
+        CT_TRY(take_llmc_sizes(o));
+    CT_TRY(corpus_open(c, o));
+    CT_TRY(check_inputs(o, c, r->rank, r->ranks));
+    CT_TRY(setup(r));
+    return train(r, complete);
+}
+
 int main(int argc, char **argv) {
     options o;
     if (parse(argc, argv, &o))
@@ -955,11 +966,7 @@ int main(int argc, char **argv) {
     r.ranks = ct_comm_size(r.world);
     ct_param_list_init(&r.params);
     bool complete = false;
-    int rc = o.init && is_llmc_model(o.init) ? take_llmc_sizes(&o) : 0;
-    rc = rc ? rc : corpus_open(&c, &o);
-    rc = rc ? rc : check_inputs(&o, &c, r.rank, r.ranks);
-    rc = rc ? rc : setup(&r);
-    rc = rc ? rc : train(&r, &complete);
+    int rc = run_job(&o, &c, &r, &complete);
     if (example_ckpt_finish(&r.ckpt) && !rc)
         rc = -1;
     if (r.metrics && fclose(r.metrics) && !rc)

@@ -439,7 +439,8 @@ int metrics_plot(const char *metrics_path, const char *png_path, const metrics_p
     const char *title = o.title ? o.title : base ? base + 1 : metrics_path;
     metrics m = {.xmin = INFINITY, .xmax = -INFINITY};
     int rc = read_metrics(metrics_path, xname, &m);
-    rc = rc ? rc : check_plottable(&m, metrics_path, xname);
+    if (!rc)
+        rc = check_plottable(&m, metrics_path, xname);
     FILE *script = NULL;
     if (!rc && !(script = o.script ? fopen(o.script, "w+") : temp_file()))
         rc = o.script ? ct_seterr(CT_EIO, "metrics_plot: cannot write '%s': %s", o.script,
@@ -456,7 +457,8 @@ int metrics_plot(const char *metrics_path, const char *png_path, const metrics_p
     if (png) {
         fclose(png);
         rc = run_gnuplot(script);
-        rc = rc ? rc : check_png(png_path);
+        if (!rc)
+            rc = check_png(png_path);
         if (rc)
             unlink(png_path);
     }

@@ -140,20 +140,27 @@ static int serve(server *s, double timeout_s) {
     return 0;
 }
 
+/* The ps's optimizer over net's parameters (into s->params), and the
+ * functions it serves; run_server frees what this made. */
+static int server_setup(server *s, const options *o, int trainers, ct_module *net, ct_optim **opt) {
+    if (!net)
+        return ct_errcode();
+    CT_TRY(ct_module_named_parameters(net, &s->params));
+    ct_optim_options oo = ct_optim_defaults(CT_OPTIM_SGD, o->common.lr);
+    oo.momentum = o->momentum >= 0 ? o->momentum : trainers > 1 ? 0.8 : 0.9;
+    if (!(*opt = ct_optim_new(&oo, s->params.tensors, s->params.n)))
+        return ct_errcode();
+    CT_TRY(ct_rpc_register("forward", forward, s));
+    CT_TRY(ct_rpc_register("done", done, s));
+    return ct_dist_optim_serve("sgd", *opt);
+}
+
 static int run_server(const options *o, int trainers) {
     ct_module *net = example_mlp_new(&o->common, 0);
     server s = {.training = trainers};
     ct_param_list_init(&s.params);
-    int rc = net ? ct_module_named_parameters(net, &s.params) : ct_errcode();
     ct_optim *opt = NULL;
-    if (!rc) {
-        ct_optim_options oo = ct_optim_defaults(CT_OPTIM_SGD, o->common.lr);
-        oo.momentum = o->momentum >= 0 ? o->momentum : trainers > 1 ? 0.8 : 0.9;
-        rc = (opt = ct_optim_new(&oo, s.params.tensors, s.params.n)) ? 0 : ct_errcode();
-    }
-    rc = rc ? rc : ct_rpc_register("forward", forward, &s);
-    rc = rc ? rc : ct_rpc_register("done", done, &s);
-    rc = rc ? rc : ct_dist_optim_serve("sgd", opt);
+    int rc = server_setup(&s, o, trainers, net, &opt);
     bool started =
         !rc && !(rc = ct_rpc_init(&(ct_rpc_options){.name = "ps", .timeout_s = o->timeout_s}));
     if (started) {
@@ -162,7 +169,8 @@ static int run_server(const options *o, int trainers) {
                (long long)ct_param_list_numel(&s.params), trainers, trainers > 1 ? "s" : "");
         fflush(stdout);
         rc = serve(&s, o->timeout_s);
-        rc = rc ? rc : ct_rpc_shutdown();
+        if (!rc)
+            rc = ct_rpc_shutdown();
     }
     /* A running agent may still step opt: the exit takes it all. */
     if (started && rc)
@@ -175,18 +183,27 @@ static int run_server(const options *o, int trainers) {
 
 /* ----------------------------------------------------------- the trainers */
 
+/* The step's work in its context, over in and *out, which train_step
+ * makes and frees. */
+static int step_in(int64_t context, ct_dist_optim *opt, ct_rpc_args *in, ct_rpc_args **out,
+                   ct_tensor *x, ct_tensor *y, double *loss) {
+    CT_TRY(in ? ct_rpc_args_add_tensor(in, x) : ct_errcode());
+    CT_TRY(ct_rpc_sync("ps", "forward", in, 0, out));
+    ct_tensor *l = ct_cross_entropy(ct_rpc_args_tensor(*out, 0), y, NULL);
+    CT_TRY(l ? ct_dist_backward(context, &l, 1) : ct_errcode());
+    CT_TRY(ct_dist_optim_step(opt, context));
+    *loss = ct_item(l);
+    return 0;
+}
+
 /* One step in its own context; *loss is the batch's mean loss. */
 static int train_step(void *opt, ct_tensor *x, ct_tensor *y, double *loss) {
     int64_t context = ct_dist_autograd_begin();
     if (!context)
         return ct_errcode();
     ct_rpc_args *in = ct_rpc_args_new(), *out = NULL;
-    int rc = in ? ct_rpc_args_add_tensor(in, x) : ct_errcode();
-    rc = rc ? rc : ct_rpc_sync("ps", "forward", in, 0, &out);
-    ct_tensor *l = rc ? NULL : ct_cross_entropy(ct_rpc_args_tensor(out, 0), y, NULL);
-    rc = rc ? rc : l ? ct_dist_backward(context, &l, 1) : ct_errcode();
-    rc = rc ? rc : ct_dist_optim_step(opt, context);
-    *loss = rc ? NAN : ct_item(l);
+    *loss = NAN;
+    int rc = step_in(context, opt, in, &out, x, y, loss);
     int end = ct_dist_autograd_end(context);
     ct_rpc_args_free(in);
     ct_rpc_args_free(out);
@@ -198,7 +215,8 @@ static ct_tensor *predict(void *ctx, ct_tensor *images) {
     (void)ctx;
     ct_rpc_args *in = ct_rpc_args_new(), *out = NULL;
     int rc = in ? ct_rpc_args_add_tensor(in, images) : ct_errcode();
-    rc = rc ? rc : ct_rpc_sync("ps", "forward", in, 0, &out);
+    if (!rc)
+        rc = ct_rpc_sync("ps", "forward", in, 0, &out);
     ct_tensor *pred = rc ? NULL : ct_argmax(ct_rpc_args_tensor(out, 0), 1, false);
     ct_rpc_args_free(in);
     ct_rpc_args_free(out);
@@ -218,7 +236,8 @@ static int train(const options *o, int trainer, int trainers, ct_comm *group,
     ct_loader *loader = NULL;
     ct_dist_optim *opt = ct_dist_optim_new("sgd", (const char *const[]){"ps"}, 1);
     int rc = opt ? ct_sampler_init(&sampler, &so) : ct_errcode();
-    rc = rc ? rc : (loader = ct_loader_new(d->train_x, d->train_y, &lo)) ? 0 : ct_errcode();
+    if (!rc && !(loader = ct_loader_new(d->train_x, d->train_y, &lo)))
+        rc = ct_errcode();
     if (!rc && trainer == 0)
         printf("param_server: 784-%lld-%lld-10 on ps, batch %lld, %d epochs, %d trainer%s, %d "
                "thread%s each\n",
@@ -237,23 +256,30 @@ static int train(const options *o, int trainer, int trainers, ct_comm *group,
                          .summary_head = head,
                          .test_x = d->test_x,
                          .test_y = d->test_y};
-    rc = rc ? rc : example_train(&t);
+    if (!rc)
+        rc = example_train(&t);
     ct_loader_free(loader);
     ct_dist_optim_free(opt);
     return rc;
 }
 
+/* Trains over RPC, then tells the ps that this trainer is done. */
+static int train_rpc(const options *o, int rank, int ranks, ct_comm *group, const example_data *d) {
+    char name[32];
+    snprintf(name, sizeof name, "trainer%d", rank);
+    CT_TRY(ct_rpc_init(&(ct_rpc_options){.name = name, .timeout_s = o->timeout_s}));
+    CT_TRY(train(o, rank - 1, ranks - 1, group, d));
+    ct_rpc_args *none = ct_rpc_args_new();
+    int rc = none ? ct_rpc_sync("ps", "done", none, 0, NULL) : ct_errcode();
+    ct_rpc_args_free(none);
+    return rc ? rc : ct_rpc_shutdown();
+}
+
 static int run_trainer(const options *o, int rank, int ranks, ct_comm *group) {
     example_data d;
     int rc = example_data_load(&d, o->common.data, rank == 1);
-    char name[32];
-    snprintf(name, sizeof name, "trainer%d", rank);
-    rc = rc ? rc : ct_rpc_init(&(ct_rpc_options){.name = name, .timeout_s = o->timeout_s});
-    rc = rc ? rc : train(o, rank - 1, ranks - 1, group, &d);
-    ct_rpc_args *none = rc ? NULL : ct_rpc_args_new();
-    rc = rc ? rc : none ? ct_rpc_sync("ps", "done", none, 0, NULL) : ct_errcode();
-    rc = rc ? rc : ct_rpc_shutdown();
-    ct_rpc_args_free(none);
+    if (!rc)
+        rc = train_rpc(o, rank, ranks, group, &d);
     example_data_free(&d);
     return rc;
 }
@@ -276,7 +302,8 @@ int main(int argc, char **argv) {
         trainer_ranks[i - 1] = i;
     ct_comm *trainers = NULL;
     int rc = ct_dist_new_group(trainer_ranks, ranks - 1, &trainers);
-    rc = rc ? rc : rank == 0 ? run_server(&o, ranks - 1) : run_trainer(&o, rank, ranks, trainers);
+    if (!rc)
+        rc = rank == 0 ? run_server(&o, ranks - 1) : run_trainer(&o, rank, ranks, trainers);
     if (rc) {
         /* The launcher stops the other ranks; their calls fail meanwhile. */
         fprintf(stderr, "param_server: %s\n", ct_errmsg());

@@ -80,7 +80,8 @@ static int stage_init(stage *s, const options *o, int worker) {
     ct_param_list_init(&params);
     /* One flat parameter buffer: the optimizer updates it in one pass. */
     int rc = ct_module_flatten(s->net, false);
-    rc = rc ? rc : ct_module_named_parameters(s->net, &params);
+    if (!rc)
+        rc = ct_module_named_parameters(s->net, &params);
     if (!rc) {
         ct_optim_options oo = ct_optim_defaults(CT_OPTIM_SGD, o->common.lr);
         oo.momentum = 0.9;
@@ -137,14 +138,23 @@ static int serve(stage *s, double timeout_s) {
     return 0;
 }
 
+/* Serves the built stage until worker 0 is done; *started: the agent ran,
+ * and may still use the stage. */
+static int serve_stage2(stage *s, const options *o, bool *started) {
+    CT_TRY(ct_rpc_register("stage2", stage2, s));
+    CT_TRY(ct_rpc_register("done", done, s));
+    CT_TRY(ct_rpc_init(&(ct_rpc_options){.timeout_s = o->timeout_s}));
+    *started = true;
+    CT_TRY(serve(s, o->timeout_s));
+    return ct_rpc_shutdown();
+}
+
 static int run_stage2(const options *o) {
     stage s = {.driving = true};
+    bool started = false;
     int rc = stage_init(&s, o, 1);
-    rc = rc ? rc : ct_rpc_register("stage2", stage2, &s);
-    rc = rc ? rc : ct_rpc_register("done", done, &s);
-    bool started = !rc && !(rc = ct_rpc_init(&(ct_rpc_options){.timeout_s = o->timeout_s}));
-    rc = rc ? rc : serve(&s, o->timeout_s);
-    rc = rc ? rc : ct_rpc_shutdown();
+    if (!rc)
+        rc = serve_stage2(&s, o, &started);
     /* A running agent may still use the stage: the exit takes it all. */
     if (started && rc)
         return rc;
@@ -159,20 +169,28 @@ typedef struct driver {
     ct_dist_optim *opt; /* steps both workers' "sgd" */
 } driver;
 
+/* The step's work in its context, over in and *out, which train_step
+ * makes and frees. */
+static int step_in(int64_t context, driver *dr, ct_rpc_args *in, ct_rpc_args **out, ct_tensor *x,
+                   ct_tensor *y, double *loss) {
+    ct_tensor *h = ct_module_forward(dr->stage1, x);
+    CT_TRY(in && h ? ct_rpc_args_add_tensor(in, h) : ct_errcode());
+    CT_TRY(ct_rpc_sync("worker1", "stage2", in, 0, out));
+    ct_tensor *l = ct_cross_entropy(ct_rpc_args_tensor(*out, 0), y, NULL);
+    CT_TRY(l ? ct_dist_backward(context, &l, 1) : ct_errcode());
+    CT_TRY(ct_dist_optim_step(dr->opt, context));
+    *loss = ct_item(l);
+    return 0;
+}
+
 /* One step in its own context; *loss is the batch's mean loss. */
 static int train_step(void *ctx, ct_tensor *x, ct_tensor *y, double *loss) {
-    driver *dr = ctx;
     int64_t context = ct_dist_autograd_begin();
     if (!context)
         return ct_errcode();
     ct_rpc_args *in = ct_rpc_args_new(), *out = NULL;
-    ct_tensor *h = ct_module_forward(dr->stage1, x);
-    int rc = in && h ? ct_rpc_args_add_tensor(in, h) : ct_errcode();
-    rc = rc ? rc : ct_rpc_sync("worker1", "stage2", in, 0, &out);
-    ct_tensor *l = rc ? NULL : ct_cross_entropy(ct_rpc_args_tensor(out, 0), y, NULL);
-    rc = rc ? rc : l ? ct_dist_backward(context, &l, 1) : ct_errcode();
-    rc = rc ? rc : ct_dist_optim_step(dr->opt, context);
-    *loss = rc ? NAN : ct_item(l);
+    *loss = NAN;
+    int rc = step_in(context, ctx, in, &out, x, y, loss);
     int end = ct_dist_autograd_end(context);
     ct_rpc_args_free(in);
     ct_rpc_args_free(out);
@@ -185,7 +203,8 @@ static ct_tensor *predict(void *ctx, ct_tensor *images) {
     ct_rpc_args *in = ct_rpc_args_new(), *out = NULL;
     ct_tensor *h = ct_module_forward(dr->stage1, images);
     int rc = in && h ? ct_rpc_args_add_tensor(in, h) : ct_errcode();
-    rc = rc ? rc : ct_rpc_sync("worker1", "stage2", in, 0, &out);
+    if (!rc)
+        rc = ct_rpc_sync("worker1", "stage2", in, 0, &out);
     ct_tensor *pred = rc ? NULL : ct_argmax(ct_rpc_args_tensor(out, 0), 1, false);
     ct_rpc_args_free(in);
     ct_rpc_args_free(out);
@@ -200,7 +219,8 @@ static int train(const options *o, ct_module *stage1, const example_data *d) {
     ct_loader *loader = NULL;
     driver dr = {stage1, ct_dist_optim_new("sgd", (const char *const[]){"worker0", "worker1"}, 2)};
     int rc = dr.opt ? ct_sampler_init(&sampler, &so) : ct_errcode();
-    rc = rc ? rc : (loader = ct_loader_new(d->train_x, d->train_y, &lo)) ? 0 : ct_errcode();
+    if (!rc && !(loader = ct_loader_new(d->train_x, d->train_y, &lo)))
+        rc = ct_errcode();
     if (!rc)
         printf("two_stage: 784-%lld | %lld-10 on worker0 | worker1, batch %lld, %d epochs, %d "
                "thread%s each\n",
@@ -215,23 +235,34 @@ static int train(const options *o, ct_module *stage1, const example_data *d) {
                          .summary_head = "\"example\": \"two_stage\"",
                          .test_x = d->test_x,
                          .test_y = d->test_y};
-    rc = rc ? rc : example_train(&t);
+    if (!rc)
+        rc = example_train(&t);
     ct_loader_free(loader);
     ct_dist_optim_free(dr.opt);
     return rc;
 }
 
+/* Trains over RPC with the built stage, then tells worker 1 it is done;
+ * *started as serve_stage2's. */
+static int drive(stage *s, const options *o, const example_data *d, bool *started) {
+    CT_TRY(ct_rpc_init(&(ct_rpc_options){.timeout_s = o->timeout_s}));
+    *started = true;
+    CT_TRY(train(o, s->net, d));
+    ct_rpc_args *none = ct_rpc_args_new();
+    int rc = none ? ct_rpc_sync("worker1", "done", none, 0, NULL) : ct_errcode();
+    ct_rpc_args_free(none);
+    return rc ? rc : ct_rpc_shutdown();
+}
+
 static int run_stage1(const options *o) {
     example_data d;
     stage s = {0};
+    bool started = false;
     int rc = example_data_load(&d, o->common.data, true);
-    rc = rc ? rc : stage_init(&s, o, 0);
-    bool started = !rc && !(rc = ct_rpc_init(&(ct_rpc_options){.timeout_s = o->timeout_s}));
-    rc = rc ? rc : train(o, s.net, &d);
-    ct_rpc_args *none = rc ? NULL : ct_rpc_args_new();
-    rc = rc ? rc : none ? ct_rpc_sync("worker1", "done", none, 0, NULL) : ct_errcode();
-    rc = rc ? rc : ct_rpc_shutdown();
-    ct_rpc_args_free(none);
+    if (!rc)
+        rc = stage_init(&s, o, 0);
+    if (!rc)
+        rc = drive(&s, o, &d, &started);
     if (started && rc)
         return rc; /* as run_stage2 */
     stage_free(&s);

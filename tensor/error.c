@@ -5,8 +5,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#define CT__ERRMSG_MAX 1024
-
 static _Thread_local char errmsg[CT__ERRMSG_MAX];
 static _Thread_local int errcode;
 
@@ -47,22 +45,43 @@ void ct_errclear(void) {
     errcode = CT_OK;
 }
 
-int ct__seterr(int code, const char *fmt, ...) {
-    /* Format into a scratch buffer first: callers may pass ct_errmsg() as an
-     * argument to wrap an earlier message. */
+/* Formats into a scratch buffer first: callers may pass ct_errmsg() as an
+ * argument to wrap an earlier message. */
+static void set_error(int code, const char *prefix, const char *fmt, va_list ap) {
     char buf[CT__ERRMSG_MAX];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
+    int n = prefix ? snprintf(buf, sizeof buf, "%s", prefix) : 0;
+    if (n >= 0 && (size_t)n < sizeof buf)
+        vsnprintf(buf + n, sizeof buf - (size_t)n, fmt, ap);
     memcpy(errmsg, buf, sizeof buf);
     errcode = code;
+}
+
+int ct__seterr(int code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    set_error(code, NULL, fmt, ap);
+    va_end(ap);
     return code;
 }
 
 /* The public name of the same function; ct's own code calls ct__seterr,
  * which does not go through the PLT. */
 extern __typeof__(ct_seterr) ct_seterr __attribute__((alias("ct__seterr")));
+
+void ct__errctx_init(ct__errctx *cx, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cx->prefix, sizeof cx->prefix, fmt, ap);
+    va_end(ap);
+}
+
+int ct__errf(const ct__errctx *cx, int code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    set_error(code, cx->prefix, fmt, ap);
+    va_end(ap);
+    return code;
+}
 
 void ct__assert_fail(const char *expr, const char *file, int line) {
     fprintf(stderr, "ct: assertion failed: %s (%s:%d)\n", expr, file, line);

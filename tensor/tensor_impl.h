@@ -4,6 +4,8 @@
 
 #include <ct/tensor.h>
 
+#include "error_impl.h"
+
 #include <stdatomic.h>
 #include <string.h>
 #include <time.h>
@@ -24,8 +26,6 @@ _Noreturn void ct__assert_fail(const char *expr, const char *file, int line);
 
 /* ----------------------------------------------------------------- errors */
 
-/* Records code and a formatted message for this thread; returns code. */
-int ct__seterr(int code, const char *fmt, ...) CT_PRINTF(2, 3);
 /* Formats "[2, 3]" into buf (at least CT__SHAPE_STR bytes). */
 #define CT__SHAPE_STR 96
 const char *ct__shape_str(char *buf, int ndim, const int64_t *sizes);

@@ -125,6 +125,20 @@ static void reshard_free(reshard_state *s) {
         ct_tensor_free(ts[i]);
 }
 
+/* s's entries: w and v sharded, the rest whole, own and rng per rank when
+ * per_rank. */
+static int reshard_add(reshard_state *s, const block *b, int64_t v0, bool per_rank) {
+    CT_TRY(ct_state_add_shard(s->st, "w", s->w, 2, (int64_t[]){W_ROWS, W_COLS}, b->off));
+    CT_TRY(ct_state_add_shard(s->st, "v", s->v, 1, (int64_t[]){V_LEN}, &v0));
+    CT_TRY(ct_state_add_tensor(s->st, "r", s->r, CT_STATE_REPLICATED));
+    CT_TRY(ct_state_add_i64(s->st, "step", &s->step, CT_STATE_REPLICATED));
+    if (per_rank) {
+        CT_TRY(ct_state_add_tensor(s->st, "own", s->own, CT_STATE_PER_RANK));
+        CT_TRY(ct_state_add_generator(s->st, "rng", &s->gen, CT_STATE_PER_RANK));
+    }
+    return 0;
+}
+
 /* The state of this rank, filled with the true values (fill) or with -1. On
  * rank 0 w's block is a transposed view, so that saving and loading go
  * through non-contiguous memory. */
@@ -154,14 +168,7 @@ static bool reshard_build(reshard_state *s, bool cols, bool fill, bool per_rank)
         s->step = 77;
         s->gen = (ct_generator){1000 + (uint64_t)rank_, 7 * (uint64_t)rank_};
     }
-    int rc = ct_state_add_shard(s->st, "w", s->w, 2, (int64_t[]){W_ROWS, W_COLS}, b.off);
-    rc = rc ? rc : ct_state_add_shard(s->st, "v", s->v, 1, (int64_t[]){V_LEN}, &v0);
-    rc = rc ? rc : ct_state_add_tensor(s->st, "r", s->r, CT_STATE_REPLICATED);
-    rc = rc ? rc : ct_state_add_i64(s->st, "step", &s->step, CT_STATE_REPLICATED);
-    if (per_rank) {
-        rc = rc ? rc : ct_state_add_tensor(s->st, "own", s->own, CT_STATE_PER_RANK);
-        rc = rc ? rc : ct_state_add_generator(s->st, "rng", &s->gen, CT_STATE_PER_RANK);
-    }
+    int rc = reshard_add(s, &b, v0, per_rank);
     TT_CHECK_RC("building the state", rc);
     return rc == 0;
 }
@@ -322,15 +329,15 @@ static void run_free(run *r) {
 }
 
 /* The same model, data and RNG stream on every call; each rank's dropout
- * stream is its own. */
-static bool run_init(run *r) {
-    *r = (run){0};
+ * stream is its own. params gets the model's; run_free releases the rest
+ * of what this made. */
+static int run_build(run *r, ct_param_list *params) {
     ct_manual_seed(SEED);
     r->net = ct_sequential_new();
-    int rc = ct_sequential_append(r->net, ct_linear_new(IN, HIDDEN, true));
-    rc = rc ? rc : ct_sequential_append(r->net, ct_relu_new());
-    rc = rc ? rc : ct_sequential_append(r->net, ct_dropout_new(0.2));
-    rc = rc ? rc : ct_sequential_append(r->net, ct_linear_new(HIDDEN, OUT, true));
+    CT_TRY(ct_sequential_append(r->net, ct_linear_new(IN, HIDDEN, true)));
+    CT_TRY(ct_sequential_append(r->net, ct_relu_new()));
+    CT_TRY(ct_sequential_append(r->net, ct_dropout_new(0.2)));
+    CT_TRY(ct_sequential_append(r->net, ct_linear_new(HIDDEN, OUT, true)));
     ct_generator data_gen = {SEED + 1, 0};
     r->data = ct_keep(ct_randn(CT_SHAPE(ROWS, IN), CT_FLOAT32, &data_gen));
     int64_t labels[ROWS];
@@ -338,66 +345,77 @@ static bool run_init(run *r) {
         labels[i] = (i * 7) % OUT;
     r->labels = ct_keep(ct_from_data(labels, CT_SHAPE(ROWS), CT_INT64));
     ct_manual_seed(SEED + 2 + (uint64_t)rank_);
-    if (!rc && !(r->ddp = ct_ddp_new(comm_, r->net, NULL)))
-        rc = ct_errcode();
-    ct_param_list params;
-    ct_param_list_init(&params);
-    rc = rc ? rc : ct_module_named_parameters(r->net, &params);
+    if (!(r->ddp = ct_ddp_new(comm_, r->net, NULL)))
+        return ct_errcode();
+    CT_TRY(ct_module_named_parameters(r->net, params));
     ct_optim_options oo = ct_optim_defaults(CT_OPTIM_SGD, 0.05);
     oo.momentum = 0.9;
-    if (!rc && !(r->opt = ct_optim_new(&oo, params.tensors, params.n)))
-        rc = ct_errcode();
+    if (!(r->opt = ct_optim_new(&oo, params->tensors, params->n)))
+        return ct_errcode();
     ct_sampler_options so = {
         .size = ROWS, .num_replicas = size_, .rank = rank_, .shuffle = true, .seed = SEED};
     ct_sampler sampler;
-    rc = rc ? rc : ct_sampler_init(&sampler, &so);
+    CT_TRY(ct_sampler_init(&sampler, &so));
     ct_loader_options lo = {.batch_size = BATCH, .drop_last = true, .sampler = &sampler};
-    if (!rc && !(r->loader = ct_loader_new(r->data, r->labels, &lo)))
-        rc = ct_errcode();
+    if (!(r->loader = ct_loader_new(r->data, r->labels, &lo)))
+        return ct_errcode();
     /* What a checkpoint holds: parameters, the optimizer's state and step,
      * the data position and each rank's RNG stream. */
     r->st = ct_state_new();
-    for (int i = 0; !rc && i < params.n; i++)
-        rc = ct_state_add_tensor(r->st, params.names[i], params.tensors[i], CT_STATE_REPLICATED);
-    int nstates = rc ? 0 : ct_optim_num_states(r->opt);
-    for (int i = 0; !rc && i < nstates; i++) {
+    for (int i = 0; i < params->n; i++)
+        CT_TRY(
+            ct_state_add_tensor(r->st, params->names[i], params->tensors[i], CT_STATE_REPLICATED));
+    int nstates = ct_optim_num_states(r->opt);
+    for (int i = 0; i < nstates; i++) {
         const char *name;
         ct_tensor *t;
         char key[128];
-        rc = ct_optim_state_at(r->opt, i, &name, &t);
+        CT_TRY(ct_optim_state_at(r->opt, i, &name, &t));
         snprintf(key, sizeof key, "optim.%s", name);
-        rc = rc ? rc : ct_state_add_tensor(r->st, key, t, CT_STATE_REPLICATED);
+        CT_TRY(ct_state_add_tensor(r->st, key, t, CT_STATE_REPLICATED));
     }
-    rc = rc ? rc : ct_state_add_i64(r->st, "train.step", &r->step, CT_STATE_REPLICATED);
-    rc = rc ? rc : ct_state_add_i64(r->st, "data.epoch", &r->epoch, CT_STATE_REPLICATED);
-    rc = rc ? rc : ct_state_add_i64(r->st, "data.offset", &r->offset, CT_STATE_REPLICATED);
-    rc = rc ? rc : ct_state_add_generator(r->st, "rng", ct_default_generator(), CT_STATE_PER_RANK);
+    CT_TRY(ct_state_add_i64(r->st, "train.step", &r->step, CT_STATE_REPLICATED));
+    CT_TRY(ct_state_add_i64(r->st, "data.epoch", &r->epoch, CT_STATE_REPLICATED));
+    CT_TRY(ct_state_add_i64(r->st, "data.offset", &r->offset, CT_STATE_REPLICATED));
+    CT_TRY(ct_state_add_generator(r->st, "rng", ct_default_generator(), CT_STATE_PER_RANK));
+    return 0;
+}
+
+static bool run_init(run *r) {
+    *r = (run){0};
+    ct_param_list params;
+    ct_param_list_init(&params);
+    int rc = run_build(r, &params);
     ct_param_list_free(&params);
     TT_CHECK_RC("building the run", rc);
     return rc == 0;
 }
 
-static int train_step(run *r) {
-    ct_scope_begin();
+/* A step's work, inside train_step's scope. */
+static int step_in_scope(run *r) {
     ct_tensor *x, *y;
     int got = ct_loader_next(r->loader, &x, &y);
     if (got == 0)
         got = ct_loader_next(r->loader, &x, &y);
-    int rc = got < 0 ? got : 0;
-    ct_tensor *loss = rc ? NULL : ct_cross_entropy(ct_module_forward(r->net, x), y, NULL);
-    if (!rc)
-        rc = loss ? ct_tensor_backward(loss) : ct_errcode();
-    rc = rc ? rc : ct_optim_step(r->opt);
-    rc = rc ? rc : ct_optim_zero_grad(r->opt, true);
+    CT_TRY(got);
+    ct_tensor *loss = ct_cross_entropy(ct_module_forward(r->net, x), y, NULL);
+    CT_TRY(loss ? ct_tensor_backward(loss) : ct_errcode());
+    CT_TRY(ct_optim_step(r->opt));
+    return ct_optim_zero_grad(r->opt, true);
+}
+
+static int train_step(run *r) {
+    ct_scope_begin();
+    int rc = step_in_scope(r);
     ct_scope_end();
     r->step++;
     return rc;
 }
 
 static int resume_from(run *r, const char *path) {
-    int rc = ct_checkpoint_load(path, r->st, comm_);
-    rc = rc ? rc : ct_loader_set_position(r->loader, r->epoch, r->offset);
-    return rc ? rc : ct_optim_set_step_count(r->opt, r->step);
+    CT_TRY(ct_checkpoint_load(path, r->st, comm_));
+    CT_TRY(ct_loader_set_position(r->loader, r->epoch, r->offset));
+    return ct_optim_set_step_count(r->opt, r->step);
 }
 
 static bool same_params(ct_module *a, ct_module *b) {

@@ -138,6 +138,15 @@ static ct_tensor *net_forward(ct_module *m, ct_tensor *x) {
 
 /* The model with weights drawn from seed; NULL (failure recorded) on
  * error. */
+static int add_layers(ct_module *m, const net_config *cfg) {
+    int64_t h = cfg->hidden;
+    CT_TRY(ct_module_add_child(m, "in", ct_linear_new(IN, h, true)));
+    CT_TRY(ct_module_add_child(m, "mid", ct_linear_new(h, h, true)));
+    if (cfg->unused || cfg->aux_rank0)
+        CT_TRY(ct_module_add_child(m, "aux", ct_linear_new(h, OUT, true)));
+    return ct_module_add_child(m, "out", ct_linear_new(h, OUT, true));
+}
+
 static ct_module *build_net(const net_config *cfg, uint64_t seed) {
     net_config *state = malloc(sizeof *state);
     if (state)
@@ -149,13 +158,7 @@ static ct_module *build_net(const net_config *cfg, uint64_t seed) {
         return NULL;
     }
     ct_manual_seed(seed);
-    int64_t h = cfg->hidden;
-    int rc = ct_module_add_child(m, "in", ct_linear_new(IN, h, true));
-    rc = rc ? rc : ct_module_add_child(m, "mid", ct_linear_new(h, h, true));
-    if (cfg->unused || cfg->aux_rank0)
-        rc = rc ? rc : ct_module_add_child(m, "aux", ct_linear_new(h, OUT, true));
-    rc = rc ? rc : ct_module_add_child(m, "out", ct_linear_new(h, OUT, true));
-    if (rc) {
+    if (add_layers(m, cfg)) {
         tt_fail(__FILE__, __LINE__, "building the model: %s", ct_errmsg());
         ct_module_free(m);
         return NULL;
@@ -332,13 +335,12 @@ static bool setup(fixture *f, const net_config *cfg, const ct_ddp_options *opts,
  * ct_ddp puts the next gradients (zero for an unused parameter) back into
  * its views. */
 static int train(ct_module *net, ct_optim *opt, int first, int steps, int share, int nshares) {
-    int rc = 0;
-    for (int s = first; !rc && s < first + steps; s++) {
-        rc = backward_on_batch(net, s, share, nshares);
-        rc = rc ? rc : ct_optim_step(opt);
-        rc = rc ? rc : ct_optim_zero_grad(opt, s % 2 == 1);
+    for (int s = first; s < first + steps; s++) {
+        CT_TRY(backward_on_batch(net, s, share, nshares));
+        CT_TRY(ct_optim_step(opt));
+        CT_TRY(ct_optim_zero_grad(opt, s % 2 == 1));
     }
-    return rc;
+    return 0;
 }
 
 /* Trains steps steps from step first in data parallel and in the
@@ -509,6 +511,17 @@ TEST(unused_found) {
     ct_dist_finalize();
 }
 
+/* Rank 0's values of params, copied (into the caller's scope) and added to
+ * out. */
+static int rank0_params(const ct_param_list *params, ct_param_list *out) {
+    for (int i = 0; i < params->n; i++) {
+        ct_tensor *t = ct_clone(params->tensors[i]);
+        CT_TRY(t ? ct_comm_broadcast(comm_, t, 0, NULL) : ct_errcode());
+        CT_TRY(ct_param_list_add(out, params->names[i], t));
+    }
+    return 0;
+}
+
 /* aux joins the loss on rank 0 only: every other rank gets its average
  * gradient from rank 0, including after zero_grad with set_to_none, when
  * its own backward left aux without a gradient; the ranks' parameters stay
@@ -525,11 +538,8 @@ TEST(partly_unused) {
     if (setup(&f, &(net_config){.hidden = HIDDEN, .aux_rank0 = true}, &o, CT_OPTIM_SGD)) {
         ct_tensor *aux0 = ct_clone(ct_param_list_find(&f.params, "aux.weight"));
         int rc = aux0 ? train(f.net, f.opt, 0, 4, rank_, size_) : ct_errcode();
-        for (int i = 0; !rc && i < f.params.n; i++) {
-            ct_tensor *t = ct_clone(f.params.tensors[i]);
-            rc = t ? ct_comm_broadcast(comm_, t, 0, NULL) : ct_errcode();
-            rc = rc ? rc : ct_param_list_add(&ranks0, f.params.names[i], t);
-        }
+        if (!rc)
+            rc = rank0_params(&f.params, &ranks0);
         ct_tensor *aux = ct_param_list_find(&f.params, "aux.weight");
         if (rc)
             tt_fail(__FILE__, __LINE__, "training: %s: %s", ct_errname(rc), ct_errmsg());
@@ -624,6 +634,15 @@ static void compare_grads(fixture *f, double rtol, const char *what) {
     ct_param_list_free(&rg);
 }
 
+/* An optimizer step and an in-place zero_grad in both the data-parallel
+ * run and the reference. */
+static int step_both(fixture *f) {
+    CT_TRY(ct_optim_step(f->opt));
+    CT_TRY(ct_optim_step(f->ref_opt));
+    CT_TRY(ct_optim_zero_grad(f->opt, false));
+    return ct_optim_zero_grad(f->ref_opt, false);
+}
+
 TEST(no_sync) {
     if (!join())
         return;
@@ -640,11 +659,7 @@ TEST(no_sync) {
                 break;
             }
             compare_grads(&f, RTOL_FP32, "accumulated gradients");
-            rc = ct_optim_step(f.opt);
-            rc = rc ? rc : ct_optim_step(f.ref_opt);
-            rc = rc ? rc : ct_optim_zero_grad(f.opt, false);
-            rc = rc ? rc : ct_optim_zero_grad(f.ref_opt, false);
-            if (rc)
+            if (step_both(&f))
                 tt_fail(__FILE__, __LINE__, "optimizer step: %s", ct_errmsg());
         }
         if (!tt_failed())
@@ -725,7 +740,8 @@ TEST(bf16_hook) {
     if (setup(&f, &plain, &o, CT_OPTIM_SGD)) {
         ct_ddp_comm_hook hook = ct_ddp_bf16_compress_hook();
         int rc = ct_ddp_set_comm_hook(f.ddp, &hook);
-        rc = rc ? rc : backward_on_batch(f.net, 0, rank_, size_);
+        if (!rc)
+            rc = backward_on_batch(f.net, 0, rank_, size_);
         if (rc)
             tt_fail(__FILE__, __LINE__, "the bf16 hook's first backward: %s: %s", ct_errname(rc),
                     ct_errmsg());
@@ -792,12 +808,11 @@ static int uneven_steps(int r) { return UNEVEN_STEPS + 2 * r; }
  * gradients divided by n (not by k): each active share's loss, the mean
  * over its BATCH / n rows, times 1 / n. */
 static int uneven_reference_step(fixture *f, int s) {
-    int rc = 0;
-    for (int r = 0; !rc && r < size_; r++)
+    for (int r = 0; r < size_; r++)
         if (s < uneven_steps(r))
-            rc = scaled_backward_on_batch(f->ref, s, r, size_, 1.0 / size_);
-    rc = rc ? rc : ct_optim_step(f->ref_opt);
-    return rc ? rc : ct_optim_zero_grad(f->ref_opt, false);
+            CT_TRY(scaled_backward_on_batch(f->ref, s, r, size_, 1.0 / size_));
+    CT_TRY(ct_optim_step(f->ref_opt));
+    return ct_optim_zero_grad(f->ref_opt, false);
 }
 
 /* Copies of pl's tensors, detached, into copy (initialized here; the caller

@@ -1,5 +1,6 @@
 // ct's headers from C++17, as a C++ program uses them: the umbrella header
-// compiles, and CT_SHAPE and CT_DIMS, compound literals in C, work.
+// compiles, and CT_SHAPE and CT_DIMS, compound literals in C, and CT_TRY
+// work.
 #include <ct/ct.h>
 
 #include <cstdio>
@@ -13,6 +14,13 @@ static void check(bool ok, const char *what) {
     }
 }
 
+// CT_TRY from C++: returns the negative code and skips what follows.
+static int fails_first(int *reached) {
+    CT_TRY(ct_seterr(CT_EINVAL, "C++: refused"));
+    *reached = 1;
+    return 0;
+}
+
 int main() {
     int rows = 2;
     ct_tensor *t = ct_full(CT_SHAPE(rows, 3), 1.5, CT_FLOAT32);
@@ -23,6 +31,8 @@ int main() {
     check(s && ct_get(s, at) == 3.0, "the column sums");
     ct_tensor_free(s);
     ct_tensor_free(t);
-    std::printf("%s\n", failures ? "C++: failed" : "C++: ct.h, CT_SHAPE and CT_DIMS work");
+    int reached = 0;
+    check(fails_first(&reached) == CT_EINVAL && reached == 0, "CT_TRY returns the code");
+    std::printf("%s\n", failures ? "C++: failed" : "C++: ct.h, CT_SHAPE, CT_DIMS and CT_TRY work");
     return failures ? 1 : 0;
 }

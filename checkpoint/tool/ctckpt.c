@@ -480,8 +480,10 @@ static int reshard_rank(shard_job *job) {
     ct_checkpoint_options o = ct_checkpoint_defaults();
     o.step = rc ? -1 : ct_checkpoint_reader_step(ck);
     ct_checkpoint_reader_close(ck);
-    rc = rc ? rc : ct_checkpoint_load(job->src, st, comm);
-    rc = rc ? rc : ct_checkpoint_save(job->dst, st, comm, &o);
+    if (!rc)
+        rc = ct_checkpoint_load(job->src, st, comm);
+    if (!rc)
+        rc = ct_checkpoint_save(job->dst, st, comm, &o);
     ct_scope_end();
     free(slots);
     ct_state_free(st);

@@ -42,7 +42,8 @@
  *         ct_rpc_args_free(in);
  *         ct_rpc_args_free(out);
  *         ct_scope_end();
- *         rc = rc ? rc : ct_rpc_shutdown();
+ *         if (!rc)
+ *             rc = ct_rpc_shutdown();
  *         ct_dist_finalize();
  *         return rc != 0;
  *     }

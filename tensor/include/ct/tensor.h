@@ -38,7 +38,7 @@
  * thread-local message (ct_errmsg()) and code (ct_errcode()). A NULL input
  * makes an op return NULL and keep the earlier message, so a whole expression
  * can be checked once at the end. Functions that return int return 0 or a
- * negative CT_E* code.
+ * negative CT_E* code; CT_TRY(call) returns such a code to the caller.
  *
  * Threads. Tensors may be shared read-only across threads. Writing a tensor
  * (in-place ops, copy_) while another thread reads or writes the same memory
@@ -124,6 +124,24 @@ CT_API void ct_errclear(void);
  * ct's own functions do, and returns code: how a callback that ct runs (a
  * remote function, a loader transform) reports what went wrong. */
 CT_API int ct_seterr(int code, const char *fmt, ...) CT_PRINTF(2, 3);
+/* In a function returning int: evaluates expr, a call that returns 0 or a
+ * negative CT_E* code (positive results count as success), and on a
+ * negative one returns that code from the enclosing function, its message
+ * kept for the caller. It returns at once, so use it where nothing made so
+ * far must be released; C and C++ alike:
+ *
+ *     static int dump(FILE *f, const ct_tensor *a, const ct_tensor *b) {
+ *         CT_TRY(ct_tensor_fprint(f, a));
+ *         CT_TRY(ct_tensor_fprint(f, b));
+ *         return 0;
+ *     }
+ */
+#define CT_TRY(expr)                                                                               \
+    do {                                                                                           \
+        int ct__try_rc = (expr);                                                                   \
+        if (ct__try_rc < 0)                                                                        \
+            return ct__try_rc;                                                                     \
+    } while (0)
 
 /* ---------------------------------------------------------------- dtypes */
 
