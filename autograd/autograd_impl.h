@@ -114,7 +114,7 @@ typedef struct ct__meta {
 static inline ct__meta *ct__meta_of(const ct_tensor *t) { return t ? (ct__meta *)t->meta : NULL; }
 
 /* A view of a base that has history needs grad even before its own history
- * is regenerated (ct__refresh_view). */
+ * is regenerated (ct__autograd_refresh_view). */
 static inline bool ct__needs_grad(const ct_tensor *t) {
     const ct__meta *m = ct__meta_of(t);
     const ct__meta *b = m ? ct__meta_of(m->base) : NULL;
@@ -122,13 +122,13 @@ static inline bool ct__needs_grad(const ct_tensor *t) {
 }
 
 /* Grad mode and anomaly state of this thread. */
-bool ct__grad_mode(void);
+bool ct__autograd_grad_mode(void);
 /* The meta of t, created on first use. NULL on out of memory. */
-ct__meta *ct__meta_get(ct_tensor *t);
+ct__meta *ct__autograd_meta_get(ct_tensor *t);
 /* The edge a gradient for t flows into (its grad_fn, or its leaf's
  * AccumulateGrad, made on first use). node NULL if t needs no grad. Returns
  * 0 or CT_ENOMEM. */
-int ct__gradient_edge(ct_tensor *t, ct__edge *edge);
+int ct__autograd_gradient_edge(ct_tensor *t, ct__edge *edge);
 
 /* Nodes. ct__node_new allocates a node with room for its arrays (refcount
  * 1, seq from this thread's counter). */
@@ -147,33 +147,33 @@ const char *ct__node_trace(char *buf, size_t cap, const ct_node *n);
 /* Keeps t (an input or output of n) for backward. Returns 0 or CT_ENOMEM. */
 int ct__node_save(ct_node *n, int slot, ct_tensor *t, int output_nr);
 /* Attaches n's history to output i: output i now requires grad. */
-int ct__set_history(ct_tensor *out, ct_node *n, int output_nr);
-void ct__shape_of(ct__shape *s, const ct_tensor *t);
+int ct__autograd_set_history(ct_tensor *out, ct_node *n, int output_nr);
+void ct__autograd_shape_of(ct__shape *s, const ct_tensor *t);
 /* "[2, 3]" for a shape record. */
-const char *ct__shape_rec_str(char *buf, const ct__shape *s);
+const char *ct__autograd_shape_rec_str(char *buf, const ct__shape *s);
 
 /* Unpacks saved slot i, checking its version. NULL (slot empty) is
  * returned as NULL with *err 0; a stale or freed one sets *err. */
-ct_tensor *ct__saved_unpack(ct_node *n, int i, int *err);
+ct_tensor *ct__autograd_saved_unpack(ct_node *n, int i, int *err);
 
 /* Unpacks n's saved tensors and runs its backward on grad_outputs in,
  * writing grad_inputs to out for the inputs that needs marks. */
 int ct__node_apply(ct_node *n, ct_tensor **in, ct_tensor **out, const bool *needs);
 /* Checks the gradient n produced for its input i (shape, dtype, NaN in
  * anomaly mode), reducing broadcast dims. NULL with a message if wrong. */
-ct_tensor *ct__validate_grad(ct_node *n, int i, ct_tensor *g);
+ct_tensor *ct__autograd_validate_grad(ct_node *n, int i, ct_tensor *g);
 
 /* Views (views.c). A view op's output remembers its root base. */
-int ct__track_view(ct_tensor *in, ct_tensor *out);
+int ct__autograd_track_view(ct_tensor *in, ct_tensor *out);
 /* Gives a view whose base was written in place since its history was made
  * the history of its place in the base. */
-int ct__refresh_view(ct_tensor *view);
+int ct__autograd_refresh_view(ct_tensor *view);
 /* Whether an in-place op into the view self can be recorded as a write into
  * its base (CopySlices); 0 or an error naming op. */
-int ct__check_view_write(const char *op, ct_tensor *self);
+int ct__autograd_check_view_write(const char *op, ct_tensor *self);
 /* Records the in-place op n on the view self as a write into its base:
  * the base's history becomes CopySlices(n), the view's a slice of it. */
-int ct__record_view_write(ct_node *n, ct_tensor *self);
+int ct__autograd_record_view_write(ct_node *n, ct_tensor *self);
 
 /* Derivatives of built-in ops. */
 typedef struct ct__deriv {
@@ -189,7 +189,7 @@ typedef struct ct__deriv {
 
 /* The derivative of op, or NULL for ops without one (their outputs never
  * require grad). */
-const ct__deriv *ct__deriv_of(ct_op op);
+const ct__deriv *ct__autograd_deriv_of(ct_op op);
 
 /* Runs a backward from roots (edges and their gradients, borrowed for the
  * call; the engine takes its own references). With captures (ct_grad), the gradients flowing
@@ -216,19 +216,19 @@ int ct__engine_run(const ct__run *run);
  * source of gradients that flow elsewhere, as distributed autograd's recv
  * node. The node owns ctx (freed with def->free_ctx, also on failure).
  * Returns 0 or CT_ENOMEM. */
-int ct__function_record_source(const ct_function_def *def, void *ctx, ct_tensor *const *outputs,
-                               int noutputs);
+int ct__autograd_function_record_source(const ct_function_def *def, void *ctx,
+                                        ct_tensor *const *outputs, int noutputs);
 /* ct_backward from one-element outputs, keeping the graph, with leaves'
  * gradients going to sink (ct__run). */
-int ct__backward_sink(ct_tensor *const *outputs, int n,
-                      int (*sink)(void *, ct_tensor *, ct_tensor *), void *sink_ctx);
+int ct__autograd_backward_sink(ct_tensor *const *outputs, int n,
+                               int (*sink)(void *, ct_tensor *, ct_tensor *), void *sink_ctx);
 /* True inside a ct_grad (capturing) backward on this thread. */
 bool ct__engine_capturing(void);
 
 /* Sums grad down to shape (the reverse of broadcasting) and converts it to
  * its dtype. NULL, without a message, if grad does not broadcast from shape:
  * the caller knows what to name. */
-ct_tensor *ct__sum_to(ct_tensor *grad, const ct__shape *shape);
-bool ct__shape_equal(const ct__shape *s, const ct_tensor *t);
+ct_tensor *ct__autograd_sum_to(ct_tensor *grad, const ct__shape *shape);
+bool ct__autograd_shape_equal(const ct__shape *s, const ct_tensor *t);
 
 #endif

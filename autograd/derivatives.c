@@ -185,7 +185,7 @@ static bool fused_grad(ct_tensor *x) {
 static int d_gelu(ct_node *n, args_t *a) {
     ct_tensor *x = IN(0);
     if (fused_grad(x)) {
-        SET(0, ct__activation_grad(CT_OP_GELU, x, G));
+        SET(0, ct__cpu_activation_grad(CT_OP_GELU, x, G));
         return 0;
     }
     ct_tensor *cdf = ct_where(ct_eq_scalar(x, 0), scalar_like(0.5, x), ct_div(OUT, x));
@@ -199,7 +199,7 @@ static int d_gelu_tanh(ct_node *n, args_t *a) {
     const double k = 0.7978845608028654, c = 0.044715;
     ct_tensor *x = IN(0);
     if (fused_grad(x)) {
-        SET(0, ct__activation_grad(CT_OP_GELU_TANH, x, G));
+        SET(0, ct__cpu_activation_grad(CT_OP_GELU_TANH, x, G));
         return 0;
     }
     ct_tensor *x2 = ct_mul(x, x);
@@ -216,7 +216,7 @@ static int d_silu(ct_node *n, args_t *a) {
     (void)n;
     ct_tensor *x = IN(0);
     if (fused_grad(x)) {
-        SET(0, ct__activation_grad(CT_OP_SILU, x, G));
+        SET(0, ct__cpu_activation_grad(CT_OP_SILU, x, G));
         return 0;
     }
     ct_tensor *s = ct_sigmoid(x);
@@ -487,8 +487,8 @@ static ct_tensor *to_operand(ct_tensor *g, const ct__shape *s, bool vector, bool
         m.sizes[0] = first ? 1 : s->sizes[0];
         m.sizes[1] = first ? s->sizes[0] : 1;
     }
-    ct_tensor *r = ct__sum_to(g, &m);
-    return !r || ct__shape_equal(s, r) ? r : ct_reshape(r, s->ndim, s->sizes);
+    ct_tensor *r = ct__autograd_sum_to(g, &m);
+    return !r || ct__autograd_shape_equal(s, r) ? r : ct_reshape(r, s->ndim, s->sizes);
 }
 
 static int d_matmul(ct_node *n, args_t *a) {
@@ -655,7 +655,7 @@ static const ct__deriv derivs[CT_NOPS] = {
     D(TRIU, "TriuBackward0", d_triu, 0, false, 0),
 };
 
-const ct__deriv *ct__deriv_of(ct_op op) {
+const ct__deriv *ct__autograd_deriv_of(ct_op op) {
     if ((unsigned)op >= CT_NOPS || !derivs[op].fn.backward)
         return NULL;
     return &derivs[op];

@@ -70,7 +70,7 @@ static int grow_table(task *t) {
     size_t cap = t->table ? (t->table_mask + 1) * 2 : 256;
     int *table = calloc(cap, sizeof *table);
     if (!table)
-        return ct__seterr(CT_ENOMEM, "backward: out of memory for the graph table");
+        return ct__err_set(CT_ENOMEM, "backward: out of memory for the graph table");
     for (int i = 0; i < t->nslots; i++) {
         size_t h = hash_ptr(t->slots[i].node) & (cap - 1);
         while (table[h])
@@ -104,7 +104,7 @@ static int reserve(void *array_ptr, int *cap, int need, size_t size) {
     memcpy(&items, array_ptr, sizeof items);
     void *grown = realloc(items, (size_t)c * size);
     if (!grown)
-        return ct__seterr(CT_ENOMEM, "backward: out of memory for the graph (%d items)", need);
+        return ct__err_set(CT_ENOMEM, "backward: out of memory for the graph (%d items)", need);
     memcpy(array_ptr, &grown, sizeof grown);
     *cap = c;
     return 0;
@@ -261,7 +261,7 @@ static int accumulate_into(ct_tensor **buf, ct_tensor *g, bool create_graph) {
     return 0;
 }
 
-ct_tensor *ct__sum_to(ct_tensor *grad, const ct__shape *s) {
+ct_tensor *ct__autograd_sum_to(ct_tensor *grad, const ct__shape *s) {
     int gd = grad->ndim, lead = gd - s->ndim;
     int dims[CT_MAX_DIMS], nd = 0;
     if (lead < 0)
@@ -282,17 +282,18 @@ static bool has_nan(ct_tensor *g) {
     return n && ct_item_int64(n) > 0;
 }
 
-ct_tensor *ct__validate_grad(ct_node *n, int i, ct_tensor *g) {
+ct_tensor *ct__autograd_validate_grad(ct_node *n, int i, ct_tensor *g) {
     const ct__shape *s = &n->in_meta[i];
     char desc[256], gs[CT__SHAPE_STR], ws[CT__SHAPE_STR];
-    if (!ct__shape_equal(s, g) || g->dtype != s->dtype) {
-        ct_tensor *r = ct__sum_to(g, s);
+    if (!ct__autograd_shape_equal(s, g) || g->dtype != s->dtype) {
+        ct_tensor *r = ct__autograd_sum_to(g, s);
         if (!r) {
-            ct__seterr(CT_ESHAPE,
-                       "backward: %s returned a gradient of shape %s for its input %d, which "
-                       "has shape %s",
-                       ct__node_desc(desc, sizeof desc, n), ct__shape_str(gs, g->ndim, g->sizes), i,
-                       ct__shape_rec_str(ws, s));
+            ct__err_set(CT_ESHAPE,
+                        "backward: %s returned a gradient of shape %s for its input %d, which "
+                        "has shape %s",
+                        ct__node_desc(desc, sizeof desc, n),
+                        ct__tensor_shape_str(gs, g->ndim, g->sizes), i,
+                        ct__autograd_shape_rec_str(ws, s));
             return NULL;
         }
         g = r;
@@ -300,20 +301,20 @@ ct_tensor *ct__validate_grad(ct_node *n, int i, ct_tensor *g) {
     ct_device gd = g->storage->device;
     if (!ct_device_equal(gd, s->device)) {
         char on[CT_DEVICE_STR], wants[CT_DEVICE_STR];
-        ct__seterr(CT_EDEVICE,
-                   "backward: %s returned a gradient on %s for its input %d, which is on %s",
-                   ct__node_desc(desc, sizeof desc, n), ct_device_str(gd, on), i,
-                   ct_device_str(s->device, wants));
+        ct__err_set(CT_EDEVICE,
+                    "backward: %s returned a gradient on %s for its input %d, which is on %s",
+                    ct__node_desc(desc, sizeof desc, n), ct_device_str(gd, on), i,
+                    ct_device_str(s->device, wants));
         return NULL;
     }
     if (ct_anomaly_enabled() && has_nan(g)) {
         char trace[512];
         ct__node_trace(trace, sizeof trace, n);
-        ct__seterr(CT_ESTATE,
-                   "backward (anomaly mode): %s returned NaN values in the gradient of its "
-                   "input %d (shape %s)%s%s",
-                   ct__node_desc(desc, sizeof desc, n), i, ct__shape_rec_str(ws, s),
-                   *trace ? "; its op was recorded at " : "", trace);
+        ct__err_set(CT_ESTATE,
+                    "backward (anomaly mode): %s returned NaN values in the gradient of its "
+                    "input %d (shape %s)%s%s",
+                    ct__node_desc(desc, sizeof desc, n), i, ct__autograd_shape_rec_str(ws, s),
+                    *trace ? "; its op was recorded at " : "", trace);
         return NULL;
     }
     return g;
@@ -329,16 +330,17 @@ static int run_grad_hooks(ct_node *n, const ct__hook *h, int output_nr, ct_tenso
         ct_tensor *r = h->fn.grad(*g, h->ctx);
         if (!r)
             return ct_errcode() ? ct_errcode()
-                                : ct__seterr(CT_EINVAL,
-                                             "backward: a hook on output %d of %s "
-                                             "returned NULL without an error",
-                                             output_nr, ct__node_desc(desc, sizeof desc, n));
-        if (!ct__shape_equal(shape, r))
-            return ct__seterr(CT_ESHAPE,
-                              "backward: a hook on output %d of %s returned a gradient of shape "
-                              "%s, but the tensor has shape %s; a hook must keep the shape",
-                              output_nr, ct__node_desc(desc, sizeof desc, n),
-                              ct__shape_str(gs, r->ndim, r->sizes), ct__shape_rec_str(ws, shape));
+                                : ct__err_set(CT_EINVAL,
+                                              "backward: a hook on output %d of %s "
+                                              "returned NULL without an error",
+                                              output_nr, ct__node_desc(desc, sizeof desc, n));
+        if (!ct__autograd_shape_equal(shape, r))
+            return ct__err_set(CT_ESHAPE,
+                               "backward: a hook on output %d of %s returned a gradient of shape "
+                               "%s, but the tensor has shape %s; a hook must keep the shape",
+                               output_nr, ct__node_desc(desc, sizeof desc, n),
+                               ct__tensor_shape_str(gs, r->ndim, r->sizes),
+                               ct__autograd_shape_rec_str(ws, shape));
         *g = r;
     }
     return 0;
@@ -381,7 +383,7 @@ int ct__node_apply(ct_node *n, ct_tensor **in, ct_tensor **out, const bool *need
     ct_tensor *saved[n->nsaved > 0 ? n->nsaved : 1];
     int rc = 0;
     for (int i = 0; i < n->nsaved && !rc; i++)
-        saved[i] = ct__saved_unpack(n, i, &rc);
+        saved[i] = ct__autograd_saved_unpack(n, i, &rc);
     if (rc)
         return rc;
     ct_backward_args a = {
@@ -402,8 +404,8 @@ int ct__node_apply(ct_node *n, ct_tensor **in, ct_tensor **out, const bool *need
         rc = ct_errcode();
     if (rc && ct_errcode() == CT_OK) {
         char desc[256];
-        ct__seterr(rc, "backward: %s failed without a message",
-                   ct__node_desc(desc, sizeof desc, n));
+        ct__err_set(rc, "backward: %s failed without a message",
+                    ct__node_desc(desc, sizeof desc, n));
     }
     return rc;
 }
@@ -444,7 +446,7 @@ static int execute(task *t, int si) {
                 const ct__edge *e = &n->next[i];
                 if (!e->node || !out[i])
                     continue;
-                ct_tensor *g = ct__validate_grad(n, i, out[i]);
+                ct_tensor *g = ct__autograd_validate_grad(n, i, out[i]);
                 if (!g) {
                     rc = ct_errcode();
                     break;
@@ -480,7 +482,7 @@ static int prepare(task *t) {
     if (!rc && run->ncaptures > 0) {
         t->capture_next = malloc((size_t)run->ncaptures * sizeof(int));
         if (!t->capture_next)
-            rc = ct__seterr(CT_ENOMEM, "grad: out of memory");
+            rc = ct__err_set(CT_ENOMEM, "grad: out of memory");
     }
     for (int c = run->ncaptures - 1; c >= 0 && !rc; c--) {
         int si = slot_of(t, run->captures[c].node);
@@ -509,7 +511,7 @@ static int prepare(task *t) {
     t->bufs = calloc((size_t)nbufs + 1, sizeof *t->bufs);
     t->heap = malloc(((size_t)t->nslots + 1) * sizeof *t->heap);
     if (!t->bufs || !t->heap)
-        return ct__seterr(CT_ENOMEM, "backward: out of memory for %d gradient buffers", nbufs);
+        return ct__err_set(CT_ENOMEM, "backward: out of memory for %d gradient buffers", nbufs);
     return 0;
 }
 
@@ -630,9 +632,9 @@ static void *worker_main(void *arg) {
                 w->caller_device >= 0 && select_slot(w->caller_device) == 0 ? w->caller_device : -1;
         char dev[CT_DEVICE_STR];
         int rc = w->device >= 0 && worker_device < 0
-                     ? ct__seterr(CT_EDEVICE, "backward: cannot make %s current: %s",
-                                  ct_device_str(slot_device(w->device), dev),
-                                  "its backward thread failed to select it")
+                     ? ct__err_set(CT_EDEVICE, "backward: cannot make %s current: %s",
+                                   ct_device_str(slot_device(w->device), dev),
+                                   "its backward thread failed to select it")
                      : ct__engine_run(run);
         pthread_mutex_lock(&workers.lock);
         current = NULL;
@@ -692,12 +694,12 @@ static int run_on_worker(const ct__run *run, int device) {
         pthread_mutex_unlock(&workers.lock);
         char dev[CT_DEVICE_STR];
         return device >= 0
-                   ? ct__seterr(CT_ENOMEM, "backward: could not start the backward thread of %s",
-                                ct_device_str(slot_device(device), dev))
-                   : ct__seterr(CT_ENOMEM,
-                                "backward: nested %d deep, could not start a thread to "
-                                "continue",
-                                depth);
+                   ? ct__err_set(CT_ENOMEM, "backward: could not start the backward thread of %s",
+                                 ct_device_str(slot_device(device), dev))
+                   : ct__err_set(CT_ENOMEM,
+                                 "backward: nested %d deep, could not start a thread to "
+                                 "continue",
+                                 depth);
     }
     while (w->busy)
         pthread_cond_wait(&w->done, &workers.lock);
@@ -711,7 +713,7 @@ static int run_on_worker(const ct__run *run, int device) {
         pthread_cond_wait(&w->done, &workers.lock);
     int rc = w->rc;
     if (rc)
-        ct__seterr(rc, "%s", w->msg);
+        ct__err_set(rc, "%s", w->msg);
     w->busy = false;
     pthread_cond_broadcast(&w->done);
     if (device < 0) {
@@ -765,12 +767,12 @@ int ct__engine_run(const ct__run *run) {
 
 static int queue_on(task *t, ct_backward_callback_fn fn, void *ctx, const char *op) {
     if (!fn)
-        return ct__seterr(CT_EINVAL, "%s: NULL callback", op);
+        return ct__err_set(CT_EINVAL, "%s: NULL callback", op);
     if (!t)
-        return ct__seterr(CT_ESTATE,
-                          "%s: no backward is running on this thread; queue callbacks from a "
-                          "hook or a backward function",
-                          op);
+        return ct__err_set(CT_ESTATE,
+                           "%s: no backward is running on this thread; queue callbacks from a "
+                           "hook or a backward function",
+                           op);
     if (reserve(&t->callbacks, &t->callbacks_cap, t->ncallbacks + 1, sizeof *t->callbacks))
         return CT_ENOMEM;
     t->callbacks[t->ncallbacks++] = (callback){fn, ctx};
@@ -800,28 +802,28 @@ static int make_roots(const char *op, ct_tensor *const *outputs, int n,
         if (rc)
             return rc;
         if (!ct__needs_grad(o))
-            return ct__seterr(CT_EINVAL,
-                              "%s: output %d (%s) does not require grad and has no grad_fn; "
-                              "nothing to differentiate",
-                              op, i, ct__desc(a, o));
+            return ct__err_set(CT_EINVAL,
+                               "%s: output %d (%s) does not require grad and has no grad_fn; "
+                               "nothing to differentiate",
+                               op, i, ct__tensor_desc(a, o));
         ct_tensor *g = grad_outputs ? grad_outputs[i] : NULL;
         if (g) {
             if ((rc = CT__CHECK_ANY(op, g)) ||
-                (rc = ct__check_same_device(op, (ct_tensor *const[]){o, g}, 2)))
+                (rc = ct__tensor_check_same_device(op, (ct_tensor *const[]){o, g}, 2)))
                 return rc;
             if (!ct__same_shape(g, o))
-                return ct__seterr(CT_ESHAPE, "%s: grad_outputs[%d] is %s but output %d is %s", op,
-                                  i, ct__desc(a, g), i, ct__desc(b, o));
+                return ct__err_set(CT_ESHAPE, "%s: grad_outputs[%d] is %s but output %d is %s", op,
+                                   i, ct__tensor_desc(a, g), i, ct__tensor_desc(b, o));
             g = ct_to_dtype(g, o->dtype);
         } else {
             if (ct_numel(o) != 1)
-                return ct__seterr(CT_EINVAL,
-                                  "%s: a gradient can be created implicitly only for outputs "
-                                  "with one element; output %d is %s: pass grad_outputs",
-                                  op, i, ct__desc(a, o));
+                return ct__err_set(CT_EINVAL,
+                                   "%s: a gradient can be created implicitly only for outputs "
+                                   "with one element; output %d is %s: pass grad_outputs",
+                                   op, i, ct__tensor_desc(a, o));
             g = ct_full_like(o, 1);
         }
-        if (!g || (rc = ct__gradient_edge(o, &roots[i])))
+        if (!g || (rc = ct__autograd_gradient_edge(o, &roots[i])))
             return g ? rc : ct_errcode();
         grads[i] = ct_tensor_retain(g);
     }
@@ -836,14 +838,15 @@ static void free_roots(ct__edge *roots, ct_tensor **grads, int n) {
 }
 
 static int check_count(const char *op, const char *what, int n) {
-    return n > 0 ? 0 : ct__seterr(CT_EINVAL, "%s: %d %s given; expected at least one", op, n, what);
+    return n > 0 ? 0
+                 : ct__err_set(CT_EINVAL, "%s: %d %s given; expected at least one", op, n, what);
 }
 
 static int backward(ct_tensor *const *outputs, int n, ct_tensor *const *grad_outputs,
                     bool retain_graph, int (*sink)(void *, ct_tensor *, ct_tensor *),
                     void *sink_ctx) {
     int rc = check_count("backward", "outputs", n);
-    if (rc || (rc = outputs ? 0 : ct__seterr(CT_EINVAL, "backward: NULL outputs")))
+    if (rc || (rc = outputs ? 0 : ct__err_set(CT_EINVAL, "backward: NULL outputs")))
         return rc;
     ct__edge roots[n];
     ct_tensor *grads[n];
@@ -870,8 +873,8 @@ int ct_backward(ct_tensor *const *outputs, int n, ct_tensor *const *grad_outputs
     return backward(outputs, n, grad_outputs, retain_graph, NULL, NULL);
 }
 
-int ct__backward_sink(ct_tensor *const *outputs, int n,
-                      int (*sink)(void *, ct_tensor *, ct_tensor *), void *sink_ctx) {
+int ct__autograd_backward_sink(ct_tensor *const *outputs, int n,
+                               int (*sink)(void *, ct_tensor *, ct_tensor *), void *sink_ctx) {
     return backward(outputs, n, NULL, true, sink, sink_ctx);
 }
 
@@ -885,7 +888,7 @@ int ct_grad(ct_tensor *const *outputs, int noutputs, ct_tensor *const *grad_outp
     if (!rc)
         rc = check_count("grad", "inputs", ninputs);
     if (!rc && (!outputs || !inputs || !grads))
-        rc = ct__seterr(CT_EINVAL, "grad: NULL outputs, inputs or grads array");
+        rc = ct__err_set(CT_EINVAL, "grad: NULL outputs, inputs or grads array");
     if (rc)
         return rc;
     char desc[CT__DESC_STR];
@@ -894,8 +897,8 @@ int ct_grad(ct_tensor *const *outputs, int noutputs, ct_tensor *const *grad_outp
         if ((rc = CT__CHECK_ANY("grad", inputs[i])))
             return rc;
         if (!ct__needs_grad(inputs[i]))
-            return ct__seterr(CT_EINVAL, "grad: input %d (%s) does not require grad", i,
-                              ct__desc(desc, inputs[i]));
+            return ct__err_set(CT_EINVAL, "grad: input %d (%s) does not require grad", i,
+                               ct__tensor_desc(desc, inputs[i]));
     }
     ct__edge roots[noutputs], caps[ninputs];
     ct_tensor *root_grads[noutputs];
@@ -906,7 +909,7 @@ int ct_grad(ct_tensor *const *outputs, int noutputs, ct_tensor *const *grad_outp
     rc = make_roots("grad", outputs, noutputs, grad_outputs, roots, root_grads);
     ct_scope_end();
     for (int i = 0; i < ninputs && !rc; i++)
-        rc = ct__gradient_edge(inputs[i], &caps[i]);
+        rc = ct__autograd_gradient_edge(inputs[i], &caps[i]);
     if (!rc) {
         ct__run run = {.roots = roots,
                        .root_grads = root_grads,
@@ -920,16 +923,16 @@ int ct_grad(ct_tensor *const *outputs, int noutputs, ct_tensor *const *grad_outp
     }
     for (int i = 0; i < ninputs && !rc; i++)
         if (!grads[i] && !opts->allow_unused)
-            rc = ct__seterr(CT_EINVAL,
-                            "grad: input %d (%s) was not used to compute the outputs, so it has "
-                            "no gradient; set allow_unused to get NULL for it",
-                            i, ct__desc(desc, inputs[i]));
+            rc = ct__err_set(CT_EINVAL,
+                             "grad: input %d (%s) was not used to compute the outputs, so it has "
+                             "no gradient; set allow_unused to get NULL for it",
+                             i, ct__tensor_desc(desc, inputs[i]));
     for (int i = 0; i < ninputs; i++) {
         if (rc) {
             ct_tensor_free(grads[i]);
             grads[i] = NULL;
         } else {
-            ct__scope_own(grads[i]);
+            ct__tensor_scope_own(grads[i]);
         }
         ct__node_release(caps[i].node);
     }

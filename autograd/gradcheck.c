@@ -70,16 +70,16 @@ static int validate(ct_tensor *const *inputs, int n, bool *any) {
             continue;
         *any = true;
         if (x->dtype != CT_FLOAT64)
-            return ct__seterr(CT_EDTYPE,
-                              "gradcheck: input %d is %s; finite differences need float64 "
-                              "inputs",
-                              i, ct__desc(desc, x));
+            return ct__err_set(CT_EDTYPE,
+                               "gradcheck: input %d is %s; finite differences need float64 "
+                               "inputs",
+                               i, ct__tensor_desc(desc, x));
         for (int d = 0; d < x->ndim; d++)
             if (x->strides[d] == 0 && x->sizes[d] > 1)
-                return ct__seterr(CT_EINVAL,
-                                  "gradcheck: input %d (%s) is an expanded view whose elements "
-                                  "share memory; perturbing one would move several",
-                                  i, ct__desc(desc, x));
+                return ct__err_set(CT_EINVAL,
+                                   "gradcheck: input %d (%s) is an expanded view whose elements "
+                                   "share memory; perturbing one would move several",
+                                   i, ct__tensor_desc(desc, x));
     }
     return 0;
 }
@@ -91,13 +91,13 @@ int ct_gradcheck(ct_gradcheck_fn fn, void *ctx, ct_tensor *const *inputs, int ni
     o.atol = o.atol > 0 ? o.atol : 1e-5;
     o.rtol = o.rtol > 0 ? o.rtol : 1e-3;
     bool any = false;
-    int rc = fn ? 0 : ct__seterr(CT_EINVAL, "gradcheck: NULL function");
+    int rc = fn ? 0 : ct__err_set(CT_EINVAL, "gradcheck: NULL function");
     if (!rc && (ninputs < 1 || !inputs))
-        rc = ct__seterr(CT_EINVAL, "gradcheck: no inputs");
+        rc = ct__err_set(CT_EINVAL, "gradcheck: no inputs");
     if (!rc)
         rc = validate(inputs, ninputs, &any);
     if (!rc && !any)
-        rc = ct__seterr(CT_EINVAL, "gradcheck: no input requires grad");
+        rc = ct__err_set(CT_EINVAL, "gradcheck: no input requires grad");
     if (rc)
         return rc;
 
@@ -110,8 +110,8 @@ int ct_gradcheck(ct_gradcheck_fn fn, void *ctx, ct_tensor *const *inputs, int ni
     if (!out)
         rc = ct_errcode();
     else if (out->dtype != CT_FLOAT64)
-        rc = ct__seterr(CT_EDTYPE, "gradcheck: the function returned %s; expected float64",
-                        ct__desc(desc, out));
+        rc = ct__err_set(CT_EDTYPE, "gradcheck: the function returned %s; expected float64",
+                         ct__tensor_desc(desc, out));
     if (!rc) {
         /* A fixed random weighting checks every output element at once. */
         ct_generator gen = {.seed = 0x6772616463686b};
@@ -137,12 +137,12 @@ int ct_gradcheck(ct_gradcheck_fn fn, void *ctx, ct_tensor *const *inputs, int ni
     ct_set_grad_enabled(prev);
     if (!rc && w.failures > 0) {
         char at[CT__SHAPE_STR];
-        rc = ct__seterr(CT_ESTATE,
-                        "gradcheck: input %d (%s) element %s: analytic %.10g vs numeric %.10g "
-                        "(tolerance atol %g + rtol %g * |numeric|); %lld element(s) failed",
-                        w.input, ct__desc(desc, inputs[w.input]),
-                        ct__shape_str(at, inputs[w.input]->ndim, w.index), w.analytic, w.numeric,
-                        o.atol, o.rtol, (long long)w.failures);
+        rc = ct__err_set(CT_ESTATE,
+                         "gradcheck: input %d (%s) element %s: analytic %.10g vs numeric %.10g "
+                         "(tolerance atol %g + rtol %g * |numeric|); %lld element(s) failed",
+                         w.input, ct__tensor_desc(desc, inputs[w.input]),
+                         ct__tensor_shape_str(at, inputs[w.input]->ndim, w.index), w.analytic,
+                         w.numeric, o.atol, o.rtol, (long long)w.failures);
     }
     ct_scope_end();
     return rc;

@@ -16,7 +16,7 @@ static _Thread_local uint64_t next_seq;
 static _Thread_local const char *current_label;
 static atomic_bool anomaly;
 
-bool ct__grad_mode(void) { return !grad_disabled; }
+bool ct__autograd_grad_mode(void) { return !grad_disabled; }
 bool ct_grad_enabled(void) { return !grad_disabled; }
 
 bool ct_set_grad_enabled(bool enabled) {
@@ -40,24 +40,24 @@ int ct_autograd_fail(int code, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    return ct__seterr(code, "%s", msg);
+    return ct__err_set(code, "%s", msg);
 }
 
 /* ------------------------------------------------------------- shapes */
 
-void ct__shape_of(ct__shape *s, const ct_tensor *t) {
+void ct__autograd_shape_of(ct__shape *s, const ct_tensor *t) {
     s->dtype = t->dtype;
     s->device = t->storage->device;
     s->ndim = t->ndim;
     memcpy(s->sizes, t->sizes, sizeof(int64_t) * (size_t)t->ndim);
 }
 
-bool ct__shape_equal(const ct__shape *s, const ct_tensor *t) {
+bool ct__autograd_shape_equal(const ct__shape *s, const ct_tensor *t) {
     return s->ndim == t->ndim && memcmp(s->sizes, t->sizes, sizeof(int64_t) * (size_t)s->ndim) == 0;
 }
 
-const char *ct__shape_rec_str(char *buf, const ct__shape *s) {
-    return ct__shape_str(buf, s->ndim, s->sizes);
+const char *ct__autograd_shape_rec_str(char *buf, const ct__shape *s) {
+    return ct__tensor_shape_str(buf, s->ndim, s->sizes);
 }
 
 /* -------------------------------------------------------------- nodes */
@@ -67,7 +67,7 @@ ct_node *ct__node_new(ct__node_kind kind, int nnext, int nout, int nsaved) {
                   (size_t)nout * sizeof(ct__shape) + (size_t)nsaved * sizeof(ct__saved);
     ct_node *n = calloc(1, size);
     if (!n) {
-        ct__seterr(CT_ENOMEM, "autograd: out of memory allocating a graph node");
+        ct__err_set(CT_ENOMEM, "autograd: out of memory allocating a graph node");
         return NULL;
     }
     atomic_init(&n->refcount, 1);
@@ -208,11 +208,11 @@ const char *ct__node_desc(char *buf, size_t cap, const ct_node *n) {
 /* A new tensor object on t's storage, without history and not in any
  * scope. */
 static ct_tensor *alias(ct_tensor *t) {
-    ct_tensor *a = ct__make_view(t, t->ndim, t->sizes, t->strides, t->offset);
+    ct_tensor *a = ct__tensor_make_view(t, t->ndim, t->sizes, t->strides, t->offset);
     if (!a)
         return NULL;
     ct_tensor_retain(a);
-    ct__release(a);
+    ct__tensor_release(a);
     return a;
 }
 
@@ -228,12 +228,12 @@ int ct__node_save(ct_node *n, int slot, ct_tensor *t, int output_nr) {
     return 0;
 }
 
-ct_tensor *ct__saved_unpack(ct_node *n, int i, int *err) {
+ct_tensor *ct__autograd_saved_unpack(ct_node *n, int i, int *err) {
     char desc[256], td[CT__DESC_STR];
     ct__saved *s = &n->saved[i];
     if (!s->t) {
         if (s->present) {
-            *err = ct__seterr(
+            *err = ct__err_set(
                 CT_ESTATE,
                 "autograd: trying to backward through %s a second time, but its saved tensors "
                 "were freed by the first backward. Pass retain_graph=true to the first "
@@ -244,23 +244,23 @@ ct_tensor *ct__saved_unpack(ct_node *n, int i, int *err) {
     }
     uint64_t v = ct_tensor_version(s->t);
     if (v != s->version) {
-        *err = ct__seterr(
+        *err = ct__err_set(
             CT_ESTATE,
             "autograd: one of the tensors needed for gradient computation has been modified by "
             "an in-place operation: %s, which is %s %d of %s, is at version %llu; expected "
             "version %llu instead. Hint: clone it before the in-place op, or do the in-place "
             "op out of place",
-            ct__desc(td, s->t), s->output_nr >= 0 ? "output" : "input",
+            ct__tensor_desc(td, s->t), s->output_nr >= 0 ? "output" : "input",
             s->output_nr >= 0 ? s->output_nr : i, ct__node_desc(desc, sizeof desc, n),
             (unsigned long long)v, (unsigned long long)s->version);
         return NULL;
     }
-    if (s->output_nr < 0 || !ct__grad_mode())
+    if (s->output_nr < 0 || !ct__autograd_grad_mode())
         return s->t;
     /* Double backward: the saved output must carry this node's history, as
      * the original output did. */
-    ct_tensor *a = ct__scope_own(alias(s->t));
-    if (!a || ct__set_history(a, n, s->output_nr)) {
+    ct_tensor *a = ct__tensor_scope_own(alias(s->t));
+    if (!a || ct__autograd_set_history(a, n, s->output_nr)) {
         *err = ct_errcode();
         return NULL;
     }
@@ -279,13 +279,13 @@ static void meta_free(void *p) {
     free(m);
 }
 
-ct__meta *ct__meta_get(ct_tensor *t) {
+ct__meta *ct__autograd_meta_get(ct_tensor *t) {
     ct__meta *m = ct__meta_of(t);
     if (m)
         return m;
     m = calloc(1, sizeof *m);
     if (!m) {
-        ct__seterr(CT_ENOMEM, "autograd: out of memory for a tensor's autograd state");
+        ct__err_set(CT_ENOMEM, "autograd: out of memory for a tensor's autograd state");
         return NULL;
     }
     pthread_mutex_init(&m->lock, NULL);
@@ -293,8 +293,8 @@ ct__meta *ct__meta_get(ct_tensor *t) {
     return m;
 }
 
-int ct__set_history(ct_tensor *out, ct_node *n, int output_nr) {
-    ct__meta *m = ct__meta_get(out);
+int ct__autograd_set_history(ct_tensor *out, ct_node *n, int output_nr) {
+    ct__meta *m = ct__autograd_meta_get(out);
     if (!m)
         return CT_ENOMEM;
     ct_node *old = m->grad_fn;
@@ -306,12 +306,12 @@ int ct__set_history(ct_tensor *out, ct_node *n, int output_nr) {
 
 static const ct__fn accumulate_fn;
 
-int ct__gradient_edge(ct_tensor *t, ct__edge *edge) {
+int ct__autograd_gradient_edge(ct_tensor *t, ct__edge *edge) {
     *edge = (ct__edge){NULL, 0};
     ct__meta *m = ct__meta_of(t);
     if (!m)
         return 0;
-    int rc = m->base ? ct__refresh_view(t) : 0;
+    int rc = m->base ? ct__autograd_refresh_view(t) : 0;
     if (rc)
         return rc;
     if (m->grad_fn) {
@@ -332,7 +332,7 @@ int ct__gradient_edge(ct_tensor *t, ct__edge *edge) {
         if (acc) {
             acc->fn = &accumulate_fn;
             acc->leaf = ct_tensor_retain(t);
-            ct__shape_of(&acc->out_meta[0], t);
+            ct__autograd_shape_of(&acc->out_meta[0], t);
             m->acc = acc;
         }
     }
@@ -353,21 +353,21 @@ ct_tensor *ct_requires_grad_(ct_tensor *t, bool requires_grad) {
     if (m && m->grad_fn) {
         if (requires_grad)
             return t;
-        ct__seterr(CT_EINVAL,
-                   "requires_grad_: %s has history (it is not a leaf); use ct_detach() to get a "
-                   "tensor that does not require grad",
-                   ct__desc(desc, t));
+        ct__err_set(CT_EINVAL,
+                    "requires_grad_: %s has history (it is not a leaf); use ct_detach() to get a "
+                    "tensor that does not require grad",
+                    ct__tensor_desc(desc, t));
         return NULL;
     }
     if (requires_grad && !ct_dtype_is_float(t->dtype)) {
-        ct__seterr(CT_EDTYPE,
-                   "requires_grad_: only floating-point tensors can require grad, not %s",
-                   ct__desc(desc, t));
+        ct__err_set(CT_EDTYPE,
+                    "requires_grad_: only floating-point tensors can require grad, not %s",
+                    ct__tensor_desc(desc, t));
         return NULL;
     }
     if (!m && !requires_grad)
         return t;
-    m = ct__meta_get(t);
+    m = ct__autograd_meta_get(t);
     if (!m)
         return NULL;
     m->requires_grad = requires_grad;
@@ -398,18 +398,18 @@ int ct_tensor_set_grad(ct_tensor *t, ct_tensor *grad) {
     if (grad) {
         rc = CT__CHECK_ANY("set_grad", grad);
         if (!rc)
-            rc = ct__check_same_device("set_grad", (ct_tensor *const[]){t, grad}, 2);
+            rc = ct__tensor_check_same_device("set_grad", (ct_tensor *const[]){t, grad}, 2);
         if (rc)
             return rc;
         char a[CT__DESC_STR], b[CT__DESC_STR];
         if (!ct__same_shape(grad, t))
-            return ct__seterr(CT_ESHAPE, "set_grad: gradient %s does not match the tensor %s",
-                              ct__desc(a, grad), ct__desc(b, t));
+            return ct__err_set(CT_ESHAPE, "set_grad: gradient %s does not match the tensor %s",
+                               ct__tensor_desc(a, grad), ct__tensor_desc(b, t));
         if (grad->dtype != t->dtype)
-            return ct__seterr(CT_EDTYPE, "set_grad: gradient %s has another dtype than %s",
-                              ct__desc(a, grad), ct__desc(b, t));
+            return ct__err_set(CT_EDTYPE, "set_grad: gradient %s has another dtype than %s",
+                               ct__tensor_desc(a, grad), ct__tensor_desc(b, t));
     }
-    ct__meta *m = grad ? ct__meta_get(t) : ct__meta_of(t);
+    ct__meta *m = grad ? ct__autograd_meta_get(t) : ct__meta_of(t);
     if (!m)
         return grad ? CT_ENOMEM : 0;
     ct_tensor_retain(grad);
@@ -424,12 +424,12 @@ int ct_tensor_set_grad(ct_tensor *t, ct_tensor *grad) {
 ct_tensor *ct_detach(ct_tensor *t) {
     if (CT__CHECK_ANY("detach", t))
         return NULL;
-    return ct__make_view(t, t->ndim, t->sizes, t->strides, t->offset);
+    return ct__tensor_make_view(t, t->ndim, t->sizes, t->strides, t->offset);
 }
 
 ct_node *ct_tensor_grad_fn(const ct_tensor *t) {
     ct__meta *m = ct__meta_of(t);
-    if (m && m->base && ct__refresh_view((ct_tensor *)t))
+    if (m && m->base && ct__autograd_refresh_view((ct_tensor *)t))
         return NULL;
     return m ? m->grad_fn : NULL;
 }
@@ -456,10 +456,10 @@ ct_node *ct_node_next(const ct_node *n, int i, int *input_nr) {
 
 int ct_node_set_label(ct_node *n, const char *label) {
     if (!n)
-        return ct__seterr(CT_EINVAL, "node_set_label: NULL node");
+        return ct__err_set(CT_EINVAL, "node_set_label: NULL node");
     char *copy = label ? strdup(label) : NULL;
     if (label && !copy)
-        return ct__seterr(CT_ENOMEM, "node_set_label: out of memory");
+        return ct__err_set(CT_ENOMEM, "node_set_label: out of memory");
     free(n->label);
     n->label = copy;
     return 0;
@@ -474,7 +474,7 @@ static atomic_int next_handle = 1;
 static int add_hook(ct__hook **list, ct__hook_kind kind, int output_nr, void *fn, void *ctx) {
     ct__hook *h = calloc(1, sizeof *h);
     if (!h)
-        return ct__seterr(CT_ENOMEM, "register_hook: out of memory");
+        return ct__err_set(CT_ENOMEM, "register_hook: out of memory");
     h->handle = atomic_fetch_add(&next_handle, 1);
     h->kind = kind;
     h->output_nr = output_nr;
@@ -495,12 +495,12 @@ int ct_tensor_register_hook(ct_tensor *t, ct_grad_hook_fn fn, void *ctx) {
         return rc;
     char desc[CT__DESC_STR];
     if (!fn)
-        return ct__seterr(CT_EINVAL, "register_hook: NULL hook function");
+        return ct__err_set(CT_EINVAL, "register_hook: NULL hook function");
     if (!ct__needs_grad(t))
-        return ct__seterr(CT_EINVAL,
-                          "register_hook: %s does not require grad, so no gradient will flow "
-                          "into it; call ct_requires_grad_() first",
-                          ct__desc(desc, t));
+        return ct__err_set(CT_EINVAL,
+                           "register_hook: %s does not require grad, so no gradient will flow "
+                           "into it; call ct_requires_grad_() first",
+                           ct__tensor_desc(desc, t));
     ct__meta *m = ct__meta_of(t);
     if (m->grad_fn)
         return add_hook(&m->grad_fn->hooks, CT__HOOK_GRAD, m->output_nr, (void *)fn, ctx);
@@ -518,12 +518,12 @@ int ct_tensor_register_post_accumulate_grad_hook(ct_tensor *t, ct_post_accumulat
     char desc[CT__DESC_STR];
     ct__meta *m = ct__meta_of(t);
     if (!fn || !m || m->grad_fn || !m->requires_grad)
-        return ct__seterr(CT_EINVAL,
-                          "register_post_accumulate_grad_hook: %s; the hook needs a leaf that "
-                          "requires grad",
-                          !fn               ? "NULL hook function"
-                          : m && m->grad_fn ? "the tensor is not a leaf"
-                                            : ct__desc(desc, t));
+        return ct__err_set(CT_EINVAL,
+                           "register_post_accumulate_grad_hook: %s; the hook needs a leaf that "
+                           "requires grad",
+                           !fn               ? "NULL hook function"
+                           : m && m->grad_fn ? "the tensor is not a leaf"
+                                             : ct__tensor_desc(desc, t));
     pthread_mutex_lock(&m->lock);
     rc = add_hook(&m->hooks, CT__HOOK_POST_ACCUMULATE, 0, (void *)fn, ctx);
     pthread_mutex_unlock(&m->lock);
@@ -556,8 +556,8 @@ int ct_tensor_remove_hook(ct_tensor *t, int handle) {
         pthread_mutex_unlock(&m->lock);
     }
     return found ? 0
-                 : ct__seterr(CT_EINVAL, "remove_hook: no hook with handle %d on this tensor",
-                              handle);
+                 : ct__err_set(CT_EINVAL, "remove_hook: no hook with handle %d on this tensor",
+                               handle);
 }
 
 /* ------------------------------------------------------------ recorder */
@@ -585,17 +585,18 @@ static int check_inplace(ct_op opcode, ct_tensor *self, ct_tensor *const *others
         any = ct__needs_grad(others[i]);
     if (!any)
         return 0;
-    const ct__deriv *d = ct__deriv_of(opcode);
+    const ct__deriv *d = ct__autograd_deriv_of(opcode);
     ct__meta *m = ct__meta_of(self);
     char desc[CT__DESC_STR];
     const char *op = ct_op_name(opcode);
     if (m && m->requires_grad && !m->grad_fn)
-        return ct__seterr(CT_EINVAL,
-                          "%s: a leaf tensor that requires grad (%s) is being used in an in-place "
-                          "op; do it with grad mode off (ct_set_grad_enabled(false)) or on a clone",
-                          op, ct__desc(desc, self));
+        return ct__err_set(
+            CT_EINVAL,
+            "%s: a leaf tensor that requires grad (%s) is being used in an in-place "
+            "op; do it with grad mode off (ct_set_grad_enabled(false)) or on a clone",
+            op, ct__tensor_desc(desc, self));
     if (m && m->base) {
-        int rc = ct__check_view_write(op, self);
+        int rc = ct__autograd_check_view_write(op, self);
         if (rc)
             return rc;
     } else if (!ct__needs_grad(self) && atomic_load(&self->storage->refcount) > 1) {
@@ -603,24 +604,24 @@ static int check_inplace(ct_op opcode, ct_tensor *self, ct_tensor *const *others
          * are tracked, and regenerate their history from it): they would
          * not learn that their values now depend on something that
          * requires grad. */
-        return ct__seterr(CT_ENOTSUP,
-                          "%s: writing a result that requires grad in place into %s, which shares "
-                          "its memory with tensors that are not views of it, would leave them "
-                          "without a gradient; write into a fresh tensor, or assemble the pieces "
-                          "with ct_cat/ct_stack",
-                          op, ct__desc(desc, self));
+        return ct__err_set(CT_ENOTSUP,
+                           "%s: writing a result that requires grad in place into %s, which shares "
+                           "its memory with tensors that are not views of it, would leave them "
+                           "without a gradient; write into a fresh tensor, or assemble the pieces "
+                           "with ct_cat/ct_stack",
+                           op, ct__tensor_desc(desc, self));
     }
     if (!d)
-        return ct__seterr(CT_ENOTSUP,
-                          "%s: op has no derivative and cannot be applied in place to %s, which "
-                          "requires grad; apply it to a detached tensor (ct_detach)",
-                          op, ct__desc(desc, self));
+        return ct__err_set(CT_ENOTSUP,
+                           "%s: op has no derivative and cannot be applied in place to %s, which "
+                           "requires grad; apply it to a detached tensor (ct_detach)",
+                           op, ct__tensor_desc(desc, self));
     for (int i = 0; i <= nothers; i++)
         if ((d->needs_old_self >> i & 1u) && ct__needs_grad(i == 0 ? self : others[i - 1]))
-            return ct__seterr(CT_ENOTSUP,
-                              "%s: the gradient of input %d needs the value of %s from before "
-                              "the in-place op overwrote it; use the out-of-place form",
-                              op, i, ct__desc(desc, self));
+            return ct__err_set(CT_ENOTSUP,
+                               "%s: the gradient of input %d needs the value of %s from before "
+                               "the in-place op overwrote it; use the out-of-place form",
+                               op, i, ct__tensor_desc(desc, self));
     return 0;
 }
 
@@ -631,10 +632,10 @@ static int record(const ct_op_record *r) {
     for (int i = 0; i < r->ninputs && !rc; i++) {
         ct__meta *im = ct__meta_of(r->inputs[i]);
         if (im && im->base)
-            rc = ct__refresh_view(r->inputs[i]);
+            rc = ct__autograd_refresh_view(r->inputs[i]);
     }
     if (!rc && is_view_op(r->op) && !r->inplace && ct_dtype_is_float(r->outputs[0]->dtype))
-        rc = ct__track_view(r->inputs[0], r->outputs[0]);
+        rc = ct__autograd_track_view(r->inputs[0], r->outputs[0]);
     if (rc)
         return rc;
     bool any = false;
@@ -642,7 +643,7 @@ static int record(const ct_op_record *r) {
         any = ct__needs_grad(r->inputs[i]);
     if (!any)
         return 0;
-    const ct__deriv *d = ct__deriv_of(r->op);
+    const ct__deriv *d = ct__autograd_deriv_of(r->op);
     if (!d)
         return 0;
 
@@ -657,27 +658,27 @@ static int record(const ct_op_record *r) {
     bool scalar_form = r->args->scalar_operand && (r->op == CT_OP_MUL || r->op == CT_OP_DIV);
     for (int i = 0; i < r->ninputs && !rc; i++) {
         ct_tensor *in = r->inputs[i];
-        rc = ct__gradient_edge(in, &n->next[i]);
-        ct__shape_of(&n->in_meta[i], in);
+        rc = ct__autograd_gradient_edge(in, &n->next[i]);
+        ct__autograd_shape_of(&n->in_meta[i], in);
         bool save = (d->save_inputs >> i & 1u) && !scalar_form;
         if (!rc && save && !(r->inplace && i == 0))
             rc = ct__node_save(n, i, in, -1);
     }
     for (int i = 0; i < r->noutputs; i++)
-        ct__shape_of(&n->out_meta[i], r->outputs[i]);
+        ct__autograd_shape_of(&n->out_meta[i], r->outputs[i]);
     if (!rc && d->save_output && !scalar_form)
         rc = ct__node_save(n, r->ninputs, r->outputs[d->saved_output], d->saved_output);
     ct__meta *self = r->inplace ? ct__meta_of(r->inputs[0]) : NULL;
     if (!rc && self && self->base)
-        rc = ct__record_view_write(n, r->inputs[0]);
+        rc = ct__autograd_record_view_write(n, r->inputs[0]);
     else
         for (int i = 0; i < r->noutputs && !rc; i++)
             if (ct_dtype_is_float(r->outputs[i]->dtype))
-                rc = ct__set_history(r->outputs[i], n, i);
+                rc = ct__autograd_set_history(r->outputs[i], n, i);
     ct__node_release(n);
     if (rc)
-        return ct__seterr(rc, "%s: autograd could not record the op: %s", ct_op_name(r->op),
-                          ct_errmsg());
+        return ct__err_set(rc, "%s: autograd could not record the op: %s", ct_op_name(r->op),
+                           ct_errmsg());
     return 0;
 }
 

@@ -16,7 +16,7 @@ typedef struct checkpoint {
 static int recompute(const ct_backward_args *a) {
     checkpoint *c = a->ctx;
     if (ct__engine_capturing())
-        return ct__seterr(
+        return ct__err_set(
             CT_ENOTSUP,
             "activation_checkpoint: ct_grad() cannot go through a checkpointed region (its "
             "backward runs a reentrant ct_backward, which accumulates into .grad); "
@@ -61,9 +61,9 @@ static const ct_function_def checkpoint_def = {"CheckpointFunctionBackward", rec
 int ct_activation_checkpoint(ct_activation_fn fn, void *ctx, ct_tensor *const *inputs, int ninputs,
                              ct_tensor **outputs, int noutputs) {
     if (!fn || noutputs < 1 || !outputs || ninputs < 0 || (ninputs && !inputs))
-        return ct__seterr(CT_EINVAL,
-                          "activation_checkpoint: bad arguments (fn %s, %d inputs, %d outputs)",
-                          fn ? "set" : "NULL", ninputs, noutputs);
+        return ct__err_set(CT_EINVAL,
+                           "activation_checkpoint: bad arguments (fn %s, %d inputs, %d outputs)",
+                           fn ? "set" : "NULL", ninputs, noutputs);
     int rc = 0;
     bool any = false;
     for (int i = 0; i < ninputs && !rc; i++) {
@@ -77,7 +77,7 @@ int ct_activation_checkpoint(ct_activation_fn fn, void *ctx, ct_tensor *const *i
     if (!ct_grad_enabled())
         return fn(ctx, inputs, ninputs, outputs, noutputs);
     if (!any)
-        return ct__seterr(
+        return ct__err_set(
             CT_EINVAL,
             "activation_checkpoint: none of the %d inputs requires grad, so the checkpointed "
             "region would get no gradient; pass at least one input that requires "
@@ -85,7 +85,7 @@ int ct_activation_checkpoint(ct_activation_fn fn, void *ctx, ct_tensor *const *i
             ninputs);
     checkpoint *c = malloc(sizeof *c);
     if (!c)
-        return ct__seterr(CT_ENOMEM, "activation_checkpoint: out of memory");
+        return ct__err_set(CT_ENOMEM, "activation_checkpoint: out of memory");
     *c = (checkpoint){fn, ctx, *ct_default_generator(), noutputs};
     /* fn's intermediate results are freed here, not by the caller's scope:
      * that is the memory checkpointing saves. */
@@ -94,8 +94,8 @@ int ct_activation_checkpoint(ct_activation_fn fn, void *ctx, ct_tensor *const *i
     rc = fn(ctx, inputs, ninputs, outputs, noutputs);
     for (int o = 0; o < noutputs && !rc; o++)
         if (!outputs[o])
-            rc = ct__seterr(CT_EINVAL,
-                            "activation_checkpoint: fn returned 0 but left output %d NULL", o);
+            rc = ct__err_set(CT_EINVAL,
+                             "activation_checkpoint: fn returned 0 but left output %d NULL", o);
     for (int o = 0; o < noutputs && !rc; o++)
         ct_keep(outputs[o]);
     ct_scope_end();

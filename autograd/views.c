@@ -25,10 +25,10 @@ static ct_tensor *place(ct_tensor *t, const ct__geometry *g) {
 
 static int refuse_double_backward(const ct_node *n) {
     char desc[256];
-    return ct__seterr(CT_ENOTSUP,
-                      "backward: %s cannot be differentiated again (create_graph); avoid "
-                      "in-place writes into views in code that needs second-order gradients",
-                      ct__node_desc(desc, sizeof desc, n));
+    return ct__err_set(CT_ENOTSUP,
+                       "backward: %s cannot be differentiated again (create_graph); avoid "
+                       "in-place writes into views in code that needs second-order gradients",
+                       ct__node_desc(desc, sizeof desc, n));
 }
 
 /* ------------------------------------------------------------ AsStrided */
@@ -54,16 +54,16 @@ static ct_node *as_strided_node(ct_tensor *view, ct_tensor *base) {
     ct__geometry *g = n ? malloc(sizeof *g) : NULL;
     if (!g) {
         ct__node_release(n);
-        ct__seterr(CT_ENOMEM, "autograd: out of memory for a view's history");
+        ct__err_set(CT_ENOMEM, "autograd: out of memory for a view's history");
         return NULL;
     }
     n->fn = &as_strided_fn;
     n->op = CT_OP_VIEW;
     n->geom = g;
     geometry_of(view, base, g);
-    ct__shape_of(&n->in_meta[0], base);
-    ct__shape_of(&n->out_meta[0], view);
-    if (ct__gradient_edge(base, &n->next[0])) {
+    ct__autograd_shape_of(&n->in_meta[0], base);
+    ct__autograd_shape_of(&n->out_meta[0], view);
+    if (ct__autograd_gradient_edge(base, &n->next[0])) {
         ct__node_release(n);
         return NULL;
     }
@@ -91,7 +91,7 @@ static int copy_slices_backward(ct_node *n, const ct_backward_args *a) {
     for (int i = 0; i < op->nnext && !rc; i++) {
         if (!a->needs_input_grad[i] || !res[i])
             continue;
-        res[i] = ct__validate_grad(op, i, res[i]);
+        res[i] = ct__autograd_validate_grad(op, i, res[i]);
         rc = res[i] ? 0 : ct_errcode();
     }
     if (rc)
@@ -113,9 +113,9 @@ static const ct__fn copy_slices_fn = {"CopySlices", copy_slices_backward};
 
 /* ---------------------------------------------------------------- public */
 
-int ct__track_view(ct_tensor *in, ct_tensor *out) {
+int ct__autograd_track_view(ct_tensor *in, ct_tensor *out) {
     ct__meta *im = ct__meta_of(in);
-    ct__meta *om = ct__meta_get(out);
+    ct__meta *om = ct__autograd_meta_get(out);
     if (!om)
         return CT_ENOMEM;
     ct_tensor *base = im && im->base ? im->base : in;
@@ -124,55 +124,55 @@ int ct__track_view(ct_tensor *in, ct_tensor *out) {
     return 0;
 }
 
-int ct__refresh_view(ct_tensor *view) {
+int ct__autograd_refresh_view(ct_tensor *view) {
     ct__meta *m = ct__meta_of(view);
     ct_tensor *base = m ? m->base : NULL;
     ct__meta *bm = ct__meta_of(base);
     if (!bm || !bm->grad_fn || (m->grad_fn && m->base_version == ct_tensor_version(base)))
         return 0;
     ct_node *n = as_strided_node(view, base);
-    int rc = n ? ct__set_history(view, n, 0) : ct_errcode();
+    int rc = n ? ct__autograd_set_history(view, n, 0) : ct_errcode();
     ct__node_release(n);
     if (!rc)
         m->base_version = ct_tensor_version(base);
     return rc;
 }
 
-int ct__check_view_write(const char *op, ct_tensor *self) {
+int ct__autograd_check_view_write(const char *op, ct_tensor *self) {
     ct__meta *m = ct__meta_of(self);
     ct_tensor *base = m->base;
     ct__meta *bm = ct__meta_of(base);
     char desc[CT__DESC_STR], bdesc[CT__DESC_STR];
     if (bm && bm->requires_grad && !bm->grad_fn)
-        return ct__seterr(CT_EINVAL,
-                          "%s: %s is a view of a leaf tensor that requires grad and is being "
-                          "used in an in-place op; do it with grad mode off or on a clone",
-                          op, ct__desc(desc, self));
+        return ct__err_set(CT_EINVAL,
+                           "%s: %s is a view of a leaf tensor that requires grad and is being "
+                           "used in an in-place op; do it with grad mode off or on a clone",
+                           op, ct__tensor_desc(desc, self));
     if (!ct_is_contiguous(base))
-        return ct__seterr(CT_ENOTSUP,
-                          "%s: in-place op on %s, a view of the non-contiguous %s, while "
-                          "recording gradients; make the base contiguous first",
-                          op, ct__desc(desc, self), ct__desc(bdesc, base));
+        return ct__err_set(CT_ENOTSUP,
+                           "%s: in-place op on %s, a view of the non-contiguous %s, while "
+                           "recording gradients; make the base contiguous first",
+                           op, ct__tensor_desc(desc, self), ct__tensor_desc(bdesc, base));
     return 0;
 }
 
-int ct__record_view_write(ct_node *op, ct_tensor *self) {
+int ct__autograd_record_view_write(ct_node *op, ct_tensor *self) {
     ct__meta *m = ct__meta_of(self);
     ct_tensor *base = m->base;
     ct_node *c = ct__node_new(CT__NODE_VIEW, op->nnext, 1, 0);
     ct__geometry *g = c ? malloc(sizeof *g) : NULL;
     if (!g) {
         ct__node_release(c);
-        return ct__seterr(CT_ENOMEM, "autograd: out of memory recording a write into a view");
+        return ct__err_set(CT_ENOMEM, "autograd: out of memory recording a write into a view");
     }
     c->fn = &copy_slices_fn;
     c->op = op->op;
     c->geom = g;
     geometry_of(self, base, g);
     c->inner = ct__node_retain(op);
-    ct__shape_of(&c->in_meta[0], base);
-    ct__shape_of(&c->out_meta[0], base);
-    int rc = ct__gradient_edge(base, &c->next[0]);
+    ct__autograd_shape_of(&c->in_meta[0], base);
+    ct__autograd_shape_of(&c->out_meta[0], base);
+    int rc = ct__autograd_gradient_edge(base, &c->next[0]);
     /* The op's other inputs feed CopySlices; its own edges are not used. */
     for (int i = 1; i < op->nnext; i++) {
         c->in_meta[i] = op->in_meta[i];
@@ -182,12 +182,12 @@ int ct__record_view_write(ct_node *op, ct_tensor *self) {
     ct__node_release(op->next[0].node);
     op->next[0] = (ct__edge){NULL, 0};
     if (!rc)
-        rc = ct__set_history(base, c, 0);
+        rc = ct__autograd_set_history(base, c, 0);
     ct__node_release(c);
     /* The view's own history is its place in the base's new one. */
     ct_node *v = rc ? NULL : as_strided_node(self, base);
     if (!rc)
-        rc = v ? ct__set_history(self, v, 0) : ct_errcode();
+        rc = v ? ct__autograd_set_history(self, v, 0) : ct_errcode();
     ct__node_release(v);
     if (!rc)
         m->base_version = ct_tensor_version(base);

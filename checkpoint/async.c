@@ -29,17 +29,17 @@ struct ct_checkpointer {
 
 static int check(const ct_checkpointer *ck, const char *fn) {
     if (!ck)
-        return ct__seterr(CT_EINVAL, "%s: the checkpointer is NULL", fn);
+        return ct__err_set(CT_EINVAL, "%s: the checkpointer is NULL", fn);
     if (ck->magic != CHECKPOINTER_MAGIC)
-        return ct__seterr(CT_EINVAL, "%s: %p is not a live ct_checkpointer (freed or foreign)", fn,
-                          (const void *)ck);
+        return ct__err_set(CT_EINVAL, "%s: %p is not a live ct_checkpointer (freed or foreign)", fn,
+                           (const void *)ck);
     return 0;
 }
 
 ct_checkpointer *ct_checkpointer_new(ct_comm *comm) {
     ct_checkpointer *ck = calloc(1, sizeof *ck);
     if (!ck) {
-        ct__seterr(CT_ENOMEM, "ct_checkpointer_new: out of memory");
+        ct__err_set(CT_ENOMEM, "ct_checkpointer_new: out of memory");
         return NULL;
     }
     if (comm && ct_comm_split(comm, 0, ct_comm_rank(comm), &ck->comm) != 0) {
@@ -53,7 +53,7 @@ ct_checkpointer *ct_checkpointer_new(ct_comm *comm) {
 
 static void *background(void *arg) {
     ct_checkpointer *ck = arg;
-    ck->result = ct__save_write(ck->path, &ck->plan, ck->comm, &ck->opts);
+    ck->result = ct__ckpt_save_write(ck->path, &ck->plan, ck->comm, &ck->opts);
     /* Messages are per thread: carry this one over to whoever waits. */
     if (ck->result)
         ck->message = strdup(ct_errmsg());
@@ -66,12 +66,12 @@ int ct_checkpointer_wait(ct_checkpointer *ck) {
         return rc;
     pthread_join(ck->thread, NULL);
     ck->running = false;
-    ct__plan_free(&ck->plan);
+    ct__ckpt_plan_free(&ck->plan);
     free(ck->path);
     ck->path = NULL;
     rc = ck->result;
     if (rc)
-        ct__seterr(rc, "%s", ck->message ? ck->message : "checkpoint save failed");
+        ct__err_set(rc, "%s", ck->message ? ck->message : "checkpoint save failed");
     free(ck->message);
     ck->message = NULL;
     return rc;
@@ -132,16 +132,16 @@ int ct_checkpointer_reserve(ct_checkpointer *ck, ct_state *st) {
         return rc;
     rc = ct_checkpointer_wait(ck);
     if (!rc)
-        rc = ct__state_check(st, fn);
+        rc = ct__ckpt_state_check(st, fn);
     if (rc)
         return rc;
     ck_plan plan;
     ct_checkpoint_options o = ct_checkpoint_defaults();
-    rc = ct__save_plan(st, ck->comm, &o, &plan);
+    rc = ct__ckpt_save_plan(st, ck->comm, &o, &plan);
     if (rc)
         return rc;
-    rc = ct__agree(ck->comm, grow_staging(ck, staging_need(&plan), true), NULL, 0, NULL);
-    ct__plan_free(&plan);
+    rc = ct__ckpt_agree(ck->comm, grow_staging(ck, staging_need(&plan), true), NULL, 0, NULL);
+    ct__ckpt_plan_free(&plan);
     return rc;
 }
 
@@ -156,18 +156,18 @@ static int stage(ct_checkpointer *ck) {
     for (int i = 0; i < plan->nsources; i++) {
         ct_tensor *src = plan->sources[i].t;
         int64_t strides[CT_MAX_DIMS];
-        ct__contiguous_strides(src->ndim, src->sizes, strides);
+        ct__tensor_contiguous_strides(src->ndim, src->sizes, strides);
         ct_tensor *copy =
-            ct__own(ct_tensor_from_storage(ck->staging, at / (int64_t)ct__esize(src->dtype),
-                                           src->ndim, src->sizes, strides, src->dtype));
+            ct__tensor_own(ct_tensor_from_storage(ck->staging, at / (int64_t)ct__esize(src->dtype),
+                                                  src->ndim, src->sizes, strides, src->dtype));
         /* A device's chunk comes to the host now, at the call: the
          * snapshot holds the values of every op issued before it. */
-        ct_tensor *host = copy ? ct__ck_on_host(src) : NULL;
+        ct_tensor *host = copy ? ct__ckpt_on_host(src) : NULL;
         if (!host) {
             ct_tensor_free(copy);
             return ct_errcode();
         }
-        ct__copy_into(copy, host);
+        ct__cpu_copy_into(copy, host);
         ct_tensor_free(host);
         ct_tensor_free(src);
         plan->sources[i].t = copy;
@@ -186,23 +186,23 @@ int ct_checkpointer_save(ct_checkpointer *ck, const char *path, ct_state *st,
     rc = ct_checkpointer_wait(ck);
     ck->opts = opts ? *opts : ct_checkpoint_defaults();
     if (!rc)
-        rc = ct__state_check(st, fn);
+        rc = ct__ckpt_state_check(st, fn);
     if (!rc)
-        rc = ct__check_options(fn, &ck->opts);
+        rc = ct__ckpt_check_options(fn, &ck->opts);
     if (rc)
         return rc;
-    ck->path = ct__clean_path(fn, path);
+    ck->path = ct__ckpt_clean_path(fn, path);
     if (!ck->path)
         return ct_errcode();
-    rc = ct__save_plan(st, ck->comm, &ck->opts, &ck->plan);
+    rc = ct__ckpt_save_plan(st, ck->comm, &ck->opts, &ck->plan);
     /* Staging can fail on one rank alone: agree before any rank starts
      * writing. */
     if (!rc)
-        rc = ct__agree(ck->comm, stage(ck), NULL, 0, NULL);
+        rc = ct__ckpt_agree(ck->comm, stage(ck), NULL, 0, NULL);
     if (!rc && pthread_create(&ck->thread, NULL, background, ck) != 0)
-        rc = ct__seterr(CT_ENOMEM, "%s: could not start the writer thread", fn);
+        rc = ct__err_set(CT_ENOMEM, "%s: could not start the writer thread", fn);
     if (rc) {
-        ct__plan_free(&ck->plan);
+        ct__ckpt_plan_free(&ck->plan);
         free(ck->path);
         ck->path = NULL;
         return rc;

@@ -32,7 +32,7 @@
 /* ----------------------------------------------------------------- state */
 
 typedef enum ck_type { CK_TENSOR, CK_INT64, CK_UINT64, CK_FLOAT64, CK_NTYPES } ck_type;
-extern const char *const ck_type_names[CK_NTYPES]; /* CK_TENSOR: "tensor" */
+extern const char *const ct__ckpt_type_names[CK_NTYPES]; /* CK_TENSOR: "tensor" */
 
 typedef struct ck_entry {
     char *name;
@@ -53,14 +53,14 @@ struct ct_state {
     int nmeta;
 };
 
-int ct__state_check(const ct_state *st, const char *fn);
+int ct__ckpt_state_check(const ct_state *st, const char *fn);
 /* The text a value is saved as ("-12", "18446744073709551615", "0.1"),
  * exact for every value; buf holds at least 32 bytes. */
-void ct__value_format(ck_type type, const void *value, char *buf);
+void ct__ckpt_value_format(ck_type type, const void *value, char *buf);
 /* Parses text as type into *value (8 bytes); false when it is not one. */
-bool ct__value_parse(ck_type type, const char *text, void *value);
+bool ct__ckpt_value_parse(ck_type type, const char *text, void *value);
 /* Replaces the metadata with the (key, value) pairs of kv[2 * n]. */
-int ct__state_replace_meta(ct_state *st, char *const *kv, int n);
+int ct__ckpt_state_replace_meta(ct_state *st, char *const *kv, int n);
 
 /* ------------------------------------------------- tensors on a device */
 
@@ -68,11 +68,11 @@ int ct__state_replace_meta(ct_state *st, char *const *kv, int n);
  * (any strides), else a contiguous host copy, made after the work queued on
  * t's device, so that it holds what every op issued before it left there.
  * The caller frees it. NULL with ct_to's errors. */
-ct_tensor *ct__ck_on_host(ct_tensor *t);
+ct_tensor *ct__ckpt_on_host(ct_tensor *t);
 /* dst = host, in place on dst's device: host is a contiguous host tensor of
  * dst's shape and dtype. On a device the write is queued on its stream;
  * host may be freed when this returns. 0, or ct_to's errors. */
-int ct__ck_write_from_host(ct_tensor *dst, ct_tensor *host);
+int ct__ckpt_write_from_host(ct_tensor *dst, ct_tensor *host);
 
 /* -------------------------------------------------------------- manifest */
 
@@ -80,7 +80,7 @@ struct cJSON;
 /* cJSON_ParseWithLengthOpts, serialised: cJSON records every failure in one
  * global, so that parses on several threads at once would race. *end gets
  * where parsing stopped (at the error, on failure). */
-struct cJSON *ct__json_parse(const char *text, size_t len, const char **end);
+struct cJSON *ct__ckpt_json_parse(const char *text, size_t len, const char **end);
 
 typedef struct ck_chunk {
     int64_t offsets[CT_MAX_DIMS], sizes[CT_MAX_DIMS];
@@ -168,13 +168,13 @@ int ct__manifest_read_at(int dirfd, const char *path, ck_manifest **out);
 /* ct__file_open with a checkpoint's rules: a file in a checkpoint is never
  * reached through a symlink, and a symlink or a file that is not regular is
  * CT_ECORRUPT; CT_EIO (ENOENT: *missing true) otherwise. */
-int ct__open_regular(int dirfd, const char *name, const char *shown, bool *missing);
+int ct__ckpt_open_regular(int dirfd, const char *name, const char *shown, bool *missing);
 
 /* Removes a directory tree; missing is fine. */
-int ct__remove_tree(const char *path);
+int ct__ckpt_remove_tree(const char *path);
 /* mkdir -p. */
-int ct__make_dirs(const char *path);
-/* ct__fsync_dir, ct__parent_dir, ct__pread_all and ct__pwrite_all are in
+int ct__ckpt_make_dirs(const char *path);
+/* ct__file_fsync_dir, ct__file_parent_dir, ct__file_pread_all and ct__file_pwrite_all are in
  * tensor/file_impl.h, shared with data/. */
 
 /* ----------------------------------------------------- save, collectively */
@@ -187,18 +187,18 @@ typedef struct ck_blob {
 } ck_blob;
 
 /* Every rank contributes (status, data[0..len)) and gets all ranks' in
- * all[0..size) (free with ct__blobs_free). With comm NULL, just this one.
+ * all[0..size) (free with ct__ckpt_blobs_free). With comm NULL, just this one.
  * Returns 0 or a collective's error. */
-int ct__exchange(ct_comm *comm, int status, const void *data, size_t len, ck_blob **all);
-void ct__blobs_free(ck_blob *all, int n);
+int ct__ckpt_exchange(ct_comm *comm, int status, const void *data, size_t len, ck_blob **all);
+void ct__ckpt_blobs_free(ck_blob *all, int n);
 /* When any rank's status in all is not 0: records the first such rank's
  * message (prefixed with its rank when there are several ranks) and
  * returns its code; 0 otherwise. */
-int ct__exchange_verdict(const ck_blob *all, int n);
+int ct__ckpt_exchange_verdict(const ck_blob *all, int n);
 /* Shares this rank's outcome (rc, with ct_errmsg() when it failed, or else
  * data) and returns every rank's verdict, the same on every rank; *all
  * (nullable) gets every rank's data when all succeeded. */
-int ct__agree(ct_comm *comm, int rc, const void *data, size_t len, ck_blob **all);
+int ct__ckpt_agree(ct_comm *comm, int rc, const void *data, size_t len, ck_blob **all);
 
 /* A save that has been planned: every rank knows the whole manifest (bar
  * checksums) and which chunks it writes, from where. */
@@ -217,14 +217,15 @@ typedef struct ck_plan {
 
 /* path without trailing slashes (malloc'd), or NULL with CT_EINVAL naming
  * fn for an empty path, CT_ENOMEM. */
-char *ct__clean_path(const char *fn, const char *path);
+char *ct__ckpt_clean_path(const char *fn, const char *path);
 /* CT_EINVAL naming fn for options out of range. */
-int ct__check_options(const char *fn, const ct_checkpoint_options *o);
+int ct__ckpt_check_options(const char *fn, const ct_checkpoint_options *o);
 /* Phase 1, collective: exchange every rank's entries and plan the save. */
-int ct__save_plan(ct_state *st, ct_comm *comm, const ct_checkpoint_options *o, ck_plan *plan);
+int ct__ckpt_save_plan(ct_state *st, ct_comm *comm, const ct_checkpoint_options *o, ck_plan *plan);
 /* Phases 2-4, collective: prepare PATH.tmp, write this rank's file, commit. */
-int ct__save_write(const char *path, ck_plan *plan, ct_comm *comm, const ct_checkpoint_options *o);
-void ct__plan_free(ck_plan *plan);
+int ct__ckpt_save_write(const char *path, ck_plan *plan, ct_comm *comm,
+                        const ct_checkpoint_options *o);
+void ct__ckpt_plan_free(ck_plan *plan);
 
 /* -------------------------------------------------------------- reading */
 
@@ -259,10 +260,11 @@ int ct__reader_file(ck_reader *r, int i, int *fd, char *name, size_t cap);
 int ct__reader_finish(ck_reader *r);
 /* CT_ECORRUPT for block b of f (named file), read for tensor, whose bytes
  * hash to got. */
-int ct__block_mismatch(const char *file, const ck_file *f, int64_t b, const char *tensor,
-                       uint64_t got);
+int ct__ckpt_block_mismatch(const char *file, const ck_file *f, int64_t b, const char *tensor,
+                            uint64_t got);
 /* CT_ECORRUPT for chunk c of t in file, whose bytes hash to got. */
-int ct__checksum_mismatch(const char *file, const ck_tensor *t, const ck_chunk *c, uint64_t got);
+int ct__ckpt_checksum_mismatch(const char *file, const ck_tensor *t, const ck_chunk *c,
+                               uint64_t got);
 /* Reads the box (box_off, box_sizes) of tensor i into dst (contiguous,
  * row-major, the box's shape) from every chunk that overlaps it. */
 int ct__reader_read_box(ck_reader *r, int i, const int64_t *box_off, const int64_t *box_sizes,
@@ -275,7 +277,8 @@ int ct__reader_read_rank(ck_reader *r, int i, int rank, char *dst);
  * Reads only the overlapping byte runs. When the whole chunk is read, its
  * checksum is checked (CT_ECORRUPT naming file and tensor on a mismatch),
  * maybe later, by r's hasher: see ct__reader_finish(). */
-int ct__read_overlap(ck_reader *r, int fd, const char *file, const ck_tensor *t, const ck_chunk *c,
-                     const int64_t *box_off, const int64_t *box_sizes, char *dst);
+int ct__ckpt_read_overlap(ck_reader *r, int fd, const char *file, const ck_tensor *t,
+                          const ck_chunk *c, const int64_t *box_off, const int64_t *box_sizes,
+                          char *dst);
 
 #endif

@@ -12,20 +12,20 @@ static int remove_one(const char *path, const struct stat *sb, int type, struct 
     return remove(path) == 0 || errno == ENOENT ? 0 : -1;
 }
 
-int ct__remove_tree(const char *path) {
+int ct__ckpt_remove_tree(const char *path) {
     struct stat sb;
     if (lstat(path, &sb) != 0)
-        return errno == ENOENT ? 0 : ct__seterr(CT_EIO, "%s: %s", path, strerror(errno));
+        return errno == ENOENT ? 0 : ct__err_set(CT_EIO, "%s: %s", path, strerror(errno));
     /* FTW_PHYS: a symlink inside is removed, never followed. */
     if (nftw(path, remove_one, 16, FTW_DEPTH | FTW_PHYS) != 0)
-        return ct__seterr(CT_EIO, "%s: removing: %s", path, strerror(errno));
+        return ct__err_set(CT_EIO, "%s: removing: %s", path, strerror(errno));
     return 0;
 }
 
-int ct__make_dirs(const char *path) {
+int ct__ckpt_make_dirs(const char *path) {
     char *p = strdup(path);
     if (!p)
-        return ct__seterr(CT_ENOMEM, "%s: out of memory", path);
+        return ct__err_set(CT_ENOMEM, "%s: out of memory", path);
     int rc = 0;
     for (char *s = p + 1;; s++) {
         bool end = *s == '\0';
@@ -33,7 +33,7 @@ int ct__make_dirs(const char *path) {
             continue;
         *s = '\0';
         if (mkdir(p, 0755) != 0 && errno != EEXIST) {
-            rc = ct__seterr(CT_EIO, "%s: creating the directory: %s", p, strerror(errno));
+            rc = ct__err_set(CT_EIO, "%s: creating the directory: %s", p, strerror(errno));
             break;
         }
         if (end)
@@ -42,12 +42,12 @@ int ct__make_dirs(const char *path) {
     }
     struct stat sb;
     if (!rc && (stat(path, &sb) != 0 || !S_ISDIR(sb.st_mode)))
-        rc = ct__seterr(CT_EIO, "%s: exists and is not a directory", path);
+        rc = ct__err_set(CT_EIO, "%s: exists and is not a directory", path);
     free(p);
     return rc;
 }
 
-int ct__open_regular(int dirfd, const char *name, const char *shown, bool *missing) {
+int ct__ckpt_open_regular(int dirfd, const char *name, const char *shown, bool *missing) {
     static const ct__file_rules rules = {
         .refuse = CT_ECORRUPT,
         .link_why = "; a checkpoint's files must be regular files in its directory",

@@ -10,14 +10,15 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-int ct__checksum_mismatch(const char *file, const ck_tensor *t, const ck_chunk *c, uint64_t got) {
+int ct__ckpt_checksum_mismatch(const char *file, const ck_tensor *t, const ck_chunk *c,
+                               uint64_t got) {
     char at[CT__SHAPE_STR];
-    return ct__seterr(CT_ECORRUPT,
-                      "%s: tensor '%s', chunk at %s (bytes %lld..%lld): checksum %016llx, but the "
-                      "manifest says %016llx; the file is damaged",
-                      file, t->name, ct__shape_str(at, t->ndim, c->offsets),
-                      (long long)c->byte_offset, (long long)(c->byte_offset + c->nbytes),
-                      (unsigned long long)got, (unsigned long long)c->xxh3);
+    return ct__err_set(CT_ECORRUPT,
+                       "%s: tensor '%s', chunk at %s (bytes %lld..%lld): checksum %016llx, but the "
+                       "manifest says %016llx; the file is damaged",
+                       file, t->name, ct__tensor_shape_str(at, t->ndim, c->offsets),
+                       (long long)c->byte_offset, (long long)(c->byte_offset + c->nbytes),
+                       (unsigned long long)got, (unsigned long long)c->xxh3);
 }
 
 /* ---------------------------------------------------------------- hasher */
@@ -74,7 +75,7 @@ static bool hasher_idle(ck_hasher *h) {
 static int hasher_wait(ck_hasher *h) {
     if (!h || !hasher_idle(h) || h->got == h->c->xxh3)
         return 0;
-    return ct__checksum_mismatch(h->file, h->t, h->c, h->got);
+    return ct__ckpt_checksum_mismatch(h->file, h->t, h->c, h->got);
 }
 
 /* Hands chunk c, read whole into data, to the hasher, once the previous one
@@ -121,32 +122,32 @@ static bool replaced(const ck_reader *r) {
 }
 
 static int replaced_error(const ck_reader *r) {
-    return ct__seterr(CT_ESTATE,
-                      "%s: replaced by a concurrent save while it was being read; load it again",
-                      r->path);
+    return ct__err_set(CT_ESTATE,
+                       "%s: replaced by a concurrent save while it was being read; load it again",
+                       r->path);
 }
 
 int ct__reader_open(const char *path, ck_reader *r) {
     *r = (ck_reader){.dirfd = -1, .block_file = -1};
     r->path = strdup(path);
     if (!r->path)
-        return ct__seterr(CT_ENOMEM, "%s: out of memory", path);
+        return ct__err_set(CT_ENOMEM, "%s: out of memory", path);
     /* The path itself may go through symlinks (a user's choice); what is
      * inside it is opened relative to this one descriptor, so that a save
      * renaming a new version into place does not change what is read. */
     r->dirfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     int rc = 0;
     if (r->dirfd < 0)
-        rc = ct__seterr(CT_EIO, "%s: %s%s", path, strerror(errno),
-                        errno == ENOENT || errno == ENOTDIR ? " (not a committed ct checkpoint)"
-                                                            : "");
+        rc = ct__err_set(CT_EIO, "%s: %s%s", path, strerror(errno),
+                         errno == ENOENT || errno == ENOTDIR ? " (not a committed ct checkpoint)"
+                                                             : "");
     if (!rc) {
         rc = ct__manifest_read_at(r->dirfd, path, &r->m);
         if (rc && replaced(r))
             rc = replaced_error(r);
     }
     if (!rc && !(r->fds = malloc(sizeof(int) * (size_t)(r->m->nfiles + 1))))
-        rc = ct__seterr(CT_ENOMEM, "%s: out of memory", path);
+        rc = ct__err_set(CT_ENOMEM, "%s: out of memory", path);
     if (rc) {
         ct__reader_close(r);
         return rc;
@@ -192,19 +193,20 @@ int ct__reader_file(ck_reader *r, int i, int *fd, char *name, size_t cap) {
         return 0;
     }
     bool missing;
-    int got = ct__open_regular(r->dirfd, f->name, name, &missing);
+    int got = ct__ckpt_open_regular(r->dirfd, f->name, name, &missing);
     if (got < 0 && missing)
-        return replaced(r) ? replaced_error(r)
-                           : ct__seterr(CT_ECORRUPT,
-                                        "%s: %s (the manifest lists it; the checkpoint is damaged)",
-                                        name, strerror(ENOENT));
+        return replaced(r)
+                   ? replaced_error(r)
+                   : ct__err_set(CT_ECORRUPT,
+                                 "%s: %s (the manifest lists it; the checkpoint is damaged)", name,
+                                 strerror(ENOENT));
     if (got < 0)
         return got;
     struct stat sb;
     if (fstat(got, &sb) != 0 || sb.st_size != f->nbytes) {
-        int rc = ct__seterr(CT_ECORRUPT, "%s: %lld bytes, but the manifest says %lld%s", name,
-                            (long long)sb.st_size, (long long)f->nbytes,
-                            sb.st_size < f->nbytes ? " (truncated)" : "");
+        int rc = ct__err_set(CT_ECORRUPT, "%s: %lld bytes, but the manifest says %lld%s", name,
+                             (long long)sb.st_size, (long long)f->nbytes,
+                             sb.st_size < f->nbytes ? " (truncated)" : "");
         close(got);
         return rc;
     }
@@ -212,15 +214,15 @@ int ct__reader_file(ck_reader *r, int i, int *fd, char *name, size_t cap) {
     return 0;
 }
 
-int ct__block_mismatch(const char *file, const ck_file *f, int64_t b, const char *tensor,
-                       uint64_t got) {
+int ct__ckpt_block_mismatch(const char *file, const ck_file *f, int64_t b, const char *tensor,
+                            uint64_t got) {
     int64_t lo = b * f->block_bytes,
             hi = lo + f->block_bytes < f->nbytes ? lo + f->block_bytes : f->nbytes;
-    return ct__seterr(CT_ECORRUPT,
-                      "%s: block %lld (bytes %lld..%lld) in tensor '%s': checksum %016llx, but "
-                      "the manifest says %016llx; the file is damaged",
-                      file, (long long)b, (long long)lo, (long long)hi, tensor,
-                      (unsigned long long)got, (unsigned long long)f->blocks[b]);
+    return ct__err_set(CT_ECORRUPT,
+                       "%s: block %lld (bytes %lld..%lld) in tensor '%s': checksum %016llx, but "
+                       "the manifest says %016llx; the file is damaged",
+                       file, (long long)b, (long long)lo, (long long)hi, tensor,
+                       (unsigned long long)got, (unsigned long long)f->blocks[b]);
 }
 
 /* Reads bytes [off, off + len) of file fi into dst, each block they touch
@@ -234,25 +236,25 @@ static int read_checked(ck_reader *r, int fi, int fd, const char *file, const ck
         int64_t bs = b * bb, be = bs + bb < f->nbytes ? bs + bb : f->nbytes;
         int64_t s = off > bs ? off : bs, e = off + len < be ? off + len : be;
         if (s == bs && e == be) {
-            int rc = ct__pread_all(fd, dst + (s - off), (size_t)(be - bs), bs, file);
+            int rc = ct__file_pread_all(fd, dst + (s - off), (size_t)(be - bs), bs, file);
             uint64_t got = rc ? 0 : XXH3_64bits(dst + (s - off), (size_t)(be - bs));
             if (rc || got != f->blocks[b])
-                return rc ? rc : ct__block_mismatch(file, f, b, t->name, got);
+                return rc ? rc : ct__ckpt_block_mismatch(file, f, b, t->name, got);
             continue;
         }
         if (r->block_file != fi || r->block_index != b) {
             if (r->block_cap < bb) {
                 char *buf = realloc(r->block, (size_t)bb);
                 if (!buf)
-                    return ct__seterr(CT_ENOMEM, "%s: out of memory", file);
+                    return ct__err_set(CT_ENOMEM, "%s: out of memory", file);
                 r->block = buf;
                 r->block_cap = bb;
             }
             r->block_file = -1;
-            int rc = ct__pread_all(fd, r->block, (size_t)(be - bs), bs, file);
+            int rc = ct__file_pread_all(fd, r->block, (size_t)(be - bs), bs, file);
             uint64_t got = rc ? 0 : XXH3_64bits(r->block, (size_t)(be - bs));
             if (rc || got != f->blocks[b])
-                return rc ? rc : ct__block_mismatch(file, f, b, t->name, got);
+                return rc ? rc : ct__ckpt_block_mismatch(file, f, b, t->name, got);
             r->block_file = fi;
             r->block_index = b;
         }
@@ -275,7 +277,7 @@ static int check_chunk_whole(ck_reader *r, int fd, const char *file, const ck_te
         }
         r->chunk_checked = r->chunk_base ? calloc((size_t)n + 1, sizeof(bool)) : NULL;
         if (!r->chunk_checked)
-            return ct__seterr(CT_ENOMEM, "%s: out of memory", file);
+            return ct__err_set(CT_ENOMEM, "%s: out of memory", file);
     }
     bool *done = &r->chunk_checked[r->chunk_base[t - m->tensors] + (c - t->chunks)];
     if (*done)
@@ -284,7 +286,7 @@ static int check_chunk_whole(ck_reader *r, int fd, const char *file, const ck_te
     if (r->block_cap < piece) {
         char *buf = realloc(r->block, (size_t)piece);
         if (!buf)
-            return ct__seterr(CT_ENOMEM, "%s: out of memory", file);
+            return ct__err_set(CT_ENOMEM, "%s: out of memory", file);
         r->block = buf;
         r->block_cap = piece;
     }
@@ -292,23 +294,24 @@ static int check_chunk_whole(ck_reader *r, int fd, const char *file, const ck_te
     XXH3_state_t *hs = XXH3_createState();
     int rc = hs && XXH3_64bits_reset(hs) == XXH_OK
                  ? 0
-                 : ct__seterr(CT_ENOMEM, "%s: out of memory", file);
+                 : ct__err_set(CT_ENOMEM, "%s: out of memory", file);
     for (int64_t off = 0; !rc && off < c->nbytes; off += piece) {
         int64_t n = c->nbytes - off < piece ? c->nbytes - off : piece;
-        rc = ct__pread_all(fd, r->block, (size_t)n, c->byte_offset + off, file);
+        rc = ct__file_pread_all(fd, r->block, (size_t)n, c->byte_offset + off, file);
         if (!rc)
             XXH3_64bits_update(hs, r->block, (size_t)n);
     }
     uint64_t got = rc ? 0 : XXH3_64bits_digest(hs);
     XXH3_freeState(hs);
     if (!rc && got != c->xxh3)
-        rc = ct__checksum_mismatch(file, t, c, got);
+        rc = ct__ckpt_checksum_mismatch(file, t, c, got);
     *done = !rc;
     return rc;
 }
 
-int ct__read_overlap(ck_reader *r, int fd, const char *file, const ck_tensor *t, const ck_chunk *c,
-                     const int64_t *box_off, const int64_t *box_sizes, char *dst) {
+int ct__ckpt_read_overlap(ck_reader *r, int fd, const char *file, const ck_tensor *t,
+                          const ck_chunk *c, const int64_t *box_off, const int64_t *box_sizes,
+                          char *dst) {
     int nd = t->ndim;
     int64_t lo[CT_MAX_DIMS] = {0}, ext[CT_MAX_DIMS] = {0};
     bool whole = true;
@@ -347,12 +350,12 @@ int ct__read_overlap(ck_reader *r, int fd, const char *file, const ck_tensor *t,
         for (int d = 0; d < nd; d++)
             bo += (lo[d] - box_off[d]) * bstride[d];
         char *p = dst + bo * (int64_t)es;
-        int rc = ct__pread_all(fd, p, (size_t)c->nbytes, c->byte_offset, file);
+        int rc = ct__file_pread_all(fd, p, (size_t)c->nbytes, c->byte_offset, file);
         int side = rc ? rc : hasher_submit(r, file, t, c, p);
         if (side <= 0)
             return side;
         uint64_t got = XXH3_64bits(p, (size_t)c->nbytes);
-        return got == c->xxh3 ? 0 : ct__checksum_mismatch(file, t, c, got);
+        return got == c->xxh3 ? 0 : ct__ckpt_checksum_mismatch(file, t, c, got);
     }
     /* A chunk read in part: its blocks' checksums (1.1), or the whole
      * chunk's first (1.0), check every byte that is used. */
@@ -366,7 +369,7 @@ int ct__read_overlap(ck_reader *r, int fd, const char *file, const ck_tensor *t,
     XXH3_state_t *hs = whole ? XXH3_createState() : NULL;
     if (whole && (!hs || XXH3_64bits_reset(hs) != XXH_OK)) {
         XXH3_freeState(hs);
-        return ct__seterr(CT_ENOMEM, "%s: out of memory", file);
+        return ct__err_set(CT_ENOMEM, "%s: out of memory", file);
     }
     int64_t idx[CT_MAX_DIMS] = {0}; /* over dims [0, k) of the overlap */
     int rc = 0;
@@ -380,7 +383,7 @@ int ct__read_overlap(ck_reader *r, int fd, const char *file, const ck_tensor *t,
         char *p = dst + bo * (int64_t)es;
         int64_t at = c->byte_offset + fo * (int64_t)es;
         rc = !whole && blocks ? read_checked(r, c->file, fd, file, t, at, run * (int64_t)es, p)
-                              : ct__pread_all(fd, p, (size_t)run * es, at, file);
+                              : ct__file_pread_all(fd, p, (size_t)run * es, at, file);
         if (rc)
             break;
         if (hs)
@@ -394,7 +397,7 @@ int ct__read_overlap(ck_reader *r, int fd, const char *file, const ck_tensor *t,
     if (!rc && hs) {
         uint64_t got = XXH3_64bits_digest(hs);
         if (got != c->xxh3)
-            rc = ct__checksum_mismatch(file, t, c, got);
+            rc = ct__ckpt_checksum_mismatch(file, t, c, got);
     }
     XXH3_freeState(hs);
     return rc;
@@ -415,7 +418,7 @@ int ct__reader_read_box(ck_reader *r, int i, const int64_t *box_off, const int64
         char name[4096];
         int rc = ct__reader_file(r, k->file, &fd, name, sizeof name);
         if (!rc)
-            rc = ct__read_overlap(r, fd, name, t, k, box_off, box_sizes, dst);
+            rc = ct__ckpt_read_overlap(r, fd, name, t, k, box_off, box_sizes, dst);
         if (rc)
             return rc;
     }
@@ -430,11 +433,11 @@ int ct__reader_read_rank(ck_reader *r, int i, int rank, char *dst) {
             char name[4096];
             int rc = ct__reader_file(r, t->chunks[c].file, &fd, name, sizeof name);
             return rc ? rc
-                      : ct__read_overlap(r, fd, name, t, &t->chunks[c], t->chunks[c].offsets,
-                                         t->chunks[c].sizes, dst);
+                      : ct__ckpt_read_overlap(r, fd, name, t, &t->chunks[c], t->chunks[c].offsets,
+                                              t->chunks[c].sizes, dst);
         }
-    return ct__seterr(CT_ECORRUPT, "%s: per-rank tensor '%s' has no chunk for rank %d", r->path,
-                      t->name, rank);
+    return ct__err_set(CT_ECORRUPT, "%s: per-rank tensor '%s' has no chunk for rank %d", r->path,
+                       t->name, rank);
 }
 
 /* ----------------------------------------------------------------- load */
@@ -444,30 +447,30 @@ static int load_tensor(ck_reader *r, const ck_entry *e, int rank, int size) {
     char a[CT__SHAPE_STR], b[CT__SHAPE_STR];
     int i = ct__manifest_find_tensor(m, e->name);
     if (i < 0)
-        return ct__seterr(CT_EINVAL, "%s: the checkpoint has no tensor '%s' (it has %d tensors)",
-                          r->path, e->name, m->ntensors);
+        return ct__err_set(CT_EINVAL, "%s: the checkpoint has no tensor '%s' (it has %d tensors)",
+                           r->path, e->name, m->ntensors);
     const ck_tensor *t = &m->tensors[i];
     bool per_rank = e->kind == CT_STATE_PER_RANK;
     if (per_rank != (t->kind == CT_STATE_PER_RANK))
-        return ct__seterr(CT_EINVAL, "%s: tensor '%s' was saved %s; the state asks for it %s",
-                          r->path, e->name, ct_state_kind_name(t->kind),
-                          ct_state_kind_name(e->kind));
+        return ct__err_set(CT_EINVAL, "%s: tensor '%s' was saved %s; the state asks for it %s",
+                           r->path, e->name, ct_state_kind_name(t->kind),
+                           ct_state_kind_name(e->kind));
     if (t->dtype != e->t->dtype || t->ndim != e->ndim ||
         memcmp(t->sizes, e->global, sizeof(int64_t) * (size_t)e->ndim))
-        return ct__seterr(CT_EINVAL,
-                          "%s: tensor '%s' is %s%s in the checkpoint; the state has %s%s", r->path,
-                          e->name, ct_dtype_name(t->dtype), ct__shape_str(a, t->ndim, t->sizes),
-                          ct_dtype_name(e->t->dtype), ct__shape_str(b, e->ndim, e->global));
+        return ct__err_set(
+            CT_EINVAL, "%s: tensor '%s' is %s%s in the checkpoint; the state has %s%s", r->path,
+            e->name, ct_dtype_name(t->dtype), ct__tensor_shape_str(a, t->ndim, t->sizes),
+            ct_dtype_name(e->t->dtype), ct__tensor_shape_str(b, e->ndim, e->global));
     if (per_rank && m->world_size != size)
-        return ct__seterr(CT_EINVAL,
-                          "%s: per-rank tensor '%s' was saved by %d ranks and is valid only in a "
-                          "world of that size, not %d; leave it out of the state to load the rest",
-                          r->path, e->name, m->world_size, size);
+        return ct__err_set(CT_EINVAL,
+                           "%s: per-rank tensor '%s' was saved by %d ranks and is valid only in a "
+                           "world of that size, not %d; leave it out of the state to load the rest",
+                           r->path, e->name, m->world_size, size);
     ct_tensor *dst = e->t, *tmp = NULL;
     /* The file is read into host memory: a view's, or a device tensor's,
      * elements land in a contiguous buffer first. */
     if (!ct_is_contiguous(dst) || !ct__is_host(dst->storage->device)) {
-        tmp = ct__own(ct_empty(dst->ndim, dst->sizes, dst->dtype));
+        tmp = ct__tensor_own(ct_empty(dst->ndim, dst->sizes, dst->dtype));
         if (!tmp)
             return ct_errcode();
     }
@@ -480,9 +483,9 @@ static int load_tensor(ck_reader *r, const ck_entry *e, int rank, int size) {
     else if (tmp)
         ct__reader_finish(r);
     if (!rc && tmp)
-        rc = ct__ck_write_from_host(dst, tmp);
+        rc = ct__ckpt_write_from_host(dst, tmp);
     if (!rc)
-        ct__bump_version(dst);
+        ct__tensor_bump_version(dst);
     ct_tensor_free(tmp);
     return rc;
 }
@@ -491,23 +494,24 @@ static int load_value(const ck_reader *r, const ck_entry *e, int rank, int size)
     const ck_manifest *m = r->m;
     int i = ct__manifest_find_value(m, e->name);
     if (i < 0)
-        return ct__seterr(CT_EINVAL, "%s: the checkpoint has no value '%s'", r->path, e->name);
+        return ct__err_set(CT_EINVAL, "%s: the checkpoint has no value '%s'", r->path, e->name);
     const ck_value *v = &m->values[i];
     if (v->type != e->type || v->kind != e->kind)
-        return ct__seterr(CT_EINVAL, "%s: value '%s' was saved as %s %s; the state has %s %s",
-                          r->path, e->name, ct_state_kind_name(v->kind), ck_type_names[v->type],
-                          ct_state_kind_name(e->kind), ck_type_names[e->type]);
+        return ct__err_set(CT_EINVAL, "%s: value '%s' was saved as %s %s; the state has %s %s",
+                           r->path, e->name, ct_state_kind_name(v->kind),
+                           ct__ckpt_type_names[v->type], ct_state_kind_name(e->kind),
+                           ct__ckpt_type_names[e->type]);
     if (v->kind == CT_STATE_PER_RANK && m->world_size != size)
-        return ct__seterr(CT_EINVAL,
-                          "%s: per-rank value '%s' was saved by %d ranks and is valid only in a "
-                          "world of that size, not %d; leave it out of the state to load the rest",
-                          r->path, e->name, m->world_size, size);
+        return ct__err_set(CT_EINVAL,
+                           "%s: per-rank value '%s' was saved by %d ranks and is valid only in a "
+                           "world of that size, not %d; leave it out of the state to load the rest",
+                           r->path, e->name, m->world_size, size);
     const char *text = v->texts[v->kind == CT_STATE_PER_RANK ? rank : 0];
     if (!text)
-        return ct__seterr(CT_ECORRUPT, "%s: value '%s' has no entry for rank %d", r->path, e->name,
-                          rank);
+        return ct__err_set(CT_ECORRUPT, "%s: value '%s' has no entry for rank %d", r->path, e->name,
+                           rank);
     /* The manifest's parser checked the text. */
-    CT_ASSERT(ct__value_parse(e->type, text, e->value));
+    CT_ASSERT(ct__ckpt_value_parse(e->type, text, e->value));
     return 0;
 }
 
@@ -518,14 +522,14 @@ static int load_once(const char *path, ct_state *st, ct_comm *comm, int rank, in
     int rc = ct__reader_open(path, &r);
     uint64_t version = rc ? 0 : r.m->text_xxh3;
     ck_blob *all = NULL;
-    rc = ct__agree(comm, rc, &version, sizeof version, &all);
+    rc = ct__ckpt_agree(comm, rc, &version, sizeof version, &all);
     for (int k = 1; !rc && k < size; k++)
         if (memcmp(all[k].data, all[0].data, sizeof version))
-            rc = ct__seterr(CT_ESTATE,
-                            "%s: rank %d and rank 0 read different versions of it: replaced by a "
-                            "concurrent save while it was being read; load it again",
-                            path, k);
-    ct__blobs_free(all, size);
+            rc = ct__err_set(CT_ESTATE,
+                             "%s: rank %d and rank 0 read different versions of it: replaced by a "
+                             "concurrent save while it was being read; load it again",
+                             path, k);
+    ct__ckpt_blobs_free(all, size);
     for (int i = 0; !rc && i < st->n; i++) {
         const ck_entry *e = &st->entries[i];
         rc = e->type == CK_TENSOR ? load_tensor(&r, e, rank, size) : load_value(&r, e, rank, size);
@@ -533,11 +537,11 @@ static int load_once(const char *path, ct_state *st, ct_comm *comm, int rank, in
     if (!rc)
         rc = ct__reader_finish(&r);
     if (!rc)
-        rc = ct__state_replace_meta(st, r.m->meta, r.m->nmeta);
+        rc = ct__ckpt_state_replace_meta(st, r.m->meta, r.m->nmeta);
     if (r.m)
         ct__reader_close(&r);
     /* Every rank returns the same result: no rank trains on alone. */
-    return ct__agree(comm, rc, NULL, 0, NULL);
+    return ct__ckpt_agree(comm, rc, NULL, 0, NULL);
 }
 
 /* A save that replaces the checkpoint while it is read makes the reader's
@@ -547,11 +551,11 @@ static int load_once(const char *path, ct_state *st, ct_comm *comm, int rank, in
 
 int ct_checkpoint_load(const char *path, ct_state *st, ct_comm *comm) {
     const char *fn = "ct_checkpoint_load";
-    int rc = ct__state_check(st, fn);
+    int rc = ct__ckpt_state_check(st, fn);
     if (rc)
         return rc;
     if (!path || !*path)
-        return ct__seterr(CT_EINVAL, "%s: the path is NULL or empty", fn);
+        return ct__err_set(CT_EINVAL, "%s: the path is NULL or empty", fn);
     int rank = comm ? ct_comm_rank(comm) : 0, size = comm ? ct_comm_size(comm) : 1;
     for (int attempt = 1;; attempt++) {
         rc = load_once(path, st, comm, rank, size);

@@ -223,46 +223,47 @@ int ct__manifest_check_tiling(const ck_tensor *t, const char *where) {
     char shape[CT__SHAPE_STR], a[CT__SHAPE_STR], b[CT__SHAPE_STR];
     int64_t total = box_numel(t->ndim, t->sizes), covered = 0;
     if (total < 0 || total > CK_INT_MAX)
-        return ct__seterr(CT_ECORRUPT,
-                          "%s: tensor '%s' %s: its number of elements overflows (more than 2^53)",
-                          where, t->name, ct__shape_str(shape, t->ndim, t->sizes));
+        return ct__err_set(CT_ECORRUPT,
+                           "%s: tensor '%s' %s: its number of elements overflows (more than 2^53)",
+                           where, t->name, ct__tensor_shape_str(shape, t->ndim, t->sizes));
     for (int c = 0; c < t->nchunks; c++) {
         const ck_chunk *k = &t->chunks[c];
         for (int d = 0; d < t->ndim; d++)
             if (k->offsets[d] < 0 || k->sizes[d] < 0 || k->offsets[d] > t->sizes[d] - k->sizes[d])
-                return ct__seterr(
-                    CT_ECORRUPT, "%s: tensor '%s' %s: chunk %d of shape %s at %s lies outside it",
-                    where, t->name, ct__shape_str(shape, t->ndim, t->sizes), c,
-                    ct__shape_str(a, t->ndim, k->sizes), ct__shape_str(b, t->ndim, k->offsets));
+                return ct__err_set(CT_ECORRUPT,
+                                   "%s: tensor '%s' %s: chunk %d of shape %s at %s lies outside it",
+                                   where, t->name, ct__tensor_shape_str(shape, t->ndim, t->sizes),
+                                   c, ct__tensor_shape_str(a, t->ndim, k->sizes),
+                                   ct__tensor_shape_str(b, t->ndim, k->offsets));
         /* Inside the tensor, a chunk has at most total elements. */
         if (__builtin_add_overflow(covered, box_numel(t->ndim, k->sizes), &covered))
             covered = INT64_MAX;
     }
     if (covered != total)
-        return ct__seterr(
+        return ct__err_set(
             CT_ECORRUPT, "%s: tensor '%s' %s has %lld elements, but its %d chunks cover %lld%s",
-            where, t->name, ct__shape_str(shape, t->ndim, t->sizes), (long long)total, t->nchunks,
-            (long long)covered, covered > total ? " (chunks overlap)" : "");
+            where, t->name, ct__tensor_shape_str(shape, t->ndim, t->sizes), (long long)total,
+            t->nchunks, (long long)covered, covered > total ? " (chunks overlap)" : "");
     /* With no elements, every chunk is empty and covers nothing twice. */
     if (total == 0)
         return 0;
     bool tiles = true;
     int rc = corners_tile(t, &tiles);
     if (rc < 0)
-        return ct__seterr(CT_ENOMEM, "%s: out of memory", where);
+        return ct__err_set(CT_ENOMEM, "%s: out of memory", where);
     if (rc > 0)
-        return ct__seterr(CT_ECORRUPT,
-                          "%s: tensor '%s' %s: %d chunks split in %d dims are more than ct checks "
-                          "(%lld corners)",
-                          where, t->name, ct__shape_str(shape, t->ndim, t->sizes), t->nchunks,
-                          t->ndim, (long long)CORNERS_MAX);
+        return ct__err_set(CT_ECORRUPT,
+                           "%s: tensor '%s' %s: %d chunks split in %d dims are more than ct checks "
+                           "(%lld corners)",
+                           where, t->name, ct__tensor_shape_str(shape, t->ndim, t->sizes),
+                           t->nchunks, t->ndim, (long long)CORNERS_MAX);
     if (tiles)
         return 0;
     /* They cover as many elements as the tensor has, yet not each once: some
      * overlap. Name two, if a bounded search of the sweep finds them. */
     int *order = malloc(sizeof(int) * ((size_t)(unsigned)t->nchunks + 1));
     if (!order)
-        return ct__seterr(CT_ENOMEM, "%s: out of memory", where);
+        return ct__err_set(CT_ENOMEM, "%s: out of memory", where);
     for (int c = 0; c < t->nchunks; c++)
         order[c] = c;
     qsort_r(order, (size_t)t->nchunks, sizeof(int), by_offsets, (void *)t);
@@ -275,18 +276,19 @@ int ct__manifest_check_tiling(const ck_tensor *t, const char *where) {
             if (t->ndim > 0 && cj->offsets[0] >= ci->offsets[0] + ci->sizes[0])
                 break;
             if (boxes_overlap(t->ndim, ci, cj))
-                rc = ct__seterr(CT_ECORRUPT,
-                                "%s: tensor '%s': chunks %d (at %s) and %d (at %s) overlap", where,
-                                t->name, order[i], ct__shape_str(a, t->ndim, ci->offsets), order[j],
-                                ct__shape_str(b, t->ndim, cj->offsets));
+                rc = ct__err_set(CT_ECORRUPT,
+                                 "%s: tensor '%s': chunks %d (at %s) and %d (at %s) overlap", where,
+                                 t->name, order[i], ct__tensor_shape_str(a, t->ndim, ci->offsets),
+                                 order[j], ct__tensor_shape_str(b, t->ndim, cj->offsets));
         }
     }
     free(order);
     if (!rc)
-        rc = ct__seterr(CT_ECORRUPT,
+        rc =
+            ct__err_set(CT_ECORRUPT,
                         "%s: tensor '%s' %s: its %d chunks overlap (they cover as many elements as "
                         "it has, but not each one once)",
-                        where, t->name, ct__shape_str(shape, t->ndim, t->sizes), t->nchunks);
+                        where, t->name, ct__tensor_shape_str(shape, t->ndim, t->sizes), t->nchunks);
     return rc;
 }
 
@@ -298,7 +300,7 @@ typedef struct parser {
 } parser;
 
 static int corrupt(const parser *p, const char *ctx, const char *what) {
-    return ct__seterr(CT_ECORRUPT, "%s: %s%s%s", p->where, ctx, *ctx ? ": " : "", what);
+    return ct__err_set(CT_ECORRUPT, "%s: %s%s%s", p->where, ctx, *ctx ? ": " : "", what);
 }
 
 /* JSON numbers are doubles: an integer field must hold an integral value
@@ -355,7 +357,7 @@ static int get_name(const parser *p, const cJSON *obj, const char *ctx, char **o
     if (!printable(s, CK_NAME_MAX))
         return corrupt(p, ctx, "'name' is empty, too long or not printable ASCII");
     *out = strdup(s);
-    return *out ? 0 : ct__seterr(CT_ENOMEM, "%s: out of memory", p->where);
+    return *out ? 0 : ct__err_set(CT_ENOMEM, "%s: out of memory", p->where);
 }
 
 static int get_kind(const parser *p, const cJSON *obj, const char *ctx, ct_state_kind *out) {
@@ -493,7 +495,7 @@ static int parse_tensor(const parser *p, const ck_manifest *m, const cJSON *j, i
     int n = cJSON_GetArraySize(chunks);
     t->chunks = calloc((size_t)(n ? n : 1), sizeof *t->chunks);
     if (!t->chunks)
-        return ct__seterr(CT_ENOMEM, "%s: out of memory", p->where);
+        return ct__err_set(CT_ENOMEM, "%s: out of memory", p->where);
     const cJSON *c;
     cJSON_ArrayForEach(c, chunks) {
         rc = parse_chunk(p, m, t, c, t->nchunks, &t->chunks[t->nchunks]);
@@ -512,7 +514,7 @@ static int parse_tensor(const parser *p, const ck_manifest *m, const cJSON *j, i
     }
     bool *seen = calloc((size_t)m->world_size, sizeof *seen);
     if (!seen)
-        return ct__seterr(CT_ENOMEM, "%s: out of memory", p->where);
+        return ct__err_set(CT_ENOMEM, "%s: out of memory", p->where);
     for (int i = 0; i < t->nchunks && !rc; i++) {
         const ck_chunk *k = &t->chunks[i];
         for (int d = 0; d < t->ndim && !rc; d++)
@@ -535,7 +537,7 @@ static int get_type(const parser *p, const cJSON *j, const char *ctx, ck_type *o
     if (rc)
         return rc;
     for (int k = CK_INT64; k < CK_NTYPES; k++)
-        if (!strcmp(s, ck_type_names[k])) {
+        if (!strcmp(s, ct__ckpt_type_names[k])) {
             *out = (ck_type)k;
             return 0;
         }
@@ -548,13 +550,13 @@ static int take_text(const parser *p, const cJSON *v, ck_type type, const char *
     char scratch[8];
     if (cJSON_IsNull(v))
         return 0;
-    if (!cJSON_IsString(v) || !ct__value_parse(type, v->valuestring, scratch)) {
+    if (!cJSON_IsString(v) || !ct__ckpt_value_parse(type, v->valuestring, scratch)) {
         char msg[96];
-        snprintf(msg, sizeof msg, "a value that is not a %s in text", ck_type_names[type]);
+        snprintf(msg, sizeof msg, "a value that is not a %s in text", ct__ckpt_type_names[type]);
         return corrupt(p, ctx, msg);
     }
     *out = strdup(v->valuestring);
-    return *out ? 0 : ct__seterr(CT_ENOMEM, "%s: out of memory", p->where);
+    return *out ? 0 : ct__err_set(CT_ENOMEM, "%s: out of memory", p->where);
 }
 
 static int parse_value(const parser *p, const ck_manifest *m, const cJSON *j, int index,
@@ -584,7 +586,7 @@ static int parse_value(const parser *p, const ck_manifest *m, const cJSON *j, in
     v->ntexts = many ? m->world_size : 1;
     v->texts = calloc((size_t)v->ntexts, sizeof(char *));
     if (!v->texts)
-        return ct__seterr(CT_ENOMEM, "%s: out of memory", p->where);
+        return ct__err_set(CT_ENOMEM, "%s: out of memory", p->where);
     if (!many) {
         if (!cJSON_IsString(texts))
             return corrupt(p, ctx, "'value' is missing or not a string");
@@ -620,7 +622,7 @@ static int parse_blocks(const parser *p, const cJSON *f, const char *ctx, ck_fil
     }
     file->blocks = malloc(sizeof(uint64_t) * (size_t)(n + 1));
     if (!file->blocks)
-        return ct__seterr(CT_ENOMEM, "%s: out of memory", p->where);
+        return ct__err_set(CT_ENOMEM, "%s: out of memory", p->where);
     for (int64_t b = 0; b < n; b++) {
         uint64_t v = 0;
         for (int k = 0; k < 16; k++) {
@@ -645,7 +647,7 @@ static int parse_files(const parser *p, const cJSON *root, ck_manifest *m) {
     int n = cJSON_GetArraySize(files);
     m->files = calloc((size_t)(n ? n : 1), sizeof *m->files);
     if (!m->files)
-        return ct__seterr(CT_ENOMEM, "%s: out of memory", p->where);
+        return ct__err_set(CT_ENOMEM, "%s: out of memory", p->where);
     ck_names names = {0};
     int rc = 0;
     const cJSON *f;
@@ -671,7 +673,7 @@ static int parse_files(const parser *p, const cJSON *root, ck_manifest *m) {
         if (seen != -1) {
             free(names.names);
             free(names.index);
-            return seen == -2 ? ct__seterr(CT_ENOMEM, "%s: out of memory", p->where)
+            return seen == -2 ? ct__err_set(CT_ENOMEM, "%s: out of memory", p->where)
                               : corrupt(p, ctx, "its name appears twice");
         }
         rc = get_int(p, f, "bytes", 0, CK_INT_MAX, &file->nbytes, ctx);
@@ -694,7 +696,7 @@ static int parse_meta(const parser *p, const cJSON *root, ck_manifest *m) {
     int n = cJSON_GetArraySize(meta);
     m->meta = calloc((size_t)(2 * n + 1), sizeof(char *));
     if (!m->meta)
-        return ct__seterr(CT_ENOMEM, "%s: out of memory", p->where);
+        return ct__err_set(CT_ENOMEM, "%s: out of memory", p->where);
     ck_names keys = {0};
     const cJSON *kv;
     int rc = 0;
@@ -706,7 +708,7 @@ static int parse_meta(const parser *p, const cJSON *root, ck_manifest *m) {
         }
         int seen = names_add(&keys, kv->string, m->nmeta);
         if (seen != -1) {
-            rc = seen == -2 ? ct__seterr(CT_ENOMEM, "%s: out of memory", p->where)
+            rc = seen == -2 ? ct__err_set(CT_ENOMEM, "%s: out of memory", p->where)
                             : corrupt(p, "metadata", "a key appears twice");
             break;
         }
@@ -714,7 +716,7 @@ static int parse_meta(const parser *p, const cJSON *root, ck_manifest *m) {
         m->meta[2 * m->nmeta + 1] = strdup(kv->valuestring);
         m->nmeta++;
         if (!m->meta[2 * m->nmeta - 2] || !m->meta[2 * m->nmeta - 1]) {
-            rc = ct__seterr(CT_ENOMEM, "%s: out of memory", p->where);
+            rc = ct__err_set(CT_ENOMEM, "%s: out of memory", p->where);
             break;
         }
     }
@@ -744,10 +746,10 @@ static int parse_version(const parser *p, const cJSON *root, ck_manifest *m) {
     const cJSON *writer = cJSON_GetObjectItemCaseSensitive(root, "writer");
     const char *by = cJSON_IsString(writer) ? writer->valuestring : "an unknown writer";
     if (major > CK_FORMAT_MAJOR)
-        return ct__seterr(CT_EVERSION,
-                          "%s: format version %d.%d (written by %.64s) is newer than this ct "
-                          "reads: ct %s reads format versions 1.0 to %d.x; upgrade ct to load it",
-                          p->where, m->major, m->minor, by, CT_VERSION_STRING, CK_FORMAT_MAJOR);
+        return ct__err_set(CT_EVERSION,
+                           "%s: format version %d.%d (written by %.64s) is newer than this ct "
+                           "reads: ct %s reads format versions 1.0 to %d.x; upgrade ct to load it",
+                           p->where, m->major, m->minor, by, CT_VERSION_STRING, CK_FORMAT_MAJOR);
     const cJSON *features = cJSON_GetObjectItemCaseSensitive(root, "required_features");
     if (!cJSON_IsArray(features))
         return corrupt(p, "", "'required_features' is missing or not an array");
@@ -756,15 +758,15 @@ static int parse_version(const parser *p, const cJSON *root, ck_manifest *m) {
         if (!cJSON_IsString(f))
             return corrupt(p, "required_features", "an entry that is not a string");
         /* Format 1.0 defines no features: any required one is unknown. */
-        return ct__seterr(CT_EVERSION,
-                          "%s: the checkpoint (format %d.%d, written by %.64s) requires feature "
-                          "'%.64s', which ct %s (format %d.%d) does not know; upgrade ct to load "
-                          "it",
-                          p->where, m->major, m->minor, by, f->valuestring, CT_VERSION_STRING,
-                          CK_FORMAT_MAJOR, CK_FORMAT_MINOR);
+        return ct__err_set(CT_EVERSION,
+                           "%s: the checkpoint (format %d.%d, written by %.64s) requires feature "
+                           "'%.64s', which ct %s (format %d.%d) does not know; upgrade ct to load "
+                           "it",
+                           p->where, m->major, m->minor, by, f->valuestring, CT_VERSION_STRING,
+                           CK_FORMAT_MAJOR, CK_FORMAT_MINOR);
     }
     m->writer = strdup(by);
-    return m->writer ? 0 : ct__seterr(CT_ENOMEM, "%s: out of memory", p->where);
+    return m->writer ? 0 : ct__err_set(CT_ENOMEM, "%s: out of memory", p->where);
 }
 
 static int parse_root(const parser *p, const cJSON *root, ck_manifest *m) {
@@ -796,7 +798,7 @@ static int parse_root(const parser *p, const cJSON *root, ck_manifest *m) {
     m->tensors = calloc((size_t)(nt ? nt : 1), sizeof *m->tensors);
     m->values = calloc((size_t)(nv ? nv : 1), sizeof *m->values);
     if (!m->tensors || !m->values)
-        return ct__seterr(CT_ENOMEM, "%s: out of memory", p->where);
+        return ct__err_set(CT_ENOMEM, "%s: out of memory", p->where);
     const cJSON *j;
     cJSON_ArrayForEach(j, tensors) {
         ck_tensor *t = &m->tensors[m->ntensors++];
@@ -805,7 +807,7 @@ static int parse_root(const parser *p, const cJSON *root, ck_manifest *m) {
             return rc;
         int seen = names_add(&m->tensor_names, t->name, m->ntensors - 1);
         if (seen == -2)
-            return ct__seterr(CT_ENOMEM, "%s: out of memory", p->where);
+            return ct__err_set(CT_ENOMEM, "%s: out of memory", p->where);
         if (seen != -1)
             return corrupt(p, t->name, "two tensors have this name");
     }
@@ -816,14 +818,14 @@ static int parse_root(const parser *p, const cJSON *root, ck_manifest *m) {
             return rc;
         int seen = names_add(&m->value_names, val->name, m->nvalues - 1);
         if (seen == -2)
-            return ct__seterr(CT_ENOMEM, "%s: out of memory", p->where);
+            return ct__err_set(CT_ENOMEM, "%s: out of memory", p->where);
         if (seen != -1)
             return corrupt(p, val->name, "two values have this name");
     }
     return parse_meta(p, root, m);
 }
 
-cJSON *ct__json_parse(const char *text, size_t len, const char **end) {
+cJSON *ct__ckpt_json_parse(const char *text, size_t len, const char **end) {
     static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
     pthread_mutex_lock(&lock);
     cJSON *root = cJSON_ParseWithLengthOpts(text, len, end, false);
@@ -837,14 +839,14 @@ int ct__manifest_parse(const char *text, size_t len, const char *where, bool par
     parser p = {where, partial};
     ck_manifest *m = calloc(1, sizeof *m);
     if (!m)
-        return ct__seterr(CT_ENOMEM, "%s: out of memory", where);
+        return ct__err_set(CT_ENOMEM, "%s: out of memory", where);
     m->partial = partial;
     const char *at = NULL;
-    cJSON *root = ct__json_parse(text, len, &at);
+    cJSON *root = ct__ckpt_json_parse(text, len, &at);
     int rc;
     if (!root) {
         size_t off = at && at >= text && at <= text + len ? (size_t)(at - text) : len;
-        rc = ct__seterr(CT_ECORRUPT, "%s: not valid JSON (near byte %zu)", where, off);
+        rc = ct__err_set(CT_ECORRUPT, "%s: not valid JSON (near byte %zu)", where, off);
     } else {
         rc = parse_root(&p, root, m);
     }
@@ -862,24 +864,24 @@ int ct__manifest_read_at(int dirfd, const char *path, ck_manifest **out) {
     size_t plen = strlen(path) + sizeof("/" CK_MANIFEST);
     char *file = malloc(plen);
     if (!file)
-        return ct__seterr(CT_ENOMEM, "%s: out of memory", path);
+        return ct__err_set(CT_ENOMEM, "%s: out of memory", path);
     snprintf(file, plen, "%s/" CK_MANIFEST, path);
     char *text = NULL;
     bool missing = false;
-    int fd = ct__open_regular(dirfd, CK_MANIFEST, file, &missing);
+    int fd = ct__ckpt_open_regular(dirfd, CK_MANIFEST, file, &missing);
     int rc = fd < 0 ? fd : 0;
     struct stat sb = {0};
     if (missing)
-        rc = ct__seterr(CT_EIO, "%s: %s (not a committed ct checkpoint)", file, strerror(ENOENT));
+        rc = ct__err_set(CT_EIO, "%s: %s (not a committed ct checkpoint)", file, strerror(ENOENT));
     else if (!rc && fstat(fd, &sb) != 0)
-        rc = ct__seterr(CT_EIO, "%s: %s", file, strerror(errno));
+        rc = ct__err_set(CT_EIO, "%s: %s", file, strerror(errno));
     else if (!rc && sb.st_size > MANIFEST_MAX_BYTES)
-        rc = ct__seterr(CT_ECORRUPT, "%s: %lld bytes, more than a manifest may hold (%lld)", file,
-                        (long long)sb.st_size, (long long)MANIFEST_MAX_BYTES);
+        rc = ct__err_set(CT_ECORRUPT, "%s: %lld bytes, more than a manifest may hold (%lld)", file,
+                         (long long)sb.st_size, (long long)MANIFEST_MAX_BYTES);
     else if (!rc && !(text = malloc((size_t)sb.st_size + 1)))
-        rc = ct__seterr(CT_ENOMEM, "%s: out of memory", file);
+        rc = ct__err_set(CT_ENOMEM, "%s: out of memory", file);
     else if (!rc)
-        rc = ct__pread_all(fd, text, (size_t)sb.st_size, 0, file);
+        rc = ct__file_pread_all(fd, text, (size_t)sb.st_size, 0, file);
     if (fd >= 0)
         close(fd);
     if (!rc)
@@ -895,9 +897,9 @@ int ct__manifest_read(const char *path, ck_manifest **out) {
     *out = NULL;
     int dirfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dirfd < 0)
-        return ct__seterr(CT_EIO, "%s: %s%s", path, strerror(errno),
-                          errno == ENOENT || errno == ENOTDIR ? " (not a committed ct checkpoint)"
-                                                              : "");
+        return ct__err_set(CT_EIO, "%s: %s%s", path, strerror(errno),
+                           errno == ENOENT || errno == ENOTDIR ? " (not a committed ct checkpoint)"
+                                                               : "");
     int rc = ct__manifest_read_at(dirfd, path, out);
     close(dirfd);
     return rc;
@@ -932,7 +934,7 @@ static void emit_value(cJSON *arr, const ck_manifest *m, const ck_value *v) {
     cJSON *j = cJSON_CreateObject();
     cJSON_AddItemToArray(arr, j);
     cJSON_AddStringToObject(j, "name", v->name);
-    cJSON_AddStringToObject(j, "type", ck_type_names[v->type]);
+    cJSON_AddStringToObject(j, "type", ct__ckpt_type_names[v->type]);
     cJSON_AddStringToObject(j, "kind", ct_state_kind_name(v->kind));
     if (v->kind != CT_STATE_PER_RANK || m->partial) {
         cJSON_AddStringToObject(j, "value", v->texts[0]);
@@ -968,7 +970,7 @@ char *ct__manifest_emit(const ck_manifest *m) {
             char *hex = malloc(16 * (size_t)file->nblocks + 1);
             if (!hex) {
                 cJSON_Delete(root);
-                ct__seterr(CT_ENOMEM, "writing a checkpoint manifest: out of memory");
+                ct__err_set(CT_ENOMEM, "writing a checkpoint manifest: out of memory");
                 return NULL;
             }
             hex[0] = '\0';
@@ -1002,6 +1004,6 @@ char *ct__manifest_emit(const ck_manifest *m) {
     char *text = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
     if (!text)
-        ct__seterr(CT_ENOMEM, "writing a checkpoint manifest: out of memory");
+        ct__err_set(CT_ENOMEM, "writing a checkpoint manifest: out of memory");
     return text;
 }

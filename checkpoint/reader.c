@@ -16,23 +16,23 @@ struct ct_checkpoint_reader {
 
 static int check(const ct_checkpoint_reader *ck, const char *fn) {
     if (!ck)
-        return ct__seterr(CT_EINVAL, "%s: the checkpoint is NULL", fn);
+        return ct__err_set(CT_EINVAL, "%s: the checkpoint is NULL", fn);
     if (ck->magic != READER_MAGIC)
-        return ct__seterr(CT_EINVAL,
-                          "%s: %p is not an open ct_checkpoint_reader (closed or foreign)", fn,
-                          (const void *)ck);
+        return ct__err_set(CT_EINVAL,
+                           "%s: %p is not an open ct_checkpoint_reader (closed or foreign)", fn,
+                           (const void *)ck);
     return 0;
 }
 
 int ct_checkpoint_reader_open(const char *path, ct_checkpoint_reader **out) {
     if (!out)
-        return ct__seterr(CT_EINVAL, "ct_checkpoint_reader_open: out is NULL");
+        return ct__err_set(CT_EINVAL, "ct_checkpoint_reader_open: out is NULL");
     *out = NULL;
     if (!path || !*path)
-        return ct__seterr(CT_EINVAL, "ct_checkpoint_reader_open: the path is NULL or empty");
+        return ct__err_set(CT_EINVAL, "ct_checkpoint_reader_open: the path is NULL or empty");
     ct_checkpoint_reader *ck = calloc(1, sizeof *ck);
     if (!ck)
-        return ct__seterr(CT_ENOMEM, "ct_checkpoint_reader_open: out of memory");
+        return ct__err_set(CT_ENOMEM, "ct_checkpoint_reader_open: out of memory");
     int rc = ct__reader_open(path, &ck->r);
     /* Every file now, so that a missing or truncated one shows at once. */
     for (int i = 0; !rc && i < ck->r.m->nfiles; i++) {
@@ -126,8 +126,8 @@ ct_tensor *ct_checkpoint_reader_read(ct_checkpoint_reader *ck, int i, int rank) 
     const ck_tensor *t = &ck->r.m->tensors[i];
     bool per_rank = t->kind == CT_STATE_PER_RANK;
     if (per_rank && (rank < 0 || rank >= ck->r.m->world_size)) {
-        ct__seterr(CT_ERANGE, "%s: rank %d is outside the checkpoint's world of %d", fn, rank,
-                   ck->r.m->world_size);
+        ct__err_set(CT_ERANGE, "%s: rank %d is outside the checkpoint's world of %d", fn, rank,
+                    ck->r.m->world_size);
         return NULL;
     }
     ct_tensor *out = ct_empty(t->ndim, t->sizes, t->dtype);
@@ -139,7 +139,7 @@ ct_tensor *ct_checkpoint_reader_read(ct_checkpoint_reader *ck, int i, int rank) 
     int checked = ct__reader_finish(&ck->r);
     rc = rc ? rc : checked;
     if (rc) {
-        ct__release(out);
+        ct__tensor_release(out);
         return NULL;
     }
     return out;
@@ -156,14 +156,14 @@ int ct_checkpoint_reader_value(const ct_checkpoint_reader *ck, int i, int rank, 
     const ck_value *v = &ck->r.m->values[i];
     int slot = v->kind == CT_STATE_PER_RANK ? rank : 0;
     if (slot < 0 || slot >= v->ntexts)
-        return ct__seterr(CT_ERANGE, "ct_checkpoint_reader_value: rank %d is outside [0, %d)", rank,
-                          v->ntexts);
+        return ct__err_set(CT_ERANGE, "ct_checkpoint_reader_value: rank %d is outside [0, %d)",
+                           rank, v->ntexts);
     if (name)
         *name = v->name;
     if (kind)
         *kind = v->kind;
     if (type)
-        *type = ck_type_names[v->type];
+        *type = ct__ckpt_type_names[v->type];
     if (text)
         *text = v->texts[slot];
     return 0;
@@ -197,7 +197,7 @@ static int verify_chunk(ck_reader *r, const ck_tensor *t, const ck_chunk *c, cha
     XXH3_64bits_reset(hs);
     for (int64_t off = 0; off < c->nbytes; off += VERIFY_PIECE) {
         int64_t n = c->nbytes - off < VERIFY_PIECE ? c->nbytes - off : VERIFY_PIECE;
-        rc = ct__pread_all(fd, buf, (size_t)n, c->byte_offset + off, name);
+        rc = ct__file_pread_all(fd, buf, (size_t)n, c->byte_offset + off, name);
         if (rc)
             return rc;
         XXH3_64bits_update(hs, buf, (size_t)n);
@@ -206,7 +206,7 @@ static int verify_chunk(ck_reader *r, const ck_tensor *t, const ck_chunk *c, cha
             progress(*done, total, ctx);
     }
     uint64_t got = XXH3_64bits_digest(hs);
-    return got == c->xxh3 ? 0 : ct__checksum_mismatch(name, t, c, got);
+    return got == c->xxh3 ? 0 : ct__ckpt_checksum_mismatch(name, t, c, got);
 }
 
 /* The tensor that the first chunk holding bytes [lo, hi) of file fi
@@ -242,7 +242,7 @@ static int verify_blocks(ck_reader *r, int64_t *done, int64_t total,
         if (cap < f->block_bytes) {
             char *p = realloc(buf, (size_t)f->block_bytes);
             if (!p) {
-                rc = ct__seterr(CT_ENOMEM, "%s: out of memory", name);
+                rc = ct__err_set(CT_ENOMEM, "%s: out of memory", name);
                 break;
             }
             buf = p;
@@ -251,7 +251,7 @@ static int verify_blocks(ck_reader *r, int64_t *done, int64_t total,
         for (int64_t b = 0; !rc && b < f->nblocks; b++) {
             int64_t lo = b * f->block_bytes;
             int64_t n = f->nbytes - lo < f->block_bytes ? f->nbytes - lo : f->block_bytes;
-            rc = ct__pread_all(fd, buf, (size_t)n, lo, name);
+            rc = ct__file_pread_all(fd, buf, (size_t)n, lo, name);
             if (!rc && XXH3_64bits(buf, (size_t)n) != f->blocks[b] && damaged++ < DAMAGE_LISTED)
                 at += snprintf(at, (size_t)(list + sizeof list - at),
                                "%s%s: block %lld (bytes %lld..%lld) in tensor '%.200s'",
@@ -264,11 +264,11 @@ static int verify_blocks(ck_reader *r, int64_t *done, int64_t total,
     }
     free(buf);
     if (!rc && damaged)
-        rc = ct__seterr(CT_ECORRUPT,
-                        "%lld damaged block%s (checksums differ from the manifest's): "
-                        "%s%s; the checkpoint is damaged",
-                        (long long)damaged, damaged > 1 ? "s" : "", list,
-                        damaged > DAMAGE_LISTED ? "; ..." : "");
+        rc = ct__err_set(CT_ECORRUPT,
+                         "%lld damaged block%s (checksums differ from the manifest's): "
+                         "%s%s; the checkpoint is damaged",
+                         (long long)damaged, damaged > 1 ? "s" : "", list,
+                         damaged > DAMAGE_LISTED ? "; ..." : "");
     return rc;
 }
 
@@ -288,7 +288,7 @@ int ct_checkpoint_reader_verify(ct_checkpoint_reader *ck,
     char *buf = rc ? NULL : malloc((size_t)VERIFY_PIECE);
     XXH3_state_t *hs = rc ? NULL : XXH3_createState();
     if (!rc && (!buf || !hs))
-        rc = ct__seterr(CT_ENOMEM, "ct_checkpoint_reader_verify: out of memory");
+        rc = ct__err_set(CT_ENOMEM, "ct_checkpoint_reader_verify: out of memory");
     for (int i = 0; !rc && i < m->ntensors; i++)
         for (int c = 0; !rc && c < m->tensors[i].nchunks; c++)
             rc = verify_chunk(&ck->r, &m->tensors[i], &m->tensors[i].chunks[c], buf, hs, &done,

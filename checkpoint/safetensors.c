@@ -55,7 +55,7 @@ static const char *st_dtype_name(ct_dtype dtype) {
     return NULL;
 }
 
-bool ct__utf8_valid(const void *s, size_t n, size_t *bad) {
+bool ct__ckpt_utf8_valid(const void *s, size_t n, size_t *bad) {
     const unsigned char *p = s;
     size_t i = 0;
     while (i < n) {
@@ -157,28 +157,28 @@ static int scan_header(st_header *h) {
                 for (size_t k = 2; k < 6; k++) {
                     int d = i + k < h->len ? hex_digit(t[i + k]) : -1;
                     if (d < 0)
-                        return ct__seterr(CT_ECORRUPT,
-                                          "safetensors: %s: the header is not valid JSON: the "
-                                          "\\u escape at header byte %zu is not followed by 4 hex "
-                                          "digits",
-                                          h->what, i);
+                        return ct__err_set(CT_ECORRUPT,
+                                           "safetensors: %s: the header is not valid JSON: the "
+                                           "\\u escape at header byte %zu is not followed by 4 hex "
+                                           "digits",
+                                           h->what, i);
                     v = v << 4 | (uint32_t)d;
                 }
                 if (v == 0)
-                    return ct__seterr(CT_ENOTSUP,
-                                      "safetensors: %s: the header holds \\u0000 at header byte "
-                                      "%zu; ct's names and metadata are C strings, which cannot "
-                                      "hold NUL",
-                                      h->what, i);
+                    return ct__err_set(CT_ENOTSUP,
+                                       "safetensors: %s: the header holds \\u0000 at header byte "
+                                       "%zu; ct's names and metadata are C strings, which cannot "
+                                       "hold NUL",
+                                       h->what, i);
                 i += 6;
             } else if (c == '\\') {
                 i += 2; /* cJSON checks the other escapes */
             } else if (c < 0x20) {
-                return ct__seterr(CT_ECORRUPT,
-                                  "safetensors: %s: the header is not valid JSON: control "
-                                  "character 0x%02x inside a string at header byte %zu (JSON "
-                                  "needs it escaped)",
-                                  h->what, c, i);
+                return ct__err_set(CT_ECORRUPT,
+                                   "safetensors: %s: the header is not valid JSON: control "
+                                   "character 0x%02x inside a string at header byte %zu (JSON "
+                                   "needs it escaped)",
+                                   h->what, c, i);
             } else {
                 i++;
             }
@@ -190,7 +190,7 @@ static int scan_header(st_header *h) {
                 size_t cap = sc->cap ? 2 * sc->cap : 64;
                 uint32_t *p = realloc(sc->nums, cap * sizeof *p);
                 if (!p)
-                    return ct__seterr(
+                    return ct__err_set(
                         CT_ENOMEM, "safetensors: %s: out of memory scanning the header", h->what);
                 sc->nums = p;
                 sc->cap = cap;
@@ -199,10 +199,10 @@ static int scan_header(st_header *h) {
             while (i < h->len && num_char(t[i]))
                 i++;
         } else if (c < 0x20 && c != '\t' && c != '\n' && c != '\r') {
-            return ct__seterr(CT_ECORRUPT,
-                              "safetensors: %s: the header is not valid JSON: control character "
-                              "0x%02x at header byte %zu",
-                              h->what, c, i);
+            return ct__err_set(CT_ECORRUPT,
+                               "safetensors: %s: the header is not valid JSON: control character "
+                               "0x%02x at header byte %zu",
+                               h->what, c, i);
         } else {
             i++;
         }
@@ -277,7 +277,7 @@ static int tensor_entry(const st_header *h, const cJSON *e, st_tensor *t) {
                "be empty",
                h->what);
     ct__errctx cx;
-    ct__errctx_init(&cx, "safetensors: %s: tensor " NAME ": ", h->what, name);
+    ct__err_ctx_init(&cx, "safetensors: %s: tensor " NAME ": ", h->what, name);
     CT_REQUIRE_CTX(&cx, cJSON_IsObject(e), CT_ECORRUPT,
                    "the entry is %s; expected an object with dtype, shape and data_offsets",
                    json_type(e));
@@ -331,13 +331,13 @@ static int tensor_entry(const st_header *h, const cJSON *e, st_tensor *t) {
         overflow |= __builtin_mul_overflow(numel, t->sizes[k], &numel);
     }
     char shp[CT__SHAPE_STR];
-    ct__shape_str(shp, ndim, t->sizes);
+    ct__tensor_shape_str(shp, ndim, t->sizes);
     int64_t nbytes = 0;
     overflow |= __builtin_mul_overflow(numel, (int64_t)ct__esize(t->dtype), &nbytes);
     CT_REQUIRE_CTX(&cx, !overflow, CT_ECORRUPT,
                    "%s%s holds more than 2^63 bytes (the size overflows)", st_name, shp);
-    if (ct__check_shape("safetensors", ndim, t->sizes, t->dtype))
-        return ct__errf(&cx, CT_ENOTSUP, "%s%s: %s", st_name, shp, ct_errmsg());
+    if (ct__tensor_check_shape("safetensors", ndim, t->sizes, t->dtype))
+        return ct__err_ctx_set(&cx, CT_ENOTSUP, "%s%s: %s", st_name, shp, ct_errmsg());
 
     uint64_t off[2];
     CT_REQUIRE_CTX(&cx, cJSON_IsArray(offsets) && cJSON_GetArraySize(offsets) == 2, CT_ECORRUPT,
@@ -378,28 +378,28 @@ static const char *find_duplicate(const char **names, size_t n) {
 
 static int check_metadata(const st_header *h, const cJSON *m) {
     if (!cJSON_IsObject(m))
-        return ct__seterr(CT_ECORRUPT,
-                          "safetensors: %s: __metadata__ is %s; expected an object of strings",
-                          h->what, json_type(m));
+        return ct__err_set(CT_ECORRUPT,
+                           "safetensors: %s: __metadata__ is %s; expected an object of strings",
+                           h->what, json_type(m));
     size_t n = 0;
     for (const cJSON *c = m->child; c; c = c->next, n++)
         if (!cJSON_IsString(c))
-            return ct__seterr(CT_ECORRUPT,
-                              "safetensors: %s: __metadata__ key " NAME " has %s; expected a "
-                              "string",
-                              h->what, c->string, json_type(c));
+            return ct__err_set(CT_ECORRUPT,
+                               "safetensors: %s: __metadata__ key " NAME " has %s; expected a "
+                               "string",
+                               h->what, c->string, json_type(c));
     const char **keys = malloc((n ? n : 1) * sizeof *keys);
     if (!keys)
-        return ct__seterr(CT_ENOMEM, "safetensors: %s: out of memory checking __metadata__",
-                          h->what);
+        return ct__err_set(CT_ENOMEM, "safetensors: %s: out of memory checking __metadata__",
+                           h->what);
     n = 0;
     for (const cJSON *c = m->child; c; c = c->next)
         keys[n++] = c->string;
     const char *dup = find_duplicate(keys, n);
-    int rc = dup ? ct__seterr(CT_ECORRUPT,
-                              "safetensors: %s: __metadata__ has the key " NAME " twice "
-                              "(duplicate keys are refused)",
-                              h->what, dup)
+    int rc = dup ? ct__err_set(CT_ECORRUPT,
+                               "safetensors: %s: __metadata__ has the key " NAME " twice "
+                               "(duplicate keys are refused)",
+                               h->what, dup)
                  : 0;
     free(keys);
     return rc;
@@ -422,44 +422,44 @@ static int check_tiling(const st_header *h, const st_tensor **order) {
     for (size_t i = 0; i < h->n; i++) {
         const st_tensor *t = order[i];
         if (t->begin > at && !prev)
-            return ct__seterr(CT_ECORRUPT,
-                              "safetensors: %s: tensor " NAME ": data_offsets [%llu, %llu]: the "
-                              "first tensor must begin at byte 0 of the data (a hole of %llu "
-                              "bytes)",
-                              h->what, t->name, (unsigned long long)t->begin,
-                              (unsigned long long)t->end, (unsigned long long)t->begin);
+            return ct__err_set(CT_ECORRUPT,
+                               "safetensors: %s: tensor " NAME ": data_offsets [%llu, %llu]: the "
+                               "first tensor must begin at byte 0 of the data (a hole of %llu "
+                               "bytes)",
+                               h->what, t->name, (unsigned long long)t->begin,
+                               (unsigned long long)t->end, (unsigned long long)t->begin);
         if (t->begin > at)
-            return ct__seterr(CT_ECORRUPT,
-                              "safetensors: %s: tensor " NAME ": data_offsets [%llu, %llu] leave "
-                              "a hole: bytes [%llu, %llu) after tensor " NAME " belong to no "
-                              "tensor",
-                              h->what, t->name, (unsigned long long)t->begin,
-                              (unsigned long long)t->end, (unsigned long long)at,
-                              (unsigned long long)t->begin, prev->name);
+            return ct__err_set(CT_ECORRUPT,
+                               "safetensors: %s: tensor " NAME ": data_offsets [%llu, %llu] leave "
+                               "a hole: bytes [%llu, %llu) after tensor " NAME " belong to no "
+                               "tensor",
+                               h->what, t->name, (unsigned long long)t->begin,
+                               (unsigned long long)t->end, (unsigned long long)at,
+                               (unsigned long long)t->begin, prev->name);
         if (t->begin < at)
-            return ct__seterr(CT_ECORRUPT,
-                              "safetensors: %s: tensor " NAME ": data_offsets [%llu, %llu] "
-                              "overlap tensor " NAME " (data_offsets [%llu, %llu])",
-                              h->what, t->name, (unsigned long long)t->begin,
-                              (unsigned long long)t->end, prev->name,
-                              (unsigned long long)prev->begin, (unsigned long long)prev->end);
+            return ct__err_set(CT_ECORRUPT,
+                               "safetensors: %s: tensor " NAME ": data_offsets [%llu, %llu] "
+                               "overlap tensor " NAME " (data_offsets [%llu, %llu])",
+                               h->what, t->name, (unsigned long long)t->begin,
+                               (unsigned long long)t->end, prev->name,
+                               (unsigned long long)prev->begin, (unsigned long long)prev->end);
         at = t->end;
         prev = t;
     }
     if (at == h->data_len)
         return 0;
     if (!prev)
-        return ct__seterr(CT_ECORRUPT,
-                          "safetensors: %s: %llu bytes of data follow a header that lists no "
-                          "tensors (trailing bytes are refused)",
-                          h->what, (unsigned long long)h->data_len);
-    return ct__seterr(CT_ECORRUPT,
-                      "safetensors: %s: %llu trailing bytes follow the last tensor " NAME
-                      " (data_offsets [%llu, %llu]); the data is %llu bytes (trailing bytes "
-                      "are refused)",
-                      h->what, (unsigned long long)(h->data_len - at), prev->name,
-                      (unsigned long long)prev->begin, (unsigned long long)prev->end,
-                      (unsigned long long)h->data_len);
+        return ct__err_set(CT_ECORRUPT,
+                           "safetensors: %s: %llu bytes of data follow a header that lists no "
+                           "tensors (trailing bytes are refused)",
+                           h->what, (unsigned long long)h->data_len);
+    return ct__err_set(CT_ECORRUPT,
+                       "safetensors: %s: %llu trailing bytes follow the last tensor " NAME
+                       " (data_offsets [%llu, %llu]); the data is %llu bytes (trailing bytes "
+                       "are refused)",
+                       h->what, (unsigned long long)(h->data_len - at), prev->name,
+                       (unsigned long long)prev->begin, (unsigned long long)prev->end,
+                       (unsigned long long)h->data_len);
 }
 
 /* Checks the header h->text (h->len bytes) against the format's rules for
@@ -469,40 +469,40 @@ static int check_tiling(const st_header *h, const st_tensor **order) {
 static int parse_header(st_header *h) {
     const char *what = h->what;
     size_t bad;
-    if (!ct__utf8_valid(h->text, h->len, &bad))
-        return ct__seterr(CT_ECORRUPT,
-                          "safetensors: %s: the header is not valid UTF-8 (byte 0x%02x at header "
-                          "byte %zu)",
-                          what, (unsigned char)h->text[bad], bad);
+    if (!ct__ckpt_utf8_valid(h->text, h->len, &bad))
+        return ct__err_set(CT_ECORRUPT,
+                           "safetensors: %s: the header is not valid UTF-8 (byte 0x%02x at header "
+                           "byte %zu)",
+                           what, (unsigned char)h->text[bad], bad);
     if (h->len == 0 || h->text[0] != '{')
-        return ct__seterr(CT_ECORRUPT,
-                          "safetensors: %s: the header must be a JSON object and begin with '{'; "
-                          "it %s",
-                          what, h->len ? "begins otherwise" : "is empty");
+        return ct__err_set(CT_ECORRUPT,
+                           "safetensors: %s: the header must be a JSON object and begin with '{'; "
+                           "it %s",
+                           what, h->len ? "begins otherwise" : "is empty");
     int rc = scan_header(h);
     if (rc)
         return rc;
     const char *end = NULL;
-    h->root = ct__json_parse(h->text, h->len, &end);
+    h->root = ct__ckpt_json_parse(h->text, h->len, &end);
     if (!h->root) {
         size_t at = end && end >= h->text ? (size_t)(end - h->text) : 0;
         at = at < h->len ? at : h->len;
         size_t show = h->len - at < 24 ? h->len - at : 24;
-        return ct__seterr(CT_ECORRUPT,
-                          "safetensors: %s: the header is not valid JSON (it goes wrong near "
-                          "header byte %zu: \"%.*s\")",
-                          what, at, (int)show, h->text + at);
+        return ct__err_set(CT_ECORRUPT,
+                           "safetensors: %s: the header is not valid JSON (it goes wrong near "
+                           "header byte %zu: \"%.*s\")",
+                           what, at, (int)show, h->text + at);
     }
     for (size_t i = (size_t)(end - h->text); i < h->len; i++)
         if (h->text[i] != ' ' && h->text[i] != '\t' && h->text[i] != '\n' && h->text[i] != '\r')
-            return ct__seterr(CT_ECORRUPT,
-                              "safetensors: %s: the header is not valid JSON: header byte %zu "
-                              "follows the object (only whitespace may pad it)",
-                              what, i);
+            return ct__err_set(CT_ECORRUPT,
+                               "safetensors: %s: the header is not valid JSON: header byte %zu "
+                               "follows the object (only whitespace may pad it)",
+                               what, i);
     size_t nnums = 0;
     number_items(h->root, &nnums);
     if (!cJSON_IsObject(h->root) || nnums != h->sc.n)
-        return ct__seterr(CT_ECORRUPT, "safetensors: %s: the header is not valid JSON", what);
+        return ct__err_set(CT_ECORRUPT, "safetensors: %s: the header is not valid JSON", what);
 
     size_t n = 0;
     for (const cJSON *c = h->root->child; c; c = c->next)
@@ -511,16 +511,16 @@ static int parse_header(st_header *h) {
     const st_tensor **order = malloc((n ? n : 1) * sizeof *order);
     if (!h->tensors || !order) {
         free(order);
-        return ct__seterr(CT_ENOMEM, "safetensors: %s: out of memory for a header of %zu entries",
-                          what, n);
+        return ct__err_set(CT_ENOMEM, "safetensors: %s: out of memory for a header of %zu entries",
+                           what, n);
     }
     for (const cJSON *c = h->root->child; c && rc == 0; c = c->next) {
         if (strcmp(c->string, "__metadata__") == 0) {
             if (h->meta)
-                rc = ct__seterr(CT_ECORRUPT,
-                                "safetensors: %s: the header has the key '__metadata__' twice "
-                                "(duplicate keys are refused)",
-                                what);
+                rc = ct__err_set(CT_ECORRUPT,
+                                 "safetensors: %s: the header has the key '__metadata__' twice "
+                                 "(duplicate keys are refused)",
+                                 what);
             else if ((rc = check_metadata(h, c)) == 0)
                 h->meta = c;
         } else {
@@ -534,10 +534,10 @@ static int parse_header(st_header *h) {
             names[i] = h->tensors[i].name;
         const char *dup = find_duplicate(names, h->n);
         if (dup)
-            rc = ct__seterr(CT_ECORRUPT,
-                            "safetensors: %s: tensor " NAME ": the header has the key twice "
-                            "(duplicate keys are refused)",
-                            what, dup);
+            rc = ct__err_set(CT_ECORRUPT,
+                             "safetensors: %s: tensor " NAME ": the header has the key twice "
+                             "(duplicate keys are refused)",
+                             what, dup);
     }
     if (rc == 0) {
         for (size_t i = 0; i < h->n; i++)
@@ -557,24 +557,26 @@ static int build_set(const st_header *h, read_fn read, void *ctx, ct_tensor_dict
     const char *what = h->what;
     ct_tensor_dict *set = ct_tensor_dict_new();
     if (!set)
-        return ct__seterr(CT_ENOMEM, "safetensors: %s: out of memory", what);
+        return ct__err_set(CT_ENOMEM, "safetensors: %s: out of memory", what);
     int rc = 0;
     for (const cJSON *c = h->meta ? h->meta->child : NULL; c && rc == 0; c = c->next)
         if ((rc = ct_tensor_dict_set_meta(set, c->string, c->valuestring)) != 0)
-            rc = ct__seterr(rc, "safetensors: %s: __metadata__ key " NAME ": %s", what, c->string,
-                            ct_errmsg());
+            rc = ct__err_set(rc, "safetensors: %s: __metadata__ key " NAME ": %s", what, c->string,
+                             ct_errmsg());
     for (size_t i = 0; i < h->n && rc == 0; i++) {
         const st_tensor *e = &h->tensors[i];
-        ct_tensor *t = ct__own(ct__new("safetensors_load", e->ndim, e->sizes, e->dtype));
+        ct_tensor *t =
+            ct__tensor_own(ct__tensor_new("safetensors_load", e->ndim, e->sizes, e->dtype));
         if (!t) {
-            rc = ct__seterr(ct_errcode(), "safetensors: %s: tensor " NAME ": %s", what, e->name,
-                            ct_errmsg());
+            rc = ct__err_set(ct_errcode(), "safetensors: %s: tensor " NAME ": %s", what, e->name,
+                             ct_errmsg());
             break;
         }
         if (e->end > e->begin)
             rc = read(ctx, e->begin, ct_data_ptr(t), (size_t)(e->end - e->begin));
         if (rc == 0 && (rc = ct_tensor_dict_add(set, e->name, t)) != 0)
-            rc = ct__seterr(rc, "safetensors: %s: tensor " NAME ": %s", what, e->name, ct_errmsg());
+            rc =
+                ct__err_set(rc, "safetensors: %s: tensor " NAME ": %s", what, e->name, ct_errmsg());
         ct_tensor_free(t);
     }
     if (rc) {
@@ -596,22 +598,22 @@ static uint64_t le64(const unsigned char *p) {
  * file of size bytes and returns the header size in *n. */
 static int check_prefix(const char *what, const unsigned char *first, uint64_t size, uint64_t *n) {
     if (size < 8)
-        return ct__seterr(CT_ECORRUPT,
-                          "safetensors: %s: the file is %llu bytes; a safetensors file begins "
-                          "with an 8-byte header size",
-                          what, (unsigned long long)size);
+        return ct__err_set(CT_ECORRUPT,
+                           "safetensors: %s: the file is %llu bytes; a safetensors file begins "
+                           "with an 8-byte header size",
+                           what, (unsigned long long)size);
     *n = le64(first);
     if (*n > CT__SAFETENSORS_MAX_HEADER)
-        return ct__seterr(CT_ECORRUPT,
-                          "safetensors: %s: the header size is %llu bytes, over the format's "
-                          "limit of %llu (100 MB)",
-                          what, (unsigned long long)*n,
-                          (unsigned long long)CT__SAFETENSORS_MAX_HEADER);
+        return ct__err_set(CT_ECORRUPT,
+                           "safetensors: %s: the header size is %llu bytes, over the format's "
+                           "limit of %llu (100 MB)",
+                           what, (unsigned long long)*n,
+                           (unsigned long long)CT__SAFETENSORS_MAX_HEADER);
     if (*n > size - 8)
-        return ct__seterr(CT_ECORRUPT,
-                          "safetensors: %s: the header size is %llu bytes but the file holds "
-                          "only %llu after the size (truncated, or not a safetensors file)",
-                          what, (unsigned long long)*n, (unsigned long long)(size - 8));
+        return ct__err_set(CT_ECORRUPT,
+                           "safetensors: %s: the header size is %llu bytes but the file holds "
+                           "only %llu after the size (truncated, or not a safetensors file)",
+                           what, (unsigned long long)*n, (unsigned long long)(size - 8));
     return 0;
 }
 
@@ -622,10 +624,10 @@ static int read_memory(void *ctx, uint64_t off, void *dst, size_t n) {
 
 int ct__safetensors_parse(const void *buf, size_t len, const char *what, ct_tensor_dict **out) {
     if (!out)
-        return ct__seterr(CT_EINVAL, "safetensors: out is NULL");
+        return ct__err_set(CT_EINVAL, "safetensors: out is NULL");
     *out = NULL;
     if (!buf && len)
-        return ct__seterr(CT_EINVAL, "safetensors: buffer is NULL but its length is %zu", len);
+        return ct__err_set(CT_EINVAL, "safetensors: buffer is NULL but its length is %zu", len);
     what = what ? what : "(buffer)";
     const unsigned char *b = buf;
     uint64_t n = 0;
@@ -650,33 +652,33 @@ typedef struct file_reader {
 
 static int read_file(void *ctx, uint64_t off, void *dst, size_t n) {
     file_reader *r = ctx;
-    return ct__pread_all(r->fd, dst, n, (int64_t)(r->base + off), r->path);
+    return ct__file_pread_all(r->fd, dst, n, (int64_t)(r->base + off), r->path);
 }
 
 int ct_safetensors_load(const char *path, ct_tensor_dict **out) {
     if (!out)
-        return ct__seterr(CT_EINVAL, "safetensors_load: out is NULL");
+        return ct__err_set(CT_EINVAL, "safetensors_load: out is NULL");
     *out = NULL;
     if (!path)
-        return ct__seterr(CT_EINVAL, "safetensors_load: path is NULL");
+        return ct__err_set(CT_EINVAL, "safetensors_load: path is NULL");
     static const ct__file_rules rules = {.refuse = CT_EIO, .follow = true};
     int64_t len = 0;
     int fd = ct__file_open(AT_FDCWD, path, path, &rules, &len, NULL);
     if (fd < 0)
-        return ct__seterr(fd, "safetensors: %s", ct_errmsg());
+        return ct__err_set(fd, "safetensors: %s", ct_errmsg());
     int rc = 0;
     uint64_t size = (uint64_t)len, n = 0;
     unsigned char first[8] = {0};
     if (size >= 8)
-        rc = ct__pread_all(fd, first, 8, 0, path);
+        rc = ct__file_pread_all(fd, first, 8, 0, path);
     if (rc == 0)
         rc = check_prefix(path, first, size, &n);
     char *text = NULL;
     if (rc == 0 && !(text = malloc(n ? n : 1)))
-        rc = ct__seterr(CT_ENOMEM, "safetensors: %s: out of memory for a header of %llu bytes",
-                        path, (unsigned long long)n);
+        rc = ct__err_set(CT_ENOMEM, "safetensors: %s: out of memory for a header of %llu bytes",
+                         path, (unsigned long long)n);
     if (rc == 0)
-        rc = ct__pread_all(fd, text, n, 8, path);
+        rc = ct__file_pread_all(fd, text, n, 8, path);
     st_header h = {.what = path, .text = text, .len = n, .data_len = size - 8 - n};
     if (rc == 0)
         rc = parse_header(&h);
@@ -704,7 +706,7 @@ static bool add_int(cJSON *array, int64_t v) {
 }
 
 static int64_t tensor_nbytes(const ct_tensor *t) {
-    return ct__numel(t->ndim, t->sizes) * (int64_t)ct__esize(t->dtype);
+    return ct__tensor_numel(t->ndim, t->sizes) * (int64_t)ct__esize(t->dtype);
 }
 
 /* The header JSON for set, padded with spaces to a multiple of 8 bytes
@@ -737,22 +739,22 @@ static char *make_header(const char *path, const ct_tensor_dict *set, size_t *le
     char *json = ok ? cJSON_PrintUnformatted(root) : NULL;
     cJSON_Delete(root);
     if (!json) {
-        ct__seterr(CT_ENOMEM, "safetensors_save: %s: out of memory building the header", path);
+        ct__err_set(CT_ENOMEM, "safetensors_save: %s: out of memory building the header", path);
         return NULL;
     }
     size_t n = strlen(json), padded = (n + 7) / 8 * 8;
     if (padded > CT__SAFETENSORS_MAX_HEADER) {
-        ct__seterr(CT_EINVAL,
-                   "safetensors_save: %s: the header would be %zu bytes, over the format's limit "
-                   "of %llu (100 MB): too many tensors or too much metadata",
-                   path, padded, (unsigned long long)CT__SAFETENSORS_MAX_HEADER);
+        ct__err_set(CT_EINVAL,
+                    "safetensors_save: %s: the header would be %zu bytes, over the format's limit "
+                    "of %llu (100 MB): too many tensors or too much metadata",
+                    path, padded, (unsigned long long)CT__SAFETENSORS_MAX_HEADER);
         free(json);
         return NULL;
     }
     char *p = realloc(json, padded);
     if (!p) {
         free(json);
-        ct__seterr(CT_ENOMEM, "safetensors_save: %s: out of memory building the header", path);
+        ct__err_set(CT_ENOMEM, "safetensors_save: %s: out of memory building the header", path);
         return NULL;
     }
     memset(p + n, ' ', padded - n);
@@ -763,15 +765,16 @@ static char *make_header(const char *path, const ct_tensor_dict *set, size_t *le
 int ct_safetensors_save(const char *path, const ct_tensor_dict *set) {
     static const char fn[] = "safetensors_save";
     if (!path || !path[0])
-        return ct__seterr(CT_EINVAL, "%s: path is %s", fn, path ? "empty" : "NULL");
+        return ct__err_set(CT_EINVAL, "%s: path is %s", fn, path ? "empty" : "NULL");
     int count = ct_tensor_dict_count(set);
     if (count < 0)
-        return ct__seterr(count, "%s: %s: %s", fn, path, ct_errmsg());
+        return ct__err_set(count, "%s: %s: %s", fn, path, ct_errmsg());
     for (int i = 0; i < count; i++) {
         const ct_tensor *t = ct_tensor_dict_tensor(set, i);
         if (!st_dtype_name(t->dtype))
-            return ct__seterr(CT_EINVAL, "%s: %s: tensor " NAME ": safetensors has no dtype for %s",
-                              fn, path, ct_tensor_dict_name(set, i), ct_dtype_name(t->dtype));
+            return ct__err_set(CT_EINVAL,
+                               "%s: %s: tensor " NAME ": safetensors has no dtype for %s", fn, path,
+                               ct_tensor_dict_name(set, i), ct_dtype_name(t->dtype));
     }
     size_t hlen;
     char *header = make_header(path, set, &hlen);
@@ -781,35 +784,35 @@ int ct_safetensors_save(const char *path, const ct_tensor_dict *set) {
     char *tmp = malloc(plen + sizeof ".tmp");
     if (!tmp) {
         free(header);
-        return ct__seterr(CT_ENOMEM, "%s: %s: out of memory", fn, path);
+        return ct__err_set(CT_ENOMEM, "%s: %s: out of memory", fn, path);
     }
     memcpy(tmp, path, plen);
     memcpy(tmp + plen, ".tmp", sizeof ".tmp");
     ct__writer w = {.shown = tmp, .fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666)};
     int rc = 0;
     if (w.fd < 0) {
-        rc = ct__seterr(CT_EIO, "%s: cannot create %s: %s", fn, tmp, strerror(errno));
+        rc = ct__err_set(CT_EIO, "%s: cannot create %s: %s", fn, tmp, strerror(errno));
     } else {
         unsigned char size[8];
         for (int i = 0; i < 8; i++)
             size[i] = (unsigned char)((uint64_t)hlen >> (8 * i));
-        rc = ct__writer_put(&w, size, 8);
+        rc = ct__file_writer_put(&w, size, 8);
         if (rc == 0)
-            rc = ct__writer_put(&w, header, hlen);
+            rc = ct__file_writer_put(&w, header, hlen);
         for (int i = 0; rc == 0 && i < count; i++) {
             /* A device tensor is copied to the host one at a time, so that
              * the host holds at most one of them. */
-            ct_tensor *host = ct__ck_on_host(ct_tensor_dict_tensor(set, i));
-            rc = host ? ct__for_each_run(host, ct__writer_put, &w)
-                      : ct__seterr(ct_errcode(), "%s: %s: tensor " NAME ": %s", fn, path,
-                                   ct_tensor_dict_name(set, i), ct_errmsg());
+            ct_tensor *host = ct__ckpt_on_host(ct_tensor_dict_tensor(set, i));
+            rc = host ? ct__tensor_for_each_run(host, ct__file_writer_put, &w)
+                      : ct__err_set(ct_errcode(), "%s: %s: tensor " NAME ": %s", fn, path,
+                                    ct_tensor_dict_name(set, i), ct_errmsg());
             ct_tensor_free(host);
         }
         if (rc == 0)
-            rc = ct__writer_flush(&w);
+            rc = ct__file_writer_flush(&w);
         rc = ct__file_commit(AT_FDCWD, w.fd, tmp, path, rc, fn);
     }
-    ct__writer_free(&w);
+    ct__file_writer_free(&w);
     free(tmp);
     free(header);
     return rc;

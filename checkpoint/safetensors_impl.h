@@ -20,6 +20,6 @@ int ct__safetensors_parse(const void *buf, size_t len, const char *what, ct_tens
 /* Whether the n bytes at s are well-formed UTF-8 (RFC 3629: no overlong
  * forms, no surrogates, nothing above U+10FFFF). When not, *bad (nullable)
  * receives the offset of the first byte of the bad sequence. */
-bool ct__utf8_valid(const void *s, size_t n, size_t *bad);
+bool ct__ckpt_utf8_valid(const void *s, size_t n, size_t *bad);
 
 #endif

@@ -24,7 +24,7 @@ ct_checkpoint_options ct_checkpoint_defaults(void) {
 
 /* ------------------------------------------------------------- exchange */
 
-void ct__blobs_free(ck_blob *all, int n) {
+void ct__ckpt_blobs_free(ck_blob *all, int n) {
     if (!all)
         return;
     for (int i = 0; i < n; i++)
@@ -33,17 +33,17 @@ void ct__blobs_free(ck_blob *all, int n) {
 }
 
 /* One allgather of the lengths, one of the bytes padded to the longest. */
-int ct__exchange(ct_comm *comm, int status, const void *data, size_t len, ck_blob **all) {
+int ct__ckpt_exchange(ct_comm *comm, int status, const void *data, size_t len, ck_blob **all) {
     *all = NULL;
     int size = comm ? ct_comm_size(comm) : 1;
     ck_blob *out = calloc((size_t)size, sizeof *out);
     if (!out)
-        return ct__seterr(CT_ENOMEM, "checkpoint: out of memory");
+        return ct__err_set(CT_ENOMEM, "checkpoint: out of memory");
     if (!comm) {
         out[0] = (ck_blob){status, malloc(len + 1), len};
         if (!out[0].data) {
             free(out);
-            return ct__seterr(CT_ENOMEM, "checkpoint: out of memory");
+            return ct__err_set(CT_ENOMEM, "checkpoint: out of memory");
         }
         if (len)
             memcpy(out[0].data, data, len);
@@ -52,8 +52,8 @@ int ct__exchange(ct_comm *comm, int status, const void *data, size_t len, ck_blo
         return 0;
     }
     int rc = 0;
-    ct_tensor *mine = ct__own(ct_empty(CT_SHAPE(2), CT_INT64));
-    ct_tensor *heads = ct__own(ct_empty(CT_SHAPE(2 * (int64_t)size), CT_INT64));
+    ct_tensor *mine = ct__tensor_own(ct_empty(CT_SHAPE(2), CT_INT64));
+    ct_tensor *heads = ct__tensor_own(ct_empty(CT_SHAPE(2 * (int64_t)size), CT_INT64));
     ct_tensor *buf = NULL, *bufs = NULL;
     if (!mine || !heads)
         rc = ct_errcode();
@@ -67,8 +67,8 @@ int ct__exchange(ct_comm *comm, int status, const void *data, size_t len, ck_blo
         if (((int64_t *)ct__data(heads))[2 * r + 1] > longest)
             longest = ((int64_t *)ct__data(heads))[2 * r + 1];
     if (!rc) {
-        buf = ct__own(ct_zeros(CT_SHAPE(longest), CT_UINT8));
-        bufs = ct__own(ct_empty(CT_SHAPE((int64_t)size * longest), CT_UINT8));
+        buf = ct__tensor_own(ct_zeros(CT_SHAPE(longest), CT_UINT8));
+        bufs = ct__tensor_own(ct_empty(CT_SHAPE((int64_t)size * longest), CT_UINT8));
         if (!buf || !bufs)
             rc = ct_errcode();
     }
@@ -82,7 +82,7 @@ int ct__exchange(ct_comm *comm, int status, const void *data, size_t len, ck_blo
         out[r] =
             (ck_blob){(int)((int64_t *)ct__data(heads))[2 * r], malloc((size_t)n + 1), (size_t)n};
         if (!out[r].data) {
-            rc = ct__seterr(CT_ENOMEM, "checkpoint: out of memory");
+            rc = ct__err_set(CT_ENOMEM, "checkpoint: out of memory");
             break;
         }
         memcpy(out[r].data, (char *)ct__data(bufs) + r * longest, (size_t)n);
@@ -93,47 +93,47 @@ int ct__exchange(ct_comm *comm, int status, const void *data, size_t len, ck_blo
     ct_tensor_free(buf);
     ct_tensor_free(bufs);
     if (rc)
-        ct__blobs_free(out, size);
+        ct__ckpt_blobs_free(out, size);
     else
         *all = out;
     return rc;
 }
 
-int ct__exchange_verdict(const ck_blob *all, int n) {
+int ct__ckpt_exchange_verdict(const ck_blob *all, int n) {
     for (int r = 0; r < n; r++)
         if (all[r].status)
-            return n > 1 ? ct__seterr(all[r].status, "rank %d: %s", r, all[r].data)
-                         : ct__seterr(all[r].status, "%s", all[r].data);
+            return n > 1 ? ct__err_set(all[r].status, "rank %d: %s", r, all[r].data)
+                         : ct__err_set(all[r].status, "%s", all[r].data);
     return 0;
 }
 
-int ct__agree(ct_comm *comm, int rc, const void *data, size_t len, ck_blob **all) {
+int ct__ckpt_agree(ct_comm *comm, int rc, const void *data, size_t len, ck_blob **all) {
     const char *msg = rc ? ct_errmsg() : NULL;
     char *copy = msg ? strdup(msg) : NULL;
     ck_blob *got = NULL;
-    int xrc = ct__exchange(comm, rc,
-                           copy ? copy
-                           : rc ? ""
-                                : data,
-                           copy ? strlen(copy)
-                           : rc ? 0
-                                : len,
-                           &got);
+    int xrc = ct__ckpt_exchange(comm, rc,
+                                copy ? copy
+                                : rc ? ""
+                                     : data,
+                                copy ? strlen(copy)
+                                : rc ? 0
+                                     : len,
+                                &got);
     free(copy);
     if (xrc)
         return xrc;
     int size = comm ? ct_comm_size(comm) : 1;
-    int verdict = ct__exchange_verdict(got, size);
+    int verdict = ct__ckpt_exchange_verdict(got, size);
     if (all && !verdict)
         *all = got;
     else
-        ct__blobs_free(got, size);
+        ct__ckpt_blobs_free(got, size);
     return verdict;
 }
 
 /* ----------------------------------------------------------------- plan */
 
-void ct__plan_free(ck_plan *plan) {
+void ct__ckpt_plan_free(ck_plan *plan) {
     ct__manifest_free(plan->m);
     for (int i = 0; i < plan->nsources; i++)
         ct_tensor_free(plan->sources[i].t);
@@ -146,7 +146,7 @@ void ct__plan_free(ck_plan *plan) {
 static int describe(const ct_state *st, int rank, int size, int64_t step, ck_manifest **out) {
     ck_manifest *m = calloc(1, sizeof *m);
     if (!m)
-        return ct__seterr(CT_ENOMEM, "checkpoint save: out of memory");
+        return ct__err_set(CT_ENOMEM, "checkpoint save: out of memory");
     *out = m;
     *m = (ck_manifest){.major = CK_FORMAT_MAJOR,
                        .minor = CK_FORMAT_MINOR,
@@ -158,7 +158,7 @@ static int describe(const ct_state *st, int rank, int size, int64_t step, ck_man
                        .values = calloc((size_t)st->n + 1, sizeof(ck_value)),
                        .meta = calloc((size_t)(2 * st->nmeta + 1), sizeof(char *))};
     if (!m->writer || !m->tensors || !m->values || !m->meta)
-        return ct__seterr(CT_ENOMEM, "checkpoint save: out of memory");
+        return ct__err_set(CT_ENOMEM, "checkpoint save: out of memory");
     for (int i = 0; i < st->n; i++) {
         const ck_entry *e = &st->entries[i];
         if (e->type != CK_TENSOR) {
@@ -169,9 +169,9 @@ static int describe(const ct_state *st, int rank, int size, int64_t step, ck_man
                             .texts = calloc(1, sizeof(char *)),
                             .ntexts = 1};
             char text[32];
-            ct__value_format(e->type, e->value, text);
+            ct__ckpt_value_format(e->type, e->value, text);
             if (!v->name || !v->texts || !(v->texts[0] = strdup(text)))
-                return ct__seterr(CT_ENOMEM, "checkpoint save: out of memory");
+                return ct__err_set(CT_ENOMEM, "checkpoint save: out of memory");
             continue;
         }
         ck_tensor *t = &m->tensors[m->ntensors++];
@@ -182,7 +182,7 @@ static int describe(const ct_state *st, int rank, int size, int64_t step, ck_man
                          .chunks = calloc(1, sizeof(ck_chunk)),
                          .nchunks = 1};
         if (!t->name || !t->chunks)
-            return ct__seterr(CT_ENOMEM, "checkpoint save: out of memory");
+            return ct__err_set(CT_ENOMEM, "checkpoint save: out of memory");
         memcpy(t->sizes, e->global, sizeof(int64_t) * (size_t)e->ndim);
         memcpy(t->chunks[0].offsets, e->offsets, sizeof(int64_t) * (size_t)e->ndim);
         memcpy(t->chunks[0].sizes, e->t->sizes, sizeof(int64_t) * (size_t)e->ndim);
@@ -191,7 +191,7 @@ static int describe(const ct_state *st, int rank, int size, int64_t step, ck_man
     }
     for (int i = 0; i < 2 * st->nmeta; i++)
         if (!(m->meta[i] = strdup(st->meta[i])))
-            return ct__seterr(CT_ENOMEM, "checkpoint save: out of memory");
+            return ct__err_set(CT_ENOMEM, "checkpoint save: out of memory");
     m->nmeta = st->nmeta;
     return 0;
 }
@@ -210,7 +210,7 @@ static int merge_tensor(ck_manifest *m, const ck_tensor *t, int rank) {
     if (i < 0) {
         ck_tensor *arr = grow(m->tensors, m->ntensors, sizeof *arr);
         if (!arr)
-            return ct__seterr(CT_ENOMEM, "checkpoint save: out of memory");
+            return ct__err_set(CT_ENOMEM, "checkpoint save: out of memory");
         m->tensors = arr;
         i = m->ntensors++;
         m->tensors[i] = *t;
@@ -218,21 +218,22 @@ static int merge_tensor(ck_manifest *m, const ck_tensor *t, int rank) {
         m->tensors[i].chunks = NULL;
         m->tensors[i].nchunks = 0;
         if (!m->tensors[i].name)
-            return ct__seterr(CT_ENOMEM, "checkpoint save: out of memory");
+            return ct__err_set(CT_ENOMEM, "checkpoint save: out of memory");
     }
     ck_tensor *g = &m->tensors[i];
     int first = g->nchunks ? g->chunks[0].rank : rank;
     if (g->kind != t->kind || g->dtype != t->dtype || g->ndim != t->ndim ||
         memcmp(g->sizes, t->sizes, sizeof(int64_t) * (size_t)t->ndim))
-        return ct__seterr(CT_EINVAL,
-                          "checkpoint save: the ranks disagree on tensor '%s': %s %s%s on rank "
-                          "%d, %s %s%s on rank %d",
-                          t->name, ct_state_kind_name(g->kind), ct_dtype_name(g->dtype),
-                          ct__shape_str(a, g->ndim, g->sizes), first, ct_state_kind_name(t->kind),
-                          ct_dtype_name(t->dtype), ct__shape_str(b, t->ndim, t->sizes), rank);
+        return ct__err_set(CT_EINVAL,
+                           "checkpoint save: the ranks disagree on tensor '%s': %s %s%s on rank "
+                           "%d, %s %s%s on rank %d",
+                           t->name, ct_state_kind_name(g->kind), ct_dtype_name(g->dtype),
+                           ct__tensor_shape_str(a, g->ndim, g->sizes), first,
+                           ct_state_kind_name(t->kind), ct_dtype_name(t->dtype),
+                           ct__tensor_shape_str(b, t->ndim, t->sizes), rank);
     ck_chunk *chunks = realloc(g->chunks, sizeof *chunks * (size_t)(g->nchunks + 1));
     if (!chunks)
-        return ct__seterr(CT_ENOMEM, "checkpoint save: out of memory");
+        return ct__err_set(CT_ENOMEM, "checkpoint save: out of memory");
     g->chunks = chunks;
     g->chunks[g->nchunks++] = t->chunks[0];
     return 0;
@@ -243,7 +244,7 @@ static int merge_value(ck_manifest *m, const ck_value *v, int rank, int size) {
     if (i < 0) {
         ck_value *arr = grow(m->values, m->nvalues, sizeof *arr);
         if (!arr)
-            return ct__seterr(CT_ENOMEM, "checkpoint save: out of memory");
+            return ct__err_set(CT_ENOMEM, "checkpoint save: out of memory");
         m->values = arr;
         i = m->nvalues++;
         int n = v->kind == CT_STATE_PER_RANK ? size : 1;
@@ -253,26 +254,26 @@ static int merge_value(ck_manifest *m, const ck_value *v, int rank, int size) {
                                   .texts = calloc((size_t)n, sizeof(char *)),
                                   .ntexts = n};
         if (!m->values[i].name || !m->values[i].texts)
-            return ct__seterr(CT_ENOMEM, "checkpoint save: out of memory");
+            return ct__err_set(CT_ENOMEM, "checkpoint save: out of memory");
     }
     ck_value *g = &m->values[i];
     if (g->kind != v->kind || g->type != v->type)
-        return ct__seterr(CT_EINVAL,
-                          "checkpoint save: the ranks disagree on value '%s': %s %s on one rank, "
-                          "%s %s on rank %d",
-                          v->name, ct_state_kind_name(g->kind), ck_type_names[g->type],
-                          ct_state_kind_name(v->kind), ck_type_names[v->type], rank);
+        return ct__err_set(CT_EINVAL,
+                           "checkpoint save: the ranks disagree on value '%s': %s %s on one rank, "
+                           "%s %s on rank %d",
+                           v->name, ct_state_kind_name(g->kind), ct__ckpt_type_names[g->type],
+                           ct_state_kind_name(v->kind), ct__ckpt_type_names[v->type], rank);
     int slot = g->kind == CT_STATE_PER_RANK ? rank : 0;
     if (g->texts[slot]) {
         if (strcmp(g->texts[slot], v->texts[0]))
-            return ct__seterr(CT_EINVAL,
-                              "checkpoint save: replicated value '%s' is %s on one rank and %s on "
-                              "rank %d; a replicated value must be the same on every rank",
-                              v->name, g->texts[slot], v->texts[0], rank);
+            return ct__err_set(CT_EINVAL,
+                               "checkpoint save: replicated value '%s' is %s on one rank and %s on "
+                               "rank %d; a replicated value must be the same on every rank",
+                               v->name, g->texts[slot], v->texts[0], rank);
         return 0;
     }
     g->texts[slot] = strdup(v->texts[0]);
-    return g->texts[slot] ? 0 : ct__seterr(CT_ENOMEM, "checkpoint save: out of memory");
+    return g->texts[slot] ? 0 : ct__err_set(CT_ENOMEM, "checkpoint save: out of memory");
 }
 
 /* Complete per-rank entries, tiling shards; one writer per replicated
@@ -281,7 +282,7 @@ static int merge_value(ck_manifest *m, const ck_value *v, int rank, int size) {
 static int finish_entries(ck_manifest *m, int size) {
     int64_t *load = calloc((size_t)size, sizeof *load);
     if (!load)
-        return ct__seterr(CT_ENOMEM, "checkpoint save: out of memory");
+        return ct__err_set(CT_ENOMEM, "checkpoint save: out of memory");
     int rc = 0;
     for (int i = 0; i < m->ntensors && !rc; i++) {
         ck_tensor *t = &m->tensors[i];
@@ -297,26 +298,26 @@ static int finish_entries(ck_manifest *m, int size) {
             t->nchunks = 1;
             load[t->chunks[0].rank] += bytes;
         } else if (t->kind == CT_STATE_PER_RANK && t->nchunks != size) {
-            rc = ct__seterr(CT_EINVAL,
-                            "checkpoint save: per-rank tensor '%s' is in the state of %d of %d "
-                            "ranks; every rank must add it",
-                            t->name, t->nchunks, size);
+            rc = ct__err_set(CT_EINVAL,
+                             "checkpoint save: per-rank tensor '%s' is in the state of %d of %d "
+                             "ranks; every rank must add it",
+                             t->name, t->nchunks, size);
         } else if (t->kind == CT_STATE_SHARDED) {
             char msg[1024];
             if (ct__manifest_check_tiling(t, "checkpoint save")) {
                 snprintf(msg, sizeof msg, "%s (the ranks' blocks must tile the tensor)",
                          ct_errmsg());
-                rc = ct__seterr(CT_EINVAL, "%s", msg);
+                rc = ct__err_set(CT_EINVAL, "%s", msg);
             }
         }
     }
     for (int i = 0; i < m->nvalues && !rc; i++)
         for (int r = 0; r < m->values[i].ntexts && !rc; r++)
             if (!m->values[i].texts[r])
-                rc = ct__seterr(CT_EINVAL,
-                                "checkpoint save: per-rank value '%s' is missing from rank %d's "
-                                "state; every rank must add it",
-                                m->values[i].name, r);
+                rc = ct__err_set(CT_EINVAL,
+                                 "checkpoint save: per-rank value '%s' is missing from rank %d's "
+                                 "state; every rank must add it",
+                                 m->values[i].name, r);
     free(load);
     return rc;
 }
@@ -326,7 +327,7 @@ static int finish_entries(ck_manifest *m, int size) {
 static int lay_out(ck_manifest *m, int size) {
     m->files = calloc((size_t)size, sizeof *m->files);
     if (!m->files)
-        return ct__seterr(CT_ENOMEM, "checkpoint save: out of memory");
+        return ct__err_set(CT_ENOMEM, "checkpoint save: out of memory");
     for (int r = 0; r < size; r++) {
         int64_t end = 0;
         bool any = false;
@@ -353,7 +354,7 @@ static int lay_out(ck_manifest *m, int size) {
                                         .block_bytes = CK_BLOCK_BYTES,
                                         .nblocks = (end + CK_BLOCK_BYTES - 1) / CK_BLOCK_BYTES};
         if (!m->files[m->nfiles++].name)
-            return ct__seterr(CT_ENOMEM, "checkpoint save: out of memory");
+            return ct__err_set(CT_ENOMEM, "checkpoint save: out of memory");
     }
     return 0;
 }
@@ -375,7 +376,7 @@ static int list_sources(const ct_state *st, ck_plan *plan) {
                 plan->nsources++;
     plan->sources = calloc((size_t)plan->nsources + 1, sizeof *plan->sources);
     if (!plan->sources)
-        return ct__seterr(CT_ENOMEM, "checkpoint save: out of memory");
+        return ct__err_set(CT_ENOMEM, "checkpoint save: out of memory");
     int n = 0;
     for (int i = 0; i < m->ntensors; i++)
         for (int c = 0; c < m->tensors[i].nchunks; c++) {
@@ -389,7 +390,7 @@ static int list_sources(const ct_state *st, ck_plan *plan) {
     return 0;
 }
 
-int ct__save_plan(ct_state *st, ct_comm *comm, const ct_checkpoint_options *o, ck_plan *plan) {
+int ct__ckpt_save_plan(ct_state *st, ct_comm *comm, const ct_checkpoint_options *o, ck_plan *plan) {
     *plan = (ck_plan){
         .rank = comm ? ct_comm_rank(comm) : 0, .size = comm ? ct_comm_size(comm) : 1, .file = -1};
     ck_manifest *mine = NULL;
@@ -399,7 +400,7 @@ int ct__save_plan(ct_state *st, ct_comm *comm, const ct_checkpoint_options *o, c
         rc = ct_errcode();
     ct__manifest_free(mine);
     ck_blob *all = NULL;
-    rc = ct__agree(comm, rc, text, text ? strlen(text) : 0, &all);
+    rc = ct__ckpt_agree(comm, rc, text, text ? strlen(text) : 0, &all);
     free(text);
     if (rc)
         return rc;
@@ -408,7 +409,7 @@ int ct__save_plan(ct_state *st, ct_comm *comm, const ct_checkpoint_options *o, c
     ck_manifest *m = calloc(1, sizeof *m);
     plan->m = m;
     if (!m)
-        rc = ct__seterr(CT_ENOMEM, "checkpoint save: out of memory");
+        rc = ct__err_set(CT_ENOMEM, "checkpoint save: out of memory");
     for (int r = 0; r < plan->size && !rc; r++) {
         char where[64];
         snprintf(where, sizeof where, "checkpoint save: rank %d's entries", r);
@@ -428,7 +429,7 @@ int ct__save_plan(ct_state *st, ct_comm *comm, const ct_checkpoint_options *o, c
             m->nvalues = 0;
             m->tensor_names = m->value_names = (ck_names){0};
             if (!m->writer)
-                rc = ct__seterr(CT_ENOMEM, "checkpoint save: out of memory");
+                rc = ct__err_set(CT_ENOMEM, "checkpoint save: out of memory");
         }
         for (int i = 0; !rc && i < p->ntensors; i++)
             rc = merge_tensor(m, &p->tensors[i], r);
@@ -436,7 +437,7 @@ int ct__save_plan(ct_state *st, ct_comm *comm, const ct_checkpoint_options *o, c
             rc = merge_value(m, &p->values[i], r, plan->size);
         ct__manifest_free(p);
     }
-    ct__blobs_free(all, plan->size);
+    ct__ckpt_blobs_free(all, plan->size);
     if (!rc)
         rc = finish_entries(m, plan->size);
     if (!rc)
@@ -445,9 +446,9 @@ int ct__save_plan(ct_state *st, ct_comm *comm, const ct_checkpoint_options *o, c
         rc = list_sources(st, plan);
     /* The merge fails alike on every rank, but running out of memory need
      * not: agree, so that no rank goes on alone. */
-    rc = ct__agree(comm, rc, NULL, 0, NULL);
+    rc = ct__ckpt_agree(comm, rc, NULL, 0, NULL);
     if (rc)
-        ct__plan_free(plan);
+        ct__ckpt_plan_free(plan);
     return rc;
 }
 
@@ -460,7 +461,7 @@ static char *concat(const char *a, const char *sep, const char *b) {
     if (s)
         snprintf(s, n, "%s%s%s", a, sep, b);
     else
-        ct__seterr(CT_ENOMEM, "checkpoint: out of memory");
+        ct__err_set(CT_ENOMEM, "checkpoint: out of memory");
     return s;
 }
 
@@ -503,7 +504,7 @@ static void read_boot_id(char *out, size_t cap) {
 static int make_owner(owner *o) {
     unsigned char raw[16];
     if (getrandom(raw, sizeof raw, 0) != (ssize_t)sizeof raw)
-        return ct__seterr(CT_EIO, "checkpoint save: getrandom: %s", strerror(errno));
+        return ct__err_set(CT_EIO, "checkpoint save: getrandom: %s", strerror(errno));
     for (int i = 0; i < 16; i++)
         snprintf(o->token + 2 * i, 3, "%02x", raw[i]);
     o->pid = (long)getpid();
@@ -518,7 +519,7 @@ static int make_owner(owner *o) {
 static bool read_owner(int dirfd, const char *tmp, owner *o) {
     char *path = join(tmp, CK_TMP_MARKER);
     bool missing;
-    int fd = path ? ct__open_regular(dirfd, path, path, &missing) : -1;
+    int fd = path ? ct__ckpt_open_regular(dirfd, path, path, &missing) : -1;
     free(path);
     ct_errclear();
     if (fd < 0)
@@ -565,7 +566,7 @@ static int remove_stale(const char *parent, const owner *me) {
     int dirfd = open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     DIR *d = dirfd >= 0 ? fdopendir(dup(dirfd)) : NULL;
     if (!d) {
-        int rc = ct__seterr(CT_EIO, "%s: %s", parent, strerror(errno));
+        int rc = ct__err_set(CT_EIO, "%s: %s", parent, strerror(errno));
         if (dirfd >= 0)
             close(dirfd);
         return rc;
@@ -582,7 +583,7 @@ static int remove_stale(const char *parent, const owner *me) {
             rc = ct_errcode();
         else if (marked ? read_owner(dirfd, de->d_name, &o) && owner_gone(&o, me)
                         : is_file(p, CK_MANIFEST))
-            rc = ct__remove_tree(p);
+            rc = ct__ckpt_remove_tree(p);
         free(p);
     }
     closedir(d);
@@ -602,9 +603,9 @@ static int write_marker(const char *dir, const owner *o) {
                      "ct-checkpoint save in progress\nowner %s\npid %ld\nhost %s\nboot %s\n",
                      o->token, o->pid, o->host, o->boot);
     if (fd < 0)
-        rc = ct__seterr(CT_EIO, "%s: %s", marker, strerror(errno));
+        rc = ct__err_set(CT_EIO, "%s: %s", marker, strerror(errno));
     else
-        rc = ct__pwrite_all(fd, text, (size_t)n, 0, marker);
+        rc = ct__file_pwrite_all(fd, text, (size_t)n, 0, marker);
     if (fd >= 0)
         close(fd);
     free(marker);
@@ -625,17 +626,17 @@ static int mark_as_mine(const char *dir) {
 
 static int prepare(const char *path, const char *tmp) {
     owner me;
-    char *parent = ct__parent_dir(path);
-    int rc = parent ? ct__make_dirs(parent) : ct_errcode();
+    char *parent = ct__file_parent_dir(path);
+    int rc = parent ? ct__ckpt_make_dirs(parent) : ct_errcode();
     if (!rc)
         rc = make_owner(&me);
     if (!rc)
         rc = remove_stale(parent, &me);
     /* PATH.tmp itself, whatever it holds: a save of PATH owns that name. */
     if (!rc)
-        rc = ct__remove_tree(tmp);
+        rc = ct__ckpt_remove_tree(tmp);
     if (!rc && mkdir(tmp, 0755) != 0)
-        rc = ct__seterr(CT_EIO, "%s: creating the directory: %s", tmp, strerror(errno));
+        rc = ct__err_set(CT_EIO, "%s: creating the directory: %s", tmp, strerror(errno));
     if (!rc)
         rc = write_marker(tmp, &me);
     free(parent);
@@ -693,11 +694,11 @@ static void hash_piece(void *ctx, int64_t lo, int64_t hi) {
 static int write_source(int fd, const char *file, const ck_manifest *m, const ck_source *s,
                         block_sums *blocks, uint64_t *hash) {
     const ck_chunk *c = &m->tensors[s->tensor].chunks[s->chunk];
-    ct_tensor *src = ct__ck_on_host(s->t);
+    ct_tensor *src = ct__ckpt_on_host(s->t);
     if (src && !ct_is_contiguous(src)) {
-        ct_tensor *packed = ct__own(ct_empty(src->ndim, src->sizes, src->dtype));
+        ct_tensor *packed = ct__tensor_own(ct_empty(src->ndim, src->sizes, src->dtype));
         if (packed)
-            ct__copy_into(packed, src);
+            ct__cpu_copy_into(packed, src);
         ct_tensor_free(src);
         src = packed;
     }
@@ -707,7 +708,7 @@ static int write_source(int fd, const char *file, const ck_manifest *m, const ck
     XXH3_state_t *hs = XXH3_createState();
     int rc = hs && XXH3_64bits_reset(hs) == XXH_OK
                  ? 0
-                 : ct__seterr(CT_ENOMEM, "%s: out of memory", file);
+                 : ct__err_set(CT_ENOMEM, "%s: out of memory", file);
     /* Chunks are laid out in the order they are written, after padding
      * that is zeros. */
     CT_ASSERT(blocks->pos <= c->byte_offset && c->byte_offset - blocks->pos < CK_ALIGN);
@@ -715,7 +716,7 @@ static int write_source(int fd, const char *file, const ck_manifest *m, const ck
     for (int64_t done = 0; done < c->nbytes && !rc; done += WRITE_PIECE) {
         int64_t n = c->nbytes - done < WRITE_PIECE ? c->nbytes - done : WRITE_PIECE;
         ct_parallel_for(0, 2, 1, hash_piece, &(piece_hashes){hs, blocks, data + done, n});
-        rc = ct__pwrite_all(fd, data + done, (size_t)n, c->byte_offset + done, file);
+        rc = ct__file_pwrite_all(fd, data + done, (size_t)n, c->byte_offset + done, file);
         /* Only a start: the fsync at the end is what makes it durable. */
         if (!rc)
             sync_file_range(fd, c->byte_offset + done, n, SYNC_FILE_RANGE_WRITE);
@@ -739,22 +740,22 @@ static int write_file(const char *tmp, const ck_plan *plan, uint64_t *hashes) {
     block_sums blocks = {XXH3_createState(), 0, hashes + plan->nsources};
     int rc = blocks.hs && XXH3_64bits_reset(blocks.hs) == XXH_OK
                  ? 0
-                 : ct__seterr(CT_ENOMEM, "%s: out of memory", file);
+                 : ct__err_set(CT_ENOMEM, "%s: out of memory", file);
     int fd = rc ? -1 : open(file, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (!rc && fd < 0)
-        rc = ct__seterr(CT_EIO, "%s: %s", file, strerror(errno));
+        rc = ct__err_set(CT_EIO, "%s: %s", file, strerror(errno));
     /* The padding between chunks reads as zeros. */
     else if (!rc && ftruncate(fd, (off_t)f->nbytes) != 0)
-        rc = ct__seterr(CT_EIO, "%s: %s", file, strerror(errno));
+        rc = ct__err_set(CT_EIO, "%s: %s", file, strerror(errno));
     for (int i = 0; i < plan->nsources && !rc; i++)
         rc = write_source(fd, file, plan->m, &plan->sources[i], &blocks, &hashes[i]);
     if (!rc && blocks.pos % CK_BLOCK_BYTES)
         blocks.out[blocks.pos / CK_BLOCK_BYTES] = XXH3_64bits_digest(blocks.hs);
     XXH3_freeState(blocks.hs);
     if (!rc && fsync(fd) != 0)
-        rc = ct__seterr(CT_EIO, "%s: fsync: %s", file, strerror(errno));
+        rc = ct__err_set(CT_EIO, "%s: fsync: %s", file, strerror(errno));
     if (fd >= 0 && close(fd) != 0 && !rc)
-        rc = ct__seterr(CT_EIO, "%s: close: %s", file, strerror(errno));
+        rc = ct__err_set(CT_EIO, "%s: close: %s", file, strerror(errno));
     free(file);
     return rc;
 }
@@ -771,10 +772,10 @@ static int fill_hashes(ck_manifest *m, const ck_blob *all, int size) {
                 if (ch->rank != r)
                     continue;
                 if ((k + 1) * sizeof(uint64_t) > all[r].len)
-                    return ct__seterr(CT_EMISMATCH,
-                                      "checkpoint save: rank %d sent %zu checksums, fewer than "
-                                      "its chunks",
-                                      r, all[r].len / sizeof(uint64_t));
+                    return ct__err_set(CT_EMISMATCH,
+                                       "checkpoint save: rank %d sent %zu checksums, fewer than "
+                                       "its chunks",
+                                       r, all[r].len / sizeof(uint64_t));
                 memcpy(&ch->xxh3, all[r].data + k * sizeof(uint64_t), sizeof(uint64_t));
                 k++;
                 fi = ch->file;
@@ -783,13 +784,13 @@ static int fill_hashes(ck_manifest *m, const ck_blob *all, int size) {
             continue;
         ck_file *f = &m->files[fi];
         if ((k + (size_t)f->nblocks) * sizeof(uint64_t) != all[r].len)
-            return ct__seterr(CT_EMISMATCH,
-                              "checkpoint save: rank %d sent %zu checksums, not its %zu chunks' "
-                              "and its file's %lld blocks'",
-                              r, all[r].len / sizeof(uint64_t), k, (long long)f->nblocks);
+            return ct__err_set(CT_EMISMATCH,
+                               "checkpoint save: rank %d sent %zu checksums, not its %zu chunks' "
+                               "and its file's %lld blocks'",
+                               r, all[r].len / sizeof(uint64_t), k, (long long)f->nblocks);
         f->blocks = malloc(sizeof(uint64_t) * (size_t)(f->nblocks + 1));
         if (!f->blocks)
-            return ct__seterr(CT_ENOMEM, "checkpoint save: out of memory");
+            return ct__err_set(CT_ENOMEM, "checkpoint save: out of memory");
         memcpy(f->blocks, all[r].data + k * sizeof(uint64_t),
                sizeof(uint64_t) * (size_t)f->nblocks);
     }
@@ -802,11 +803,11 @@ static int write_manifest(const char *tmp, const ck_manifest *m) {
     int rc = file ? 0 : ct_errcode();
     int fd = rc ? -1 : open(file, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (!rc && fd < 0)
-        rc = ct__seterr(CT_EIO, "%s: %s", file, strerror(errno));
+        rc = ct__err_set(CT_EIO, "%s: %s", file, strerror(errno));
     if (!rc)
-        rc = ct__pwrite_all(fd, text, strlen(text), 0, file);
+        rc = ct__file_pwrite_all(fd, text, strlen(text), 0, file);
     if (!rc && fsync(fd) != 0)
-        rc = ct__seterr(CT_EIO, "%s: fsync: %s", file, strerror(errno));
+        rc = ct__err_set(CT_EIO, "%s: fsync: %s", file, strerror(errno));
     if (fd >= 0)
         close(fd);
     free(file);
@@ -821,13 +822,13 @@ static int move_into_place(const char *tmp, const char *path) {
     if (rename(tmp, path) == 0)
         return 0;
     if (errno != EEXIST && errno != ENOTEMPTY)
-        return ct__seterr(CT_EIO, "renaming %s to %s: %s", tmp, path, strerror(errno));
+        return ct__err_set(CT_EIO, "renaming %s to %s: %s", tmp, path, strerror(errno));
     int rc = mark_as_mine(path);
     if (rc)
         return rc;
     if (renameat2(AT_FDCWD, tmp, AT_FDCWD, path, RENAME_EXCHANGE) != 0)
-        return ct__seterr(CT_EIO, "replacing %s with %s: %s", path, tmp, strerror(errno));
-    return ct__remove_tree(tmp);
+        return ct__err_set(CT_EIO, "replacing %s with %s: %s", path, tmp, strerror(errno));
+    return ct__ckpt_remove_tree(tmp);
 }
 
 typedef struct found {
@@ -841,7 +842,7 @@ static int scan(const char *dir, found **out, int *n) {
     *n = 0;
     DIR *d = opendir(dir);
     if (!d)
-        return errno == ENOENT ? 0 : ct__seterr(CT_EIO, "%s: %s", dir, strerror(errno));
+        return errno == ENOENT ? 0 : ct__err_set(CT_EIO, "%s: %s", dir, strerror(errno));
     int rc = 0, cap = 0;
     struct dirent *de;
     while (!rc && (de = readdir(d))) {
@@ -864,7 +865,7 @@ static int scan(const char *dir, found **out, int *n) {
             found *f = realloc(*out, sizeof *f * (size_t)cap);
             if (!f) {
                 ct__manifest_free(m);
-                rc = ct__seterr(CT_ENOMEM, "%s: out of memory", dir);
+                rc = ct__err_set(CT_ENOMEM, "%s: out of memory", dir);
                 break;
             }
             *out = f;
@@ -872,7 +873,7 @@ static int scan(const char *dir, found **out, int *n) {
         (*out)[*n] = (found){strdup(de->d_name), m->step};
         ct__manifest_free(m);
         if (!(*out)[(*n)++].name)
-            rc = ct__seterr(CT_ENOMEM, "%s: out of memory", dir);
+            rc = ct__err_set(CT_ENOMEM, "%s: out of memory", dir);
     }
     closedir(d);
     /* Directories that are not checkpoints were skipped, not errors. */
@@ -898,7 +899,7 @@ static int newest_first(const void *pa, const void *pb) {
  * among those kept. A retired one is renamed to "*.tmp" first, so that a
  * crash mid-removal leaves nothing that loads. */
 static int retire(const char *path, int keep) {
-    char *parent = ct__parent_dir(path);
+    char *parent = ct__file_parent_dir(path);
     if (!parent)
         return ct_errcode();
     const char *slash = strrchr(path, '/');
@@ -919,16 +920,16 @@ static int retire(const char *path, int keep) {
         char *tmp = victim ? with_suffix(victim, ".tmp") : NULL;
         if (!tmp)
             rc = ct_errcode();
-        else if (!(rc = ct__remove_tree(tmp)) && !(rc = mark_as_mine(victim)) &&
+        else if (!(rc = ct__ckpt_remove_tree(tmp)) && !(rc = mark_as_mine(victim)) &&
                  rename(victim, tmp) != 0)
-            rc = ct__seterr(CT_EIO, "retiring %s: %s", victim, strerror(errno));
+            rc = ct__err_set(CT_EIO, "retiring %s: %s", victim, strerror(errno));
         if (!rc)
-            rc = ct__remove_tree(tmp);
+            rc = ct__ckpt_remove_tree(tmp);
         free(victim);
         free(tmp);
     }
     if (!rc)
-        rc = ct__fsync_dir(parent);
+        rc = ct__file_fsync_dir(parent);
     free_found(f, n);
     free(parent);
     return rc;
@@ -937,24 +938,24 @@ static int retire(const char *path, int keep) {
 static int commit(const char *path, const char *tmp, ck_manifest *m, const ck_blob *all, int size,
                   const ct_checkpoint_options *o) {
     char *marker = join(tmp, CK_TMP_MARKER);
-    char *parent = ct__parent_dir(path);
+    char *parent = ct__file_parent_dir(path);
     char *placed = join(path, CK_TMP_MARKER);
     int rc = marker && parent && placed ? fill_hashes(m, all, size) : ct_errcode();
     if (!rc)
         rc = write_manifest(tmp, m);
     if (!rc)
-        rc = ct__fsync_dir(tmp);
+        rc = ct__file_fsync_dir(tmp);
     /* The marker goes only after the rename: until then the tmp is another
      * saver's to spare, manifest or not (see remove_stale). A checkpoint
      * that a crash left holding it loads all the same. */
     if (!rc)
         rc = move_into_place(tmp, path);
     if (!rc && unlink(placed) != 0)
-        rc = ct__seterr(CT_EIO, "%s: %s", placed, strerror(errno));
+        rc = ct__err_set(CT_EIO, "%s: %s", placed, strerror(errno));
     if (!rc)
-        rc = ct__fsync_dir(path);
+        rc = ct__file_fsync_dir(path);
     if (!rc)
-        rc = ct__fsync_dir(parent);
+        rc = ct__file_fsync_dir(parent);
     if (!rc && o->keep_last > 0)
         rc = retire(path, o->keep_last);
     free(marker);
@@ -963,13 +964,14 @@ static int commit(const char *path, const char *tmp, ck_manifest *m, const ck_bl
     return rc;
 }
 
-int ct__save_write(const char *path, ck_plan *plan, ct_comm *comm, const ct_checkpoint_options *o) {
+int ct__ckpt_save_write(const char *path, ck_plan *plan, ct_comm *comm,
+                        const ct_checkpoint_options *o) {
     char *tmp = with_suffix(path, ".tmp");
     if (!tmp)
         return ct_errcode();
     /* Each step ends in an exchange whose verdict every rank shares, so all
      * ranks stop after the same step. */
-    int rc = ct__agree(comm, plan->rank == 0 ? prepare(path, tmp) : 0, NULL, 0, NULL);
+    int rc = ct__ckpt_agree(comm, plan->rank == 0 ? prepare(path, tmp) : 0, NULL, 0, NULL);
     uint64_t *hashes = NULL;
     ck_blob *all = NULL;
     if (!rc) {
@@ -977,12 +979,12 @@ int ct__save_write(const char *path, ck_plan *plan, ct_comm *comm, const ct_chec
         size_t n = (size_t)plan->nsources + (size_t)nblocks;
         hashes = calloc(n + 1, sizeof *hashes);
         rc = hashes ? write_file(tmp, plan, hashes)
-                    : ct__seterr(CT_ENOMEM, "checkpoint save: out of memory");
-        rc = ct__agree(comm, rc, hashes, sizeof *hashes * n, &all);
+                    : ct__err_set(CT_ENOMEM, "checkpoint save: out of memory");
+        rc = ct__ckpt_agree(comm, rc, hashes, sizeof *hashes * n, &all);
     }
     if (!rc) {
         rc = plan->rank == 0 ? commit(path, tmp, plan->m, all, plan->size, o) : 0;
-        rc = ct__agree(comm, rc, NULL, 0, NULL);
+        rc = ct__ckpt_agree(comm, rc, NULL, 0, NULL);
     }
     /* A save that failed leaves nothing that a later one would have to
      * clean. */
@@ -990,26 +992,26 @@ int ct__save_write(const char *path, ck_plan *plan, ct_comm *comm, const ct_chec
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", ct_errmsg());
         int code = ct_errcode();
-        ct__remove_tree(tmp);
-        ct__seterr(code, "%s", msg);
+        ct__ckpt_remove_tree(tmp);
+        ct__err_set(code, "%s", msg);
     }
     free(hashes);
-    ct__blobs_free(all, plan->size);
+    ct__ckpt_blobs_free(all, plan->size);
     free(tmp);
     return rc;
 }
 
-int ct__check_options(const char *fn, const ct_checkpoint_options *o) {
+int ct__ckpt_check_options(const char *fn, const ct_checkpoint_options *o) {
     if (o->keep_last < 0 || o->step < -1 || o->step > CK_INT_MAX)
-        return ct__seterr(CT_EINVAL,
-                          "%s: keep_last (%d) must be >= 0 and step (%lld) in [-1, 2^53]", fn,
-                          o->keep_last, (long long)o->step);
+        return ct__err_set(CT_EINVAL,
+                           "%s: keep_last (%d) must be >= 0 and step (%lld) in [-1, 2^53]", fn,
+                           o->keep_last, (long long)o->step);
     return 0;
 }
 
-char *ct__clean_path(const char *fn, const char *path) {
+char *ct__ckpt_clean_path(const char *fn, const char *path) {
     if (!path || !*path) {
-        ct__seterr(CT_EINVAL, "%s: the path is NULL or empty", fn);
+        ct__err_set(CT_EINVAL, "%s: the path is NULL or empty", fn);
         return NULL;
     }
     size_t n = strlen(path);
@@ -1017,7 +1019,7 @@ char *ct__clean_path(const char *fn, const char *path) {
         n--;
     char *p = strndup(path, n);
     if (!p)
-        ct__seterr(CT_ENOMEM, "%s: out of memory", fn);
+        ct__err_set(CT_ENOMEM, "%s: out of memory", fn);
     return p;
 }
 
@@ -1025,19 +1027,19 @@ int ct_checkpoint_save(const char *path, ct_state *st, ct_comm *comm,
                        const ct_checkpoint_options *opts) {
     const char *fn = "ct_checkpoint_save";
     ct_checkpoint_options o = opts ? *opts : ct_checkpoint_defaults();
-    int rc = ct__state_check(st, fn);
+    int rc = ct__ckpt_state_check(st, fn);
     if (!rc)
-        rc = ct__check_options(fn, &o);
+        rc = ct__ckpt_check_options(fn, &o);
     if (rc)
         return rc;
-    char *p = ct__clean_path(fn, path);
+    char *p = ct__ckpt_clean_path(fn, path);
     if (!p)
         return ct_errcode();
     ck_plan plan;
-    rc = ct__save_plan(st, comm, &o, &plan);
+    rc = ct__ckpt_save_plan(st, comm, &o, &plan);
     if (!rc) {
-        rc = ct__save_write(p, &plan, comm, &o);
-        ct__plan_free(&plan);
+        rc = ct__ckpt_save_write(p, &plan, comm, &o);
+        ct__ckpt_plan_free(&plan);
     }
     free(p);
     return rc;
@@ -1046,9 +1048,9 @@ int ct_checkpoint_save(const char *path, ct_state *st, ct_comm *comm,
 int ct_checkpoint_latest(const char *dir, char *out, size_t cap) {
     const char *fn = "ct_checkpoint_latest";
     if (!out || !cap)
-        return ct__seterr(CT_EINVAL, "%s: the output buffer is NULL or empty", fn);
+        return ct__err_set(CT_EINVAL, "%s: the output buffer is NULL or empty", fn);
     out[0] = '\0';
-    char *d = ct__clean_path(fn, dir);
+    char *d = ct__ckpt_clean_path(fn, dir);
     if (!d)
         return ct_errcode();
     found *f = NULL;
@@ -1058,8 +1060,8 @@ int ct_checkpoint_latest(const char *dir, char *out, size_t cap) {
         int len = snprintf(out, cap, "%s/%s", d, f[0].name);
         rc = len >= 0 && (size_t)len < cap
                  ? 1
-                 : ct__seterr(CT_ERANGE, "%s: '%s/%s' does not fit in %zu bytes", fn, d, f[0].name,
-                              cap);
+                 : ct__err_set(CT_ERANGE, "%s: '%s/%s' does not fit in %zu bytes", fn, d, f[0].name,
+                               cap);
         if (rc < 0)
             out[0] = '\0';
     }

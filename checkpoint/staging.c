@@ -4,22 +4,22 @@
 
 #include <ct/cuda.h>
 
-ct_tensor *ct__ck_on_host(ct_tensor *t) {
+ct_tensor *ct__ckpt_on_host(ct_tensor *t) {
     if (ct__is_host(t->storage->device))
         return ct_tensor_retain(t);
-    return ct__own(ct_to(t, CT_DEVICE_CPU));
+    return ct__tensor_own(ct_to(t, CT_DEVICE_CPU));
 }
 
-int ct__ck_write_from_host(ct_tensor *dst, ct_tensor *host) {
+int ct__ckpt_write_from_host(ct_tensor *dst, ct_tensor *host) {
     if (ct__is_host(dst->storage->device)) {
-        ct__copy_into(dst, host);
+        ct__cpu_copy_into(dst, host);
         return 0;
     }
-    /* ct__copy_any copies on one device: the bytes cross first, then land
+    /* ct__tensor_copy_any copies on one device: the bytes cross first, then land
      * in dst's strides there, queued behind the work already on its
      * stream. */
-    ct_tensor *on = ct__own(ct_to(host, dst->storage->device));
-    int rc = on ? ct__copy_any(dst, on) : ct_errcode();
+    ct_tensor *on = ct__tensor_own(ct_to(host, dst->storage->device));
+    int rc = on ? ct__tensor_copy_any(dst, on) : ct_errcode();
     ct_tensor_free(on);
     return rc;
 }

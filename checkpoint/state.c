@@ -8,7 +8,7 @@
 
 #define STATE_MAGIC 0x63745374u /* "ctSt" */
 
-const char *const ck_type_names[CK_NTYPES] = {"tensor", "int64", "uint64", "float64"};
+const char *const ct__ckpt_type_names[CK_NTYPES] = {"tensor", "int64", "uint64", "float64"};
 
 const char *ct_state_kind_name(ct_state_kind kind) {
     switch (kind) {
@@ -19,19 +19,19 @@ const char *ct_state_kind_name(ct_state_kind kind) {
     return "unknown";
 }
 
-int ct__state_check(const ct_state *st, const char *fn) {
+int ct__ckpt_state_check(const ct_state *st, const char *fn) {
     if (!st)
-        return ct__seterr(CT_EINVAL, "%s: the state is NULL", fn);
+        return ct__err_set(CT_EINVAL, "%s: the state is NULL", fn);
     if (st->magic != STATE_MAGIC)
-        return ct__seterr(CT_EINVAL, "%s: %p is not a live ct_state (freed or foreign)", fn,
-                          (const void *)st);
+        return ct__err_set(CT_EINVAL, "%s: %p is not a live ct_state (freed or foreign)", fn,
+                           (const void *)st);
     return 0;
 }
 
 ct_state *ct_state_new(void) {
     ct_state *st = calloc(1, sizeof *st);
     if (!st) {
-        ct__seterr(CT_ENOMEM, "ct_state_new: out of memory");
+        ct__err_set(CT_ENOMEM, "ct_state_new: out of memory");
         return NULL;
     }
     st->magic = STATE_MAGIC;
@@ -61,7 +61,7 @@ void ct_state_free(ct_state *st) {
 }
 
 int ct_state_num_entries(const ct_state *st) {
-    int rc = ct__state_check(st, "ct_state_num_entries");
+    int rc = ct__ckpt_state_check(st, "ct_state_num_entries");
     return rc ? rc : st->n;
 }
 
@@ -69,43 +69,43 @@ int ct_state_num_entries(const ct_state *st) {
  * they stay printable. */
 static int check_name(const char *fn, const char *what, const char *name) {
     if (!name || !*name)
-        return ct__seterr(CT_EINVAL, "%s: the %s is NULL or empty", fn, what);
+        return ct__err_set(CT_EINVAL, "%s: the %s is NULL or empty", fn, what);
     size_t len = strnlen(name, CK_NAME_MAX + 1);
     if (len > CK_NAME_MAX)
-        return ct__seterr(CT_EINVAL, "%s: the %s '%.40s...' is longer than %d bytes", fn, what,
-                          name, CK_NAME_MAX);
+        return ct__err_set(CT_EINVAL, "%s: the %s '%.40s...' is longer than %d bytes", fn, what,
+                           name, CK_NAME_MAX);
     for (size_t i = 0; i < len; i++)
         if ((unsigned char)name[i] < 0x20 || (unsigned char)name[i] > 0x7e)
-            return ct__seterr(CT_EINVAL,
-                              "%s: the %s '%s' holds byte 0x%02x at %zu; names are printable "
-                              "ASCII",
-                              fn, what, name, (unsigned char)name[i], i);
+            return ct__err_set(CT_EINVAL,
+                               "%s: the %s '%s' holds byte 0x%02x at %zu; names are printable "
+                               "ASCII",
+                               fn, what, name, (unsigned char)name[i], i);
     return 0;
 }
 
 /* Checks the handle and the name, and appends a zeroed entry named name. */
 static ck_entry *add_entry(ct_state *st, const char *fn, const char *name, ct_state_kind kind,
                            ck_type type) {
-    if (ct__state_check(st, fn) || check_name(fn, "entry name", name))
+    if (ct__ckpt_state_check(st, fn) || check_name(fn, "entry name", name))
         return NULL;
     bool tensor = type == CK_TENSOR;
     if (kind != CT_STATE_REPLICATED && kind != CT_STATE_PER_RANK &&
         !(tensor && kind == CT_STATE_SHARDED)) {
-        ct__seterr(CT_EINVAL, "%s: '%s': kind %d is not CT_STATE_REPLICATED or CT_STATE_PER_RANK%s",
-                   fn, name, (int)kind,
-                   tensor ? " (sharded tensors are added with ct_state_add_shard)" : "");
+        ct__err_set(
+            CT_EINVAL, "%s: '%s': kind %d is not CT_STATE_REPLICATED or CT_STATE_PER_RANK%s", fn,
+            name, (int)kind, tensor ? " (sharded tensors are added with ct_state_add_shard)" : "");
         return NULL;
     }
     for (int i = 0; i < st->n; i++)
         if (!strcmp(st->entries[i].name, name)) {
-            ct__seterr(CT_EINVAL, "%s: the state already has an entry named '%s'", fn, name);
+            ct__err_set(CT_EINVAL, "%s: the state already has an entry named '%s'", fn, name);
             return NULL;
         }
     if (st->n == st->cap) {
         int cap = st->cap ? 2 * st->cap : 16;
         ck_entry *e = realloc(st->entries, sizeof *e * (size_t)cap);
         if (!e) {
-            ct__seterr(CT_ENOMEM, "%s: out of memory", fn);
+            ct__err_set(CT_ENOMEM, "%s: out of memory", fn);
             return NULL;
         }
         st->entries = e;
@@ -113,7 +113,7 @@ static ck_entry *add_entry(ct_state *st, const char *fn, const char *name, ct_st
     }
     char *copy = strdup(name);
     if (!copy) {
-        ct__seterr(CT_ENOMEM, "%s: out of memory", fn);
+        ct__err_set(CT_ENOMEM, "%s: out of memory", fn);
         return NULL;
     }
     ck_entry *e = &st->entries[st->n++];
@@ -140,8 +140,8 @@ static int add_tensor(ct_state *st, const char *fn, const char *name, ct_tensor 
 
 int ct_state_add_tensor(ct_state *st, const char *name, ct_tensor *t, ct_state_kind kind) {
     if (!t)
-        return ct__seterr(CT_EINVAL, "ct_state_add_tensor: '%s': the tensor is NULL",
-                          name ? name : "(null)");
+        return ct__err_set(CT_EINVAL, "ct_state_add_tensor: '%s': the tensor is NULL",
+                           name ? name : "(null)");
     return add_tensor(st, "ct_state_add_tensor", name, t, kind, t->ndim, t->sizes, NULL);
 }
 
@@ -150,23 +150,23 @@ int ct_state_add_shard(ct_state *st, const char *name, ct_tensor *local, int ndi
     const char *fn = "ct_state_add_shard";
     const char *nm = name ? name : "(null)";
     if (!local || !global_sizes || !offsets)
-        return ct__seterr(CT_EINVAL, "%s: '%s': the tensor, global_sizes or offsets is NULL", fn,
-                          nm);
+        return ct__err_set(CT_EINVAL, "%s: '%s': the tensor, global_sizes or offsets is NULL", fn,
+                           nm);
     if (ndim < 0 || ndim > CT_MAX_DIMS || ndim != local->ndim)
-        return ct__seterr(CT_ESHAPE, "%s: '%s': ndim %d, but the local tensor has %d dims", fn, nm,
-                          ndim, local->ndim);
-    int rc = ct__check_shape(fn, ndim, global_sizes, local->dtype);
+        return ct__err_set(CT_ESHAPE, "%s: '%s': ndim %d, but the local tensor has %d dims", fn, nm,
+                           ndim, local->ndim);
+    int rc = ct__tensor_check_shape(fn, ndim, global_sizes, local->dtype);
     if (rc)
         return rc;
     for (int d = 0; d < ndim; d++)
         if (offsets[d] < 0 || offsets[d] > global_sizes[d] - local->sizes[d]) {
             char g[CT__SHAPE_STR], o[CT__SHAPE_STR], l[CT__SHAPE_STR];
-            return ct__seterr(CT_ESHAPE,
-                              "%s: '%s': a block of shape %s at offsets %s does not fit in the "
-                              "global shape %s (dim %d)",
-                              fn, nm, ct__shape_str(l, ndim, local->sizes),
-                              ct__shape_str(o, ndim, offsets), ct__shape_str(g, ndim, global_sizes),
-                              d);
+            return ct__err_set(CT_ESHAPE,
+                               "%s: '%s': a block of shape %s at offsets %s does not fit in the "
+                               "global shape %s (dim %d)",
+                               fn, nm, ct__tensor_shape_str(l, ndim, local->sizes),
+                               ct__tensor_shape_str(o, ndim, offsets),
+                               ct__tensor_shape_str(g, ndim, global_sizes), d);
         }
     return add_tensor(st, fn, name, local, CT_STATE_SHARDED, ndim, global_sizes, offsets);
 }
@@ -174,8 +174,8 @@ int ct_state_add_shard(ct_state *st, const char *name, ct_tensor *local, int ndi
 static int add_value(ct_state *st, const char *fn, const char *name, void *value,
                      ct_state_kind kind, ck_type type) {
     if (!value)
-        return ct__seterr(CT_EINVAL, "%s: '%s': the value pointer is NULL", fn,
-                          name ? name : "(null)");
+        return ct__err_set(CT_EINVAL, "%s: '%s': the value pointer is NULL", fn,
+                           name ? name : "(null)");
     ck_entry *e = add_entry(st, fn, name, kind, type);
     if (!e)
         return ct_errcode();
@@ -198,7 +198,8 @@ int ct_state_add_f64(ct_state *st, const char *name, double *value, ct_state_kin
 int ct_state_add_generator(ct_state *st, const char *name, ct_generator *gen, ct_state_kind kind) {
     const char *fn = "ct_state_add_generator";
     if (!gen)
-        return ct__seterr(CT_EINVAL, "%s: '%s': the generator is NULL", fn, name ? name : "(null)");
+        return ct__err_set(CT_EINVAL, "%s: '%s': the generator is NULL", fn,
+                           name ? name : "(null)");
     int rc = check_name(fn, "entry name", name);
     if (rc)
         return rc;
@@ -225,7 +226,7 @@ static int find_meta(const ct_state *st, const char *key) {
 
 int ct_state_set_meta(ct_state *st, const char *key, const char *value) {
     const char *fn = "ct_state_set_meta";
-    int rc = ct__state_check(st, fn);
+    int rc = ct__ckpt_state_check(st, fn);
     if (!rc)
         rc = check_name(fn, "metadata key", key);
     if (rc)
@@ -243,7 +244,7 @@ int ct_state_set_meta(ct_state *st, const char *key, const char *value) {
     }
     char *v = strdup(value);
     if (!v)
-        return ct__seterr(CT_ENOMEM, "%s: out of memory", fn);
+        return ct__err_set(CT_ENOMEM, "%s: out of memory", fn);
     if (i >= 0) {
         free(st->meta[2 * i + 1]);
         st->meta[2 * i + 1] = v;
@@ -254,7 +255,7 @@ int ct_state_set_meta(ct_state *st, const char *key, const char *value) {
     if (!grown) {
         free(k);
         free(v);
-        return ct__seterr(CT_ENOMEM, "%s: out of memory", fn);
+        return ct__err_set(CT_ENOMEM, "%s: out of memory", fn);
     }
     st->meta = grown;
     st->meta[2 * st->nmeta] = k;
@@ -264,13 +265,13 @@ int ct_state_set_meta(ct_state *st, const char *key, const char *value) {
 }
 
 const char *ct_state_meta(const ct_state *st, const char *key) {
-    if (ct__state_check(st, "ct_state_meta") || !key)
+    if (ct__ckpt_state_check(st, "ct_state_meta") || !key)
         return NULL;
     int i = find_meta(st, key);
     return i < 0 ? NULL : st->meta[2 * i + 1];
 }
 
-int ct__state_replace_meta(ct_state *st, char *const *kv, int n) {
+int ct__ckpt_state_replace_meta(ct_state *st, char *const *kv, int n) {
     free_meta(st);
     for (int i = 0; i < n; i++) {
         int rc = ct_state_set_meta(st, kv[2 * i], kv[2 * i + 1]);
@@ -280,18 +281,18 @@ int ct__state_replace_meta(ct_state *st, char *const *kv, int n) {
     return 0;
 }
 
-void ct__value_format(ck_type type, const void *value, char *buf) {
+void ct__ckpt_value_format(ck_type type, const void *value, char *buf) {
     switch (type) {
     case CK_INT64: snprintf(buf, 32, "%" PRId64, *(const int64_t *)value); break;
     case CK_UINT64: snprintf(buf, 32, "%" PRIu64, *(const uint64_t *)value); break;
     /* 17 significant digits bring every double back exactly; strtod reads
      * "inf" and "nan" back too. */
     case CK_FLOAT64: snprintf(buf, 32, "%.17g", *(const double *)value); break;
-    default: CT_ASSERT(!"ct__value_format: not a value type");
+    default: CT_ASSERT(!"ct__ckpt_value_format: not a value type");
     }
 }
 
-bool ct__value_parse(ck_type type, const char *text, void *value) {
+bool ct__ckpt_value_parse(ck_type type, const char *text, void *value) {
     if (!text || !*text)
         return false;
     char *end = NULL;

@@ -103,23 +103,24 @@ static const char *meta_key_at(const void *set, uint32_t i) {
 
 static int check(const char *fn, const ct_tensor_dict *set) {
     if (!set)
-        return ct__seterr(CT_EINVAL, "%s: dict is NULL", fn);
+        return ct__err_set(CT_EINVAL, "%s: dict is NULL", fn);
     if (set->magic != SET_MAGIC)
-        return ct__seterr(CT_EINVAL, "%s: %p is not a live tensor dict (freed or foreign)", fn,
-                          (const void *)set);
+        return ct__err_set(CT_EINVAL, "%s: %p is not a live tensor dict (freed or foreign)", fn,
+                           (const void *)set);
     return 0;
 }
 
 /* A string safetensors can carry: a safetensors header is UTF-8 JSON. */
 static int check_text(const char *fn, const char *what, const char *s) {
     if (!s)
-        return ct__seterr(CT_EINVAL, "%s: %s is NULL", fn, what);
+        return ct__err_set(CT_EINVAL, "%s: %s is NULL", fn, what);
     size_t bad;
-    if (!ct__utf8_valid(s, strlen(s), &bad))
-        return ct__seterr(CT_EINVAL,
-                          "%s: %s \"%.64s\" is not valid UTF-8 (byte %zu); safetensors headers are "
-                          "UTF-8 JSON",
-                          fn, what, s, bad);
+    if (!ct__ckpt_utf8_valid(s, strlen(s), &bad))
+        return ct__err_set(
+            CT_EINVAL,
+            "%s: %s \"%.64s\" is not valid UTF-8 (byte %zu); safetensors headers are "
+            "UTF-8 JSON",
+            fn, what, s, bad);
     return 0;
 }
 
@@ -141,7 +142,7 @@ static void *grow(void *arr, int *cap, int n, size_t elem) {
 ct_tensor_dict *ct_tensor_dict_new(void) {
     ct_tensor_dict *set = calloc(1, sizeof *set);
     if (!set) {
-        ct__seterr(CT_ENOMEM, "tensor_dict_new: out of memory");
+        ct__err_set(CT_ENOMEM, "tensor_dict_new: out of memory");
         return NULL;
     }
     set->magic = SET_MAGIC;
@@ -176,32 +177,32 @@ int ct_tensor_dict_add(ct_tensor_dict *set, const char *name, ct_tensor *t) {
     if (rc)
         return rc;
     if (!name[0])
-        return ct__seterr(CT_EINVAL, "%s: name is empty", fn);
+        return ct__err_set(CT_EINVAL, "%s: name is empty", fn);
     /* The header's one key that is not a tensor: a tensor under it would
      * make a file no reader can load. */
     if (strcmp(name, "__metadata__") == 0)
-        return ct__seterr(CT_EINVAL,
-                          "%s: \"__metadata__\" is reserved for the metadata; it cannot name a "
-                          "tensor",
-                          fn);
+        return ct__err_set(CT_EINVAL,
+                           "%s: \"__metadata__\" is reserved for the metadata; it cannot name a "
+                           "tensor",
+                           fn);
     if (!t) {
         /* A failed op upstream: keep its message, which says what broke. */
         if (ct_errcode() != CT_OK)
             return ct_errcode();
-        return ct__seterr(CT_EINVAL, "%s: tensor '%.200s' is NULL", fn, name);
+        return ct__err_set(CT_EINVAL, "%s: tensor '%.200s' is NULL", fn, name);
     }
     if (t->magic != CT__TENSOR_MAGIC)
-        return ct__seterr(CT_EINVAL, "%s: tensor '%.200s' is not a live tensor (freed or foreign)",
-                          fn, name);
+        return ct__err_set(CT_EINVAL, "%s: tensor '%.200s' is not a live tensor (freed or foreign)",
+                           fn, name);
     if (index_find(&set->by_name, name, tensor_name_at, set) >= 0)
-        return ct__seterr(CT_EINVAL, "%s: the dict already has a tensor named '%.200s'", fn, name);
+        return ct__err_set(CT_EINVAL, "%s: the dict already has a tensor named '%.200s'", fn, name);
     char *copy = strdup(name);
     entry *e = copy ? grow(set->entries, &set->cap, set->n, sizeof *e) : NULL;
     if (e)
         set->entries = e;
     if (!e || !index_reserve(&set->by_name, set->n, tensor_name_at, set)) {
         free(copy);
-        return ct__seterr(CT_ENOMEM, "%s: out of memory adding tensor '%.200s'", fn, name);
+        return ct__err_set(CT_ENOMEM, "%s: out of memory adding tensor '%.200s'", fn, name);
     }
     set->entries[set->n] = (entry){copy, ct_tensor_retain(t)};
     set->by_name.slots[index_probe(&set->by_name, copy, tensor_name_at, set)] =
@@ -222,8 +223,8 @@ static bool check_index(const char *fn, const ct_tensor_dict *set, int i, bool m
         return false;
     int n = meta ? set->nmeta : set->n;
     if (i < 0 || i >= n) {
-        ct__seterr(CT_ERANGE, "%s: index %d is out of range (the dict has %d %s)", fn, i, n,
-                   meta ? "metadata entries" : "tensors");
+        ct__err_set(CT_ERANGE, "%s: index %d is out of range (the dict has %d %s)", fn, i, n,
+                    meta ? "metadata entries" : "tensors");
         return false;
     }
     return true;
@@ -275,7 +276,7 @@ int ct_tensor_dict_set_meta(ct_tensor_dict *set, const char *key, const char *va
     }
     char *v = strdup(value);
     if (!v)
-        return ct__seterr(CT_ENOMEM, "%s: out of memory for the value of '%.200s'", fn, key);
+        return ct__err_set(CT_ENOMEM, "%s: out of memory for the value of '%.200s'", fn, key);
     if (i >= 0) {
         free(set->meta[i].value);
         set->meta[i].value = v;
@@ -288,7 +289,7 @@ int ct_tensor_dict_set_meta(ct_tensor_dict *set, const char *key, const char *va
     if (!m || !index_reserve(&set->by_key, set->nmeta, meta_key_at, set)) {
         free(k);
         free(v);
-        return ct__seterr(CT_ENOMEM, "%s: out of memory adding key '%.200s'", fn, key);
+        return ct__err_set(CT_ENOMEM, "%s: out of memory adding key '%.200s'", fn, key);
     }
     set->meta[set->nmeta] = (meta_entry){k, v};
     set->by_key.slots[index_probe(&set->by_key, k, meta_key_at, set)] = (uint32_t)set->nmeta + 1;

@@ -30,7 +30,7 @@ typedef enum ct__op {
     CT__NOPS
 } ct__op;
 
-const char *ct__op_name(int op);
+const char *ct__coll_op_name(int op);
 static inline bool ct__op_is_p2p(int op) { return op == CT__SEND || op == CT__RECV; }
 static inline bool ct__op_reduces(int op) {
     return op == CT__ALLREDUCE || op == CT__REDUCE || op == CT__REDUCE_SCATTER;
@@ -51,19 +51,19 @@ typedef struct ct__coll_desc {
 } ct__coll_desc;
 
 /* "allreduce #12 (float32, 1000 elements, sum)" into buf. */
-const char *ct__desc_str(char *buf, size_t n, const ct__coll_desc *d);
+const char *ct__coll_desc_str(char *buf, size_t n, const ct__coll_desc *d);
 /* Appends which field of rank ra's descriptor a and rank rb's b differ,
  * with both values: "the root differs: root 0 on rank 0, root 1 on rank
  * 1". For a send and the recv that takes it, the op and the peer are not
  * compared (they pair by construction). Nothing when they agree. */
-void ct__desc_differ(char *buf, size_t n, const ct__coll_desc *a, int ra, const ct__coll_desc *b,
-                     int rb);
+void ct__coll_desc_differ(char *buf, size_t n, const ct__coll_desc *a, int ra,
+                          const ct__coll_desc *b, int rb);
 /* Whether two ranks' descriptors of the same collective agree. */
-bool ct__desc_match(const ct__coll_desc *a, const ct__coll_desc *b);
-/* A hash of what ct__desc_match compares, in 62 bits so that -fp cannot
+bool ct__coll_desc_match(const ct__coll_desc *a, const ct__coll_desc *b);
+/* A hash of what ct__coll_desc_match compares, in 62 bits so that -fp cannot
  * overflow: backends that check agreement with one small allreduce of
  * {fp, -fp} (max) use it. */
-int64_t ct__desc_fingerprint(const ct__coll_desc *d);
+int64_t ct__coll_desc_fingerprint(const ct__coll_desc *d);
 
 enum { CT__WORK_QUEUED, CT__WORK_STARTED, CT__WORK_DONE };
 
@@ -219,7 +219,7 @@ struct ct_comm {
 /* Monotonic seconds: ct__now (tensor_impl.h). */
 
 /* Appends printf-style text to the string in buf (n bytes), truncating. */
-void ct__msg_append(char *buf, size_t n, const char *fmt, ...) CT_PRINTF(3, 4);
+void ct__coll_msg_append(char *buf, size_t n, const char *fmt, ...) CT_PRINTF(3, 4);
 
 /* A device backend queued w on the device: sets w->launched and wakes the
  * threads waiting for it. Executor only. */
@@ -249,17 +249,17 @@ int ct__comm_agree(ct_comm *c, bool ok, int *first_failed);
  * bfloat16, the dtype itself otherwise. Buffers named acc hold it; buffers
  * named src / out hold the dtype. Arguments may alias when they have the
  * same type. */
-size_t ct__acc_size(ct_dtype dtype);
+size_t ct__coll_acc_size(ct_dtype dtype);
 /* acc := src */
-void ct__acc_load(void *acc, const void *src, int64_t n, ct_dtype dtype);
+void ct__coll_acc_load(void *acc, const void *src, int64_t n, ct_dtype dtype);
 /* acc_out := acc_in (op) src */
-void ct__acc_combine(void *acc_out, const void *acc_in, const void *src, int64_t n, ct_dtype dtype,
-                     ct_reduce_op op);
+void ct__coll_acc_combine(void *acc_out, const void *acc_in, const void *src, int64_t n,
+                          ct_dtype dtype, ct_reduce_op op);
 /* out := finish(acc_in (op) src): divided by nranks for avg. */
-void ct__acc_finish(void *out, const void *acc_in, const void *src, int64_t n, ct_dtype dtype,
-                    ct_reduce_op op, int nranks);
+void ct__coll_acc_finish(void *out, const void *acc_in, const void *src, int64_t n, ct_dtype dtype,
+                         ct_reduce_op op, int nranks);
 /* out := finish(acc) */
-void ct__acc_store(void *out, const void *acc, int64_t n, ct_dtype dtype, ct_reduce_op op,
-                   int nranks);
+void ct__coll_acc_store(void *out, const void *acc, int64_t n, ct_dtype dtype, ct_reduce_op op,
+                        int nranks);
 
 #endif

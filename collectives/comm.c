@@ -40,27 +40,27 @@ static const char *const op_names[CT__NOPS] = {
 
 static const char *const rop_names[] = {"sum", "avg", "min", "max", "prod"};
 
-const char *ct__op_name(int op) { return op >= 0 && op < CT__NOPS ? op_names[op] : "?"; }
+const char *ct__coll_op_name(int op) { return op >= 0 && op < CT__NOPS ? op_names[op] : "?"; }
 
-const char *ct__desc_str(char *buf, size_t n, const ct__coll_desc *d) {
+const char *ct__coll_desc_str(char *buf, size_t n, const ct__coll_desc *d) {
     const char *dtype =
         d->dtype >= 0 && d->dtype < CT_NDTYPES ? ct_dtype_name((ct_dtype)d->dtype) : "?";
-    snprintf(buf, n, "%s #%llu (%s, %lld elements", ct__op_name(d->op), (unsigned long long)d->seq,
-             dtype, (long long)d->count);
+    snprintf(buf, n, "%s #%llu (%s, %lld elements", ct__coll_op_name(d->op),
+             (unsigned long long)d->seq, dtype, (long long)d->count);
     if (ct__op_reduces(d->op))
-        ct__msg_append(buf, n, ", %s",
-                       d->rop >= 0 && d->rop <= CT_REDUCE_PROD ? rop_names[d->rop] : "?");
+        ct__coll_msg_append(buf, n, ", %s",
+                            d->rop >= 0 && d->rop <= CT_REDUCE_PROD ? rop_names[d->rop] : "?");
     if (ct__op_has_root(d->op))
-        ct__msg_append(buf, n, ", root %d", d->root);
+        ct__coll_msg_append(buf, n, ", root %d", d->root);
     if (ct__op_is_p2p(d->op))
-        ct__msg_append(buf, n, ", %s %d, tag %d", d->op == CT__SEND ? "to" : "from", d->root,
-                       d->tag);
-    ct__msg_append(buf, n, ")");
+        ct__coll_msg_append(buf, n, ", %s %d, tag %d", d->op == CT__SEND ? "to" : "from", d->root,
+                            d->tag);
+    ct__coll_msg_append(buf, n, ")");
     return buf;
 }
 
-void ct__desc_differ(char *buf, size_t n, const ct__coll_desc *a, int ra, const ct__coll_desc *b,
-                     int rb) {
+void ct__coll_desc_differ(char *buf, size_t n, const ct__coll_desc *a, int ra,
+                          const ct__coll_desc *b, int rb) {
     char x[64], y[64];
     const char *field = NULL;
     bool pair = ct__op_is_p2p(a->op) && ct__op_is_p2p(b->op) && a->op != b->op;
@@ -68,8 +68,8 @@ void ct__desc_differ(char *buf, size_t n, const ct__coll_desc *a, int ra, const 
      * different operation makes the other fields incomparable. */
     if (a->op != b->op && !pair) {
         field = "operation";
-        snprintf(x, sizeof x, "%s", ct__op_name(a->op));
-        snprintf(y, sizeof y, "%s", ct__op_name(b->op));
+        snprintf(x, sizeof x, "%s", ct__coll_op_name(a->op));
+        snprintf(y, sizeof y, "%s", ct__coll_op_name(b->op));
     } else if (a->dtype != b->dtype) {
         field = "dtype";
         snprintf(x, sizeof x, "%s",
@@ -100,17 +100,18 @@ void ct__desc_differ(char *buf, size_t n, const ct__coll_desc *a, int ra, const 
         snprintf(y, sizeof y, "#%llu", (unsigned long long)b->seq);
     }
     if (field)
-        ct__msg_append(buf, n, "the %s differs: %s on rank %d, %s on rank %d", field, x, ra, y, rb);
+        ct__coll_msg_append(buf, n, "the %s differs: %s on rank %d, %s on rank %d", field, x, ra, y,
+                            rb);
 }
 
-bool ct__desc_match(const ct__coll_desc *a, const ct__coll_desc *b) {
+bool ct__coll_desc_match(const ct__coll_desc *a, const ct__coll_desc *b) {
     return a->seq == b->seq && a->op == b->op && a->dtype == b->dtype && a->count == b->count &&
            (!ct__op_reduces(a->op) || a->rop == b->rop) &&
            (!ct__op_has_root(a->op) || a->root == b->root);
 }
 
 /* splitmix64 steps over the compared fields, the others zeroed. */
-int64_t ct__desc_fingerprint(const ct__coll_desc *d) {
+int64_t ct__coll_desc_fingerprint(const ct__coll_desc *d) {
     uint64_t fields[] = {d->seq,
                          (uint64_t)(uint32_t)d->op,
                          (uint64_t)(uint32_t)d->dtype,
@@ -153,16 +154,16 @@ bool ct_backend_available(ct_backend backend) { return backend_table(backend) !=
 
 int ct_comm_nccl_id(void *id) {
     if (!id)
-        return ct__seterr(CT_EINVAL, "comm_nccl_id: id is NULL");
+        return ct__err_set(CT_EINVAL, "comm_nccl_id: id is NULL");
 #ifdef CT_HAVE_NCCL
     return ct__nccl_unique_id(id);
 #else
-    return ct__seterr(CT_ENOTSUP, "comm_nccl_id: this build of ct has no NCCL (it needs CUDA and "
-                                  "NCCL at configure time)");
+    return ct__err_set(CT_ENOTSUP, "comm_nccl_id: this build of ct has no NCCL (it needs CUDA and "
+                                   "NCCL at configure time)");
 #endif
 }
 
-void ct__msg_append(char *buf, size_t n, const char *fmt, ...) {
+void ct__coll_msg_append(char *buf, size_t n, const char *fmt, ...) {
     size_t len = strnlen(buf, n);
     if (len + 1 >= n)
         return;
@@ -190,7 +191,7 @@ ct_comm *ct__comm_alloc(const ct__backend *be, int rank, int size, double timeou
             free(c->send_seq);
             free(c);
         }
-        ct__seterr(CT_ENOMEM, "comm_new: out of memory for a communicator of %d ranks", size);
+        ct__err_set(CT_ENOMEM, "comm_new: out of memory for a communicator of %d ranks", size);
         return NULL;
     }
     c->be = be;
@@ -235,7 +236,7 @@ ct_comm *ct__comm_activate(ct_comm *c) {
     int rc = pthread_create(&c->thread, NULL, progress_main, c);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (rc != 0) {
-        ct__seterr(CT_EFOREIGN, "comm_new: cannot start the progress thread: %s", strerror(rc));
+        ct__err_set(CT_EFOREIGN, "comm_new: cannot start the progress thread: %s", strerror(rc));
         comm_release(c);
         return NULL;
     }
@@ -245,28 +246,28 @@ ct_comm *ct__comm_activate(ct_comm *c) {
 
 ct_comm *ct_comm_new(const ct_comm_config *cfg) {
     if (!cfg) {
-        ct__seterr(CT_EINVAL, "comm_new: config is NULL");
+        ct__err_set(CT_EINVAL, "comm_new: config is NULL");
         return NULL;
     }
     if (cfg->size < 1) {
-        ct__seterr(CT_EINVAL, "comm_new: size %d is not a group (at least 1 rank)", cfg->size);
+        ct__err_set(CT_EINVAL, "comm_new: size %d is not a group (at least 1 rank)", cfg->size);
         return NULL;
     }
     if (cfg->rank < 0 || cfg->rank >= cfg->size) {
-        ct__seterr(CT_EINVAL, "comm_new: rank %d is outside [0, %d)", cfg->rank, cfg->size);
+        ct__err_set(CT_EINVAL, "comm_new: rank %d is outside [0, %d)", cfg->rank, cfg->size);
         return NULL;
     }
     if (!(cfg->timeout_s >= 0) || cfg->timeout_s > 1e9) {
-        ct__seterr(CT_EINVAL, "comm_new: timeout %g s is not in [0, 1e9]", cfg->timeout_s);
+        ct__err_set(CT_EINVAL, "comm_new: timeout %g s is not in [0, 1e9]", cfg->timeout_s);
         return NULL;
     }
     const ct__backend *be = backend_table(cfg->backend);
     if (!be) {
-        ct__seterr(CT_ENOTSUP, "comm_new: backend %s is not in this build (%s)",
-                   ct_backend_name(cfg->backend),
-                   cfg->backend == CT_BACKEND_MPI    ? "configure found no MPI"
-                   : cfg->backend == CT_BACKEND_NCCL ? "configure found no CUDA with NCCL"
-                                                     : "unknown backend");
+        ct__err_set(CT_ENOTSUP, "comm_new: backend %s is not in this build (%s)",
+                    ct_backend_name(cfg->backend),
+                    cfg->backend == CT_BACKEND_MPI    ? "configure found no MPI"
+                    : cfg->backend == CT_BACKEND_NCCL ? "configure found no CUDA with NCCL"
+                                                      : "unknown backend");
         return NULL;
     }
     ct_comm *c = ct__comm_alloc(be, cfg->rank, cfg->size, cfg->timeout_s);
@@ -305,7 +306,7 @@ static bool has_work(ct_comm *c) { return c->queue_head || c->nactive > 0; }
 
 int ct_comm_set_progress_thread(ct_comm *c, bool enabled) {
     if (!c)
-        return ct__seterr(CT_EINVAL, "comm_set_progress_thread: comm is NULL");
+        return ct__err_set(CT_EINVAL, "comm_set_progress_thread: comm is NULL");
     pthread_mutex_lock(&c->mu);
     c->caller_progress = !enabled;
     if (enabled && has_work(c) && !c->executing)
@@ -316,9 +317,9 @@ int ct_comm_set_progress_thread(ct_comm *c, bool enabled) {
 
 int ct_comm_set_timeout(ct_comm *c, double seconds) {
     if (!c)
-        return ct__seterr(CT_EINVAL, "comm_set_timeout: comm is NULL");
+        return ct__err_set(CT_EINVAL, "comm_set_timeout: comm is NULL");
     if (!(seconds > 0) || seconds > 1e9)
-        return ct__seterr(CT_EINVAL, "comm_set_timeout: %g s is not in (0, 1e9]", seconds);
+        return ct__err_set(CT_EINVAL, "comm_set_timeout: %g s is not in (0, 1e9]", seconds);
     c->timeout = seconds;
     return 0;
 }
@@ -334,7 +335,7 @@ void ct_comm_stats_get(ct_comm *c, ct_comm_stats *s) {
     s->pending_seq = 0;
     if (s->issued > s->completed) {
         s->pending_seq = s->completed + 1;
-        s->pending_op = ct__op_name(atomic_load(&c->recent_ops[s->pending_seq % STATS_RING]));
+        s->pending_op = ct__coll_op_name(atomic_load(&c->recent_ops[s->pending_seq % STATS_RING]));
     }
 }
 
@@ -351,11 +352,11 @@ static void work_release_tensors(ct_work *w) {
  * is stored, w may be gone: a blocking caller's work lives on its stack. */
 static void complete(ct_comm *c, ct_work *w, int rc) {
     if (rc == 0 && w->out_user) {
-        int crc = w->out_ref != w->out_user ? ct__copy_any(w->out_user, w->out_ref) : 0;
+        int crc = w->out_ref != w->out_user ? ct__tensor_copy_any(w->out_user, w->out_ref) : 0;
         if (crc)
             rc = ct__work_fail(w, crc, "%s", ct_errmsg());
         else
-            ct__bump_version(w->out_user);
+            ct__tensor_bump_version(w->out_user);
     }
     work_release_tensors(w);
     w->err = rc;
@@ -504,7 +505,7 @@ static bool check_health(ct_comm *c, double now) {
             continue;
         char desc[256];
         snprintf(msg, sizeof msg, "%s timed out after %g s on rank %d",
-                 ct__desc_str(desc, sizeof desc, &w->desc), c->timeout, c->rank);
+                 ct__coll_desc_str(desc, sizeof desc, &w->desc), c->timeout, c->rank);
         c->be->describe_timeout(c, w, msg);
         fail_group(c, CT_ETIMEDOUT, msg);
         return true;
@@ -639,7 +640,7 @@ static void *progress_main(void *arg) {
 
 static int work_result(ct_work *w) {
     if (w->err)
-        return ct__seterr(w->err, "%s", w->msg);
+        return ct__err_set(w->err, "%s", w->msg);
     return 0;
 }
 
@@ -680,13 +681,13 @@ static int work_wait(ct_work *w, bool full) {
 
 int ct_work_wait(ct_work *w) {
     if (!w)
-        return ct__seterr(CT_EINVAL, "work_wait: work is NULL");
+        return ct__err_set(CT_EINVAL, "work_wait: work is NULL");
     return work_wait(w, false);
 }
 
 int ct_comm_progress(ct_comm *c) {
     if (!c)
-        return ct__seterr(CT_EINVAL, "comm_progress: comm is NULL");
+        return ct__err_set(CT_EINVAL, "comm_progress: comm is NULL");
     pthread_mutex_lock(&c->mu);
     bool mine = !c->executing && has_work(c);
     if (mine)
@@ -701,13 +702,13 @@ int ct_comm_progress(ct_comm *c) {
     }
     int failed = atomic_load(&c->failed);
     if (failed)
-        return ct__seterr(failed, "comm_progress: the communicator failed: %s", c->fail_msg);
+        return ct__err_set(failed, "comm_progress: the communicator failed: %s", c->fail_msg);
     return 0;
 }
 
 int ct_work_test(ct_work *w) {
     if (!w)
-        return ct__seterr(CT_EINVAL, "work_test: work is NULL");
+        return ct__err_set(CT_EINVAL, "work_test: work is NULL");
     if (atomic_load_explicit(&w->state, memory_order_acquire) != CT__WORK_DONE)
         return 0;
     int rc = work_result(w);
@@ -733,33 +734,33 @@ static int check_tensor(ct_comm *c, const char *op, const char *what, ct_tensor 
     if (!t) {
         if (ct_errcode() != CT_OK)
             return ct_errcode();
-        return ct__seterr(CT_EINVAL, "%s: %s is NULL", op, what);
+        return ct__err_set(CT_EINVAL, "%s: %s is NULL", op, what);
     }
     if (t->magic != CT__TENSOR_MAGIC)
-        return ct__seterr(CT_EINVAL, "%s: %s is not a live tensor (freed or foreign)", op, what);
+        return ct__err_set(CT_EINVAL, "%s: %s is not a live tensor (freed or foreign)", op, what);
     return c->be->check_tensor(c, op, t);
 }
 
 static int check_comm(ct_comm *c, const char *op) {
     if (!c)
-        return ct__seterr(CT_EINVAL, "%s: comm is NULL", op);
+        return ct__err_set(CT_EINVAL, "%s: comm is NULL", op);
     int failed = atomic_load(&c->failed);
     if (failed)
-        return ct__seterr(failed, "%s: the communicator failed earlier: %s", op, c->fail_msg);
+        return ct__err_set(failed, "%s: the communicator failed earlier: %s", op, c->fail_msg);
     return 0;
 }
 
 static int check_rank(ct_comm *c, const char *op, const char *what, int r) {
     if (r < 0 || r >= c->size)
-        return ct__seterr(CT_EINVAL, "%s: %s %d is outside [0, %d)", op, what, r, c->size);
+        return ct__err_set(CT_EINVAL, "%s: %s %d is outside [0, %d)", op, what, r, c->size);
     return 0;
 }
 
 static int check_rop(const char *op, ct_reduce_op rop, ct_dtype dtype) {
     if ((int)rop < CT_REDUCE_SUM || rop > CT_REDUCE_PROD)
-        return ct__seterr(CT_EINVAL, "%s: unknown reduction %d", op, (int)rop);
+        return ct__err_set(CT_EINVAL, "%s: unknown reduction %d", op, (int)rop);
     if (rop == CT_REDUCE_AVG && dtype == CT_BOOL)
-        return ct__seterr(CT_EDTYPE, "%s: avg is not defined for bool", op);
+        return ct__err_set(CT_EDTYPE, "%s: avg is not defined for bool", op);
     return 0;
 }
 
@@ -768,8 +769,9 @@ static int check_rop(const char *op, ct_reduce_op rop, ct_dtype dtype) {
 static ct_tensor *contiguous_ref(const char *op, ct_tensor *t) {
     if (ct_is_contiguous(t))
         return ct_tensor_retain(t);
-    ct_tensor *copy = ct__own(ct__new_on(op, t->ndim, t->sizes, t->dtype, t->storage->device));
-    if (copy && ct__copy_any(copy, t)) {
+    ct_tensor *copy =
+        ct__tensor_own(ct__tensor_new_on(op, t->ndim, t->sizes, t->dtype, t->storage->device));
+    if (copy && ct__tensor_copy_any(copy, t)) {
         ct_tensor_free(copy);
         return NULL;
     }
@@ -783,7 +785,7 @@ static ct_work *work_get(ct_comm *c) {
         c->pool = w->next;
     pthread_mutex_unlock(&c->mu);
     if (!w && posix_memalign((void **)&w, 64, sizeof *w) != 0) {
-        ct__seterr(CT_ENOMEM, "out of memory for a work handle");
+        ct__err_set(CT_ENOMEM, "out of memory for a work handle");
         return NULL;
     }
     return w;
@@ -905,16 +907,16 @@ static int check_pair(ct_comm *c, const char *name, ct_tensor *out, ct_tensor *i
         return rc;
     char a[CT__DESC_STR], b[CT__DESC_STR];
     if (out->dtype != in->dtype)
-        return ct__seterr(CT_EDTYPE, "%s: out %s and in %s differ in dtype", name, ct__desc(a, out),
-                          ct__desc(b, in));
+        return ct__err_set(CT_EDTYPE, "%s: out %s and in %s differ in dtype", name,
+                           ct__tensor_desc(a, out), ct__tensor_desc(b, in));
     int64_t no = ct_numel(out), ni = ct_numel(in);
     if (no * in_per_out != ni * out_per_in)
-        return ct__seterr(CT_ESHAPE, "%s: out %s must have %s the elements of in %s (%d ranks)",
-                          name, ct__desc(a, out),
-                          out_per_in > 1   ? "size times"
-                          : in_per_out > 1 ? "1/size of"
-                                           : "as many as",
-                          ct__desc(b, in), c->size);
+        return ct__err_set(CT_ESHAPE, "%s: out %s must have %s the elements of in %s (%d ranks)",
+                           name, ct__tensor_desc(a, out),
+                           out_per_in > 1   ? "size times"
+                           : in_per_out > 1 ? "1/size of"
+                                            : "as many as",
+                           ct__tensor_desc(b, in), c->size);
     return 0;
 }
 
@@ -927,9 +929,9 @@ int ct_comm_allgather(ct_comm *c, ct_tensor *out, ct_tensor *in, ct_work **work)
     /* In place: in is this rank's block of a contiguous out. */
     bool in_place = ct_is_contiguous(out) && ct_is_contiguous(in) &&
                     ct__data(in) == ct__data(out) + c->rank * n * (int64_t)ct__esize(in->dtype);
-    if (!in_place && ct__memory_overlaps(out, in))
-        return ct__seterr(CT_EINVAL, "%s: in overlaps out without being this rank's block of it",
-                          name);
+    if (!in_place && ct__tensor_memory_overlaps(out, in))
+        return ct__err_set(CT_EINVAL, "%s: in overlaps out without being this rank's block of it",
+                           name);
     request r = {name, make_desc(CT__ALLGATHER, in, n), in, out, false};
     return submit(c, &r, work);
 }
@@ -941,8 +943,8 @@ int ct_comm_reduce_scatter(ct_comm *c, ct_tensor *out, ct_tensor *in, ct_reduce_
     if (rc || (rc = check_pair(c, name, out, in, 1, c->size)) ||
         (rc = check_rop(name, op, in->dtype)))
         return rc;
-    if (ct__memory_overlaps(out, in))
-        return ct__seterr(CT_EINVAL, "%s: in and out overlap", name);
+    if (ct__tensor_memory_overlaps(out, in))
+        return ct__err_set(CT_EINVAL, "%s: in and out overlap", name);
     request r = {name, make_desc(CT__REDUCE_SCATTER, out, ct_numel(out)), in, out, false};
     r.desc.rop = (int32_t)op;
     return submit(c, &r, work);
@@ -955,11 +957,11 @@ int ct_comm_alltoall(ct_comm *c, ct_tensor *out, ct_tensor *in, ct_work **work) 
         return rc;
     if (ct_numel(in) % c->size != 0) {
         char a[CT__DESC_STR];
-        return ct__seterr(CT_ESHAPE, "%s: in %s does not split into %d equal blocks", name,
-                          ct__desc(a, in), c->size);
+        return ct__err_set(CT_ESHAPE, "%s: in %s does not split into %d equal blocks", name,
+                           ct__tensor_desc(a, in), c->size);
     }
-    if (ct__memory_overlaps(out, in))
-        return ct__seterr(CT_EINVAL, "%s: in and out overlap", name);
+    if (ct__tensor_memory_overlaps(out, in))
+        return ct__err_set(CT_EINVAL, "%s: in and out overlap", name);
     request r = {name, make_desc(CT__ALLTOALL, in, ct_numel(in)), in, out, false};
     return submit(c, &r, work);
 }
@@ -979,10 +981,10 @@ static int p2p(ct_comm *c, const char *name, ct__op op, ct_tensor *t, int peer, 
         (rc = check_rank(c, name, op == CT__SEND ? "dst" : "src", peer)))
         return rc;
     if (peer == c->rank)
-        return ct__seterr(CT_EINVAL, "%s: rank %d cannot %s itself", name, peer,
-                          op == CT__SEND ? "send to" : "receive from");
+        return ct__err_set(CT_EINVAL, "%s: rank %d cannot %s itself", name, peer,
+                           op == CT__SEND ? "send to" : "receive from");
     if (tag < 0)
-        return ct__seterr(CT_EINVAL, "%s: tag %d is negative", name, tag);
+        return ct__err_set(CT_EINVAL, "%s: tag %d is negative", name, tag);
     request r = {name, make_desc(op, t, ct_numel(t)), t, op == CT__RECV ? t : NULL, false};
     r.desc.root = peer;
     r.desc.tag = tag;
@@ -1013,14 +1015,14 @@ static int member_cmp(const void *a, const void *b) {
 
 int ct_comm_split(ct_comm *c, int color, int key, ct_comm **out) {
     if (!out)
-        return ct__seterr(CT_EINVAL, "comm_split: out is NULL");
+        return ct__err_set(CT_EINVAL, "comm_split: out is NULL");
     *out = NULL;
     int rc = check_comm(c, "comm_split");
     if (rc)
         return rc;
     if (color < 0 && color != CT_COMM_SPLIT_NONE)
-        return ct__seterr(CT_EINVAL, "comm_split: color %d is negative (CT_COMM_SPLIT_NONE is %d)",
-                          color, CT_COMM_SPLIT_NONE);
+        return ct__err_set(CT_EINVAL, "comm_split: color %d is negative (CT_COMM_SPLIT_NONE is %d)",
+                           color, CT_COMM_SPLIT_NONE);
     if (c->be->split_direct) {
         c->splits++;
         return c->be->split_direct(c, color, key, out);
@@ -1031,7 +1033,7 @@ int ct_comm_split(ct_comm *c, int color, int key, ct_comm **out) {
     member *members = malloc((size_t)c->size * sizeof *members);
     int *new_to_old = malloc((size_t)c->size * sizeof *new_to_old);
     if (!members || !new_to_old)
-        rc = ct__seterr(CT_ENOMEM, "comm_split: out of memory");
+        rc = ct__err_set(CT_ENOMEM, "comm_split: out of memory");
     else if (!in || !all)
         rc = ct_errcode();
     else
@@ -1055,8 +1057,8 @@ int ct_comm_split(ct_comm *c, int color, int key, ct_comm **out) {
     }
     free(members);
     free(new_to_old);
-    ct__release(in);
-    ct__release(all);
+    ct__tensor_release(in);
+    ct__tensor_release(all);
     return rc;
 }
 
@@ -1068,7 +1070,7 @@ int ct__comm_agree(ct_comm *c, bool ok, int *first_failed) {
     int rc = t ? ct_comm_allreduce(c, t, CT_REDUCE_MIN, NULL) : ct_errcode();
     if (rc == 0)
         first = *(const int32_t *)ct_data_ptr(t);
-    ct__release(t);
+    ct__tensor_release(t);
     *first_failed = rc == 0 && first < c->size ? first : -1;
     return rc;
 }
@@ -1078,11 +1080,11 @@ int ct__comm_agree(ct_comm *c, bool ok, int *first_failed) {
 static int allgather_host(ct_comm *c, const int64_t *mine, int64_t n, int64_t *all) {
     ct_device dev = ct_comm_device(c);
     int64_t total = n * c->size;
-    ct_tensor *host = ct__own(ct_from_data(mine, 1, &n, CT_INT64));
-    ct_tensor *in = host ? ct__own(ct_to(host, dev)) : NULL;
-    ct_tensor *out = ct__own(ct_empty_on(1, &total, CT_INT64, dev));
+    ct_tensor *host = ct__tensor_own(ct_from_data(mine, 1, &n, CT_INT64));
+    ct_tensor *in = host ? ct__tensor_own(ct_to(host, dev)) : NULL;
+    ct_tensor *out = ct__tensor_own(ct_empty_on(1, &total, CT_INT64, dev));
     int rc = in && out ? ct_comm_allgather(c, out, in, NULL) : ct_errcode();
-    ct_tensor *back = rc ? NULL : ct__own(ct_to(out, CT_DEVICE_CPU));
+    ct_tensor *back = rc ? NULL : ct__tensor_own(ct_to(out, CT_DEVICE_CPU));
     if (back)
         memcpy(all, ct_data_ptr(back), (size_t)total * sizeof *all);
     else if (!rc)
@@ -1096,22 +1098,22 @@ static int allgather_host(ct_comm *c, const int64_t *mine, int64_t n, int64_t *a
 
 ct_tensor *ct_comm_zeros(ct_comm *c, int ndim, const int64_t *sizes, ct_dtype dtype) {
     const char *name = "comm_zeros";
-    if (check_comm(c, name) || ct__check_shape(name, ndim, sizes, dtype))
+    if (check_comm(c, name) || ct__tensor_check_shape(name, ndim, sizes, dtype))
         return NULL;
-    int64_t numel = ct__numel(ndim, sizes);
+    int64_t numel = ct__tensor_numel(ndim, sizes);
     size_t bytes = (size_t)numel * ct__esize(dtype);
     int64_t mine[2] = {dtype, numel};
     int64_t *all = malloc(2 * (size_t)c->size * sizeof *all);
     int rc = all ? allgather_host(c, mine, 2, all)
-                 : ct__seterr(CT_ENOMEM, "%s: out of memory for %d ranks", name, c->size);
+                 : ct__err_set(CT_ENOMEM, "%s: out of memory for %d ranks", name, c->size);
     for (int r = 0; r < c->size && rc == 0; r++) {
         const int64_t *v = all + 2 * r;
         if (v[0] != dtype || v[1] != numel)
-            rc = ct__seterr(CT_EINVAL,
-                            "%s: ranks ask for different tensors: rank %d for %lld %s, rank %d "
-                            "for %lld %s",
-                            name, c->rank, (long long)numel, ct_dtype_name(dtype), r,
-                            (long long)v[1], ct_dtype_name((ct_dtype)v[0]));
+            rc = ct__err_set(CT_EINVAL,
+                             "%s: ranks ask for different tensors: rank %d for %lld %s, rank %d "
+                             "for %lld %s",
+                             name, c->rank, (long long)numel, ct_dtype_name(dtype), r,
+                             (long long)v[1], ct_dtype_name((ct_dtype)v[0]));
     }
     free(all);
     /* Without shared memory (the backend has none, or a rank could not make

@@ -36,7 +36,8 @@
     X(FLOAT32, float, float, float, (v), (v), isnan(v))                                            \
     X(FLOAT64, double, double, double, (v), (v), isnan(v))                                         \
     X(BFLOAT16, uint16_t, float, float, ct__bf16_to_f32(v), ct__f32_to_bf16(v), isnan(v))          \
-    X(FLOAT16, uint16_t, float, float, ct__f16_to_f32(v), ct__f32_to_f16(v), isnan(v))             \
+    X(FLOAT16, uint16_t, float, float, ct__tensor_f16_to_f32(v), ct__tensor_f32_to_f16(v),         \
+      isnan(v))                                                                                    \
     X(INT64, int64_t, int64_t, uint64_t, (v), (v), false)                                          \
     X(INT32, int32_t, int32_t, uint32_t, (v), (v), false)                                          \
     X(UINT8, uint8_t, uint8_t, uint8_t, (v), (v), false)                                           \
@@ -140,25 +141,25 @@ static ct_reduce_op kernel_op(ct_dtype dtype, ct_reduce_op op) {
     return op == CT_REDUCE_SUM ? CT_REDUCE_MAX : op == CT_REDUCE_PROD ? CT_REDUCE_MIN : op;
 }
 
-size_t ct__acc_size(ct_dtype dtype) { return kernels_of(dtype)->acc_size; }
+size_t ct__coll_acc_size(ct_dtype dtype) { return kernels_of(dtype)->acc_size; }
 
-void ct__acc_load(void *acc, const void *src, int64_t n, ct_dtype dtype) {
+void ct__coll_acc_load(void *acc, const void *src, int64_t n, ct_dtype dtype) {
     kernels_of(dtype)->load(acc, src, n);
 }
 
-void ct__acc_combine(void *acc_out, const void *acc_in, const void *src, int64_t n, ct_dtype dtype,
-                     ct_reduce_op op) {
+void ct__coll_acc_combine(void *acc_out, const void *acc_in, const void *src, int64_t n,
+                          ct_dtype dtype, ct_reduce_op op) {
     kernels_of(dtype)->combine(acc_out, acc_in, src, n, kernel_op(dtype, op));
 }
 
-void ct__acc_finish(void *out, const void *acc_in, const void *src, int64_t n, ct_dtype dtype,
-                    ct_reduce_op op, int nranks) {
+void ct__coll_acc_finish(void *out, const void *acc_in, const void *src, int64_t n, ct_dtype dtype,
+                         ct_reduce_op op, int nranks) {
     CT_ASSERT(nranks > 0);
     kernels_of(dtype)->finish(out, acc_in, src, n, kernel_op(dtype, op), nranks);
 }
 
-void ct__acc_store(void *out, const void *acc, int64_t n, ct_dtype dtype, ct_reduce_op op,
-                   int nranks) {
+void ct__coll_acc_store(void *out, const void *acc, int64_t n, ct_dtype dtype, ct_reduce_op op,
+                        int nranks) {
     CT_ASSERT(nranks > 0);
     kernels_of(dtype)->store(out, acc, n, kernel_op(dtype, op), nranks);
 }

@@ -100,10 +100,10 @@ static int read_error(reader *r) {
     int zerr;
     const char *msg = zlib_message(r, &zerr);
     if (zerr == Z_ERRNO)
-        return ct__seterr(CT_EIO, "idx: %s: read failed after %lld bytes: %s", r->path,
-                          (long long)r->pos, msg);
-    return ct__seterr(CT_ECORRUPT, "idx: %s: the gzip data is damaged after %lld bytes: %s",
-                      r->path, (long long)r->pos, msg);
+        return ct__err_set(CT_EIO, "idx: %s: read failed after %lld bytes: %s", r->path,
+                           (long long)r->pos, msg);
+    return ct__err_set(CT_ECORRUPT, "idx: %s: the gzip data is damaged after %lld bytes: %s",
+                       r->path, (long long)r->pos, msg);
 }
 
 /* Reads up to n bytes into buf. Returns how many (fewer only where the data
@@ -155,38 +155,38 @@ static int read_header(reader *r, header *h) {
     if (got < 0)
         return (int)got;
     if (got < 4)
-        return ct__seterr(CT_ECORRUPT,
-                          "idx: %s: the %s ends after %lld bytes; an IDX header needs at least 4%s",
-                          r->path, stream_name(r), (long long)got, early_end_note(r));
+        return ct__err_set(
+            CT_ECORRUPT, "idx: %s: the %s ends after %lld bytes; an IDX header needs at least 4%s",
+            r->path, stream_name(r), (long long)got, early_end_note(r));
     uint32_t magic = be32(buf);
     if (buf[0] != 0 || buf[1] != 0)
-        return ct__seterr(CT_ECORRUPT,
-                          "idx: %s: magic 0x%08x is not an IDX magic number (expected 0x0000TTNN: "
-                          "two zero bytes, a type byte TT, a dim count NN)",
-                          r->path, magic);
+        return ct__err_set(CT_ECORRUPT,
+                           "idx: %s: magic 0x%08x is not an IDX magic number (expected 0x0000TTNN: "
+                           "two zero bytes, a type byte TT, a dim count NN)",
+                           r->path, magic);
     h->type = NULL;
     for (size_t i = 0; i < sizeof idx_types / sizeof *idx_types; i++)
         if (idx_types[i].code == buf[2])
             h->type = &idx_types[i];
     if (!h->type)
-        return ct__seterr(CT_ECORRUPT,
-                          "idx: %s: magic 0x%08x has type byte 0x%02x; expected 0x08 (ubyte), "
-                          "0x09 (sbyte), 0x0B (short), 0x0C (int), 0x0D (float) or 0x0E (double)",
-                          r->path, magic, buf[2]);
+        return ct__err_set(CT_ECORRUPT,
+                           "idx: %s: magic 0x%08x has type byte 0x%02x; expected 0x08 (ubyte), "
+                           "0x09 (sbyte), 0x0B (short), 0x0C (int), 0x0D (float) or 0x0E (double)",
+                           r->path, magic, buf[2]);
     h->ndim = buf[3];
     if (h->ndim < 1 || h->ndim > CT_MAX_DIMS)
-        return ct__seterr(CT_ECORRUPT, "idx: %s: magic 0x%08x says %d dims; expected 1 to %d",
-                          r->path, magic, h->ndim, CT_MAX_DIMS);
+        return ct__err_set(CT_ECORRUPT, "idx: %s: magic 0x%08x says %d dims; expected 1 to %d",
+                           r->path, magic, h->ndim, CT_MAX_DIMS);
     h->header_bytes = 4 + 4 * h->ndim;
     got = read_some(r, buf, (size_t)(4 * h->ndim));
     if (got < 0)
         return (int)got;
     if (got < 4 * h->ndim)
-        return ct__seterr(CT_ECORRUPT,
-                          "idx: %s: the %s ends after %lld bytes, inside the header (%d dims "
-                          "need %lld header bytes)%s",
-                          r->path, stream_name(r), (long long)r->pos, h->ndim,
-                          (long long)h->header_bytes, early_end_note(r));
+        return ct__err_set(CT_ECORRUPT,
+                           "idx: %s: the %s ends after %lld bytes, inside the header (%d dims "
+                           "need %lld header bytes)%s",
+                           r->path, stream_name(r), (long long)r->pos, h->ndim,
+                           (long long)h->header_bytes, early_end_note(r));
     bool overflow = false;
     h->numel = 1;
     for (int i = 0; i < h->ndim; i++) {
@@ -199,15 +199,15 @@ static int read_header(reader *r, header *h) {
         __builtin_mul_overflow(h->numel, (int64_t)ct_dtype_size(h->type->dtype), &h->out_bytes);
     char shape[CT__SHAPE_STR];
     snprintf(h->desc, sizeof h->desc, "%s %s", h->type->name,
-             ct__shape_str(shape, h->ndim, h->sizes));
+             ct__tensor_shape_str(shape, h->ndim, h->sizes));
     if (overflow)
-        return ct__seterr(CT_ECORRUPT, "idx: %s: the header's %s describes more than 2^63 bytes",
-                          r->path, h->desc);
+        return ct__err_set(CT_ECORRUPT, "idx: %s: the header's %s describes more than 2^63 bytes",
+                           r->path, h->desc);
     /* Sizes whose product fits may still make strides ct cannot index (a
      * zero beside huge sizes): corrupt too, not the caller's bad argument. */
-    if (ct__check_shape("idx", h->ndim, h->sizes, h->type->dtype))
-        return ct__seterr(CT_ECORRUPT, "idx: %s: the header's %s is a shape ct cannot hold (%s)",
-                          r->path, h->desc, ct_errmsg());
+    if (ct__tensor_check_shape("idx", h->ndim, h->sizes, h->type->dtype))
+        return ct__err_set(CT_ECORRUPT, "idx: %s: the header's %s is a shape ct cannot hold (%s)",
+                           r->path, h->desc, ct_errmsg());
     return 0;
 }
 
@@ -221,27 +221,28 @@ static int check_fits(reader *r, const header *h, const struct stat *st) {
     if (gzdirect(r->f)) {
         int64_t want = h->total_bytes;
         if (file_bytes < want)
-            return ct__seterr(CT_ECORRUPT,
-                              "idx: %s: the file ends after %lld bytes; the header's %s needs %lld "
-                              "(%lld header + %lld data)",
-                              r->path, (long long)file_bytes, h->desc, (long long)want,
-                              (long long)h->header_bytes, (long long)h->data_bytes);
+            return ct__err_set(
+                CT_ECORRUPT,
+                "idx: %s: the file ends after %lld bytes; the header's %s needs %lld "
+                "(%lld header + %lld data)",
+                r->path, (long long)file_bytes, h->desc, (long long)want,
+                (long long)h->header_bytes, (long long)h->data_bytes);
         if (file_bytes > want)
-            return ct__seterr(CT_ECORRUPT,
-                              "idx: %s: %lld bytes follow the %lld that the header's %s describes "
-                              "(trailing bytes are refused: the header or the file is wrong)",
-                              r->path, (long long)(file_bytes - want), (long long)want, h->desc);
+            return ct__err_set(CT_ECORRUPT,
+                               "idx: %s: %lld bytes follow the %lld that the header's %s describes "
+                               "(trailing bytes are refused: the header or the file is wrong)",
+                               r->path, (long long)(file_bytes - want), (long long)want, h->desc);
         return 0;
     }
     int64_t most;
     if (__builtin_mul_overflow(file_bytes, (int64_t)GZIP_MAX_RATIO, &most))
         return 0;
     if (h->data_bytes > most)
-        return ct__seterr(CT_ECORRUPT,
-                          "idx: %s: the header's %s needs %lld bytes of data, more than a gzip "
-                          "file of %lld bytes can hold (deflate expands at most %d:1)",
-                          r->path, h->desc, (long long)h->data_bytes, (long long)file_bytes,
-                          GZIP_MAX_RATIO);
+        return ct__err_set(CT_ECORRUPT,
+                           "idx: %s: the header's %s needs %lld bytes of data, more than a gzip "
+                           "file of %lld bytes can hold (deflate expands at most %d:1)",
+                           r->path, h->desc, (long long)h->data_bytes, (long long)file_bytes,
+                           GZIP_MAX_RATIO);
     return 0;
 }
 
@@ -258,9 +259,9 @@ static int max_bytes(const struct stat *st, int64_t *limit, bool *from_var) {
         errno = 0;
         long long n = strtoll(v, &end, 10);
         if (*v < '0' || *v > '9' || *end || errno || n <= 0)
-            return ct__seterr(CT_EINVAL,
-                              "idx: %s=\"%s\" is not a whole number of bytes from 1 to 2^63-1",
-                              MAX_BYTES_VAR, v);
+            return ct__err_set(CT_EINVAL,
+                               "idx: %s=\"%s\" is not a whole number of bytes from 1 to 2^63-1",
+                               MAX_BYTES_VAR, v);
         *limit = n;
     } else if (S_ISREG(st->st_mode) &&
                __builtin_mul_overflow((int64_t)st->st_size, (int64_t)GZIP_MAX_RATIO, limit)) {
@@ -276,24 +277,24 @@ static int check_limit(reader *r, const header *h, const struct stat *st, int64_
         return 0;
     const char *dtype = ct_dtype_name(h->type->dtype);
     if (from_var)
-        return ct__seterr(CT_ENOMEM,
-                          "idx: %s: the header's %s loads as %s, %lld bytes, more than %s=%lld "
-                          "allows",
-                          r->path, h->desc, dtype, (long long)h->out_bytes, MAX_BYTES_VAR,
-                          (long long)limit);
-    return ct__seterr(CT_ENOMEM,
-                      "idx: %s: the header's %s loads as %s, %lld bytes, more than the limit of "
-                      "%lld, %d times the file's %lld bytes (set %s to allow more)",
-                      r->path, h->desc, dtype, (long long)h->out_bytes, (long long)limit,
-                      GZIP_MAX_RATIO, (long long)st->st_size, MAX_BYTES_VAR);
+        return ct__err_set(CT_ENOMEM,
+                           "idx: %s: the header's %s loads as %s, %lld bytes, more than %s=%lld "
+                           "allows",
+                           r->path, h->desc, dtype, (long long)h->out_bytes, MAX_BYTES_VAR,
+                           (long long)limit);
+    return ct__err_set(CT_ENOMEM,
+                       "idx: %s: the header's %s loads as %s, %lld bytes, more than the limit of "
+                       "%lld, %d times the file's %lld bytes (set %s to allow more)",
+                       r->path, h->desc, dtype, (long long)h->out_bytes, (long long)limit,
+                       GZIP_MAX_RATIO, (long long)st->st_size, MAX_BYTES_VAR);
 }
 
 /* Reads the data into t and checks that nothing follows it. */
 static int read_data(reader *r, const header *h, ct_tensor *t) {
     uint8_t *buf = malloc(CHUNK);
     if (!buf)
-        return ct__seterr(CT_ENOMEM, "idx: %s: out of memory for a %zu-byte read buffer", r->path,
-                          CHUNK);
+        return ct__err_set(CT_ENOMEM, "idx: %s: out of memory for a %zu-byte read buffer", r->path,
+                           CHUNK);
     const size_t fsize = (size_t)h->type->file_size;
     const size_t osize = ct_dtype_size(h->type->dtype);
     char *dst = ct_data_ptr(t);
@@ -304,12 +305,12 @@ static int read_data(reader *r, const header *h, ct_tensor *t) {
         if (got < 0) {
             rc = (int)got;
         } else if ((size_t)got < n * fsize) {
-            rc = ct__seterr(CT_ECORRUPT,
-                            "idx: %s: the %s ends after %lld bytes; the header's %s needs "
-                            "%lld (%lld header + %lld data)%s",
-                            r->path, stream_name(r), (long long)r->pos, h->desc,
-                            (long long)h->total_bytes, (long long)h->header_bytes,
-                            (long long)h->data_bytes, early_end_note(r));
+            rc = ct__err_set(CT_ECORRUPT,
+                             "idx: %s: the %s ends after %lld bytes; the header's %s needs "
+                             "%lld (%lld header + %lld data)%s",
+                             r->path, stream_name(r), (long long)r->pos, h->desc,
+                             (long long)h->total_bytes, (long long)h->header_bytes,
+                             (long long)h->data_bytes, early_end_note(r));
         } else {
             convert(h->type, buf, n, dst);
             dst += n * osize;
@@ -321,11 +322,11 @@ static int read_data(reader *r, const header *h, ct_tensor *t) {
         if (extra < 0)
             rc = (int)extra;
         else if (extra > 0)
-            rc = ct__seterr(CT_ECORRUPT,
-                            "idx: %s: the %s continues past the %lld bytes that the header's "
-                            "%s describes (trailing bytes are refused: the header or the file is "
-                            "wrong)",
-                            r->path, stream_name(r), (long long)h->total_bytes, h->desc);
+            rc = ct__err_set(CT_ECORRUPT,
+                             "idx: %s: the %s continues past the %lld bytes that the header's "
+                             "%s describes (trailing bytes are refused: the header or the file is "
+                             "wrong)",
+                             r->path, stream_name(r), (long long)h->total_bytes, h->desc);
     }
     free(buf);
     return rc;
@@ -333,17 +334,17 @@ static int read_data(reader *r, const header *h, ct_tensor *t) {
 
 ct_tensor *ct_idx_load(const char *path) {
     if (!path) {
-        ct__seterr(CT_EINVAL, "idx: path is NULL");
+        ct__err_set(CT_EINVAL, "idx: path is NULL");
         return NULL;
     }
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
-        ct__seterr(CT_EIO, "idx: %s: cannot open: %s", path, strerror(errno));
+        ct__err_set(CT_EIO, "idx: %s: cannot open: %s", path, strerror(errno));
         return NULL;
     }
     struct stat st;
     if (fstat(fd, &st) != 0) {
-        ct__seterr(CT_EIO, "idx: %s: cannot stat: %s", path, strerror(errno));
+        ct__err_set(CT_EIO, "idx: %s: cannot stat: %s", path, strerror(errno));
         close(fd);
         return NULL;
     }
@@ -355,7 +356,7 @@ ct_tensor *ct_idx_load(const char *path) {
     }
     reader r = {.path = path, .f = gzdopen(fd, "rb")};
     if (!r.f) {
-        ct__seterr(CT_ENOMEM, "idx: %s: out of memory opening the file with zlib", path);
+        ct__err_set(CT_ENOMEM, "idx: %s: out of memory opening the file with zlib", path);
         close(fd);
         return NULL;
     }
@@ -371,7 +372,7 @@ ct_tensor *ct_idx_load(const char *path) {
     if (rc == 0) {
         ct_tensor *t = ct_empty(h.ndim, h.sizes, h.type->dtype);
         if (!t)
-            rc = ct__seterr(ct_errcode(), "idx: %s: %s", path, ct_errmsg());
+            rc = ct__err_set(ct_errcode(), "idx: %s: %s", path, ct_errmsg());
         else if ((rc = read_data(&r, &h, t)) == 0)
             out = ct_keep(t);
     }
@@ -387,27 +388,27 @@ ct_tensor *ct_idx_load(const char *path) {
 static int check_fmnist(const char *ipath, ct_tensor *img, const char *lpath, ct_tensor *lab) {
     char desc[CT__DESC_STR];
     if (ct_tensor_dtype(img) != CT_UINT8 || ct_ndim(img) != 3)
-        return ct__seterr(CT_ECORRUPT, "fmnist: %s holds %s; expected uint8 [N, rows, cols]", ipath,
-                          ct__desc(desc, img));
+        return ct__err_set(CT_ECORRUPT, "fmnist: %s holds %s; expected uint8 [N, rows, cols]",
+                           ipath, ct__tensor_desc(desc, img));
     if (ct_tensor_dtype(lab) != CT_UINT8 || ct_ndim(lab) != 1)
-        return ct__seterr(CT_ECORRUPT, "fmnist: %s holds %s; expected uint8 [N]", lpath,
-                          ct__desc(desc, lab));
+        return ct__err_set(CT_ECORRUPT, "fmnist: %s holds %s; expected uint8 [N]", lpath,
+                           ct__tensor_desc(desc, lab));
     if (ct_size(img, 0) != ct_size(lab, 0))
-        return ct__seterr(CT_ECORRUPT, "fmnist: %s holds %lld images but %s holds %lld labels",
-                          ipath, (long long)ct_size(img, 0), lpath, (long long)ct_size(lab, 0));
+        return ct__err_set(CT_ECORRUPT, "fmnist: %s holds %lld images but %s holds %lld labels",
+                           ipath, (long long)ct_size(img, 0), lpath, (long long)ct_size(lab, 0));
     const uint8_t *l = ct_data_ptr(lab);
     for (int64_t i = 0; i < ct_size(lab, 0); i++)
         if (l[i] > 9)
-            return ct__seterr(CT_ECORRUPT,
-                              "fmnist: %s: label %lld is %d; Fashion-MNIST's classes are 0 to 9",
-                              lpath, (long long)i, l[i]);
+            return ct__err_set(CT_ECORRUPT,
+                               "fmnist: %s: label %lld is %d; Fashion-MNIST's classes are 0 to 9",
+                               lpath, (long long)i, l[i]);
     return 0;
 }
 
 int ct_fmnist_load(const char *dir, bool train, ct_tensor **images, ct_tensor **labels) {
     if (!images || !labels)
-        return ct__seterr(CT_EINVAL, "fmnist: images (%p) and labels (%p) must not be NULL",
-                          (void *)images, (void *)labels);
+        return ct__err_set(CT_EINVAL, "fmnist: images (%p) and labels (%p) must not be NULL",
+                           (void *)images, (void *)labels);
     *images = *labels = NULL;
     if (!dir)
         dir = CT_FMNIST_DIR;
@@ -417,8 +418,8 @@ int ct_fmnist_load(const char *dir, bool train, ct_tensor **images, ct_tensor **
             sizeof ipath ||
         (size_t)snprintf(lpath, sizeof lpath, "%s/%s-labels-idx1-ubyte.gz", dir, split) >=
             sizeof lpath)
-        return ct__seterr(CT_EINVAL, "fmnist: directory %.64s... is longer than PATH_MAX (%d)", dir,
-                          PATH_MAX);
+        return ct__err_set(CT_EINVAL, "fmnist: directory %.64s... is longer than PATH_MAX (%d)",
+                           dir, PATH_MAX);
     ct_scope_begin();
     ct_tensor *img = ct_idx_load(ipath);
     ct_tensor *lab = img ? ct_idx_load(lpath) : NULL;
@@ -432,7 +433,7 @@ int ct_fmnist_load(const char *dir, bool train, ct_tensor **images, ct_tensor **
             *images = ct_keep(x);
             *labels = ct_keep(y);
         } else {
-            rc = ct__seterr(ct_errcode(), "fmnist: %s", ct_errmsg());
+            rc = ct__err_set(ct_errcode(), "fmnist: %s", ct_errmsg());
         }
     }
     ct_scope_end();

@@ -65,19 +65,19 @@ static int open_regular(const char *fn, const char *path, int64_t *size) {
         .link_why = "; give the path of the file itself",
     };
     int fd = ct__file_open(AT_FDCWD, path, path, &rules, size, NULL);
-    return fd < 0 ? ct__seterr(fd, "%s: %s", fn, ct_errmsg()) : fd;
+    return fd < 0 ? ct__err_set(fd, "%s: %s", fn, ct_errmsg()) : fd;
 }
 
 /* Reads len bytes at off; a file that ends first is corrupt. */
 static int pread_all(int fd, void *buf, size_t len, int64_t off, const char *fn, const char *path) {
-    int rc = ct__pread_all(fd, buf, len, off, path);
-    return rc ? ct__seterr(rc, "%s: %s", fn, ct_errmsg()) : 0;
+    int rc = ct__file_pread_all(fd, buf, len, off, path);
+    return rc ? ct__err_set(rc, "%s: %s", fn, ct_errmsg()) : 0;
 }
 
 static int pwrite_all(int fd, const void *buf, size_t len, int64_t off, const char *fn,
                       const char *path) {
-    int rc = ct__pwrite_all(fd, buf, len, off, path);
-    return rc ? ct__seterr(rc, "%s: %s", fn, ct_errmsg()) : 0;
+    int rc = ct__file_pwrite_all(fd, buf, len, off, path);
+    return rc ? ct__err_set(rc, "%s: %s", fn, ct_errmsg()) : 0;
 }
 
 /* Opens path (as open_regular) and reads its header into h; a file shorter
@@ -90,8 +90,8 @@ static int open_with_header(const char *fn, const char *path, const char *what, 
         return fd;
     int rc =
         *size < HEADER_BYTES
-            ? ct__seterr(CT_ECORRUPT, "%s: %s: %lld bytes, shorter than the %d-byte header of %s",
-                         fn, path, (long long)*size, HEADER_BYTES, what)
+            ? ct__err_set(CT_ECORRUPT, "%s: %s: %lld bytes, shorter than the %d-byte header of %s",
+                          fn, path, (long long)*size, HEADER_BYTES, what)
             : pread_all(fd, h, HEADER_BYTES, 0, fn, path);
     if (rc) {
         close(fd);
@@ -105,17 +105,17 @@ static int open_with_header(const char *fn, const char *path, const char *what, 
 static int check_length(int64_t size, int64_t want, const char *fn, const char *path,
                         const char *desc) {
     if (size < want)
-        return ct__seterr(CT_ECORRUPT,
-                          "%s: %s: the file is %lld bytes, %lld short of the %lld that %s needs "
-                          "(truncated?)",
-                          fn, path, (long long)size, (long long)(want - size), (long long)want,
-                          desc);
+        return ct__err_set(CT_ECORRUPT,
+                           "%s: %s: the file is %lld bytes, %lld short of the %lld that %s needs "
+                           "(truncated?)",
+                           fn, path, (long long)size, (long long)(want - size), (long long)want,
+                           desc);
     if (size > want)
-        return ct__seterr(CT_ECORRUPT,
-                          "%s: %s: the file is %lld bytes, %lld more than the %lld that %s needs "
-                          "(trailing bytes are refused: the header or the file is wrong)",
-                          fn, path, (long long)size, (long long)(size - want), (long long)want,
-                          desc);
+        return ct__err_set(CT_ECORRUPT,
+                           "%s: %s: the file is %lld bytes, %lld more than the %lld that %s needs "
+                           "(trailing bytes are refused: the header or the file is wrong)",
+                           fn, path, (long long)size, (long long)(size - want), (long long)want,
+                           desc);
     return 0;
 }
 
@@ -144,7 +144,7 @@ static bool tokens_ok(const ct_llmc_tokens *ts) { return ts && ts->magic == TOKE
  * bytes. */
 static int check_shard_header(const char *fn, const shard *sh, const int32_t *h, int64_t size) {
     ct__errctx cx;
-    ct__errctx_init(&cx, "%s: %s: ", fn, sh->path);
+    ct__err_ctx_init(&cx, "%s: %s: ", fn, sh->path);
     CT_REQUIRE_CTX(&cx, h[0] == CT_LLMC_TOKENS_MAGIC, CT_ECORRUPT,
                    "magic %d is not llm.c's token shard magic %d%s", h[0], CT_LLMC_TOKENS_MAGIC,
                    magic_owner(h[0]));
@@ -170,8 +170,8 @@ static int map_shard(shard *sh, const char *fn) {
         sh->map = mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0);
         if (sh->map == MAP_FAILED) {
             sh->map = NULL;
-            rc = ct__seterr(CT_EIO, "%s: %s: cannot map %lld bytes: %s", fn, sh->path,
-                            (long long)size, strerror(errno));
+            rc = ct__err_set(CT_EIO, "%s: %s: cannot map %lld bytes: %s", fn, sh->path,
+                             (long long)size, strerror(errno));
         } else {
             sh->map_len = (size_t)size;
             sh->tok = (const uint16_t *)((const char *)sh->map + HEADER_BYTES);
@@ -200,16 +200,16 @@ static ct_llmc_tokens *open_paths(const char *fn, const char *const *paths, int 
     shard *s = ts ? calloc((size_t)n, sizeof *s) : NULL;
     if (!s) {
         free(ts);
-        ct__seterr(CT_ENOMEM, "%s: out of memory for %d shards", fn, n);
+        ct__err_set(CT_ENOMEM, "%s: out of memory for %d shards", fn, n);
         return NULL;
     }
     *ts = (ct_llmc_tokens){.magic = TOKENS_LIVE, .n = n, .s = s, .vocab = NO_VOCAB};
     int rc = 0;
     for (int i = 0; i < n && rc == 0; i++) {
         if (!paths[i] || !paths[i][0]) {
-            rc = ct__seterr(CT_EINVAL, "%s: path %d is %s", fn, i, paths[i] ? "empty" : "NULL");
+            rc = ct__err_set(CT_EINVAL, "%s: path %d is %s", fn, i, paths[i] ? "empty" : "NULL");
         } else if (!(s[i].path = strdup(paths[i]))) {
-            rc = ct__seterr(CT_ENOMEM, "%s: out of memory", fn);
+            rc = ct__err_set(CT_ENOMEM, "%s: out of memory", fn);
         } else if ((rc = map_shard(&s[i], fn)) == 0) {
             s[i].start = ts->total;
             ts->total += s[i].n; /* at most INT_MAX shards of < 2^31 tokens */
@@ -225,8 +225,8 @@ static ct_llmc_tokens *open_paths(const char *fn, const char *const *paths, int 
 ct_llmc_tokens *ct_llmc_tokens_open_paths(const char *const *paths, int n) {
     static const char fn[] = "llmc_tokens_open_paths";
     if (!paths || n < 1) {
-        ct__seterr(CT_EINVAL, "%s: expected at least one path, got %s", fn,
-                   paths ? "none" : "NULL");
+        ct__err_set(CT_EINVAL, "%s: expected at least one path, got %s", fn,
+                    paths ? "none" : "NULL");
         return NULL;
     }
     return open_paths(fn, paths, n);
@@ -235,24 +235,24 @@ ct_llmc_tokens *ct_llmc_tokens_open_paths(const char *const *paths, int n) {
 ct_llmc_tokens *ct_llmc_tokens_open(const char *pattern) {
     static const char fn[] = "llmc_tokens_open";
     if (!pattern || !pattern[0]) {
-        ct__seterr(CT_EINVAL, "%s: the pattern is %s", fn, pattern ? "empty" : "NULL");
+        ct__err_set(CT_EINVAL, "%s: the pattern is %s", fn, pattern ? "empty" : "NULL");
         return NULL;
     }
     glob_t g;
     int grc = glob(pattern, GLOB_ERR, NULL, &g);
     if (grc == GLOB_NOMATCH) {
-        ct__seterr(CT_EINVAL, "%s: no file matches '%s'", fn, pattern);
+        ct__err_set(CT_EINVAL, "%s: no file matches '%s'", fn, pattern);
         return NULL;
     }
     if (grc != 0) {
-        ct__seterr(grc == GLOB_NOSPACE ? CT_ENOMEM : CT_EIO, "%s: '%s': %s", fn, pattern,
-                   grc == GLOB_NOSPACE ? "out of memory" : "a directory could not be read");
+        ct__err_set(grc == GLOB_NOSPACE ? CT_ENOMEM : CT_EIO, "%s: '%s': %s", fn, pattern,
+                    grc == GLOB_NOSPACE ? "out of memory" : "a directory could not be read");
         return NULL;
     }
     ct_llmc_tokens *ts = NULL;
     if (g.gl_pathc > INT_MAX)
-        ct__seterr(CT_EINVAL, "%s: '%s' matches %zu files, more than %d", fn, pattern,
-                   (size_t)g.gl_pathc, INT_MAX);
+        ct__err_set(CT_EINVAL, "%s: '%s' matches %zu files, more than %d", fn, pattern,
+                    (size_t)g.gl_pathc, INT_MAX);
     else
         ts = open_paths(fn, (const char *const *)g.gl_pathv, (int)g.gl_pathc);
     globfree(&g);
@@ -261,8 +261,8 @@ ct_llmc_tokens *ct_llmc_tokens_open(const char *pattern) {
 
 static int check_tokens(const char *fn, const ct_llmc_tokens *ts) {
     return tokens_ok(ts) ? 0
-                         : ct__seterr(CT_EINVAL, "%s: the token set is %s", fn,
-                                      ts ? "not an open ct_llmc_tokens" : "NULL");
+                         : ct__err_set(CT_EINVAL, "%s: the token set is %s", fn,
+                                       ts ? "not an open ct_llmc_tokens" : "NULL");
 }
 
 /* NULL/-1 results for a bad set or shard index, with the message set. */
@@ -270,7 +270,7 @@ static const shard *shard_at(const char *fn, const ct_llmc_tokens *ts, int i) {
     if (check_tokens(fn, ts))
         return NULL;
     if (i < 0 || i >= ts->n) {
-        ct__seterr(CT_ERANGE, "%s: shard %d is outside [0, %d)", fn, i, ts->n);
+        ct__err_set(CT_ERANGE, "%s: shard %d is outside [0, %d)", fn, i, ts->n);
         return NULL;
     }
     return &ts->s[i];
@@ -309,18 +309,18 @@ int ct_llmc_tokens_set_vocab(ct_llmc_tokens *ts, int64_t vocab) {
     if (check_tokens(fn, ts))
         return ct_errcode();
     if (vocab < 1 || vocab > NO_VOCAB)
-        return ct__seterr(CT_EINVAL, "%s: vocab %lld is outside [1, %d] (shard tokens are uint16)",
-                          fn, (long long)vocab, NO_VOCAB);
+        return ct__err_set(CT_EINVAL, "%s: vocab %lld is outside [1, %d] (shard tokens are uint16)",
+                           fn, (long long)vocab, NO_VOCAB);
     ts->vocab = (int)vocab;
     return 0;
 }
 
 static int bad_token(const char *fn, const shard *s, int64_t i, int64_t vocab) {
-    return ct__seterr(CT_ERANGE,
-                      "%s: %s: token %d at index %lld (offset %lld of the sequence) is not below "
-                      "the vocab size %lld: was the shard made with another tokenizer?",
-                      fn, s->path, s->tok[i], (long long)i, (long long)(s->start + i),
-                      (long long)vocab);
+    return ct__err_set(CT_ERANGE,
+                       "%s: %s: token %d at index %lld (offset %lld of the sequence) is not below "
+                       "the vocab size %lld: was the shard made with another tokenizer?",
+                       fn, s->path, s->tok[i], (long long)i, (long long)(s->start + i),
+                       (long long)vocab);
 }
 
 int ct_llmc_tokens_max_id(const ct_llmc_tokens *ts, int *max_id, int *shard_out, int64_t *index) {
@@ -328,7 +328,7 @@ int ct_llmc_tokens_max_id(const ct_llmc_tokens *ts, int *max_id, int *shard_out,
     if (check_tokens(fn, ts))
         return ct_errcode();
     if (!max_id)
-        return ct__seterr(CT_EINVAL, "%s: max_id is NULL", fn);
+        return ct__err_set(CT_EINVAL, "%s: max_id is NULL", fn);
     int best = -1, where = 0;
     int64_t at = 0;
     for (int k = 0; k < ts->n; k++) {
@@ -356,7 +356,7 @@ int ct_llmc_tokens_check_vocab(const ct_llmc_tokens *ts, int64_t vocab) {
     if (check_tokens(fn, ts))
         return ct_errcode();
     if (vocab < 1)
-        return ct__seterr(CT_EINVAL, "%s: vocab %lld is < 1", fn, (long long)vocab);
+        return ct__err_set(CT_EINVAL, "%s: vocab %lld is < 1", fn, (long long)vocab);
     for (int k = 0; k < ts->n; k++) {
         const uint16_t *t = ts->s[k].tok;
         uint16_t m = 0;
@@ -413,10 +413,10 @@ int ct_llmc_tokens_read(const ct_llmc_tokens *ts, int64_t start, int64_t n, int6
     if (check_tokens(fn, ts))
         return ct_errcode();
     if (!dst || n < 0)
-        return ct__seterr(CT_EINVAL, "%s: %s", fn, dst ? "n < 0" : "dst is NULL");
+        return ct__err_set(CT_EINVAL, "%s: %s", fn, dst ? "n < 0" : "dst is NULL");
     if (start < 0 || start > ts->total || n > ts->total - start)
-        return ct__seterr(CT_ERANGE, "%s: tokens [%lld, %lld + %lld) are outside [0, %lld)", fn,
-                          (long long)start, (long long)start, (long long)n, (long long)ts->total);
+        return ct__err_set(CT_ERANGE, "%s: tokens [%lld, %lld + %lld) are outside [0, %lld)", fn,
+                           (long long)start, (long long)start, (long long)n, (long long)ts->total);
     return copy_tokens(fn, ts, start, n, dst);
 }
 
@@ -432,7 +432,7 @@ static int make_windows(const char *fn, const ct_llmc_tokens *ts, offset_fn off,
     tx = ct_empty(CT_SHAPE(rows, T), CT_INT64);
     ty = tx ? ct_empty(CT_SHAPE(rows, T), CT_INT64) : NULL;
     if (!ty)
-        rc = ct__seterr(ct_errcode(), "%s: %s", fn, ct_errmsg());
+        rc = ct__err_set(ct_errcode(), "%s: %s", fn, ct_errmsg());
     int64_t *px = rc ? NULL : ct_data_ptr(tx), *py = rc ? NULL : ct_data_ptr(ty);
     for (int64_t r = 0; r < rows && rc == 0; r++) {
         int64_t s = off(ctx, r);
@@ -467,22 +467,22 @@ int ct_llmc_tokens_windows(const ct_llmc_tokens *ts, const int64_t *starts, int6
     if (check_tokens(fn, ts))
         return ct_errcode();
     if (!starts || !x || !y)
-        return ct__seterr(CT_EINVAL, "%s: %s is NULL", fn, !starts ? "starts" : !x ? "x" : "y");
+        return ct__err_set(CT_EINVAL, "%s: %s is NULL", fn, !starts ? "starts" : !x ? "x" : "y");
     if (rows < 1 || T < 1)
-        return ct__seterr(CT_EINVAL, "%s: expected rows >= 1 and T >= 1, got %lld and %lld", fn,
-                          (long long)rows, (long long)T);
+        return ct__err_set(CT_EINVAL, "%s: expected rows >= 1 and T >= 1, got %lld and %lld", fn,
+                           (long long)rows, (long long)T);
     if (T >= ts->total)
-        return ct__seterr(CT_ERANGE,
-                          "%s: a window of T = %lld needs %lld tokens; the shards hold %lld", fn,
-                          (long long)T, (long long)T + 1, (long long)ts->total);
+        return ct__err_set(CT_ERANGE,
+                           "%s: a window of T = %lld needs %lld tokens; the shards hold %lld", fn,
+                           (long long)T, (long long)T + 1, (long long)ts->total);
     int64_t last = ts->total - T - 1;
     for (int64_t r = 0; r < rows; r++)
         if (starts[r] < 0 || starts[r] > last)
-            return ct__seterr(CT_ERANGE,
-                              "%s: row %lld starts at %lld, outside [0, %lld] (count %lld - T "
-                              "%lld - 1)",
-                              fn, (long long)r, (long long)starts[r], (long long)last,
-                              (long long)ts->total, (long long)T);
+            return ct__err_set(CT_ERANGE,
+                               "%s: row %lld starts at %lld, outside [0, %lld] (count %lld - T "
+                               "%lld - 1)",
+                               fn, (long long)r, (long long)starts[r], (long long)last,
+                               (long long)ts->total, (long long)T);
     return make_windows(fn, ts, start_of, &(starts_ctx){starts}, rows, T, x, y);
 }
 
@@ -501,8 +501,8 @@ static bool loader_ok(const ct_llmc_loader *l) { return l && l->magic == LOADER_
 
 static int check_loader(const char *fn, const ct_llmc_loader *l) {
     return loader_ok(l) ? 0
-                        : ct__seterr(CT_EINVAL, "%s: the loader is %s", fn,
-                                     l ? "not a live ct_llmc_loader" : "NULL");
+                        : ct__err_set(CT_EINVAL, "%s: the loader is %s", fn,
+                                      l ? "not a live ct_llmc_loader" : "NULL");
 }
 
 ct_llmc_loader *ct_llmc_loader_new(const ct_llmc_tokens *ts, const ct_llmc_loader_options *o) {
@@ -510,29 +510,29 @@ ct_llmc_loader *ct_llmc_loader_new(const ct_llmc_tokens *ts, const ct_llmc_loade
     if (check_tokens(fn, ts))
         return NULL;
     if (!o) {
-        ct__seterr(CT_EINVAL, "%s: opts is NULL", fn);
+        ct__err_set(CT_EINVAL, "%s: opts is NULL", fn);
         return NULL;
     }
     int ranks = o->num_ranks == 0 ? 1 : o->num_ranks;
     if (o->batch < 1 || o->context < 1 || ranks < 0 || o->rank < 0 || o->rank >= ranks) {
-        ct__seterr(CT_EINVAL,
-                   "%s: expected batch >= 1, context >= 1 and rank in [0, num_ranks), got batch "
-                   "%lld, context %lld, rank %d, num_ranks %d",
-                   fn, (long long)o->batch, (long long)o->context, o->rank, o->num_ranks);
+        ct__err_set(CT_EINVAL,
+                    "%s: expected batch >= 1, context >= 1 and rank in [0, num_ranks), got batch "
+                    "%lld, context %lld, rank %d, num_ranks %d",
+                    fn, (long long)o->batch, (long long)o->context, o->rank, o->num_ranks);
         return NULL;
     }
     int64_t bt, global;
     if (__builtin_mul_overflow(o->batch, o->context, &bt) ||
         __builtin_mul_overflow(bt, (int64_t)ranks, &global) || global == INT64_MAX) {
-        ct__seterr(CT_ERANGE, "%s: %d ranks x batch %lld x context %lld overflows int64", fn, ranks,
-                   (long long)o->batch, (long long)o->context);
+        ct__err_set(CT_ERANGE, "%s: %d ranks x batch %lld x context %lld overflows int64", fn,
+                    ranks, (long long)o->batch, (long long)o->context);
         return NULL;
     }
     ct_llmc_loader *l = calloc(1, sizeof *l);
     int64_t *nb = l ? calloc((size_t)ts->n, sizeof *nb) : NULL;
     if (!nb) {
         free(l);
-        ct__seterr(CT_ENOMEM, "%s: out of memory", fn);
+        ct__err_set(CT_ENOMEM, "%s: out of memory", fn);
         return NULL;
     }
     int64_t any = 0, longest = 0;
@@ -544,11 +544,11 @@ ct_llmc_loader *ct_llmc_loader_new(const ct_llmc_tokens *ts, const ct_llmc_loade
         longest = ts->s[i].n > ts->s[longest].n ? i : longest;
     }
     if (!any) {
-        ct__seterr(CT_ERANGE,
-                   "%s: no shard holds one global batch of %d ranks x %lld x %lld tokens + 1 "
-                   "(%lld); the longest, %s, holds %lld",
-                   fn, ranks, (long long)o->batch, (long long)o->context, (long long)global + 1,
-                   ts->s[longest].path, (long long)ts->s[longest].n);
+        ct__err_set(CT_ERANGE,
+                    "%s: no shard holds one global batch of %d ranks x %lld x %lld tokens + 1 "
+                    "(%lld); the longest, %s, holds %lld",
+                    fn, ranks, (long long)o->batch, (long long)o->context, (long long)global + 1,
+                    ts->s[longest].path, (long long)ts->s[longest].n);
         free(nb);
         free(l);
         return NULL;
@@ -577,7 +577,7 @@ int64_t ct_llmc_loader_shard_batches(const ct_llmc_loader *l, int i) {
     if (check_loader(fn, l))
         return -1;
     if (i < 0 || i >= l->ts->n) {
-        ct__seterr(CT_ERANGE, "%s: shard %d is outside [0, %d)", fn, i, l->ts->n);
+        ct__err_set(CT_ERANGE, "%s: shard %d is outside [0, %d)", fn, i, l->ts->n);
         return -1;
     }
     return l->batches[i];
@@ -588,7 +588,7 @@ int ct_llmc_loader_position(const ct_llmc_loader *l, ct_llmc_position *pos) {
     if (check_loader(fn, l))
         return ct_errcode();
     if (!pos)
-        return ct__seterr(CT_EINVAL, "%s: pos is NULL", fn);
+        return ct__err_set(CT_EINVAL, "%s: pos is NULL", fn);
     *pos = l->pos;
     return 0;
 }
@@ -598,19 +598,19 @@ int ct_llmc_loader_set_position(ct_llmc_loader *l, const ct_llmc_position *pos) 
     if (check_loader(fn, l))
         return ct_errcode();
     if (!pos)
-        return ct__seterr(CT_EINVAL, "%s: pos is NULL", fn);
+        return ct__err_set(CT_EINVAL, "%s: pos is NULL", fn);
     if (pos->epoch < 0 || pos->shard < 0 || pos->shard >= l->ts->n)
-        return ct__seterr(CT_ERANGE,
-                          "%s: position (epoch %lld, shard %lld) needs epoch >= 0 and shard in "
-                          "[0, %d)",
-                          fn, (long long)pos->epoch, (long long)pos->shard, l->ts->n);
+        return ct__err_set(CT_ERANGE,
+                           "%s: position (epoch %lld, shard %lld) needs epoch >= 0 and shard in "
+                           "[0, %d)",
+                           fn, (long long)pos->epoch, (long long)pos->shard, l->ts->n);
     int64_t nb = l->batches[pos->shard];
     if (pos->batch < 0 || pos->batch > nb)
-        return ct__seterr(CT_ERANGE,
-                          "%s: batch %lld is outside [0, %lld], the batches of shard %lld (%s) "
-                          "at this batch size and rank count",
-                          fn, (long long)pos->batch, (long long)nb, (long long)pos->shard,
-                          l->ts->s[pos->shard].path);
+        return ct__err_set(CT_ERANGE,
+                           "%s: batch %lld is outside [0, %lld], the batches of shard %lld (%s) "
+                           "at this batch size and rank count",
+                           fn, (long long)pos->batch, (long long)nb, (long long)pos->shard,
+                           l->ts->s[pos->shard].path);
     l->pos = *pos;
     return 0;
 }
@@ -633,7 +633,7 @@ int ct_llmc_loader_next(ct_llmc_loader *l, ct_tensor **x, ct_tensor **y) {
     if (check_loader(fn, l))
         return ct_errcode();
     if (!x || !y)
-        return ct__seterr(CT_EINVAL, "%s: %s is NULL", fn, !x ? "x" : "y");
+        return ct__err_set(CT_EINVAL, "%s: %s is NULL", fn, !x ? "x" : "y");
     /* Past the end of a shard, on to the next one that holds a batch;
      * loader_new made sure that one does. */
     ct_llmc_position p = l->pos;
@@ -728,15 +728,15 @@ static void describe(model_header *h) {
 static int parse_model_header(const int32_t *w, int64_t size, model_header *h, const char *fn,
                               const char *path) {
     if (w[0] != CT_LLMC_GPT_MAGIC)
-        return ct__seterr(CT_ECORRUPT,
-                          "%s: %s: magic %d is not llm.c's GPT-2 checkpoint magic %d%s", fn, path,
-                          w[0], CT_LLMC_GPT_MAGIC, magic_owner(w[0]));
+        return ct__err_set(CT_ECORRUPT,
+                           "%s: %s: magic %d is not llm.c's GPT-2 checkpoint magic %d%s", fn, path,
+                           w[0], CT_LLMC_GPT_MAGIC, magic_owner(w[0]));
     if (w[1] != CT_LLMC_GPT_FLOAT32 && w[1] != CT_LLMC_GPT_BFLOAT16)
-        return ct__seterr(CT_EVERSION,
-                          "%s: %s: checkpoint version %d; this reader knows 3 (float32) and 5 "
-                          "(bfloat16), both with a padded vocab (re-export with llm.c's "
-                          "train_gpt2.py)",
-                          fn, path, w[1]);
+        return ct__err_set(CT_EVERSION,
+                           "%s: %s: checkpoint version %d; this reader knows 3 (float32) and 5 "
+                           "(bfloat16), both with a padded vocab (re-export with llm.c's "
+                           "train_gpt2.py)",
+                           fn, path, w[1]);
     *h = (model_header){.version = w[1],
                         .maxT = w[2],
                         .V = w[3],
@@ -757,15 +757,15 @@ static int parse_model_header(const int32_t *w, int64_t size, model_header *h, c
              {"Vp (header[7])", h->Vp, CT_LLMC_GPT_MAX_VOCAB}};
     for (size_t i = 0; i < sizeof f / sizeof *f; i++)
         if (f[i].v < 1 || f[i].v > f[i].max)
-            return ct__seterr(CT_ECORRUPT, "%s: %s: %s is %lld, outside [1, %lld] (%s)", fn, path,
-                              f[i].name, (long long)f[i].v, (long long)f[i].max, h->desc);
+            return ct__err_set(CT_ECORRUPT, "%s: %s: %s is %lld, outside [1, %lld] (%s)", fn, path,
+                               f[i].name, (long long)f[i].v, (long long)f[i].max, h->desc);
     if (h->C % h->NH != 0)
-        return ct__seterr(CT_ECORRUPT, "%s: %s: C %lld is not divisible by NH %lld (%s)", fn, path,
-                          (long long)h->C, (long long)h->NH, h->desc);
+        return ct__err_set(CT_ECORRUPT, "%s: %s: C %lld is not divisible by NH %lld (%s)", fn, path,
+                           (long long)h->C, (long long)h->NH, h->desc);
     if (h->Vp < h->V)
-        return ct__seterr(CT_ECORRUPT,
-                          "%s: %s: the padded vocab Vp %lld is below the vocab V %lld (%s)", fn,
-                          path, (long long)h->Vp, (long long)h->V, h->desc);
+        return ct__err_set(CT_ECORRUPT,
+                           "%s: %s: the padded vocab Vp %lld is below the vocab V %lld (%s)", fn,
+                           path, (long long)h->Vp, (long long)h->V, h->desc);
     bool over = false;
     int64_t n = 0, t;
     for (int i = 0; i < N_PARAMS; i++) {
@@ -779,8 +779,8 @@ static int parse_model_header(const int32_t *w, int64_t size, model_header *h, c
     over |= __builtin_mul_overflow(n, (int64_t)h->esize, &t);
     over |= __builtin_add_overflow(t, (int64_t)HEADER_BYTES, &h->bytes);
     if (over)
-        return ct__seterr(CT_ECORRUPT, "%s: %s: the header's sizes (%s) overflow 2^63 bytes", fn,
-                          path, h->desc);
+        return ct__err_set(CT_ECORRUPT, "%s: %s: the header's sizes (%s) overflow 2^63 bytes", fn,
+                           path, h->desc);
     char what[220];
     snprintf(what, sizeof what, "a version %d checkpoint of %lld parameters (%s)", h->version,
              (long long)n, h->desc);
@@ -806,7 +806,7 @@ static int open_model(const char *fn, const char *path, model_header *h) {
 int ct_llmc_gpt_read_config(const char *path, ct_gpt_config *cfg, ct_llmc_gpt_info *info) {
     static const char fn[] = "llmc_gpt_read_config";
     if (!path || !cfg)
-        return ct__seterr(CT_EINVAL, "%s: %s is NULL", fn, !path ? "path" : "cfg");
+        return ct__err_set(CT_EINVAL, "%s: %s is NULL", fn, !path ? "path" : "cfg");
     model_header h;
     int fd = open_model(fn, path, &h);
     if (fd < 0)
@@ -842,24 +842,24 @@ static int param_shape(const model_header *h, int i, int64_t *sizes) {
 static int match_gpt(const char *fn, const char *path, ct_module *gpt, const model_header *h,
                      ct_param_list *pl, ct_tensor **out) {
     if (!gpt || strcmp(ct_module_type(gpt), "GPT") != 0)
-        return ct__seterr(CT_EINVAL, "%s: %s: the module is %s, not a GPT from ct_gpt_new", fn,
-                          path, gpt ? ct_module_type(gpt) : "NULL");
+        return ct__err_set(CT_EINVAL, "%s: %s: the module is %s, not a GPT from ct_gpt_new", fn,
+                           path, gpt ? ct_module_type(gpt) : "NULL");
     const ct_gpt_config *c = ct_module_state(gpt);
     if (c->vocab != h->V || c->context != h->maxT || c->layers != h->L || c->heads != h->NH ||
         c->width != h->C)
-        return ct__seterr(CT_ESHAPE,
-                          "%s: %s: the file's model is %s; the GPT has vocab %lld, context %lld, "
-                          "layers %lld, heads %lld, width %lld",
-                          fn, path, h->desc, (long long)c->vocab, (long long)c->context,
-                          (long long)c->layers, (long long)c->heads, (long long)c->width);
+        return ct__err_set(CT_ESHAPE,
+                           "%s: %s: the file's model is %s; the GPT has vocab %lld, context %lld, "
+                           "layers %lld, heads %lld, width %lld",
+                           fn, path, h->desc, (long long)c->vocab, (long long)c->context,
+                           (long long)c->layers, (long long)c->heads, (long long)c->width);
     int rc = ct_module_named_parameters(gpt, pl);
     if (rc)
         return rc;
     if (pl->n != 12 * h->L + 4)
-        return ct__seterr(CT_ESHAPE,
-                          "%s: %s: the GPT has %d parameters; a GPT-2 of %lld layers "
-                          "has %lld",
-                          fn, path, pl->n, (long long)h->L, (long long)(12 * h->L + 4));
+        return ct__err_set(CT_ESHAPE,
+                           "%s: %s: the GPT has %d parameters; a GPT-2 of %lld layers "
+                           "has %lld",
+                           fn, path, pl->n, (long long)h->L, (long long)(12 * h->L + 4));
     int k = 0;
     for (int i = 0; i < N_PARAMS; i++)
         for (int64_t l = 0; l < (params[i].per_layer ? h->L : 1); l++) {
@@ -870,16 +870,16 @@ static int match_gpt(const char *fn, const char *path, ct_module *gpt, const mod
             int nd = param_shape(h, i, sizes);
             char want[CT__SHAPE_STR], got[CT__DESC_STR];
             if (!t)
-                return ct__seterr(CT_ESHAPE, "%s: %s: the GPT has no parameter '%s' (llm.c's %s)",
-                                  fn, path, name, params[i].llmc);
+                return ct__err_set(CT_ESHAPE, "%s: %s: the GPT has no parameter '%s' (llm.c's %s)",
+                                   fn, path, name, params[i].llmc);
             if (ct_ndim(t) != nd || ct_size(t, 0) != sizes[0] ||
                 (nd == 2 && ct_size(t, 1) != sizes[1]))
-                return ct__seterr(CT_ESHAPE, "%s: %s: the GPT's '%s' is %s; llm.c's %s needs %s",
-                                  fn, path, name, ct__desc(got, t), params[i].llmc,
-                                  ct__shape_str(want, nd, sizes));
+                return ct__err_set(CT_ESHAPE, "%s: %s: the GPT's '%s' is %s; llm.c's %s needs %s",
+                                   fn, path, name, ct__tensor_desc(got, t), params[i].llmc,
+                                   ct__tensor_shape_str(want, nd, sizes));
             if (!ct_dtype_is_float(ct_tensor_dtype(t)))
-                return ct__seterr(CT_EINVAL, "%s: %s: the GPT's '%s' is %s, not floating point", fn,
-                                  path, name, ct__desc(got, t));
+                return ct__err_set(CT_EINVAL, "%s: %s: the GPT's '%s' is %s, not floating point",
+                                   fn, path, name, ct__tensor_desc(got, t));
             out[k++] = t;
         }
     return 0;
@@ -888,9 +888,9 @@ static int match_gpt(const char *fn, const char *path, ct_module *gpt, const mod
 int ct_llmc_gpt_load_into(ct_module *gpt, const char *path) {
     static const char fn[] = "llmc_gpt_load_into";
     if (!path)
-        return ct__seterr(CT_EINVAL, "%s: path is NULL", fn);
+        return ct__err_set(CT_EINVAL, "%s: path is NULL", fn);
     if (!gpt)
-        return ct__seterr(CT_EINVAL, "%s: %s: the module is NULL", fn, path);
+        return ct__err_set(CT_EINVAL, "%s: %s: the module is NULL", fn, path);
     model_header h;
     int fd = open_model(fn, path, &h);
     if (fd < 0)
@@ -900,7 +900,7 @@ int ct_llmc_gpt_load_into(ct_module *gpt, const char *path) {
     int np = (int)(12 * h.L + 4);
     ct_tensor **dst = malloc((size_t)np * sizeof *dst), **src = calloc((size_t)np, sizeof *src);
     int rc = dst && src ? match_gpt(fn, path, gpt, &h, &pl, dst)
-                        : ct__seterr(CT_ENOMEM, "%s: %s: out of memory", fn, path);
+                        : ct__err_set(CT_ENOMEM, "%s: %s: out of memory", fn, path);
     ct_dtype file_dtype = h.esize == 4 ? CT_FLOAT32 : CT_BFLOAT16;
     ct_scope_begin();
     /* Everything is read, in file order, before any parameter changes. */
@@ -912,8 +912,8 @@ int ct_llmc_gpt_load_into(ct_module *gpt, const char *path) {
             int nd = param_shape(&h, i, sizes);
             src[k] = ct_empty(nd, sizes, file_dtype);
             if (!src[k])
-                rc = ct__seterr(ct_errcode(), "%s: %s: %s: %s", fn, path, params[i].llmc,
-                                ct_errmsg());
+                rc = ct__err_set(ct_errcode(), "%s: %s: %s: %s", fn, path, params[i].llmc,
+                                 ct_errmsg());
             else
                 rc = pread_all(fd, ct_data_ptr(src[k]), (size_t)ct_numel(src[k]) * h.esize, off, fn,
                                path);
@@ -928,8 +928,8 @@ int ct_llmc_gpt_load_into(ct_module *gpt, const char *path) {
                 if (!ct_copy_(dst[k], src[k])) {
                     char name[96];
                     param_name(name, sizeof name, i, l);
-                    rc = ct__seterr(ct_errcode(), "%s: %s: copying into '%s': %s", fn, path, name,
-                                    ct_errmsg());
+                    rc = ct__err_set(ct_errcode(), "%s: %s: copying into '%s': %s", fn, path, name,
+                                     ct_errmsg());
                 }
         ct_set_grad_enabled(prev);
     }
@@ -962,7 +962,7 @@ static int put_tensor(int fd, ct_tensor *t, ct_dtype dtype, int64_t *off, const 
                       const char *tmp) {
     ct_scope_begin();
     ct_tensor *c = ct_contiguous(ct_to_dtype(ct_to(t, CT_DEVICE_CPU), dtype));
-    int rc = c ? 0 : ct__seterr(ct_errcode(), "%s: %s: %s", fn, tmp, ct_errmsg());
+    int rc = c ? 0 : ct__err_set(ct_errcode(), "%s: %s: %s", fn, tmp, ct_errmsg());
     size_t n = c ? (size_t)ct_numel(c) * ct_dtype_size(dtype) : 0;
     if (rc == 0)
         rc = pwrite_all(fd, ct_data_ptr(c), n, *off, fn, tmp);
@@ -986,7 +986,7 @@ static int write_model(int fd, const char *fn, const char *tmp, const model_head
                 size_t pad = (size_t)((h->Vp - h->V) * h->C) * h->esize;
                 void *zeros = calloc(1, pad);
                 rc = zeros ? pwrite_all(fd, zeros, pad, off, fn, tmp)
-                           : ct__seterr(CT_ENOMEM, "%s: %s: out of memory", fn, tmp);
+                           : ct__err_set(CT_ENOMEM, "%s: %s: out of memory", fn, tmp);
                 off += (int64_t)pad;
                 free(zeros);
             }
@@ -997,25 +997,25 @@ static int write_model(int fd, const char *fn, const char *tmp, const model_head
 int ct_llmc_gpt_save_as(const ct_module *gpt_in, const char *path, int version) {
     static const char fn[] = "llmc_gpt_save";
     if (!path || !path[0])
-        return ct__seterr(CT_EINVAL, "%s: path is %s", fn, path ? "empty" : "NULL");
+        return ct__err_set(CT_EINVAL, "%s: path is %s", fn, path ? "empty" : "NULL");
     if (version != CT_LLMC_GPT_FLOAT32 && version != CT_LLMC_GPT_BFLOAT16)
-        return ct__seterr(CT_EVERSION,
-                          "%s: %s: version %d; llm.c's are 3 (float32) and 5 "
-                          "(bfloat16)",
-                          fn, path, version);
+        return ct__err_set(CT_EVERSION,
+                           "%s: %s: version %d; llm.c's are 3 (float32) and 5 "
+                           "(bfloat16)",
+                           fn, path, version);
     /* Listing parameters does not change the module. */
     ct_module *gpt = (ct_module *)gpt_in;
     if (!gpt || strcmp(ct_module_type(gpt), "GPT") != 0)
-        return ct__seterr(CT_EINVAL, "%s: %s: the module is %s, not a GPT from ct_gpt_new", fn,
-                          path, gpt ? ct_module_type(gpt) : "NULL");
+        return ct__err_set(CT_EINVAL, "%s: %s: the module is %s, not a GPT from ct_gpt_new", fn,
+                           path, gpt ? ct_module_type(gpt) : "NULL");
     const ct_gpt_config *c = ct_module_state(gpt);
     if (c->vocab > CT_LLMC_GPT_MAX_VOCAB - 127 || c->context > CT_LLMC_GPT_MAX_CONTEXT ||
         c->layers < 1 || c->layers > CT_LLMC_GPT_MAX_LAYERS || c->width > CT_LLMC_GPT_MAX_WIDTH)
-        return ct__seterr(CT_EINVAL,
-                          "%s: %s: a GPT of vocab %lld, context %lld, layers %lld, width %lld is "
-                          "outside what an llm.c checkpoint holds (layers >= 1; docs/llmc.md)",
-                          fn, path, (long long)c->vocab, (long long)c->context,
-                          (long long)c->layers, (long long)c->width);
+        return ct__err_set(CT_EINVAL,
+                           "%s: %s: a GPT of vocab %lld, context %lld, layers %lld, width %lld is "
+                           "outside what an llm.c checkpoint holds (layers >= 1; docs/llmc.md)",
+                           fn, path, (long long)c->vocab, (long long)c->context,
+                           (long long)c->layers, (long long)c->width);
     model_header h = {.version = version,
                       .maxT = c->context,
                       .V = c->vocab,
@@ -1030,11 +1030,11 @@ int ct_llmc_gpt_save_as(const ct_module *gpt_in, const char *path, int version) 
     int np = (int)(12 * h.L + 4);
     ct_tensor **src = malloc((size_t)np * sizeof *src);
     int rc = src ? match_gpt(fn, path, gpt, &h, &pl, src)
-                 : ct__seterr(CT_ENOMEM, "%s: %s: out of memory", fn, path);
+                 : ct__err_set(CT_ENOMEM, "%s: %s: out of memory", fn, path);
     size_t plen = strlen(path);
     char *tmp = rc ? NULL : malloc(plen + sizeof ".tmp.XXXXXX");
     if (rc == 0 && !tmp)
-        rc = ct__seterr(CT_ENOMEM, "%s: %s: out of memory", fn, path);
+        rc = ct__err_set(CT_ENOMEM, "%s: %s: out of memory", fn, path);
     if (rc == 0) {
         memcpy(tmp, path, plen);
         memcpy(tmp + plen, ".tmp.XXXXXX", sizeof ".tmp.XXXXXX");
@@ -1042,11 +1042,11 @@ int ct_llmc_gpt_save_as(const ct_module *gpt_in, const char *path, int version) 
          * through. */
         int fd = mkostemp(tmp, O_CLOEXEC);
         if (fd < 0) {
-            rc = ct__seterr(CT_EIO, "%s: cannot create %s: %s", fn, tmp, strerror(errno));
+            rc = ct__err_set(CT_EIO, "%s: cannot create %s: %s", fn, tmp, strerror(errno));
         } else {
             rc = write_model(fd, fn, tmp, &h, src);
             if (rc == 0 && fchmod(fd, 0644) != 0)
-                rc = ct__seterr(CT_EIO, "%s: %s: chmod: %s", fn, tmp, strerror(errno));
+                rc = ct__err_set(CT_EIO, "%s: %s: chmod: %s", fn, tmp, strerror(errno));
             rc = ct__file_commit(AT_FDCWD, fd, tmp, path, rc, fn);
         }
     }
@@ -1086,19 +1086,19 @@ static int parse_tokens(ct_llmc_tokenizer *t, const unsigned char *body, int64_t
     int64_t at = 0, out = 0;
     for (int64_t i = 0; i < t->vocab; i++) {
         if (at >= n)
-            return ct__seterr(CT_ECORRUPT,
-                              "%s: %s: the file ends after token %lld of the header's %lld", fn,
-                              path, (long long)i, (long long)t->vocab);
+            return ct__err_set(CT_ECORRUPT,
+                               "%s: %s: the file ends after token %lld of the header's %lld", fn,
+                               path, (long long)i, (long long)t->vocab);
         int len = body[at];
         if (len == 0)
-            return ct__seterr(CT_ECORRUPT,
-                              "%s: %s: token %lld has length 0 (byte %lld); every token has at "
-                              "least one byte",
-                              fn, path, (long long)i, (long long)(HEADER_BYTES + at));
+            return ct__err_set(CT_ECORRUPT,
+                               "%s: %s: token %lld has length 0 (byte %lld); every token has at "
+                               "least one byte",
+                               fn, path, (long long)i, (long long)(HEADER_BYTES + at));
         if (len > n - at - 1)
-            return ct__seterr(CT_ECORRUPT,
-                              "%s: %s: token %lld's %d bytes run past the end of the file", fn,
-                              path, (long long)i, len);
+            return ct__err_set(CT_ECORRUPT,
+                               "%s: %s: token %lld's %d bytes run past the end of the file", fn,
+                               path, (long long)i, len);
         t->start[i] = out;
         memcpy(t->text + out, body + at + 1, (size_t)len);
         t->text[out + len] = '\0';
@@ -1107,17 +1107,17 @@ static int parse_tokens(ct_llmc_tokenizer *t, const unsigned char *body, int64_t
     }
     t->start[t->vocab] = out;
     if (at != n)
-        return ct__seterr(CT_ECORRUPT,
-                          "%s: %s: %lld bytes follow the last of the header's %lld tokens "
-                          "(trailing bytes are refused: the header or the file is wrong)",
-                          fn, path, (long long)(n - at), (long long)t->vocab);
+        return ct__err_set(CT_ECORRUPT,
+                           "%s: %s: %lld bytes follow the last of the header's %lld tokens "
+                           "(trailing bytes are refused: the header or the file is wrong)",
+                           fn, path, (long long)(n - at), (long long)t->vocab);
     return 0;
 }
 
 ct_llmc_tokenizer *ct_llmc_tokenizer_load(const char *path) {
     static const char fn[] = "llmc_tokenizer_load";
     if (!path) {
-        ct__seterr(CT_EINVAL, "%s: path is NULL", fn);
+        ct__err_set(CT_EINVAL, "%s: path is NULL", fn);
         return NULL;
     }
     int64_t size;
@@ -1128,35 +1128,35 @@ ct_llmc_tokenizer *ct_llmc_tokenizer_load(const char *path) {
     int rc = 0;
     uint32_t version = (uint32_t)w[1], vocab = (uint32_t)w[2];
     if (w[0] != CT_LLMC_TOKENIZER_MAGIC)
-        rc = ct__seterr(CT_ECORRUPT, "%s: %s: magic %d is not llm.c's tokenizer magic %d%s", fn,
-                        path, w[0], CT_LLMC_TOKENIZER_MAGIC, magic_owner(w[0]));
+        rc = ct__err_set(CT_ECORRUPT, "%s: %s: magic %d is not llm.c's tokenizer magic %d%s", fn,
+                         path, w[0], CT_LLMC_TOKENIZER_MAGIC, magic_owner(w[0]));
     if (rc == 0 && version != 1 && version != 2)
-        rc = ct__seterr(CT_EVERSION, "%s: %s: tokenizer version %u; this reader knows 1 and 2", fn,
-                        path, version);
+        rc = ct__err_set(CT_EVERSION, "%s: %s: tokenizer version %u; this reader knows 1 and 2", fn,
+                         path, version);
     if (rc == 0 && (vocab < 1 || vocab > TOKENIZER_MAX_VOCAB))
-        rc = ct__seterr(CT_ECORRUPT, "%s: %s: vocab %u (header[2]) is outside [1, %d]", fn, path,
-                        vocab, TOKENIZER_MAX_VOCAB);
+        rc = ct__err_set(CT_ECORRUPT, "%s: %s: vocab %u (header[2]) is outside [1, %d]", fn, path,
+                         vocab, TOKENIZER_MAX_VOCAB);
     /* Version 1 has no eot field; llm.c takes GPT-2's 50256 and insists on
      * GPT-2's vocab. */
     int64_t eot = version == 2 ? (int64_t)(uint32_t)w[3] : 50256;
     if (rc == 0 && version == 1 && vocab != 50257)
-        rc = ct__seterr(CT_ECORRUPT,
-                        "%s: %s: a version 1 tokenizer is GPT-2's, of 50257 tokens; this one "
-                        "says %u",
-                        fn, path, vocab);
+        rc = ct__err_set(CT_ECORRUPT,
+                         "%s: %s: a version 1 tokenizer is GPT-2's, of 50257 tokens; this one "
+                         "says %u",
+                         fn, path, vocab);
     if (rc == 0 && eot >= vocab)
-        rc = ct__seterr(CT_ECORRUPT,
-                        "%s: %s: the <|endoftext|> id %lld (header[3]) is not below "
-                        "the vocab %u",
-                        fn, path, (long long)eot, vocab);
+        rc = ct__err_set(CT_ECORRUPT,
+                         "%s: %s: the <|endoftext|> id %lld (header[3]) is not below "
+                         "the vocab %u",
+                         fn, path, (long long)eot, vocab);
     /* Each token takes 2 to 256 bytes: the length bounds the vocab. */
     int64_t body = size - HEADER_BYTES;
     if (rc == 0 && (body < 2 * (int64_t)vocab || body > 256 * (int64_t)vocab))
-        rc = ct__seterr(CT_ECORRUPT,
-                        "%s: %s: %lld bytes after the header cannot hold %u tokens of 1 to 255 "
-                        "bytes each (%lld to %lld bytes)",
-                        fn, path, (long long)body, vocab, 2 * (long long)vocab,
-                        256 * (long long)vocab);
+        rc = ct__err_set(CT_ECORRUPT,
+                         "%s: %s: %lld bytes after the header cannot hold %u tokens of 1 to 255 "
+                         "bytes each (%lld to %lld bytes)",
+                         fn, path, (long long)body, vocab, 2 * (long long)vocab,
+                         256 * (long long)vocab);
     ct_llmc_tokenizer *t = NULL;
     unsigned char *buf = NULL;
     if (rc == 0) {
@@ -1168,7 +1168,7 @@ ct_llmc_tokenizer *ct_llmc_tokenizer_load(const char *path) {
             t->text = malloc((size_t)body);
         }
         if (!t || !buf || !t->start || !t->text)
-            rc = ct__seterr(CT_ENOMEM, "%s: %s: out of memory for %u tokens", fn, path, vocab);
+            rc = ct__err_set(CT_ENOMEM, "%s: %s: out of memory for %u tokens", fn, path, vocab);
     }
     if (rc == 0) {
         *t = (ct_llmc_tokenizer){.magic = TOKENIZER_LIVE,
@@ -1196,8 +1196,8 @@ ct_llmc_tokenizer *ct_llmc_tokenizer_load(const char *path) {
 static int check_tokenizer(const char *fn, const ct_llmc_tokenizer *t) {
     return t && t->magic == TOKENIZER_LIVE
                ? 0
-               : ct__seterr(CT_EINVAL, "%s: the tokenizer is %s", fn,
-                            t ? "not a live ct_llmc_tokenizer" : "NULL");
+               : ct__err_set(CT_EINVAL, "%s: the tokenizer is %s", fn,
+                             t ? "not a live ct_llmc_tokenizer" : "NULL");
 }
 
 int64_t ct_llmc_tokenizer_vocab(const ct_llmc_tokenizer *t) {
@@ -1213,8 +1213,8 @@ const char *ct_llmc_tokenizer_decode(const ct_llmc_tokenizer *t, int64_t id, siz
     if (check_tokenizer(fn, t))
         return NULL;
     if (id < 0 || id >= t->vocab) {
-        ct__seterr(CT_ERANGE, "%s: token %lld is outside [0, %lld)", fn, (long long)id,
-                   (long long)t->vocab);
+        ct__err_set(CT_ERANGE, "%s: token %lld is outside [0, %lld)", fn, (long long)id,
+                    (long long)t->vocab);
         return NULL;
     }
     if (len)

@@ -128,8 +128,8 @@ static int run_transform(ct_loader *l, item *it, int64_t epoch, int64_t offset) 
         ct_errclear();
         rc = l->transform(l->transform_ctx, t[0], t[1], epoch, offset / l->batch_size);
         if (rc < 0)
-            ct__seterr(rc, "the transform returned %s%s%s", ct_errname(rc),
-                       *ct_errmsg() ? ": " : "", ct_errmsg());
+            ct__err_set(rc, "the transform returned %s%s%s", ct_errname(rc),
+                        *ct_errmsg() ? ": " : "", ct_errmsg());
         else
             rc = 0;
     }
@@ -221,10 +221,10 @@ static void *produce(void *arg) {
 
 static int check(const char *fn, const ct_loader *l) {
     if (!l)
-        return ct__seterr(CT_EINVAL, "%s: loader is NULL", fn);
+        return ct__err_set(CT_EINVAL, "%s: loader is NULL", fn);
     if (l->magic != LOADER_MAGIC)
-        return ct__seterr(CT_EINVAL, "%s: %p is not a live loader (freed or foreign)", fn,
-                          (const void *)l);
+        return ct__err_set(CT_EINVAL, "%s: %p is not a live loader (freed or foreign)", fn,
+                           (const void *)l);
     return 0;
 }
 
@@ -246,7 +246,7 @@ static int source_init(source *s, ct_tensor *t) {
     s->t = c ? ct_tensor_retain(c) : NULL;
     ct_scope_end();
     if (!s->t)
-        return ct__seterr(ct_errcode(), "loader_new: copying rows: %s", ct_errmsg());
+        return ct__err_set(ct_errcode(), "loader_new: copying rows: %s", ct_errmsg());
     size_t esize = ct_dtype_size(ct_tensor_dtype(s->t));
     s->row0 = ct_data_ptr(s->t);
     s->row_stride = ct_stride(s->t, 0) * (int64_t)esize;
@@ -263,33 +263,33 @@ static int check_new(ct_tensor *inputs, ct_tensor *targets, const ct_loader_opti
     if (rc)
         return rc;
     if (!opts)
-        return ct__seterr(CT_EINVAL, "loader_new: options are NULL");
+        return ct__err_set(CT_EINVAL, "loader_new: options are NULL");
     if (opts->batch_size < 1)
-        return ct__seterr(CT_EINVAL, "loader_new: batch_size is %lld; expected >= 1",
-                          (long long)opts->batch_size);
+        return ct__err_set(CT_EINVAL, "loader_new: batch_size is %lld; expected >= 1",
+                           (long long)opts->batch_size);
     if (opts->prefetch < 0 || opts->prefetch > MAX_PREFETCH)
-        return ct__seterr(CT_EINVAL, "loader_new: prefetch is %d; expected 1 to %d (0 means %d)",
-                          opts->prefetch, MAX_PREFETCH, DEFAULT_PREFETCH);
+        return ct__err_set(CT_EINVAL, "loader_new: prefetch is %d; expected 1 to %d (0 means %d)",
+                           opts->prefetch, MAX_PREFETCH, DEFAULT_PREFETCH);
     char a[CT__DESC_STR], b[CT__DESC_STR];
     if (ct_ndim(inputs) < 1 || (targets && ct_ndim(targets) < 1))
-        return ct__seterr(CT_ESHAPE,
-                          "loader_new: inputs %s and targets %s must have a first dim of rows",
-                          ct__desc(a, inputs), targets ? ct__desc(b, targets) : "(none)");
+        return ct__err_set(
+            CT_ESHAPE, "loader_new: inputs %s and targets %s must have a first dim of rows",
+            ct__tensor_desc(a, inputs), targets ? ct__tensor_desc(b, targets) : "(none)");
     int64_t n = ct_size(inputs, 0);
     if (targets && ct_size(targets, 0) != n)
-        return ct__seterr(CT_ESHAPE,
-                          "loader_new: inputs %s and targets %s differ in their number of rows "
-                          "(%lld vs %lld)",
-                          ct__desc(a, inputs), ct__desc(b, targets), (long long)n,
-                          (long long)ct_size(targets, 0));
+        return ct__err_set(CT_ESHAPE,
+                           "loader_new: inputs %s and targets %s differ in their number of rows "
+                           "(%lld vs %lld)",
+                           ct__tensor_desc(a, inputs), ct__tensor_desc(b, targets), (long long)n,
+                           (long long)ct_size(targets, 0));
     if (!opts->sampler)
         return ct_sampler_init(order, &(ct_sampler_options){.size = n});
     if (ct_sampler_len(opts->sampler) < 0)
-        return ct__seterr(CT_EINVAL, "loader_new: %s", ct_errmsg());
+        return ct__err_set(CT_EINVAL, "loader_new: %s", ct_errmsg());
     if (opts->sampler->opts.size != n)
-        return ct__seterr(CT_ESHAPE,
-                          "loader_new: the sampler covers %lld rows but inputs %s have %lld",
-                          (long long)opts->sampler->opts.size, ct__desc(a, inputs), (long long)n);
+        return ct__err_set(
+            CT_ESHAPE, "loader_new: the sampler covers %lld rows but inputs %s have %lld",
+            (long long)opts->sampler->opts.size, ct__tensor_desc(a, inputs), (long long)n);
     *order = *opts->sampler;
     return 0;
 }
@@ -308,8 +308,8 @@ ct_loader *ct_loader_new(ct_tensor *inputs, ct_tensor *targets, const ct_loader_
                          : NULL;
     }
     if (!l || !l->ring || !l->indices) {
-        ct__seterr(CT_ENOMEM, "loader_new: out of memory for %lld indices and %d queue slots",
-                   (long long)order.num_samples, depth);
+        ct__err_set(CT_ENOMEM, "loader_new: out of memory for %lld indices and %d queue slots",
+                    (long long)order.num_samples, depth);
         goto fail;
     }
     l->sampler = order;
@@ -328,7 +328,7 @@ ct_loader *ct_loader_new(ct_tensor *inputs, ct_tensor *targets, const ct_loader_
     pthread_cond_init(&l->changed, NULL);
     int err = pthread_create(&l->thread, NULL, produce, l);
     if (err) {
-        ct__seterr(CT_ENOMEM, "loader_new: cannot start the background thread: %s", strerror(err));
+        ct__err_set(CT_ENOMEM, "loader_new: cannot start the background thread: %s", strerror(err));
         pthread_cond_destroy(&l->changed);
         pthread_mutex_destroy(&l->lock);
         goto fail;
@@ -373,7 +373,7 @@ static int hand_out(ct_loader *l, item *it, ct_tensor **x, ct_tensor **y) {
     bool ok = true;
     for (int k = 0; k < l->nsrc; k++)
         ok &= (t[k] = wrap_source(&l->src[k], it->data[k], it->rows)) != NULL;
-    int rc = ok ? 0 : ct__seterr(ct_errcode(), "loader_next: %s", ct_errmsg());
+    int rc = ok ? 0 : ct__err_set(ct_errcode(), "loader_next: %s", ct_errmsg());
     for (int k = 0; ok && k < l->nsrc; k++)
         t[k] = ct_keep(t[k]);
     ct_scope_end();
@@ -390,14 +390,14 @@ int ct_loader_next(ct_loader *l, ct_tensor **x, ct_tensor **y) {
     if (rc)
         return rc;
     if (!x)
-        return ct__seterr(CT_EINVAL, "loader_next: x is NULL");
+        return ct__err_set(CT_EINVAL, "loader_next: x is NULL");
     if (l->nsrc == 2 && !y)
-        return ct__seterr(CT_EINVAL, "loader_next: y is NULL but the loader has targets");
+        return ct__err_set(CT_EINVAL, "loader_next: y is NULL but the loader has targets");
     *x = NULL;
     if (y)
         *y = NULL;
     if (l->failed)
-        return ct__seterr(l->failed, "%s", l->failmsg);
+        return ct__err_set(l->failed, "%s", l->failmsg);
     pthread_mutex_lock(&l->lock);
     while (l->count == 0)
         pthread_cond_wait(&l->changed, &l->lock);
@@ -411,7 +411,7 @@ int ct_loader_next(ct_loader *l, ct_tensor **x, ct_tensor **y) {
     pthread_mutex_unlock(&l->lock);
 
     switch (it.kind) {
-    case ITEM_ERROR: l->failed = it.err; return ct__seterr(it.err, "%s", l->failmsg);
+    case ITEM_ERROR: l->failed = it.err; return ct__err_set(it.err, "%s", l->failmsg);
     case ITEM_END:
         l->sampler.epoch = it.epoch;
         l->sampler.offset = it.offset;
@@ -447,7 +447,7 @@ int ct_loader_set_position(ct_loader *l, int64_t epoch, int64_t offset) {
         return rc;
     ct_sampler moved = l->sampler;
     if ((rc = ct_sampler_set_position(&moved, epoch, offset)))
-        return ct__seterr(rc, "loader_set_position: %s", ct_errmsg());
+        return ct__err_set(rc, "loader_set_position: %s", ct_errmsg());
     pthread_mutex_lock(&l->lock);
     drain(l);
     l->gen++;

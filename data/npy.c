@@ -130,10 +130,10 @@ static int bad_header(const parser *p, size_t at, const char *fmt, ...) {
     vsnprintf(why, sizeof why, fmt, ap);
     va_end(ap);
     if (at >= p->n)
-        return ct__seterr(CT_ECORRUPT, "npy: %s: bad header: %s at its end (byte %zu)", p->what,
-                          why, at);
-    return ct__seterr(CT_ECORRUPT, "npy: %s: bad header: %s at header byte %zu (near \"%s\")",
-                      p->what, why, at, near(p, at, show));
+        return ct__err_set(CT_ECORRUPT, "npy: %s: bad header: %s at its end (byte %zu)", p->what,
+                           why, at);
+    return ct__err_set(CT_ECORRUPT, "npy: %s: bad header: %s at header byte %zu (near \"%s\")",
+                       p->what, why, at, near(p, at, show));
 }
 
 static void skip_space(parser *p) {
@@ -172,7 +172,7 @@ static int parse_descr(parser *p, size_t at, size_t n) {
     const char *d = (const char *)p->s + at;
     snprintf(h->descr, sizeof h->descr, "%.*s", (int)(n < 32 ? n : 32), d);
     ct__errctx cx;
-    ct__errctx_init(&cx, "npy: %s: descr '%s' ", p->what, h->descr);
+    ct__err_ctx_init(&cx, "npy: %s: descr '%s' ", p->what, h->descr);
     size_t k = 0;
     char order = '=';
     if (k < n && strchr("<>|=", d[k]))
@@ -266,10 +266,10 @@ static int parse_shape(parser *p) {
     skip_space(p);
     while (p->i < p->n && p->s[p->i] != ')') {
         if (h->ndim == CT_MAX_DIMS)
-            return ct__seterr(CT_ENOTSUP,
-                              "npy: %s: the shape has more than %d dims; ct tensors have at most "
-                              "%d",
-                              p->what, CT_MAX_DIMS, CT_MAX_DIMS);
+            return ct__err_set(CT_ENOTSUP,
+                               "npy: %s: the shape has more than %d dims; ct tensors have at most "
+                               "%d",
+                               p->what, CT_MAX_DIMS, CT_MAX_DIMS);
         int rc = parse_size(p, h->ndim, &h->sizes[h->ndim]);
         if (rc)
             return rc;
@@ -302,10 +302,10 @@ static int parse_value(parser *p, int key) {
     if (key == KEY_SHAPE)
         return parse_shape(p);
     if (p->i < p->n && (p->s[p->i] == '[' || p->s[p->i] == '{'))
-        return ct__seterr(CT_ENOTSUP,
-                          "npy: %s: descr is a %s: a structured dtype (named fields), which ct "
-                          "does not read (%s)",
-                          p->what, p->s[p->i] == '[' ? "list" : "dict", CT_READS);
+        return ct__err_set(CT_ENOTSUP,
+                           "npy: %s: descr is a %s: a structured dtype (named fields), which ct "
+                           "does not read (%s)",
+                           p->what, p->s[p->i] == '[' ? "list" : "dict", CT_READS);
     size_t at, len;
     int rc = parse_string(p, "'descr'", &at, &len);
     return rc ? rc : parse_descr(p, at, len);
@@ -379,28 +379,28 @@ static int parse_dict(parser *p) {
 static int size_data(const char *what, npy_header *h) {
     char shape[CT__SHAPE_STR];
     snprintf(h->desc, sizeof h->desc, "'%s' %s, %s order", h->descr,
-             ct__shape_str(shape, h->ndim, h->sizes), h->fortran ? "Fortran" : "C");
+             ct__tensor_shape_str(shape, h->ndim, h->sizes), h->fortran ? "Fortran" : "C");
     int64_t numel = 1;
     bool overflow = false;
     for (int d = 0; d < h->ndim; d++)
         overflow |= __builtin_mul_overflow(numel, h->sizes[d], &numel);
     overflow |= __builtin_mul_overflow(numel, (int64_t)ct__esize(h->dtype), &h->nbytes);
     if (overflow)
-        return ct__seterr(CT_ECORRUPT, "npy: %s: the header's %s holds more than 2^63 bytes", what,
-                          h->desc);
+        return ct__err_set(CT_ECORRUPT, "npy: %s: the header's %s holds more than 2^63 bytes", what,
+                           h->desc);
     /* A product that fits can still make strides ct cannot index (a zero
      * beside huge sizes). */
-    if (ct__check_shape("npy", h->ndim, h->sizes, h->dtype))
-        return ct__seterr(CT_ECORRUPT, "npy: %s: the header's %s is a shape ct cannot hold (%s)",
-                          what, h->desc, ct_errmsg());
+    if (ct__tensor_check_shape("npy", h->ndim, h->sizes, h->dtype))
+        return ct__err_set(CT_ECORRUPT, "npy: %s: the header's %s is a shape ct cannot hold (%s)",
+                           what, h->desc, ct_errmsg());
     return 0;
 }
 
 /* --------------------------------------------------------------- the file */
 
 static int pread_all(int fd, void *buf, size_t len, int64_t off, const char *what) {
-    int rc = ct__pread_all(fd, buf, len, off, what);
-    return rc ? ct__seterr(rc, "npy: %s", ct_errmsg()) : 0;
+    int rc = ct__file_pread_all(fd, buf, len, off, what);
+    return rc ? ct__err_set(rc, "npy: %s", ct_errmsg()) : 0;
 }
 
 /* Opens name for reading, refusing what is not a regular file; *size gets
@@ -412,7 +412,7 @@ static int open_file(int dirfd, const char *name, bool follow, int64_t *size) {
         .link_why = ", which ct_npy_load does not follow (load its target, or set follow_symlinks)",
     };
     int fd = ct__file_open(dirfd, name, name, &rules, size, NULL);
-    return fd < 0 ? ct__seterr(fd, "npy: %s", ct_errmsg()) : fd;
+    return fd < 0 ? ct__err_set(fd, "npy: %s", ct_errmsg()) : fd;
 }
 
 static uint32_t le16(const unsigned char *b) { return (uint32_t)b[0] | (uint32_t)b[1] << 8; }
@@ -425,16 +425,17 @@ static int read_header(int fd, const char *what, int64_t size, const ct_npy_opti
     size_t have = size < 12 ? (size_t)size : 12;
     CT_TRY(pread_all(fd, pre, have, 0, what));
     ct__errctx cx;
-    ct__errctx_init(&cx, "npy: %s: ", what);
+    ct__err_ctx_init(&cx, "npy: %s: ", what);
     if (have < MAGIC_LEN || memcmp(pre, MAGIC, MAGIC_LEN) != 0) {
         char hex[3 * MAGIC_LEN + 1] = "";
         for (size_t i = 0; i < have && i < MAGIC_LEN; i++)
             sprintf(hex + 3 * i, "%02x ", pre[i]);
         hex[have ? 3 * (have < MAGIC_LEN ? have : MAGIC_LEN) - 1 : 0] = '\0';
-        return ct__errf(&cx, CT_ECORRUPT,
-                        "not an .npy file: it begins with bytes [%s], not the magic \\x93NUMPY "
-                        "(93 4e 55 4d 50 59)",
-                        hex);
+        return ct__err_ctx_set(
+            &cx, CT_ECORRUPT,
+            "not an .npy file: it begins with bytes [%s], not the magic \\x93NUMPY "
+            "(93 4e 55 4d 50 59)",
+            hex);
     }
     CT_REQUIRE_CTX(&cx, have >= 8, CT_ECORRUPT, "the file ends after %zu bytes, inside the version",
                    have);
@@ -503,10 +504,10 @@ static void byteswap(void *data, int64_t n, size_t esize) {
 static int check_bools(const char *what, const npy_header *h, const unsigned char *p) {
     for (int64_t i = 0; i < h->nbytes; i++)
         if (p[i] > 1)
-            return ct__seterr(CT_ECORRUPT,
-                              "npy: %s: bool element %lld is byte 0x%02x; numpy's bools are 0 or "
-                              "1",
-                              what, (long long)i, p[i]);
+            return ct__err_set(CT_ECORRUPT,
+                               "npy: %s: bool element %lld is byte 0x%02x; numpy's bools are 0 or "
+                               "1",
+                               what, (long long)i, p[i]);
     return 0;
 }
 
@@ -536,8 +537,8 @@ static ct_storage *map_data(int fd, const char *what, const npy_header *h) {
     void *base =
         mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_NORESERVE, fd, (off_t)start);
     if (base == MAP_FAILED) {
-        ct__seterr(errno == ENOMEM ? CT_ENOMEM : CT_EIO, "npy: %s: cannot map %lld bytes: %s", what,
-                   (long long)h->nbytes, strerror(errno));
+        ct__err_set(errno == ENOMEM ? CT_ENOMEM : CT_EIO, "npy: %s: cannot map %lld bytes: %s",
+                    what, (long long)h->nbytes, strerror(errno));
         return NULL;
     }
     ct_storage *s = ct_storage_from_blob((char *)base + lead, (size_t)h->nbytes, CT_DEVICE_CPU,
@@ -550,7 +551,7 @@ static ct_storage *map_data(int fd, const char *what, const npy_header *h) {
 static ct_storage *read_data(int fd, const char *what, const npy_header *h) {
     ct_storage *s = ct_storage_new((size_t)h->nbytes, CT_DEVICE_CPU);
     if (!s) {
-        ct__seterr(ct_errcode(), "npy: %s: the header's %s: %s", what, h->desc, ct_errmsg());
+        ct__err_set(ct_errcode(), "npy: %s: the header's %s: %s", what, h->desc, ct_errmsg());
         return NULL;
     }
     if (pread_all(fd, ct_storage_data(s), (size_t)h->nbytes, h->data_off, what) != 0) {
@@ -574,11 +575,11 @@ static int append(void *ctx, const void *p, size_t n) {
 static ct_tensor *row_major(const char *what, ct_tensor *v) {
     ct_tensor *t = ct_empty(v->ndim, v->sizes, v->dtype);
     if (!t) {
-        ct__seterr(ct_errcode(), "npy: %s: %s", what, ct_errmsg());
+        ct__err_set(ct_errcode(), "npy: %s: %s", what, ct_errmsg());
         return NULL;
     }
     char *dst = ct_data_ptr(t);
-    ct__for_each_run(v, append, &dst);
+    ct__tensor_for_each_run(v, append, &dst);
     return t;
 }
 
@@ -586,10 +587,10 @@ static ct_tensor *load_data(int fd, const char *what, const npy_header *h,
                             const ct_npy_options *o) {
     const char *why = unmappable(h);
     if (o->mmap == CT_NPY_MMAP_ALWAYS && why && h->nbytes > 0) {
-        ct__seterr(CT_ENOTSUP,
-                   "npy: %s: mmap = CT_NPY_MMAP_ALWAYS, but the header's %s cannot be mapped: %s "
-                   "(CT_NPY_MMAP_AUTO reads it instead)",
-                   what, h->desc, why);
+        ct__err_set(CT_ENOTSUP,
+                    "npy: %s: mmap = CT_NPY_MMAP_ALWAYS, but the header's %s cannot be mapped: %s "
+                    "(CT_NPY_MMAP_AUTO reads it instead)",
+                    what, h->desc, why);
         return NULL;
     }
     bool map = h->nbytes > 0 && !why &&
@@ -611,7 +612,7 @@ static ct_tensor *load_data(int fd, const char *what, const npy_header *h,
         ct_tensor_from_storage(s, 0, h->ndim, h->sizes, h->fortran ? strides : NULL, h->dtype);
     ct_storage_free(s);
     if (!t)
-        ct__seterr(ct_errcode(), "npy: %s: %s", what, ct_errmsg());
+        ct__err_set(ct_errcode(), "npy: %s: %s", what, ct_errmsg());
     else if (h->fortran && o->contiguous && !ct_is_contiguous(t))
         t = row_major(what, t);
     return t;
@@ -619,12 +620,12 @@ static ct_tensor *load_data(int fd, const char *what, const npy_header *h,
 
 ct_tensor *ct_npy_load_at(int dirfd, const char *name, const ct_npy_options *opts) {
     if (!name) {
-        ct__seterr(CT_EINVAL, "npy_load: path is NULL");
+        ct__err_set(CT_EINVAL, "npy_load: path is NULL");
         return NULL;
     }
     ct_npy_options o = opts ? *opts : (ct_npy_options){0};
     if ((unsigned)o.mmap > CT_NPY_MMAP_ALWAYS) {
-        ct__seterr(CT_EINVAL, "npy: %s: opts->mmap is %d, not a ct_npy_mmap", name, (int)o.mmap);
+        ct__err_set(CT_EINVAL, "npy: %s: opts->mmap is %d, not a ct_npy_mmap", name, (int)o.mmap);
         return NULL;
     }
     int64_t size = 0;
@@ -686,8 +687,8 @@ static int create_temp(int dir, const char *what, const char *base, char *tmp, s
         int fd = openat(dir, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
         if (fd >= 0 || errno != EEXIST || tries == 100) {
             if (fd < 0)
-                ct__seterr(CT_EIO, "npy_save: %s: cannot create the file %s beside it: %s", what,
-                           tmp, strerror(errno));
+                ct__err_set(CT_EIO, "npy_save: %s: cannot create the file %s beside it: %s", what,
+                            tmp, strerror(errno));
             return fd;
         }
     }
@@ -701,46 +702,46 @@ static int write_file(int dir, const char *what, const char *base, const ct_tens
     if (fd < 0)
         return ct_errcode();
     ct__writer w = {.shown = shown, .fd = fd};
-    int rc = ct__writer_put(&w, header, hlen);
+    int rc = ct__file_writer_put(&w, header, hlen);
     if (rc == 0)
-        rc = ct__for_each_run(t, ct__writer_put, &w);
+        rc = ct__tensor_for_each_run(t, ct__file_writer_put, &w);
     if (rc == 0)
-        rc = ct__writer_flush(&w);
-    ct__writer_free(&w);
+        rc = ct__file_writer_flush(&w);
+    ct__file_writer_free(&w);
     return ct__file_commit(dir, fd, tmp, base, rc, shown);
 }
 
 int ct_npy_save_at(int dirfd, const char *name, const ct_tensor *t) {
     if (!name || !name[0])
-        return ct__seterr(CT_EINVAL, "npy_save: path is %s", name ? "empty" : "NULL");
+        return ct__err_set(CT_EINVAL, "npy_save: path is %s", name ? "empty" : "NULL");
     ct_tensor *src = (ct_tensor *)t;
     if (CT__CHECK_ANY("npy_save", src))
-        return ct__seterr(ct_errcode(), "npy_save: %s: %s", name, ct_errmsg());
+        return ct__err_set(ct_errcode(), "npy_save: %s: %s", name, ct_errmsg());
     const char *descr = descr_of(t->dtype);
     if (!descr)
-        return ct__seterr(CT_ENOTSUP,
-                          "npy_save: %s: numpy has no %s dtype; save ct_to_dtype(t, CT_FLOAT32), "
-                          "which holds every %s value exactly",
-                          name, ct_dtype_name(t->dtype), ct_dtype_name(t->dtype));
+        return ct__err_set(CT_ENOTSUP,
+                           "npy_save: %s: numpy has no %s dtype; save ct_to_dtype(t, CT_FLOAT32), "
+                           "which holds every %s value exactly",
+                           name, ct_dtype_name(t->dtype), ct_dtype_name(t->dtype));
     const char *slash = strrchr(name, '/');
     const char *base = slash ? slash + 1 : name;
     if (!base[0])
-        return ct__seterr(CT_EINVAL, "npy_save: %s: the path names a directory, not a file", name);
+        return ct__err_set(CT_EINVAL, "npy_save: %s: the path names a directory, not a file", name);
     char *dirname = slash ? strndup(name, slash == name ? 1 : (size_t)(slash - name)) : NULL;
     if (slash && !dirname)
-        return ct__seterr(CT_ENOMEM, "npy_save: %s: out of memory", name);
+        return ct__err_set(CT_ENOMEM, "npy_save: %s: out of memory", name);
     int dir = openat(dirfd, dirname ? dirname : ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     int rc = 0;
     if (dir < 0)
-        rc = ct__seterr(CT_EIO, "npy_save: %s: cannot open the directory %s: %s", name,
-                        dirname ? dirname : ".", strerror(errno));
+        rc = ct__err_set(CT_EIO, "npy_save: %s: cannot open the directory %s: %s", name,
+                         dirname ? dirname : ".", strerror(errno));
     free(dirname);
     if (rc)
         return rc;
     ct_tensor *host = NULL;
-    if (!ct__is_host(ct_tensor_device(t)) && !(host = ct__own(ct_to(src, CT_DEVICE_CPU))))
-        rc = ct__seterr(ct_errcode(), "npy_save: %s: copying the tensor to the host: %s", name,
-                        ct_errmsg());
+    if (!ct__is_host(ct_tensor_device(t)) && !(host = ct__tensor_own(ct_to(src, CT_DEVICE_CPU))))
+        rc = ct__err_set(ct_errcode(), "npy_save: %s: copying the tensor to the host: %s", name,
+                         ct_errmsg());
     if (rc == 0) {
         char header[HEADER_CAP];
         size_t hlen = make_header(header, descr, t->ndim, t->sizes);

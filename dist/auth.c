@@ -41,14 +41,14 @@ static const char *secret_origin; /* NULL until the secret is known */
 
 static int check_secret(const char *s, size_t len, const char *what) {
     if (len < CT_SECRET_MIN || len > CT_SECRET_MAX)
-        return ct__seterr(CT_EINVAL, "secret: %s is %zu bytes; expected %d to %d", what, len,
-                          CT_SECRET_MIN, CT_SECRET_MAX);
+        return ct__err_set(CT_EINVAL, "secret: %s is %zu bytes; expected %d to %d", what, len,
+                           CT_SECRET_MIN, CT_SECRET_MAX);
     for (size_t i = 0; i < len; i++)
         if ((unsigned char)s[i] < 0x21 || (unsigned char)s[i] > 0x7e)
-            return ct__seterr(CT_EINVAL,
-                              "secret: %s has a byte 0x%02x at offset %zu; expected printable "
-                              "ASCII without spaces",
-                              what, (unsigned char)s[i], i);
+            return ct__err_set(CT_EINVAL,
+                               "secret: %s has a byte 0x%02x at offset %zu; expected printable "
+                               "ASCII without spaces",
+                               what, (unsigned char)s[i], i);
     return 0;
 }
 
@@ -66,7 +66,7 @@ static int store_secret(const char *s, size_t len, const char *origin) {
 
 int ct_secret_set(const char *s) {
     if (!s)
-        return ct__seterr(CT_EINVAL, "ct_secret_set: the secret is NULL");
+        return ct__err_set(CT_EINVAL, "ct_secret_set: the secret is NULL");
     pthread_mutex_lock(&secret_mu);
     int rc = store_secret(s, strlen(s), "the secret set by the program");
     pthread_mutex_unlock(&secret_mu);
@@ -79,7 +79,7 @@ int ct_secret_generate(char out[CT_SECRET_HEX_LEN + 1]) {
     while (got < sizeof raw) {
         ssize_t n = getrandom(raw + got, sizeof raw - got, 0);
         if (n < 0 && errno != EINTR)
-            return ct__seterr(CT_EFOREIGN, "secret: getrandom failed: %s", strerror(errno));
+            return ct__err_set(CT_EFOREIGN, "secret: getrandom failed: %s", strerror(errno));
         got += n > 0 ? (size_t)n : 0;
     }
     for (size_t i = 0; i < sizeof raw; i++)
@@ -89,29 +89,29 @@ int ct_secret_generate(char out[CT_SECRET_HEX_LEN + 1]) {
 
 int ct_secret_read_file(const char *path, char out[CT_SECRET_MAX + 1]) {
     if (!path || !*path)
-        return ct__seterr(CT_EINVAL, "secret file: the path is %s", path ? "empty" : "NULL");
+        return ct__err_set(CT_EINVAL, "secret file: the path is %s", path ? "empty" : "NULL");
     /* O_NONBLOCK: a FIFO in its place must not hang the reader. */
     int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (fd < 0)
-        return ct__seterr(errno == ELOOP ? CT_EINVAL : CT_EIO, "secret file %s: %s", path,
-                          errno == ELOOP ? "is a symbolic link; name the file itself"
-                                         : strerror(errno));
+        return ct__err_set(errno == ELOOP ? CT_EINVAL : CT_EIO, "secret file %s: %s", path,
+                           errno == ELOOP ? "is a symbolic link; name the file itself"
+                                          : strerror(errno));
     struct stat st;
     int rc = 0;
     if (fstat(fd, &st) != 0)
-        rc = ct__seterr(CT_EIO, "secret file %s: %s", path, strerror(errno));
+        rc = ct__err_set(CT_EIO, "secret file %s: %s", path, strerror(errno));
     else if (!S_ISREG(st.st_mode))
-        rc = ct__seterr(CT_EINVAL, "secret file %s: not a regular file", path);
+        rc = ct__err_set(CT_EINVAL, "secret file %s: not a regular file", path);
     else if (st.st_uid != geteuid())
-        rc = ct__seterr(CT_EINVAL, "secret file %s: owned by uid %u, not by this user (%u)", path,
-                        (unsigned)st.st_uid, (unsigned)geteuid());
+        rc = ct__err_set(CT_EINVAL, "secret file %s: owned by uid %u, not by this user (%u)", path,
+                         (unsigned)st.st_uid, (unsigned)geteuid());
     else if (st.st_mode & 077)
-        rc = ct__seterr(CT_EINVAL,
-                        "secret file %s: mode %03o lets others read or change it; chmod 600 it",
-                        path, (unsigned)(st.st_mode & 0777));
+        rc = ct__err_set(CT_EINVAL,
+                         "secret file %s: mode %03o lets others read or change it; chmod 600 it",
+                         path, (unsigned)(st.st_mode & 0777));
     else if (st.st_size > CT_SECRET_MAX + 2)
-        rc = ct__seterr(CT_EINVAL, "secret file %s: %lld bytes; a secret is at most %d", path,
-                        (long long)st.st_size, CT_SECRET_MAX);
+        rc = ct__err_set(CT_EINVAL, "secret file %s: %lld bytes; a secret is at most %d", path,
+                         (long long)st.st_size, CT_SECRET_MAX);
     size_t len = 0;
     char buf[CT_SECRET_MAX + 3];
     while (!rc) {
@@ -119,7 +119,7 @@ int ct_secret_read_file(const char *path, char out[CT_SECRET_MAX + 1]) {
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0)
-            rc = ct__seterr(CT_EIO, "secret file %s: %s", path, strerror(errno));
+            rc = ct__err_set(CT_EIO, "secret file %s: %s", path, strerror(errno));
         else if (n == 0 || (len += (size_t)n) == sizeof buf)
             break;
     }
@@ -151,7 +151,7 @@ static int find_secret(void) {
     return rc ? rc : store_secret(buf, strlen(buf), "this process's random secret");
 }
 
-int ct__secret_copy(char out[CT_SECRET_MAX + 1]) {
+int ct__auth_secret_copy(char out[CT_SECRET_MAX + 1]) {
     pthread_mutex_lock(&secret_mu);
     int rc = find_secret();
     if (!rc)
@@ -166,19 +166,19 @@ static int setopt_text(void *sock, int opt, const char *value) {
 
 int ct__auth_client(void *sock, const char *user) {
     char s[CT_SECRET_MAX + 1];
-    int rc = ct__secret_copy(s);
+    int rc = ct__auth_secret_copy(s);
     if (rc)
         return rc;
     if (setopt_text(sock, ZMQ_PLAIN_USERNAME, user) || setopt_text(sock, ZMQ_PLAIN_PASSWORD, s))
-        rc = ct__seterr(CT_EFOREIGN, "auth: cannot set zmq's credentials: %s",
-                        zmq_strerror(zmq_errno()));
+        rc = ct__err_set(CT_EFOREIGN, "auth: cannot set zmq's credentials: %s",
+                         zmq_strerror(zmq_errno()));
     memset(s, 0, sizeof s);
     return rc;
 }
 
 int ct__auth_listen(void *ctx, void *sock, ct__auth *a, const char *who) {
     *a = (ct__auth){.who = who};
-    int rc = ct__secret_copy(a->secret);
+    int rc = ct__auth_secret_copy(a->secret);
     if (rc)
         return rc;
     int one = 1, zero = 0;
@@ -188,8 +188,8 @@ int ct__auth_listen(void *ctx, void *sock, ct__auth *a, const char *who) {
         zmq_getsockopt(a->zap, ZMQ_FD, &a->fd, &fd_len) ||
         zmq_setsockopt(sock, ZMQ_PLAIN_SERVER, &one, sizeof one) ||
         setopt_text(sock, ZMQ_ZAP_DOMAIN, ZAP_DOMAIN)) {
-        rc = ct__seterr(CT_EFOREIGN, "%s: cannot set up authentication: %s", who,
-                        zmq_strerror(zmq_errno()));
+        rc = ct__err_set(CT_EFOREIGN, "%s: cannot set up authentication: %s", who,
+                         zmq_strerror(zmq_errno()));
         ct__auth_close(a);
     }
     return rc;
@@ -249,7 +249,7 @@ static bool serve_one(ct__auth *a) {
     while (more) {
         zmq_msg_t *m = &f[n < ZAP_NFRAMES ? n : ZAP_NFRAMES];
         zmq_msg_init(m);
-        if (ct__zmq_recv(m, a->zap, ZMQ_DONTWAIT) < 0) {
+        if (ct__dist_zmq_recv(m, a->zap, ZMQ_DONTWAIT) < 0) {
             zmq_msg_close(m);
             break;
         }

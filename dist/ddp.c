@@ -94,19 +94,19 @@ typedef enum host_op { HOST_ALLGATHER, HOST_ALLREDUCE_SUM, HOST_BROADCAST_0 } ho
  * tensor but for allgather), through copies on the communicator's device
  * when it takes CUDA tensors. */
 static int on_host(ct_ddp *d, host_op kind, ct_tensor *out, ct_tensor *in) {
-    ct_tensor *dout = ct__own(ct_to(out, d->device));
-    ct_tensor *din = in != out ? ct__own(ct_to(in, d->device))
+    ct_tensor *dout = ct__tensor_own(ct_to(out, d->device));
+    ct_tensor *din = in != out ? ct__tensor_own(ct_to(in, d->device))
                      : dout    ? ct_tensor_retain(dout)
                                : NULL;
     int rc = !dout || !din                ? ct_errcode()
              : kind == HOST_ALLGATHER     ? ct_comm_allgather(d->comm, dout, din, NULL)
              : kind == HOST_ALLREDUCE_SUM ? ct_comm_allreduce(d->comm, dout, CT_REDUCE_SUM, NULL)
                                           : ct_comm_broadcast(d->comm, dout, 0, NULL);
-    ct_tensor *back = rc ? NULL : ct__own(ct_to(dout, CT_DEVICE_CPU));
+    ct_tensor *back = rc ? NULL : ct__tensor_own(ct_to(dout, CT_DEVICE_CPU));
     if (!rc && !back)
         rc = ct_errcode();
     else if (back && back != out)
-        ct__copy_into(out, back);
+        ct__cpu_copy_into(out, back);
     ct_tensor_free(back);
     ct_tensor_free(din);
     ct_tensor_free(dout);
@@ -121,7 +121,7 @@ static char *describe(const ct_param_list *pl, size_t *len) {
     char *s = malloc(cap);
     for (int i = 0; s && i < pl->n; i++) {
         char desc[CT__DESC_STR];
-        ct__desc(desc, pl->tensors[i]);
+        ct__tensor_desc(desc, pl->tensors[i]);
         size_t need = strlen(pl->names[i]) + strlen(desc) + 3;
         if (n + need >= cap) {
             cap = 2 * (n + need);
@@ -161,8 +161,8 @@ static int explain_mismatch(ct_ddp *d, const char *mine, size_t len, char *msg, 
     int size = ct_comm_size(d->comm);
     int64_t my_len = (int64_t)len;
     int rc = 0;
-    ct_tensor *lens = ct__own(ct_empty(1, (int64_t[]){size}, CT_INT64));
-    ct_tensor *one = ct__own(ct_from_data(&my_len, 1, (int64_t[]){1}, CT_INT64));
+    ct_tensor *lens = ct__tensor_own(ct_empty(1, (int64_t[]){size}, CT_INT64));
+    ct_tensor *one = ct__tensor_own(ct_from_data(&my_len, 1, (int64_t[]){1}, CT_INT64));
     if (!lens || !one || (rc = on_host(d, HOST_ALLGATHER, lens, one))) {
         rc = rc ? rc : ct_errcode();
         goto done;
@@ -171,8 +171,8 @@ static int explain_mismatch(ct_ddp *d, const char *mine, size_t len, char *msg, 
     for (int r = 0; r < size; r++)
         longest = ((int64_t *)ct_data_ptr(lens))[r] > longest ? ((int64_t *)ct_data_ptr(lens))[r]
                                                               : longest;
-    ct_tensor *pad = ct__own(ct_zeros(1, (int64_t[]){longest + 1}, CT_UINT8));
-    ct_tensor *all = ct__own(ct_empty(1, (int64_t[]){size * (longest + 1)}, CT_UINT8));
+    ct_tensor *pad = ct__tensor_own(ct_zeros(1, (int64_t[]){longest + 1}, CT_UINT8));
+    ct_tensor *all = ct__tensor_own(ct_empty(1, (int64_t[]){size * (longest + 1)}, CT_UINT8));
     if (pad && all) {
         memcpy(ct_data_ptr(pad), mine, len);
         rc = on_host(d, HOST_ALLGATHER, all, pad);
@@ -212,11 +212,11 @@ static int check_same_model(ct_ddp *d) {
     size_t len;
     char *mine = describe(&d->params, &len);
     if (!mine)
-        return ct__seterr(CT_ENOMEM, "%s: out of memory", op);
+        return ct__err_set(CT_ENOMEM, "%s: out of memory", op);
     int size = ct_comm_size(d->comm);
     int64_t h = (int64_t)ct__fnv1a(mine, len);
-    ct_tensor *hashes = ct__own(ct_empty(1, (int64_t[]){size}, CT_INT64));
-    ct_tensor *one = ct__own(ct_from_data(&h, 1, (int64_t[]){1}, CT_INT64));
+    ct_tensor *hashes = ct__tensor_own(ct_empty(1, (int64_t[]){size}, CT_INT64));
+    ct_tensor *one = ct__tensor_own(ct_from_data(&h, 1, (int64_t[]){1}, CT_INT64));
     int rc = hashes && one ? on_host(d, HOST_ALLGATHER, hashes, one) : ct_errcode();
     bool same = true;
     for (int r = 0; rc == 0 && r < size; r++)
@@ -225,7 +225,7 @@ static int check_same_model(ct_ddp *d) {
         char msg[2048];
         rc = explain_mismatch(d, mine, len, msg, sizeof msg);
         if (rc == 0)
-            rc = ct__seterr(CT_EMISMATCH, "%s: rank %d: %s", op, ct_comm_rank(d->comm), msg);
+            rc = ct__err_set(CT_EMISMATCH, "%s: rank %d: %s", op, ct_comm_rank(d->comm), msg);
     }
     ct_tensor_free(hashes);
     ct_tensor_free(one);
@@ -242,7 +242,7 @@ static int broadcast_state(ct_ddp *d, ct_module *model) {
     int n = d->params.n + buffers.n;
     ct_work **works = calloc((size_t)n + 1, sizeof *works);
     if (!rc && !works)
-        rc = ct__seterr(CT_ENOMEM, "%s: out of memory", op);
+        rc = ct__err_set(CT_ENOMEM, "%s: out of memory", op);
     for (int i = 0; !rc && i < n; i++) {
         ct_tensor *t = i < d->params.n ? d->params.tensors[i] : buffers.tensors[i - d->params.n];
         rc = ct_comm_broadcast(d->comm, t, 0, &works[i]);
@@ -282,12 +282,12 @@ static int build_buckets(ct_ddp *d) {
     /* In memory every rank maps, the buffer's allreduce reads the peers'
      * gradients where they lie (ct_comm_zeros). A collective: every rank
      * builds its buckets at the same point. */
-    ct_tensor *flat = ct__own(ct_comm_zeros(d->comm, 1, &total, d->dtype));
+    ct_tensor *flat = ct__tensor_own(ct_comm_zeros(d->comm, 1, &total, d->dtype));
     ddp_bucket *b = calloc((size_t)d->n, sizeof *b);
     if (!flat || !b) {
         ct_tensor_free(flat);
         free(b);
-        return ct_errcode() ? ct_errcode() : ct__seterr(CT_ENOMEM, "%s: out of memory", op);
+        return ct_errcode() ? ct_errcode() : ct__err_set(CT_ENOMEM, "%s: out of memory", op);
     }
     int64_t esize = (int64_t)ct_dtype_size(d->dtype), top = total;
     int nb = 0;
@@ -313,21 +313,22 @@ static int build_buckets(ct_ddp *d) {
     int rc = 0;
     for (int i = 0; !rc && i < d->n; i++) {
         param *p = &d->p[i];
-        ct_tensor *slice = ct__own(ct_narrow(flat, 0, p->offset, p->numel));
-        ct_tensor *view = slice ? ct__own(ct_view(slice, ct_ndim(p->t), ct_sizes(p->t))) : NULL;
+        ct_tensor *slice = ct__tensor_own(ct_narrow(flat, 0, p->offset, p->numel));
+        ct_tensor *view =
+            slice ? ct__tensor_own(ct_view(slice, ct_ndim(p->t), ct_sizes(p->t))) : NULL;
         ct_tensor_free(slice);
         ct_tensor *old = ct_tensor_grad(p->t);
-        rc = !view ? ct_errcode() : old ? ct__copy_any(view, old) : 0;
+        rc = !view ? ct_errcode() : old ? ct__tensor_copy_any(view, old) : 0;
         if (!rc)
             rc = ct_tensor_set_grad(p->t, view);
         ct_tensor_free(p->grad);
         p->grad = view;
     }
     for (int i = 0; !rc && i < nb; i++) {
-        b[i].view = ct__own(ct_narrow(flat, 0, b[i].lo, b[i].numel));
+        b[i].view = ct__tensor_own(ct_narrow(flat, 0, b[i].lo, b[i].numel));
         b[i].names = calloc((size_t)b[i].n + 1, sizeof *b[i].names);
         if (!b[i].view || !b[i].names)
-            rc = ct_errcode() ? ct_errcode() : ct__seterr(CT_ENOMEM, "%s: out of memory", op);
+            rc = ct_errcode() ? ct_errcode() : ct__err_set(CT_ENOMEM, "%s: out of memory", op);
         for (int k = 0; !rc && k < b[i].n; k++)
             b[i].names[k] = d->p[d->order[b[i].first + k]].name;
         b[i].pending = b[i].n;
@@ -338,7 +339,7 @@ static int build_buckets(ct_ddp *d) {
     ct_tensor_free(d->flat);
     d->flat = flat;
     ct_tensor_free(d->map);
-    d->map = ct__own(ct_narrow(flat, 0, 0, d->n));
+    d->map = ct__tensor_own(ct_narrow(flat, 0, 0, d->n));
     return rc ? rc : d->map ? 0 : ct_errcode();
 }
 
@@ -348,12 +349,12 @@ static int build_buckets(ct_ddp *d) {
  * synchronized step (or any, once it has joined); averaged, 1 means every
  * rank used it. It goes out with the last bucket. */
 static int write_usage_map(ct_ddp *d) {
-    int rc = ct__copy_any(d->map, d->one);
+    int rc = ct__tensor_copy_any(d->map, d->one);
     for (int k = 0; !rc && !d->joined && k < d->n; k++) {
         if (d->p[k].used)
             continue;
-        ct_tensor *entry = ct__own(ct_narrow(d->map, 0, k, 1));
-        rc = entry ? ct__copy_any(entry, d->zero) : ct_errcode();
+        ct_tensor *entry = ct__tensor_own(ct_narrow(d->map, 0, k, 1));
+        rc = entry ? ct__tensor_copy_any(entry, d->zero) : ct_errcode();
         ct_tensor_free(entry);
     }
     return rc;
@@ -385,7 +386,7 @@ static int keep_view(param *p) {
     ct_tensor *g = ct_tensor_grad(p->t);
     if (g == p->grad)
         return 0;
-    CT_TRY(ct__copy_any(p->grad, g ? g : p->ddp->zero));
+    CT_TRY(ct__tensor_copy_any(p->grad, g ? g : p->ddp->zero));
     return ct_tensor_set_grad(p->t, p->grad);
 }
 
@@ -394,7 +395,7 @@ static int finalize(void *ctx);
 /* Uneven inputs: how many ranks still train (this one counts if it does). */
 static int count_training(ct_ddp *d, int *training) {
     int32_t mine = d->joined ? 0 : 1;
-    ct_tensor *t = ct__own(ct_from_data(&mine, 1, (int64_t[]){1}, CT_INT32));
+    ct_tensor *t = ct__tensor_own(ct_from_data(&mine, 1, (int64_t[]){1}, CT_INT32));
     int rc = t ? on_host(d, HOST_ALLREDUCE_SUM, t, t) : ct_errcode();
     if (!rc)
         *training = ((int32_t *)ct_data_ptr(t))[0];
@@ -446,7 +447,7 @@ static int unused_error(ct_ddp *d) {
     int size = ct_comm_size(d->comm), listed = 0, count = 0;
     char names[1024] = "";
     size_t used = 0;
-    ct_tensor *map = ct__own(ct_to(d->map, CT_DEVICE_CPU));
+    ct_tensor *map = ct__tensor_own(ct_to(d->map, CT_DEVICE_CPU));
     if (!map)
         return ct_errcode();
     for (int k = 0; k < d->n; k++) {
@@ -463,18 +464,18 @@ static int unused_error(ct_ddp *d) {
     ct_tensor_free(map);
     if (!count || d->o.find_unused_parameters)
         return 0;
-    return ct__seterr(CT_ESTATE,
-                      "%s: %d parameter%s got no gradient on some ranks in this iteration: %s%s. "
-                      "Make every parameter take part in the loss, or pass "
-                      "find_unused_parameters to ct_ddp_new",
-                      op, count, count > 1 ? "s" : "", names, count > listed ? ", ..." : "");
+    return ct__err_set(CT_ESTATE,
+                       "%s: %d parameter%s got no gradient on some ranks in this iteration: %s%s. "
+                       "Make every parameter take part in the loss, or pass "
+                       "find_unused_parameters to ct_ddp_new",
+                       op, count, count > 1 ? "s" : "", names, count > listed ? ", ..." : "");
 }
 
 /* Agrees on rank 0's arrival order and rebuilds the buckets in it. */
 static int rebuild(ct_ddp *d) {
     bool *seen = calloc((size_t)d->n, sizeof *seen);
-    ct_tensor *order = ct__own(ct_empty(1, (int64_t[]){d->n}, CT_INT64));
-    int rc = seen && order ? 0 : ct__seterr(CT_ENOMEM, "%s: out of memory", op);
+    ct_tensor *order = ct__tensor_own(ct_empty(1, (int64_t[]){d->n}, CT_INT64));
+    int rc = seen && order ? 0 : ct__err_set(CT_ENOMEM, "%s: out of memory", op);
     int64_t *o = order ? ct_data_ptr(order) : NULL;
     int k = 0;
     for (int i = 0; !rc && i < d->narrivals; i++)
@@ -513,7 +514,7 @@ static int finalize(void *ctx) {
         /* It counts as zero, whatever the gradient held before; and after
          * zero_grad with set_to_none it gets the view back, since other
          * ranks may have used it: the optimizer must see the average. */
-        rc = ct__copy_any(p->grad, d->zero);
+        rc = ct__tensor_copy_any(p->grad, d->zero);
         if (!rc && ct_tensor_grad(p->t) != p->grad)
             rc = ct_tensor_set_grad(p->t, p->grad);
     }
@@ -568,7 +569,7 @@ ct_ddp_options ct_ddp_defaults(void) {
 /* "cpu", "cuda:1" */
 static int check_params(ct_ddp *d) {
     if (d->n == 0)
-        return ct__seterr(CT_EINVAL, "%s: the model has no parameters", op);
+        return ct__err_set(CT_EINVAL, "%s: the model has no parameters", op);
     d->dtype = ct_tensor_dtype(d->params.tensors[0]);
     d->device = ct_comm_device(d->comm);
     for (int i = 0; i < d->n; i++) {
@@ -577,22 +578,22 @@ static int check_params(ct_ddp *d) {
         ct_device dev = ct_tensor_device(t);
         char on[CT_DEVICE_STR], wants[CT_DEVICE_STR];
         if (!ct_device_equal(dev, d->device))
-            return ct__seterr(CT_EDEVICE,
-                              "%s: parameter %s (%s) is on %s, but the communicator (%s) takes "
-                              "tensors on %s; move the model there, or use a communicator for "
-                              "its device",
-                              op, d->params.names[i], ct__desc(desc, t), ct_device_str(dev, on),
-                              ct_backend_name(ct_comm_backend(d->comm)),
-                              ct_device_str(d->device, wants));
+            return ct__err_set(CT_EDEVICE,
+                               "%s: parameter %s (%s) is on %s, but the communicator (%s) takes "
+                               "tensors on %s; move the model there, or use a communicator for "
+                               "its device",
+                               op, d->params.names[i], ct__tensor_desc(desc, t),
+                               ct_device_str(dev, on), ct_backend_name(ct_comm_backend(d->comm)),
+                               ct_device_str(d->device, wants));
         if (ct_tensor_dtype(t) != d->dtype || (d->dtype != CT_FLOAT32 && d->dtype != CT_FLOAT64))
-            return ct__seterr(CT_EDTYPE,
-                              "%s: parameter %s is %s; every parameter must be float32, or every "
-                              "one float64",
-                              op, d->params.names[i], ct__desc(desc, t));
+            return ct__err_set(CT_EDTYPE,
+                               "%s: parameter %s is %s; every parameter must be float32, or every "
+                               "one float64",
+                               op, d->params.names[i], ct__tensor_desc(desc, t));
         if (!ct_is_contiguous(t) || !ct_requires_grad(t))
-            return ct__seterr(CT_EINVAL,
-                              "%s: parameter %s (%s) must be contiguous and require grad", op,
-                              d->params.names[i], ct__desc(desc, t));
+            return ct__err_set(CT_EINVAL,
+                               "%s: parameter %s (%s) must be contiguous and require grad", op,
+                               d->params.names[i], ct__tensor_desc(desc, t));
     }
     return 0;
 }
@@ -615,12 +616,12 @@ static int choose_progress(ct_ddp *d) {
 
 ct_ddp *ct_ddp_new(ct_comm *comm, ct_module *model, const ct_ddp_options *opts) {
     if (!comm || !model) {
-        ct__seterr(CT_EINVAL, "%s: comm and model must not be NULL", op);
+        ct__err_set(CT_EINVAL, "%s: comm and model must not be NULL", op);
         return NULL;
     }
     ct_ddp *d = calloc(1, sizeof *d);
     if (!d) {
-        ct__seterr(CT_ENOMEM, "%s: out of memory", op);
+        ct__err_set(CT_ENOMEM, "%s: out of memory", op);
         return NULL;
     }
     d->magic = DDP_MAGIC;
@@ -637,8 +638,8 @@ ct_ddp *ct_ddp_new(ct_comm *comm, ct_module *model, const ct_ddp_options *opts) 
     if (!rc)
         rc = check_params(d);
     if (!rc) {
-        d->zero = ct__own(ct_full_on(0, NULL, 0, d->dtype, d->device));
-        d->one = ct__own(ct_full_on(0, NULL, 1, d->dtype, d->device));
+        d->zero = ct__tensor_own(ct_full_on(0, NULL, 0, d->dtype, d->device));
+        d->one = ct__tensor_own(ct_full_on(0, NULL, 1, d->dtype, d->device));
         rc = d->zero && d->one ? 0 : ct_errcode();
     }
     if (!rc)
@@ -650,7 +651,7 @@ ct_ddp *ct_ddp_new(ct_comm *comm, ct_module *model, const ct_ddp_options *opts) 
         d->order = malloc((size_t)d->n * sizeof *d->order);
         d->arrivals = malloc((size_t)d->n * sizeof *d->arrivals);
         if (!d->p || !d->order || !d->arrivals)
-            rc = ct__seterr(CT_ENOMEM, "%s: out of memory", op);
+            rc = ct__err_set(CT_ENOMEM, "%s: out of memory", op);
     }
     for (int i = 0; !rc && i < d->n; i++) {
         d->p[i] = (param){.ddp = d,
@@ -687,7 +688,7 @@ void ct_ddp_free(ct_ddp *d) {
             ct_tensor_remove_hook(p->t, p->hook);
         /* The parameter keeps its gradient, in storage of its own. */
         if (p->grad && ct_tensor_grad(p->t) == p->grad) {
-            ct_tensor *copy = ct__own(ct_clone(p->grad));
+            ct_tensor *copy = ct__tensor_own(ct_clone(p->grad));
             ct_tensor_set_grad(p->t, copy);
             ct_tensor_free(copy);
         }
@@ -712,7 +713,7 @@ void ct_ddp_free(ct_ddp *d) {
 
 static int check_ddp(const ct_ddp *d, const char *fn) {
     if (!d || d->magic != DDP_MAGIC)
-        return ct__seterr(CT_EINVAL, "%s: not a live ct_ddp", fn);
+        return ct__err_set(CT_EINVAL, "%s: not a live ct_ddp", fn);
     return 0;
 }
 
@@ -765,8 +766,8 @@ const char *const *ct_ddp_bucket_names(const ct_ddp *d, int bucket) {
     if (check_ddp(d, "ddp_bucket_names"))
         return NULL;
     if (bucket < 0 || bucket >= d->nbuckets) {
-        ct__seterr(CT_EINVAL, "ddp_bucket_names: bucket %d is outside [0, %d)", bucket,
-                   d->nbuckets);
+        ct__err_set(CT_EINVAL, "ddp_bucket_names: bucket %d is outside [0, %d)", bucket,
+                    d->nbuckets);
         return NULL;
     }
     return d->b[bucket].names;
@@ -786,7 +787,7 @@ static int bf16_start(ct_comm *comm, ct_tensor *bucket, int index, void *ctx, ct
     if (index >= st->n) {
         ct_tensor **grown = realloc(st->wire, (size_t)(index + 1) * sizeof *grown);
         if (!grown)
-            return ct__seterr(CT_ENOMEM, "%s: bf16 hook: out of memory", op);
+            return ct__err_set(CT_ENOMEM, "%s: bf16 hook: out of memory", op);
         for (int i = st->n; i <= index; i++)
             grown[i] = NULL;
         st->wire = grown;
@@ -795,17 +796,17 @@ static int bf16_start(ct_comm *comm, ct_tensor *bucket, int index, void *ctx, ct
     ct_tensor **wire = &st->wire[index];
     if (!*wire || ct_numel(*wire) != ct_numel(bucket)) {
         ct_tensor_free(*wire);
-        if (!(*wire = ct__own(ct_empty_on(1, (int64_t[]){ct_numel(bucket)}, CT_BFLOAT16,
-                                          ct_tensor_device(bucket)))))
+        if (!(*wire = ct__tensor_own(ct_empty_on(1, (int64_t[]){ct_numel(bucket)}, CT_BFLOAT16,
+                                                 ct_tensor_device(bucket)))))
             return ct_errcode();
     }
-    CT_TRY(ct__copy_any(*wire, bucket));
+    CT_TRY(ct__tensor_copy_any(*wire, bucket));
     return ct_comm_allreduce(comm, *wire, CT_REDUCE_AVG, work);
 }
 
 static int bf16_finish(ct_comm *comm, ct_tensor *bucket, int index, void *ctx) {
     bf16_state *st = ctx;
-    return ct__copy_any(bucket, st->wire[index]);
+    return ct__tensor_copy_any(bucket, st->wire[index]);
 }
 
 static void bf16_free(void *ctx) {

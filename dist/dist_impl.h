@@ -118,12 +118,12 @@ const char *ct__store_op_name(int op);
  * overrides it ("*" for every interface, when that is wanted). Errors:
  * CT_EINVAL naming the host that does not resolve or resolves to loopback. */
 #define CT__BIND_LEN 128
-int ct__listen_address(const ct_world *w, const char *name, char bind[CT__BIND_LEN],
-                       char host[256]);
+int ct__dist_listen_address(const ct_world *w, const char *name, char bind[CT__BIND_LEN],
+                            char host[256]);
 
 /* A limit from the environment: variable name, a whole number >= 1, or def
  * when unset. Errors: CT_EINVAL naming the variable and its value. */
-int ct__env_limit(const char *name, size_t def, size_t *out);
+int ct__dist_env_limit(const char *name, size_t def, size_t *out);
 
 /* ------------------------------------------------------------- auth (auth.c) */
 
@@ -156,7 +156,7 @@ void ct__auth_close(ct__auth *a);
  * listener sees ("User-Id" on its messages). */
 int ct__auth_client(void *sock, const char *user);
 /* Copies the process's secret, finding it first if needed. */
-int ct__secret_copy(char out[CT_SECRET_MAX + 1]);
+int ct__auth_secret_copy(char out[CT_SECRET_MAX + 1]);
 
 /* zmq_msg_recv, with a signal (EINTR) retried. Every read of a message's
  * later parts goes through it: zmq delivers a message whole, so those parts
@@ -164,7 +164,7 @@ int ct__secret_copy(char out[CT_SECRET_MAX + 1]);
  * socket to be read as the start of the next message. Returns what
  * zmq_msg_recv returns; m must be initialised. */
 struct zmq_msg_t;
-int ct__zmq_recv(struct zmq_msg_t *m, void *sock, int flags);
+int ct__dist_zmq_recv(struct zmq_msg_t *m, void *sock, int flags);
 
 /* libzmq is not built with ThreadSanitizer, which thus cannot see that a
  * frame given to zmq_msg_send reaches zmq's own thread, where the frame's

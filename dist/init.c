@@ -11,8 +11,8 @@
  * docs/dist.md describes the choices; this file keeps one process-wide
  * state, touched only by the thread that calls init and finalize, except
  * for the atomics ct_dist_heartbeat() and the heartbeat thread use. */
-#include "dist_impl.h"
 #include "device_impl.h"
+#include "dist_impl.h"
 #include "init_mpi.h"
 
 #include <ct/cuda.h>
@@ -78,7 +78,7 @@ static int CT_PRINTF(1, 2) with_context(const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(prefix, sizeof prefix, fmt, ap);
     va_end(ap);
-    return ct__seterr(code, "%s: %s", prefix, saved);
+    return ct__err_set(code, "%s: %s", prefix, saved);
 }
 
 /* -------------------------------------------------------------- choices */
@@ -109,40 +109,40 @@ static int check_backend(ct_backend b, const ct_world *w) {
     switch (b) {
     case CT_BACKEND_SHM:
         if (ctlaunch && w->local_size != w->size)
-            return ct__seterr(CT_EINVAL,
-                              "dist_init: backend shm needs every rank on one machine, but this "
-                              "job has %d ranks with %d on this machine (CT_WORLD_SIZE, "
-                              "CT_LOCAL_WORLD_SIZE); use the mpi backend under mpirun",
-                              w->size, w->local_size);
+            return ct__err_set(CT_EINVAL,
+                               "dist_init: backend shm needs every rank on one machine, but this "
+                               "job has %d ranks with %d on this machine (CT_WORLD_SIZE, "
+                               "CT_LOCAL_WORLD_SIZE); use the mpi backend under mpirun",
+                               w->size, w->local_size);
         return 0;
     case CT_BACKEND_MPI:
         if (!ct_backend_available(CT_BACKEND_MPI))
-            return ct__seterr(CT_ENOTSUP,
-                              "dist_init: backend mpi: this build of ct has no MPI (configure did "
-                              "not find it; install libopenmpi-dev and rebuild)%s",
-                              w->local_size == w->size ? "; on one machine, use the shm backend"
-                                                       : "");
+            return ct__err_set(CT_ENOTSUP,
+                               "dist_init: backend mpi: this build of ct has no MPI (configure did "
+                               "not find it; install libopenmpi-dev and rebuild)%s",
+                               w->local_size == w->size ? "; on one machine, use the shm backend"
+                                                        : "");
         if (ctlaunch && w->size > 1)
-            return ct__seterr(CT_ENOTSUP,
-                              "dist_init: backend mpi under ctlaunch (%d ranks, %d on this "
-                              "machine): ctlaunch does not start MPI, so the mpi backend needs an "
-                              "MPI launcher: mpirun -np %d ./prog%s",
-                              w->size, w->local_size, w->size,
-                              w->local_size == w->size ? "; on one machine, ctlaunch runs the shm "
-                                                         "backend"
-                                                       : "; ctlaunch across machines needs an MPI "
-                                                         "launcher (mpirun) for the mpi backend");
+            return ct__err_set(CT_ENOTSUP,
+                               "dist_init: backend mpi under ctlaunch (%d ranks, %d on this "
+                               "machine): ctlaunch does not start MPI, so the mpi backend needs an "
+                               "MPI launcher: mpirun -np %d ./prog%s",
+                               w->size, w->local_size, w->size,
+                               w->local_size == w->size ? "; on one machine, ctlaunch runs the shm "
+                                                          "backend"
+                                                        : "; ctlaunch across machines needs an MPI "
+                                                          "launcher (mpirun) for the mpi backend");
         return 0;
     case CT_BACKEND_NCCL:
         if (!ct_backend_available(CT_BACKEND_NCCL))
-            return ct__seterr(CT_ENOTSUP, "dist_init: backend nccl: this build of ct has no "
-                                          "NCCL (it needs CUDA and NCCL at configure time)");
+            return ct__err_set(CT_ENOTSUP, "dist_init: backend nccl: this build of ct has no "
+                                           "NCCL (it needs CUDA and NCCL at configure time)");
         if (ct_cuda_device_count() == 0)
-            return ct__seterr(CT_EDEVICE, "dist_init: backend nccl needs a CUDA device: %s",
-                              ct_cuda_unavailable_reason());
+            return ct__err_set(CT_EDEVICE, "dist_init: backend nccl needs a CUDA device: %s",
+                               ct_cuda_unavailable_reason());
         return 0;
     }
-    return ct__seterr(CT_EINVAL, "dist_init: unknown backend %d", (int)b);
+    return ct__err_set(CT_EINVAL, "dist_init: unknown backend %d", (int)b);
 }
 
 /* The backend: the option, else CT_BACKEND, else the launcher decides: shm
@@ -153,12 +153,12 @@ static int choose_backend(const ct_dist_options *opts, const ct_world *w, ct_bac
                           bool *auto_mpi) {
     int b = BACKEND_AUTO;
     if (opts && opts->backend && !parse_backend(opts->backend, &b))
-        return ct__seterr(CT_EINVAL,
-                          "dist_init: backend \"%s\" is not one of auto, shm, mpi and nccl",
-                          opts->backend);
+        return ct__err_set(CT_EINVAL,
+                           "dist_init: backend \"%s\" is not one of auto, shm, mpi and nccl",
+                           opts->backend);
     const char *env = getenv("CT_BACKEND");
     if (b == BACKEND_AUTO && env && !parse_backend(env, &b))
-        return ct__seterr(
+        return ct__err_set(
             CT_EINVAL, "dist_init: CT_BACKEND=\"%s\" is not one of auto, shm, mpi and nccl", env);
     *auto_mpi = false;
     if (b == BACKEND_AUTO) {
@@ -175,10 +175,10 @@ static int choose_backend(const ct_dist_options *opts, const ct_world *w, ct_bac
 static int choose_timeout(const ct_dist_options *opts, double *out) {
     if (opts && opts->timeout_s != 0) {
         if (!(opts->timeout_s > 0) || !isfinite(opts->timeout_s))
-            return ct__seterr(CT_EINVAL,
-                              "dist_init: timeout_s is %g; expected a finite number of seconds "
-                              "> 0, or 0 for CT_TIMEOUT or the default (%g s)",
-                              opts->timeout_s, CT_COMM_DEFAULT_TIMEOUT);
+            return ct__err_set(CT_EINVAL,
+                               "dist_init: timeout_s is %g; expected a finite number of seconds "
+                               "> 0, or 0 for CT_TIMEOUT or the default (%g s)",
+                               opts->timeout_s, CT_COMM_DEFAULT_TIMEOUT);
         *out = opts->timeout_s;
         return 0;
     }
@@ -191,7 +191,7 @@ static int choose_timeout(const ct_dist_options *opts, double *out) {
     errno = 0;
     double t = strtod(env, &end);
     if (!*env || *end || errno || !(t > 0) || !isfinite(t))
-        return ct__seterr(
+        return ct__err_set(
             CT_EINVAL, "dist_init: CT_TIMEOUT=\"%s\" is not a finite number of seconds > 0", env);
     *out = t;
     return 0;
@@ -219,9 +219,9 @@ static int share(char *buf, const char *what, const char *name) {
         return with_context("dist_init: rank %d waiting for rank 0's %s", g.world.rank, what);
     if (len >= SHARED_LEN) {
         free(value);
-        return ct__seterr(CT_ECORRUPT,
-                          "dist_init: rank 0's %s ('%s') is %zu bytes; expected at most %d", what,
-                          key, len, SHARED_LEN - 1);
+        return ct__err_set(CT_ECORRUPT,
+                           "dist_init: rank 0's %s ('%s') is %zu bytes; expected at most %d", what,
+                           key, len, SHARED_LEN - 1);
     }
     memcpy(buf, value, len + 1);
     free(value);
@@ -234,13 +234,13 @@ static int connect_store(const char *host, int port) {
 }
 
 /* Under an MPI launcher there is no ctlaunch: rank 0 hosts the store on a
- * free port and tells the others where (ct__listen_address). */
+ * free port and tells the others where (ct__dist_listen_address). */
 static int host_store(void) {
     char addr[SHARED_LEN] = "";
     int rc = 0;
     if (g.world.rank == 0) {
         char bind[CT__BIND_LEN], host[256];
-        rc = ct__listen_address(&g.world, getenv("CT_MASTER_ADDR"), bind, host);
+        rc = ct__dist_listen_address(&g.world, getenv("CT_MASTER_ADDR"), bind, host);
         if (!rc && !(g.server = ct_store_server_new(bind, 0)))
             rc = with_context("dist_init: rank 0 cannot host the store");
         if (!rc)
@@ -253,8 +253,8 @@ static int host_store(void) {
         return rc ? rc : shared;
     char *colon = strrchr(addr, ':');
     if (!colon)
-        return ct__seterr(CT_EPEER, "dist_init: rank 0 could not host the store (its own error "
-                                    "says why)");
+        return ct__err_set(CT_EPEER, "dist_init: rank 0 could not host the store (its own error "
+                                     "says why)");
     *colon = 0;
     return connect_store(addr, atoi(colon + 1));
 }
@@ -279,13 +279,13 @@ static int share_nccl_id(unsigned char id[CT_NCCL_ID_BYTES]) {
     if (g.world.rank == 0)
         return 0;
     if (strlen(hex) != 2 * CT_NCCL_ID_BYTES)
-        return ct__seterr(CT_EPEER, "dist_init: rank 0 could not make the NCCL unique id (its own "
-                                    "error says why)");
+        return ct__err_set(CT_EPEER, "dist_init: rank 0 could not make the NCCL unique id (its own "
+                                     "error says why)");
     for (int i = 0; i < CT_NCCL_ID_BYTES; i++) {
         unsigned v;
         if (sscanf(hex + 2 * i, "%2x", &v) != 1)
-            return ct__seterr(CT_ECORRUPT, "dist_init: rank 0's NCCL unique id is not hex: %.16s",
-                              hex + 2 * i);
+            return ct__err_set(CT_ECORRUPT, "dist_init: rank 0's NCCL unique id is not hex: %.16s",
+                               hex + 2 * i);
         id[i] = (unsigned char)v;
     }
     return 0;
@@ -306,8 +306,8 @@ static int make_world_comm(void) {
         unsigned char rnd[16];
         if (g.world.rank == 0) {
             if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd)
-                return ct__seterr(CT_EIO, "dist_init: getrandom for the segment name: %s",
-                                  strerror(errno));
+                return ct__err_set(CT_EIO, "dist_init: getrandom for the segment name: %s",
+                                   strerror(errno));
             int len = snprintf(name, sizeof name, "/ct-%d-%d-%ld-%u-",
                                g.world.master_port > 0 ? g.world.master_port : 0,
                                g.world.restart_count, (long)getpid(), generation);
@@ -390,8 +390,8 @@ static int start_heartbeat(void) {
     if (err) {
         pthread_cond_destroy(&hb->cv);
         pthread_mutex_destroy(&hb->mu);
-        return ct__seterr(CT_EFOREIGN, "dist_init: cannot start the heartbeat thread: %s",
-                          strerror(err));
+        return ct__err_set(CT_EFOREIGN, "dist_init: cannot start the heartbeat thread: %s",
+                           strerror(err));
     }
     hb->running = true;
     return 0;
@@ -440,12 +440,12 @@ static int share_secret(void) {
     int rc = 0;
     if (g.world.rank == 0) {
         char own[CT_SECRET_MAX + 1];
-        rc = ct__secret_copy(own);
+        rc = ct__auth_secret_copy(own);
         if (!rc && strlen(own) >= SHARED_LEN)
-            rc = ct__seterr(CT_EINVAL,
-                            "dist_init: rank 0's job secret is %zu bytes; under an MPI launcher "
-                            "it is shared by MPI and may be at most %d",
-                            strlen(own), SHARED_LEN - 1);
+            rc = ct__err_set(CT_EINVAL,
+                             "dist_init: rank 0's job secret is %zu bytes; under an MPI launcher "
+                             "it is shared by MPI and may be at most %d",
+                             strlen(own), SHARED_LEN - 1);
         if (!rc)
             memcpy(secret, own, strlen(own) + 1);
         memset(own, 0, sizeof own);
@@ -453,8 +453,8 @@ static int share_secret(void) {
     int shared = ct__dist_mpi_share(secret, SHARED_LEN, "the job's secret", g.timeout);
     if (!rc && !shared && g.world.rank != 0)
         rc = secret[0] ? ct_secret_set(secret)
-                       : ct__seterr(CT_EPEER, "dist_init: rank 0 could not share the job's "
-                                              "secret (its own error says why)");
+                       : ct__err_set(CT_EPEER, "dist_init: rank 0 could not share the job's "
+                                               "secret (its own error says why)");
     memset(secret, 0, sizeof secret);
     return rc ? rc : shared;
 }
@@ -471,10 +471,10 @@ static int join(void) {
     if (g.auto_mpi && g.world.local_size == g.world.size)
         g.backend = CT_BACKEND_SHM;
     if (g.backend == CT_BACKEND_SHM && g.world.local_size != g.world.size)
-        return ct__seterr(CT_EINVAL,
-                          "dist_init: backend shm needs every rank on one machine, but MPI puts "
-                          "%d of the %d ranks on this one; use the mpi backend",
-                          g.world.local_size, g.world.size);
+        return ct__err_set(CT_EINVAL,
+                           "dist_init: backend shm needs every rank on one machine, but MPI puts "
+                           "%d of the %d ranks on this one; use the mpi backend",
+                           g.world.local_size, g.world.size);
     /* Each rank on a machine takes its own accelerator, as a PyTorch
      * program does with set_device(local_rank) by hand; the nccl
      * communicator is made on it. */
@@ -484,11 +484,11 @@ static int join(void) {
     else if (is_mpi_launcher(g.world.source))
         rc = host_store();
     else if (g.world.size > 1)
-        rc = ct__seterr(CT_EINVAL,
-                        "dist_init: CT_WORLD_SIZE is %d but CT_MASTER_ADDR and CT_MASTER_PORT "
-                        "are unset, so the ranks have nowhere to meet; start the job with "
-                        "ctlaunch -np %d ./prog",
-                        g.world.size, g.world.size);
+        rc = ct__err_set(CT_EINVAL,
+                         "dist_init: CT_WORLD_SIZE is %d but CT_MASTER_ADDR and CT_MASTER_PORT "
+                         "are unset, so the ranks have nowhere to meet; start the job with "
+                         "ctlaunch -np %d ./prog",
+                         g.world.size, g.world.size);
     if (!rc)
         rc = make_world_comm();
     if (!rc && g.world.source == CT_WORLD_CTLAUNCH && g.store)
@@ -498,10 +498,10 @@ static int join(void) {
 
 int ct_dist_init(const ct_dist_options *opts) {
     if (g.initialized)
-        return ct__seterr(CT_ESTATE,
-                          "dist_init: already initialized (rank %d of %d, backend %s); call "
-                          "ct_dist_finalize first",
-                          g.world.rank, g.world.size, ct_backend_name(g.backend));
+        return ct__err_set(CT_ESTATE,
+                           "dist_init: already initialized (rank %d of %d, backend %s); call "
+                           "ct_dist_finalize first",
+                           g.world.rank, g.world.size, ct_backend_name(g.backend));
     ct_world w;
     if (ct_world_from_env(&w))
         return with_context("dist_init");
@@ -573,10 +573,10 @@ static int check_same_list(const int *ranks, int n) {
         const int64_t *r = ct_data_ptr(back);
         char buf[256];
         if (r[0] != -r[1])
-            rc = ct__seterr(CT_EMISMATCH,
-                            "dist_new_group: the ranks were given different lists (rank %d has "
-                            "%s); every rank must pass the same list",
-                            g.world.rank, list_str(buf, sizeof buf, ranks, n));
+            rc = ct__err_set(CT_EMISMATCH,
+                             "dist_new_group: the ranks were given different lists (rank %d has "
+                             "%s); every rank must pass the same list",
+                             g.world.rank, list_str(buf, sizeof buf, ranks, n));
     }
     ct_scope_end();
     return rc;
@@ -584,30 +584,30 @@ static int check_same_list(const int *ranks, int n) {
 
 int ct_dist_new_group(const int *ranks, int n, ct_comm **out) {
     if (!out)
-        return ct__seterr(CT_EINVAL, "dist_new_group: out is NULL");
+        return ct__err_set(CT_EINVAL, "dist_new_group: out is NULL");
     *out = NULL;
     if (!g.initialized)
-        return ct__seterr(CT_ESTATE, "dist_new_group: call ct_dist_init first");
+        return ct__err_set(CT_ESTATE, "dist_new_group: call ct_dist_init first");
     int size = g.world.size;
     /* More ranks than the world holds repeat one, which the loop reports. */
     if (!ranks || n < 1)
-        return ct__seterr(CT_EINVAL, "dist_new_group: %d ranks%s; expected at least 1", n,
-                          ranks ? "" : " in a NULL list");
+        return ct__err_set(CT_EINVAL, "dist_new_group: %d ranks%s; expected at least 1", n,
+                           ranks ? "" : " in a NULL list");
     int *where = calloc((size_t)size, sizeof *where); /* 1 + a rank's index in the list */
     if (!where)
-        return ct__seterr(CT_ENOMEM, "dist_new_group: %d ranks", size);
+        return ct__err_set(CT_ENOMEM, "dist_new_group: %d ranks", size);
     int rc = 0, me = -1;
     for (int i = 0; i < n && !rc; i++) {
         int r = ranks[i];
         if (r < 0 || r >= size)
-            rc =
-                ct__seterr(CT_EINVAL, "dist_new_group: ranks[%d] = %d is outside the world [0, %d)",
-                           i, r, size);
+            rc = ct__err_set(CT_EINVAL,
+                             "dist_new_group: ranks[%d] = %d is outside the world [0, %d)", i, r,
+                             size);
         else if (where[r])
-            rc = ct__seterr(CT_EINVAL,
-                            "dist_new_group: rank %d is listed twice (ranks[%d] and "
-                            "ranks[%d])",
-                            r, where[r] - 1, i);
+            rc = ct__err_set(CT_EINVAL,
+                             "dist_new_group: rank %d is listed twice (ranks[%d] and "
+                             "ranks[%d])",
+                             r, where[r] - 1, i);
         else
             where[r] = i + 1;
     }

@@ -26,7 +26,7 @@ static int mpi_error(int err, const char *call) {
     int len = 0;
     if (MPI_Error_string(err, text, &len) != MPI_SUCCESS)
         len = snprintf(text, sizeof text, "MPI error %d", err);
-    return ct__seterr(CT_EFOREIGN, "dist_init: %s failed: %.*s", call, len, text);
+    return ct__err_set(CT_EFOREIGN, "dist_init: %s failed: %.*s", call, len, text);
 }
 
 static const char *thread_level_name(int level) {
@@ -69,8 +69,8 @@ int ct__dist_mpi_init(ct_world *w) {
         int finalized = 0;
         MPI_Finalized(&finalized);
         if (finalized)
-            return ct__seterr(CT_ESTATE, "dist_init: MPI was finalized already and cannot be "
-                                         "initialized again in this process");
+            return ct__err_set(CT_ESTATE, "dist_init: MPI was finalized already and cannot be "
+                                          "initialized again in this process");
         rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided);
         if (rc)
             return mpi_error(rc, "MPI_Init_thread");
@@ -80,13 +80,13 @@ int ct__dist_mpi_init(ct_world *w) {
     }
     mpi.active = true;
     if (provided < MPI_THREAD_SERIALIZED) {
-        rc = ct__seterr(CT_ENOTSUP,
-                        "dist_init: MPI provides %s, but ct's progress threads need "
-                        "MPI_THREAD_SERIALIZED or better%s",
-                        thread_level_name(provided),
-                        mpi.initialized_here ? ""
-                                             : " (initialize MPI with MPI_Init_thread and ask for "
-                                               "MPI_THREAD_MULTIPLE)");
+        rc = ct__err_set(CT_ENOTSUP,
+                         "dist_init: MPI provides %s, but ct's progress threads need "
+                         "MPI_THREAD_SERIALIZED or better%s",
+                         thread_level_name(provided),
+                         mpi.initialized_here ? ""
+                                              : " (initialize MPI with MPI_Init_thread and ask for "
+                                                "MPI_THREAD_MULTIPLE)");
         ct__dist_mpi_finalize();
         return rc;
     }
@@ -121,10 +121,11 @@ int ct__dist_mpi_share(void *buf, size_t len, const char *what, double timeout_s
         double waited = ct__now() - start;
         if (waited > timeout_s) {
             mpi.abandoned = true;
-            return ct__seterr(CT_ETIMEDOUT,
-                              "dist_init: waited %.1f s for rank 0 to share %s over MPI; is rank 0 "
-                              "running and calling ct_dist_init?",
-                              timeout_s, what);
+            return ct__err_set(
+                CT_ETIMEDOUT,
+                "dist_init: waited %.1f s for rank 0 to share %s over MPI; is rank 0 "
+                "running and calling ct_dist_init?",
+                timeout_s, what);
         }
         nanosleep(&pause, NULL);
         if (pause.tv_nsec < 10000000)

@@ -33,14 +33,14 @@ void ct__dist_mpi_finalize(void);
 #else
 
 static inline int ct__dist_mpi_init(ct_world *w) {
-    return ct__seterr(CT_ENOTSUP,
-                      "dist_init: launched by %s (%d ranks), but this build of ct has no MPI; "
-                      "rebuild it with Open MPI (libopenmpi-dev), or launch with ctlaunch -np %d",
-                      ct_world_source_name(w->source), w->size, w->size);
+    return ct__err_set(CT_ENOTSUP,
+                       "dist_init: launched by %s (%d ranks), but this build of ct has no MPI; "
+                       "rebuild it with Open MPI (libopenmpi-dev), or launch with ctlaunch -np %d",
+                       ct_world_source_name(w->source), w->size, w->size);
 }
 static inline int ct__dist_mpi_share(void *buf, size_t len, const char *what, double timeout_s) {
     (void)buf, (void)len, (void)timeout_s;
-    return ct__seterr(CT_ENOTSUP, "dist_init: sharing %s needs MPI, which this build lacks", what);
+    return ct__err_set(CT_ENOTSUP, "dist_init: sharing %s needs MPI, which this build lacks", what);
 }
 static inline const void *ct__dist_mpi_world_comm(void) { return NULL; }
 static inline void ct__dist_mpi_finalize(void) {}

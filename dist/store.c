@@ -65,34 +65,34 @@ static void describe_keys(char *buf, size_t size, const char *const *keys, int n
     ({                                                                                             \
         char desc_[DESC_LEN];                                                                      \
         describe_keys(desc_, sizeof desc_, (c)->keys, (c)->nkeys);                                 \
-        ct__seterr(code, "store %s%s%s: " fmt, ct__store_op_name((c)->op), desc_[0] ? " " : "",    \
-                   desc_, ##__VA_ARGS__);                                                          \
+        ct__err_set(code, "store %s%s%s: " fmt, ct__store_op_name((c)->op), desc_[0] ? " " : "",   \
+                    desc_, ##__VA_ARGS__);                                                         \
     })
 
 static int check_handle(const ct_store *s, const char *op) {
     if (!s || s->magic != STORE_MAGIC)
-        return ct__seterr(CT_EINVAL, "store %s: %s client handle", op,
-                          s ? "freed or foreign" : "NULL");
+        return ct__err_set(CT_EINVAL, "store %s: %s client handle", op,
+                           s ? "freed or foreign" : "NULL");
     return 0;
 }
 
 static int check_key(const char *key, const char *op, int i) {
     size_t len = key ? strnlen(key, CT_STORE_MAX_KEY + 1) : 0;
     if (!key || len == 0 || len > CT_STORE_MAX_KEY)
-        return ct__seterr(CT_EINVAL, "store %s: key %d is %s; expected 1 to %d bytes", op, i,
-                          !key  ? "NULL"
-                          : len ? "too long"
-                                : "empty",
-                          CT_STORE_MAX_KEY);
+        return ct__err_set(CT_EINVAL, "store %s: key %d is %s; expected 1 to %d bytes", op, i,
+                           !key  ? "NULL"
+                           : len ? "too long"
+                                 : "empty",
+                           CT_STORE_MAX_KEY);
     return 0;
 }
 
 static int check_value(const void *v, size_t len, const char *what, const char *op) {
     if (!v && len)
-        return ct__seterr(CT_EINVAL, "store %s: %s is NULL but its length is %zu", op, what, len);
+        return ct__err_set(CT_EINVAL, "store %s: %s is NULL but its length is %zu", op, what, len);
     if (len > CT_STORE_MAX_VALUE)
-        return ct__seterr(CT_EINVAL, "store %s: %s of %zu bytes is over the limit of %d bytes", op,
-                          what, len, CT_STORE_MAX_VALUE);
+        return ct__err_set(CT_EINVAL, "store %s: %s of %zu bytes is over the limit of %d bytes", op,
+                           what, len, CT_STORE_MAX_VALUE);
     return 0;
 }
 
@@ -102,10 +102,10 @@ static int resolve_timeout(const ct_store *s, double *t, const char *op) {
     if (*t < 0)
         *t = s->timeout_s;
     if (!(*t > 0) || !isfinite(*t))
-        return ct__seterr(CT_EINVAL,
-                          "store %s: timeout %g s; expected a finite number of seconds > 0 "
-                          "(or < 0 for the client's default)",
-                          op, *t);
+        return ct__err_set(CT_EINVAL,
+                           "store %s: timeout %g s; expected a finite number of seconds > 0 "
+                           "(or < 0 for the client's default)",
+                           op, *t);
     return 0;
 }
 
@@ -117,7 +117,7 @@ static void drain_monitor(ct_store *s) {
         uint16_t event = 0;
         if (first)
             memcpy(&event, zmq_msg_data(&m), sizeof event);
-        while (zmq_msg_more(&m) && ct__zmq_recv(&m, s->monitor, 0) >= 0)
+        while (zmq_msg_more(&m) && ct__dist_zmq_recv(&m, s->monitor, 0) >= 0)
             ;
         /* Connected means through the handshake, which proves the secret. */
         if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED)
@@ -157,14 +157,14 @@ static int recv_reply(ct_store *s, uint64_t id, ct__store_hdr *h, zmq_msg_t *pay
     bool more = zmq_msg_more(&hdr);
     zmq_msg_close(&hdr);
     *has_payload = false;
-    if (more && ct__zmq_recv(payload, s->sock, 0) >= 0) {
+    if (more && ct__dist_zmq_recv(payload, s->sock, 0) >= 0) {
         *has_payload = true;
         more = zmq_msg_more(payload);
     }
     while (more) {
         zmq_msg_t extra;
         zmq_msg_init(&extra);
-        more = ct__zmq_recv(&extra, s->sock, 0) >= 0 && zmq_msg_more(&extra);
+        more = ct__dist_zmq_recv(&extra, s->sock, 0) >= 0 && zmq_msg_more(&extra);
         zmq_msg_close(&extra);
     }
     return ok;
@@ -311,22 +311,22 @@ static void make_route(uint8_t route[ROUTE_LEN]) {
 
 ct_store *ct_store_connect(const char *host, int port, double timeout_s) {
     if (!host || !*host || strlen(host) >= 256) {
-        ct__seterr(CT_EINVAL, "store connect: host is %s; expected an address or host name",
-                   !host   ? "NULL"
-                   : *host ? "longer than 255 bytes"
-                           : "empty");
+        ct__err_set(CT_EINVAL, "store connect: host is %s; expected an address or host name",
+                    !host   ? "NULL"
+                    : *host ? "longer than 255 bytes"
+                            : "empty");
         return NULL;
     }
     if (port < 1 || port > 65535 || !(timeout_s > 0) || !isfinite(timeout_s)) {
-        ct__seterr(CT_EINVAL,
-                   "store connect %s:%d: expected a port in [1, 65535] and a finite timeout > 0 "
-                   "(got %g s)",
-                   host, port, timeout_s);
+        ct__err_set(CT_EINVAL,
+                    "store connect %s:%d: expected a port in [1, 65535] and a finite timeout > 0 "
+                    "(got %g s)",
+                    host, port, timeout_s);
         return NULL;
     }
     ct_store *s = calloc(1, sizeof *s);
     if (!s) {
-        ct__seterr(CT_ENOMEM, "store connect %s:%d: out of memory", host, port);
+        ct__err_set(CT_ENOMEM, "store connect %s:%d: out of memory", host, port);
         return NULL;
     }
     s->magic = STORE_MAGIC;
@@ -349,8 +349,8 @@ ct_store *ct_store_connect(const char *host, int port, double timeout_s) {
         !(s->monitor = zmq_socket(s->ctx, ZMQ_PAIR)) ||
         zmq_setsockopt(s->monitor, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
         zmq_connect(s->monitor, "inproc://ct-store-monitor") != 0) {
-        ct__seterr(CT_EFOREIGN, "store connect %s:%d: cannot set up zmq: %s", host, port,
-                   zmq_strerror(zmq_errno()));
+        ct__err_set(CT_EFOREIGN, "store connect %s:%d: cannot set up zmq: %s", host, port,
+                    zmq_strerror(zmq_errno()));
         ct_store_free(s);
         return NULL;
     }
@@ -359,8 +359,8 @@ ct_store *ct_store_connect(const char *host, int port, double timeout_s) {
         return NULL;
     }
     if (zmq_connect(s->sock, endpoint) != 0) {
-        ct__seterr(CT_EINVAL, "store connect: cannot connect to %s: %s", endpoint,
-                   zmq_strerror(zmq_errno()));
+        ct__err_set(CT_EINVAL, "store connect: cannot connect to %s: %s", endpoint,
+                    zmq_strerror(zmq_errno()));
         ct_store_free(s);
         return NULL;
     }
@@ -402,7 +402,7 @@ int ct_store_set(ct_store *s, const char *key, const void *value, size_t len, do
 int ct_store_get(ct_store *s, const char *key, void **value, size_t *len, double timeout_s) {
     call c = {.op = CT__STORE_GET, .keys = &key, .nkeys = 1, .timeout_s = timeout_s};
     if (!value || !len)
-        return ct__seterr(CT_EINVAL, "store get: value and len must not be NULL");
+        return ct__err_set(CT_EINVAL, "store get: value and len must not be NULL");
     *value = NULL;
     *len = 0;
     int rc = begin(s, &c);
@@ -431,8 +431,8 @@ int ct_store_add(ct_store *s, const char *key, int64_t delta, int64_t *result, d
 /* Checks a list of keys, whose count the call's key checks cannot see. */
 static int check_nkeys(const char *const *keys, int nkeys, const char *op) {
     if (!keys || nkeys < 1 || nkeys > CT_STORE_MAX_KEYS)
-        return ct__seterr(CT_EINVAL, "store %s: %d keys%s; expected 1 to %d", op, nkeys,
-                          keys ? "" : " (NULL list)", CT_STORE_MAX_KEYS);
+        return ct__err_set(CT_EINVAL, "store %s: %d keys%s; expected 1 to %d", op, nkeys,
+                           keys ? "" : " (NULL list)", CT_STORE_MAX_KEYS);
     return 0;
 }
 
@@ -478,7 +478,7 @@ int ct_store_check(ct_store *s, const char *const *keys, int nkeys, bool *all_ex
                    double timeout_s) {
     call c = {.op = CT__STORE_CHECK, .keys = keys, .nkeys = nkeys, .timeout_s = timeout_s};
     if (!all_exist)
-        return ct__seterr(CT_EINVAL, "store check: all_exist must not be NULL");
+        return ct__err_set(CT_EINVAL, "store check: all_exist must not be NULL");
     return keys_call(s, &c, all_exist);
 }
 
@@ -487,7 +487,7 @@ int ct_store_compare_set(ct_store *s, const char *key, const void *expected, siz
                          double timeout_s) {
     call c = {.op = CT__STORE_CAS, .keys = &key, .nkeys = 1, .timeout_s = timeout_s};
     if (!actual || !alen)
-        return ct__seterr(CT_EINVAL, "store compare_set: actual and alen must not be NULL");
+        return ct__err_set(CT_EINVAL, "store compare_set: actual and alen must not be NULL");
     *actual = NULL;
     *alen = 0;
     int rc = begin(s, &c);

@@ -149,11 +149,11 @@ static void map_clear(map *m, void (*free_val)(void *)) {
 }
 
 int ct__store_limits_from_env(ct__store_limits *l) {
-    int rc = ct__env_limit("CT_STORE_MAX_KEYS_TOTAL", (size_t)1 << 20, &l->max_keys);
+    int rc = ct__dist_env_limit("CT_STORE_MAX_KEYS_TOTAL", (size_t)1 << 20, &l->max_keys);
     if (!rc)
-        rc = ct__env_limit("CT_STORE_MAX_BYTES", (size_t)1 << 30, &l->max_bytes);
+        rc = ct__dist_env_limit("CT_STORE_MAX_BYTES", (size_t)1 << 30, &l->max_bytes);
     if (!rc)
-        rc = ct__env_limit("CT_STORE_MAX_CLIENTS", (size_t)1 << 16, &l->max_clients);
+        rc = ct__dist_env_limit("CT_STORE_MAX_CLIENTS", (size_t)1 << 16, &l->max_clients);
     return rc;
 }
 
@@ -676,7 +676,7 @@ static bool serve_one(ct_store_server *s) {
     while (more) {
         zmq_msg_t scratch, *m = n < MAX_FRAMES ? &frames[n] : &scratch;
         zmq_msg_init(m);
-        if (ct__zmq_recv(m, s->router, n ? 0 : ZMQ_DONTWAIT) < 0) {
+        if (ct__dist_zmq_recv(m, s->router, n ? 0 : ZMQ_DONTWAIT) < 0) {
             zmq_msg_close(m);
             break;
         }
@@ -770,15 +770,15 @@ static void *zsocket(ct_store_server *s, int type) {
 
 ct_store_server *ct_store_server_new(const char *host, int port) {
     if (port < 0 || port > 65535) {
-        ct__seterr(CT_EINVAL, "store server: port %d is outside [0, 65535] (0 picks a free one)",
-                   port);
+        ct__err_set(CT_EINVAL, "store server: port %d is outside [0, 65535] (0 picks a free one)",
+                    port);
         return NULL;
     }
     if (!host)
         host = "127.0.0.1";
     ct_store_server *s = calloc(1, sizeof *s);
     if (!s) {
-        ct__seterr(CT_ENOMEM, "store server: out of memory");
+        ct__err_set(CT_ENOMEM, "store server: out of memory");
         return NULL;
     }
     s->magic = SERVER_MAGIC;
@@ -790,7 +790,7 @@ ct_store_server *ct_store_server_new(const char *host, int port) {
         !(s->ctl_in = zsocket(s, ZMQ_PAIR)) || !(s->ctl_out = zsocket(s, ZMQ_PAIR)) ||
         zmq_bind(s->ctl_in, "inproc://ct-store-ctl") != 0 ||
         zmq_connect(s->ctl_out, "inproc://ct-store-ctl") != 0) {
-        ct__seterr(CT_EFOREIGN, "store server: cannot set up zmq: %s", zmq_strerror(zmq_errno()));
+        ct__err_set(CT_EFOREIGN, "store server: cannot set up zmq: %s", zmq_strerror(zmq_errno()));
         server_close(s);
         return NULL;
     }
@@ -809,8 +809,8 @@ ct_store_server *ct_store_server_new(const char *host, int port) {
     else
         snprintf(endpoint, sizeof endpoint, "tcp://%s:*", host);
     if (zmq_bind(s->router, endpoint) != 0) {
-        ct__seterr(CT_EIO, "store server: cannot listen on %s: %s", endpoint,
-                   zmq_strerror(zmq_errno()));
+        ct__err_set(CT_EIO, "store server: cannot listen on %s: %s", endpoint,
+                    zmq_strerror(zmq_errno()));
         server_close(s);
         return NULL;
     }
@@ -819,7 +819,7 @@ ct_store_server *ct_store_server_new(const char *host, int port) {
     const char *colon;
     if (zmq_getsockopt(s->router, ZMQ_LAST_ENDPOINT, last, &len) != 0 ||
         !(colon = strrchr(last, ':'))) {
-        ct__seterr(CT_EFOREIGN, "store server: cannot tell the port bound for %s", endpoint);
+        ct__err_set(CT_EFOREIGN, "store server: cannot tell the port bound for %s", endpoint);
         server_close(s);
         return NULL;
     }
@@ -827,7 +827,7 @@ ct_store_server *ct_store_server_new(const char *host, int port) {
     int rc = pthread_create(&s->thread, NULL, serve, s);
     s->served = rc == 0;
     if (rc != 0) {
-        ct__seterr(CT_EFOREIGN, "store server: cannot start its thread: %s", strerror(rc));
+        ct__err_set(CT_EFOREIGN, "store server: cannot start its thread: %s", strerror(rc));
         server_close(s);
         return NULL;
     }
@@ -836,7 +836,7 @@ ct_store_server *ct_store_server_new(const char *host, int port) {
 
 int ct_store_server_port(const ct_store_server *s) {
     if (!s || s->magic != SERVER_MAGIC)
-        return ct__seterr(CT_EINVAL, "store server: %s handle", s ? "freed or foreign" : "NULL");
+        return ct__err_set(CT_EINVAL, "store server: %s handle", s ? "freed or foreign" : "NULL");
     return s->port;
 }
 
@@ -854,15 +854,15 @@ void ct_store_server_free(ct_store_server *s) {
 ct_store_server *ct__store_server_new_detached(void) {
     ct_store_server *s = calloc(1, sizeof *s);
     if (!s) {
-        ct__seterr(CT_ENOMEM, "store server: out of memory");
+        ct__err_set(CT_ENOMEM, "store server: out of memory");
         return NULL;
     }
     s->magic = SERVER_MAGIC;
     if (ct__store_limits_from_env(&s->limits) || !(s->ctx = zmq_ctx_new()) ||
         !(s->router = zsocket(s, ZMQ_ROUTER))) {
         if (!ct_errcode())
-            ct__seterr(CT_EFOREIGN, "store server: cannot set up zmq: %s",
-                       zmq_strerror(zmq_errno()));
+            ct__err_set(CT_EFOREIGN, "store server: cannot set up zmq: %s",
+                        zmq_strerror(zmq_errno()));
         server_close(s);
         return NULL;
     }

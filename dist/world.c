@@ -44,10 +44,10 @@ static int read_int(const source *src, const char *name, long lo, long hi, long 
     const char *v = name ? getenv(name) : NULL;
     if (!v) {
         if (def < lo)
-            return ct__seterr(CT_EINVAL,
-                              "world: %s is unset, but the %s variables are there (%s is); set "
-                              "it or unset them all",
-                              name, ct_world_source_name(src->id), src->rank);
+            return ct__err_set(CT_EINVAL,
+                               "world: %s is unset, but the %s variables are there (%s is); set "
+                               "it or unset them all",
+                               name, ct_world_source_name(src->id), src->rank);
         *out = (int)def;
         return 0;
     }
@@ -55,8 +55,8 @@ static int read_int(const source *src, const char *name, long lo, long hi, long 
     errno = 0;
     long x = strtol(v, &end, 10);
     if (!*v || *end || errno || x < lo || x > hi)
-        return ct__seterr(CT_EINVAL, "world: %s=\"%s\" is not a whole number in [%ld, %ld]", name,
-                          v, lo, hi);
+        return ct__err_set(CT_EINVAL, "world: %s=\"%s\" is not a whole number in [%ld, %ld]", name,
+                           v, lo, hi);
     *out = (int)x;
     return 0;
 }
@@ -66,22 +66,22 @@ static int resolve_ipv4(const char *host, char out[INET_ADDRSTRLEN]) {
     struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *res = NULL;
     int err = getaddrinfo(host, NULL, &hints, &res);
     if (err || !res)
-        return ct__seterr(CT_EINVAL, "cannot resolve '%s': %s", host,
-                          err ? gai_strerror(err) : "no IPv4 address");
+        return ct__err_set(CT_EINVAL, "cannot resolve '%s': %s", host,
+                           err ? gai_strerror(err) : "no IPv4 address");
     inet_ntop(AF_INET, &((struct sockaddr_in *)res->ai_addr)->sin_addr, out, INET_ADDRSTRLEN);
     freeaddrinfo(res);
     return 0;
 }
 
-int ct__listen_address(const ct_world *w, const char *name, char bind[CT__BIND_LEN],
-                       char host[256]) {
+int ct__dist_listen_address(const ct_world *w, const char *name, char bind[CT__BIND_LEN],
+                            char host[256]) {
     bool one_machine = w->local_size == w->size;
     if (name)
         snprintf(host, 256, "%s", name);
     else if (one_machine)
         snprintf(host, 256, "127.0.0.1");
     else if (gethostname(host, 255) != 0)
-        return ct__seterr(CT_EIO, "gethostname: %s", strerror(errno));
+        return ct__err_set(CT_EIO, "gethostname: %s", strerror(errno));
     host[255] = 0;
     const char *forced = getenv("CT_BIND_ADDR");
     if (forced) {
@@ -90,15 +90,15 @@ int ct__listen_address(const ct_world *w, const char *name, char bind[CT__BIND_L
     }
     int rc = resolve_ipv4(host, bind);
     if (rc == 0 && !one_machine && strncmp(bind, "127.", 4) == 0)
-        rc = ct__seterr(CT_EINVAL,
-                        "the ranks span machines, but '%s' resolves to the loopback address %s, "
-                        "which the other machines cannot reach; set CT_MASTER_ADDR (the store) or "
-                        "CT_BIND_ADDR to this host's address on the ranks' network",
-                        host, bind);
+        rc = ct__err_set(CT_EINVAL,
+                         "the ranks span machines, but '%s' resolves to the loopback address %s, "
+                         "which the other machines cannot reach; set CT_MASTER_ADDR (the store) or "
+                         "CT_BIND_ADDR to this host's address on the ranks' network",
+                         host, bind);
     return rc;
 }
 
-int ct__env_limit(const char *name, size_t def, size_t *out) {
+int ct__dist_env_limit(const char *name, size_t def, size_t *out) {
     const char *v = getenv(name);
     if (!v) {
         *out = def;
@@ -108,15 +108,15 @@ int ct__env_limit(const char *name, size_t def, size_t *out) {
     errno = 0;
     unsigned long long x = strtoull(v, &end, 10);
     if (!*v || *v == '-' || *end || errno || x == 0 || x > SIZE_MAX)
-        return ct__seterr(CT_EINVAL, "%s=\"%s\" is not a whole number in [1, %zu] (default %zu)",
-                          name, v, (size_t)SIZE_MAX, def);
+        return ct__err_set(CT_EINVAL, "%s=\"%s\" is not a whole number in [1, %zu] (default %zu)",
+                           name, v, (size_t)SIZE_MAX, def);
     *out = (size_t)x;
     return 0;
 }
 
 int ct_world_from_env(ct_world *w) {
     if (!w)
-        return ct__seterr(CT_EINVAL, "world_from_env: NULL world");
+        return ct__err_set(CT_EINVAL, "world_from_env: NULL world");
     *w = (ct_world){.size = 1, .local_size = 1, .source = CT_WORLD_SINGLE, .master_port = -1};
     const source *src = NULL;
     for (size_t i = 0; i < sizeof sources / sizeof *sources && !src; i++)
@@ -140,8 +140,8 @@ int ct_world_from_env(ct_world *w) {
         const char *addr = getenv("CT_MASTER_ADDR");
         if (!rc && addr) {
             if (strlen(addr) >= sizeof w->master_addr)
-                rc = ct__seterr(CT_EINVAL, "world: CT_MASTER_ADDR is longer than %zu bytes",
-                                sizeof w->master_addr - 1);
+                rc = ct__err_set(CT_EINVAL, "world: CT_MASTER_ADDR is longer than %zu bytes",
+                                 sizeof w->master_addr - 1);
             else
                 strcpy(w->master_addr, addr);
         }

@@ -4,7 +4,7 @@
 #include <errno.h>
 #include <zmq.h>
 
-int ct__zmq_recv(struct zmq_msg_t *m, void *sock, int flags) {
+int ct__dist_zmq_recv(struct zmq_msg_t *m, void *sock, int flags) {
     int rc;
     while ((rc = zmq_msg_recv(m, sock, flags)) < 0 && zmq_errno() == EINTR)
         ;

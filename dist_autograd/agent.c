@@ -174,20 +174,20 @@ static int nfns;
 int ct_rpc_register(const char *name, ct_rpc_fn fn, void *ctx) {
     const char *f = "ct_rpc_register";
     if (!name || !*name || strlen(name) > RPC_NAME_MAX || !fn)
-        return ct__seterr(CT_EINVAL, "%s: the name is NULL, empty or over %d bytes, or fn is NULL",
-                          f, RPC_NAME_MAX);
+        return ct__err_set(CT_EINVAL, "%s: the name is NULL, empty or over %d bytes, or fn is NULL",
+                           f, RPC_NAME_MAX);
     if (!strncmp(name, "ct.", 3))
-        return ct__seterr(CT_EINVAL, "%s: '%s': names beginning 'ct.' are ct's own", f, name);
+        return ct__err_set(CT_EINVAL, "%s: '%s': names beginning 'ct.' are ct's own", f, name);
     for (const char *c = name; *c; c++)
         if (*c < 0x20 || *c > 0x7e)
-            return ct__seterr(CT_EINVAL, "%s: the name must be printable ASCII", f);
+            return ct__err_set(CT_EINVAL, "%s: the name must be printable ASCII", f);
     pthread_mutex_lock(&fns_mu);
     int rc = 0;
     for (int i = 0; i < nfns && !rc; i++)
         if (!strcmp(fns[i].name, name))
-            rc = ct__seterr(CT_EINVAL, "%s: '%s' is registered already", f, name);
+            rc = ct__err_set(CT_EINVAL, "%s: '%s' is registered already", f, name);
     if (!rc && nfns == MAX_FNS)
-        rc = ct__seterr(CT_EINVAL, "%s: more than %d functions", f, MAX_FNS);
+        rc = ct__err_set(CT_EINVAL, "%s: more than %d functions", f, MAX_FNS);
     if (!rc) {
         snprintf(fns[nfns].name, sizeof fns[nfns].name, "%s", name);
         fns[nfns].fn = fn;
@@ -335,8 +335,8 @@ static int connect_peer(peer *p, int id) {
         zmq_socket_monitor(p->dealer, mon, ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED) ||
         !(p->monitor = zmq_socket(g.zctx, ZMQ_PAIR)) || zmq_connect(p->monitor, mon) ||
         zmq_connect(p->dealer, p->endpoint))
-        return ct__seterr(CT_EFOREIGN, "rpc: connecting to worker '%s' at %s: %s", p->name,
-                          p->endpoint, zmq_strerror(zmq_errno()));
+        return ct__err_set(CT_EFOREIGN, "rpc: connecting to worker '%s' at %s: %s", p->name,
+                           p->endpoint, zmq_strerror(zmq_errno()));
     return 0;
 }
 
@@ -384,13 +384,13 @@ static void free_frames(rpc_frame *frames, int n);
 
 static int recv_rest(void *sock, zmq_msg_t *desc, rpc_frame *frames, int cap) {
     zmq_msg_init(desc);
-    if (ct__zmq_recv(desc, sock, 0) < 0)
+    if (ct__dist_zmq_recv(desc, sock, 0) < 0)
         return -1;
     int n = 0;
     bool more = zmq_msg_more(desc);
     while (more) {
         zmq_msg_t *m = malloc(sizeof *m);
-        if (!m || zmq_msg_init(m) || ct__zmq_recv(m, sock, 0) < 0) {
+        if (!m || zmq_msg_init(m) || ct__dist_zmq_recv(m, sock, 0) < 0) {
             free(m);
             free_frames(frames, n < cap ? n : cap);
             return -1;
@@ -454,7 +454,7 @@ static void reply_error(zmq_msg_t *route, const rpc_header *req, int code) {
 static void drain(void *sock, bool more) {
     zmq_msg_t m;
     zmq_msg_init(&m);
-    while (more && ct__zmq_recv(&m, sock, 0) >= 0)
+    while (more && ct__dist_zmq_recv(&m, sock, 0) >= 0)
         more = zmq_msg_more(&m);
     zmq_msg_close(&m);
 }
@@ -477,19 +477,19 @@ int ct__rpc_read_request(void *sock, rpc_header *h, char fn[RPC_NAME_MAX + 1], c
     user[0] = '\0';
     zmq_msg_t head;
     zmq_msg_init(&head);
-    int got = ct__zmq_recv(&head, sock, 0);
+    int got = ct__dist_zmq_recv(&head, sock, 0);
     bool more = got >= 0 && zmq_msg_more(&head);
     const char *u = got >= 0 ? zmq_msg_gets(&head, "User-Id") : NULL;
     if (u)
         ct__str_copy(user, RPC_USER_MAX, u);
-    int rc = got < 0 ? ct__seterr(CT_ECORRUPT, "rpc: a malformed message: its header is missing")
+    int rc = got < 0 ? ct__err_set(CT_ECORRUPT, "rpc: a malformed message: its header is missing")
                      : ct__rpc_header_parse(zmq_msg_data(&head), zmq_msg_size(&head), h);
     zmq_msg_close(&head);
     if (!rc && h->kind != RPC_REQUEST)
-        rc = ct__seterr(CT_ECORRUPT, "rpc: a %s message where a request belongs",
-                        h->kind == RPC_RESPONSE ? "response" : "error");
+        rc = ct__err_set(CT_ECORRUPT, "rpc: a %s message where a request belongs",
+                         h->kind == RPC_RESPONSE ? "response" : "error");
     if (!rc && !more)
-        rc = ct__seterr(CT_ECORRUPT, "rpc: a malformed message: its description is missing");
+        rc = ct__err_set(CT_ECORRUPT, "rpc: a malformed message: its description is missing");
     if (rc) {
         drain(sock, more);
         return rc;
@@ -498,8 +498,8 @@ int ct__rpc_read_request(void *sock, rpc_header *h, char fn[RPC_NAME_MAX + 1], c
     zmq_msg_t desc;
     int n = recv_rest(sock, &desc, frames, MAX_TENSOR_FRAMES);
     if (n < 0 || n > MAX_TENSOR_FRAMES)
-        rc = ct__seterr(CT_ECORRUPT, "rpc: a malformed message: %s",
-                        n < 0 ? "frames missing" : "too many tensor frames");
+        rc = ct__err_set(CT_ECORRUPT, "rpc: a malformed message: %s",
+                         n < 0 ? "frames missing" : "too many tensor frames");
     if (!rc) {
         align_frames(frames, n);
         rc = ct__rpc_decode_call(zmq_msg_data(&desc), zmq_msg_size(&desc), frames, (uint32_t)n, fn,
@@ -524,10 +524,10 @@ static void on_request(void) {
     char user[RPC_USER_MAX];
     int rc = 0;
     if (!zmq_msg_more(&route)) {
-        rc = ct__seterr(CT_ECORRUPT, "rpc: a message of one frame");
+        rc = ct__err_set(CT_ECORRUPT, "rpc: a message of one frame");
     } else if (!j) {
         drain(g.router, true);
-        rc = ct__seterr(CT_ENOMEM, "rpc: out of memory");
+        rc = ct__err_set(CT_ENOMEM, "rpc: out of memory");
     } else {
         rc = ct__rpc_read_request(g.router, &h, j->fn, &j->in, user);
     }
@@ -559,10 +559,10 @@ static void on_request(void) {
         if (j->from >= 0)
             snprintf(who, sizeof who, "worker %d", j->from);
         reply_error(&route, &h,
-                    ct__seterr(CT_ENOMEM,
-                               "rpc: worker '%s' has %zu calls from %s queued or running, its "
-                               "limit (CT_RPC_MAX_PENDING=%zu); '%s' is refused",
-                               g.peers[g.self].name, g.max_pending, who, g.max_pending, j->fn));
+                    ct__err_set(CT_ENOMEM,
+                                "rpc: worker '%s' has %zu calls from %s queued or running, its "
+                                "limit (CT_RPC_MAX_PENDING=%zu); '%s' is refused",
+                                g.peers[g.self].name, g.max_pending, who, g.max_pending, j->fn));
         zmq_msg_close(&route);
         ct_rpc_args_free(j->in);
         free(j);
@@ -620,7 +620,7 @@ static void on_reply(peer *p, int id) {
         rc = ct__rpc_decode_call(zmq_msg_data(&desc), zmq_msg_size(&desc), frames, (uint32_t)n, fn,
                                  &out);
         if (!rc && f->context)
-            rc = ct__dist_on_receive(f->context, id, h.id, out);
+            rc = ct__dautograd_on_receive(f->context, id, h.id, out);
         if (rc) {
             fail_future(f, rc, "rpc: the reply of worker '%s' to '%s': %s", p->name, f->fn,
                         ct_errmsg());
@@ -666,7 +666,7 @@ static void on_monitor(peer *p, int id) {
     uint16_t event = 0;
     if (zmq_msg_size(&ev) >= 2)
         memcpy(&event, zmq_msg_data(&ev), 2);
-    while (zmq_msg_more(&ev) && ct__zmq_recv(&ev, p->monitor, 0) >= 0)
+    while (zmq_msg_more(&ev) && ct__dist_zmq_recv(&ev, p->monitor, 0) >= 0)
         ;
     zmq_msg_close(&ev);
     if (event == ZMQ_EVENT_CONNECTED) {
@@ -690,7 +690,7 @@ static void on_monitor(peer *p, int id) {
                     p->name, id, f->fn, g.o.heartbeat_timeout_s);
         future_unref(f);
     }
-    ct__dist_peer_died(id);
+    ct__dautograd_peer_died(id);
     ct__rref_peer_died(id);
 }
 
@@ -760,7 +760,7 @@ static void *io_main(void *arg) {
                 on_monitor(&g.peers[-1 - who[k]], -1 - who[k]);
         double now = ct__rpc_now();
         expire(now);
-        ct__dist_tick(now);
+        ct__dautograd_tick(now);
     }
     free(items);
     free(who);
@@ -782,11 +782,11 @@ static int frames_fit(const rpc_out *m, const char *call) {
     }
     if (largest <= g.max_frame)
         return 0;
-    return ct__seterr(CT_EINVAL,
-                      "rpc: %s%s%s holds a frame of %zu bytes, over the limit of the workers "
-                      "(CT_RPC_MAX_FRAME_BYTES=%zu)",
-                      call ? "the call of '" : "the reply", call ? call : "", call ? "'" : "",
-                      largest, g.max_frame);
+    return ct__err_set(CT_EINVAL,
+                       "rpc: %s%s%s holds a frame of %zu bytes, over the limit of the workers "
+                       "(CT_RPC_MAX_FRAME_BYTES=%zu)",
+                       call ? "the call of '" : "the reply", call ? call : "", call ? "'" : "",
+                       largest, g.max_frame);
 }
 
 /* Sends the answer to r as message id; with grads, tensors that need grad
@@ -833,10 +833,13 @@ static const struct {
     const char *name;
     rpc_internal_fn fn;
 } internal_fns[] = {
-    {"ct.backward", ct__dist_on_backward}, {"ct.release", ct__dist_on_release},
-    {"ct.rref_new", ct__rref_on_new},      {"ct.rref_fetch", ct__rref_on_fetch},
-    {"ct.rref_call", ct__rref_on_call},    {"ct.rref_del", ct__rref_on_del},
-    {"ct.optim_step", ct__optim_on_step},
+    {"ct.backward", ct__dautograd_on_backward},
+    {"ct.release", ct__dautograd_on_release},
+    {"ct.rref_new", ct__rref_on_new},
+    {"ct.rref_fetch", ct__rref_on_fetch},
+    {"ct.rref_call", ct__rref_on_call},
+    {"ct.rref_del", ct__rref_on_del},
+    {"ct.optim_step", ct__dautograd_optim_on_step},
 };
 
 int ct__rpc_run_fn(const char *name, const ct_rpc_args *in, ct_rpc_args *out) {
@@ -844,8 +847,8 @@ int ct__rpc_run_fn(const char *name, const ct_rpc_args *in, ct_rpc_args *out) {
     if (!find_fn(name, &e)) {
         char list[512];
         list_fns(list, sizeof list);
-        return ct__seterr(CT_EINVAL, "no function '%s' is registered there (it has: %s)", name,
-                          list);
+        return ct__err_set(CT_EINVAL, "no function '%s' is registered there (it has: %s)", name,
+                           list);
     }
     return e.fn(e.ctx, in, out);
 }
@@ -858,13 +861,13 @@ static void run_user(const job *j, rpc_reply *r) {
     int rc = out ? 0 : ct_errcode();
     ct_scope_begin();
     if (!rc && j->h.context)
-        rc = ct__dist_on_receive(j->h.context, j->from, j->h.id, j->in);
+        rc = ct__dautograd_on_receive(j->h.context, j->from, j->h.id, j->in);
     if (!rc) {
-        uint64_t saved = ct__dist_enter(j->h.context);
+        uint64_t saved = ct__dautograd_enter(j->h.context);
         rc = ct__rpc_run_fn(j->fn, j->in, out);
         if (!rc && j->h.context)
-            rc = ct__dist_record_send(j->h.context, j->from, reply_id, out);
-        ct__dist_leave(saved);
+            rc = ct__dautograd_record_send(j->h.context, j->from, reply_id, out);
+        ct__dautograd_leave(saved);
     }
     send_reply(r, rc, out, j->h.context != 0, reply_id);
     ct_scope_end();
@@ -894,7 +897,7 @@ static void run_job(job *j) {
             ct_scope_end();
             return;
         }
-    ct__rpc_reply(r, ct__seterr(CT_EINVAL, "no internal function '%s' (a newer ct's?)", j->fn),
+    ct__rpc_reply(r, ct__err_set(CT_EINVAL, "no internal function '%s' (a newer ct's?)", j->fn),
                   NULL);
 }
 
@@ -928,7 +931,7 @@ static void *handler_main(void *arg) {
 /* ------------------------------------------------------ init, shutdown */
 
 static int agent_check(const char *fn) {
-    return g.up ? 0 : ct__seterr(CT_ESTATE, "%s: the RPC agent is not running (ct_rpc_init)", fn);
+    return g.up ? 0 : ct__err_set(CT_ESTATE, "%s: the RPC agent is not running (ct_rpc_init)", fn);
 }
 
 /* Every rank publishes "name host:port" under rpc/<restart>/<rank> and
@@ -958,8 +961,8 @@ static int meet(const char *endpoint, double timeout_s) {
                 space = strchr(text, ' ');
             }
             if (!space || space - text > NAME_MAX_LEN)
-                rc = ct__seterr(CT_ECORRUPT, "ct_rpc_init: rank %d published '%.*s'", r, (int)len,
-                                (const char *)got);
+                rc = ct__err_set(CT_ECORRUPT, "ct_rpc_init: rank %d published '%.*s'", r, (int)len,
+                                 (const char *)got);
             else {
                 snprintf(g.peers[r].name, sizeof g.peers[r].name, "%.*s", (int)(space - text),
                          text);
@@ -972,8 +975,8 @@ static int meet(const char *endpoint, double timeout_s) {
     for (int a = 0; !rc && a < g.n; a++)
         for (int b = a + 1; !rc && b < g.n; b++)
             if (!strcmp(g.peers[a].name, g.peers[b].name))
-                rc = ct__seterr(CT_EINVAL, "ct_rpc_init: ranks %d and %d are both named '%s'", a, b,
-                                g.peers[a].name);
+                rc = ct__err_set(CT_EINVAL, "ct_rpc_init: ranks %d and %d are both named '%s'", a,
+                                 b, g.peers[a].name);
     return rc;
 }
 
@@ -1000,7 +1003,7 @@ static void teardown(void) {
         fail_future(f, CT_ESTATE, "rpc: the agent shut down before '%s' was answered", f->fn);
         future_unref(f);
     }
-    ct__dist_shutdown();
+    ct__dautograd_shutdown();
     ct__rref_shutdown();
     while (g.out_head) {
         outgoing *o = g.out_head;
@@ -1044,10 +1047,10 @@ static void teardown(void) {
 int ct_rpc_init(const ct_rpc_options *opts) {
     const char *fn = "ct_rpc_init";
     if (g.up)
-        return ct__seterr(CT_ESTATE, "%s: the agent is running already", fn);
+        return ct__err_set(CT_ESTATE, "%s: the agent is running already", fn);
     const ct_world *w = ct_dist_world();
     if (!w || (!ct_dist_store() && w->size > 1))
-        return ct__seterr(CT_ESTATE, "%s: call ct_dist_init() first", fn);
+        return ct__err_set(CT_ESTATE, "%s: call ct_dist_init() first", fn);
     g.o = opts ? *opts : (ct_rpc_options){0};
     if (!(g.o.timeout_s > 0))
         g.o.timeout_s = 60;
@@ -1058,15 +1061,15 @@ int ct_rpc_init(const ct_rpc_options *opts) {
     if (!(g.o.heartbeat_timeout_s > 0))
         g.o.heartbeat_timeout_s = 5;
     if (w->size > 65536)
-        return ct__seterr(CT_EINVAL, "%s: %d ranks; worker ids have 16 bits", fn, w->size);
+        return ct__err_set(CT_EINVAL, "%s: %d ranks; worker ids have 16 bits", fn, w->size);
     if (g.o.name && (!*g.o.name || strlen(g.o.name) > NAME_MAX_LEN || strchr(g.o.name, ' ')))
-        return ct__seterr(CT_EINVAL, "%s: the name must be 1-%d bytes without spaces", fn,
-                          NAME_MAX_LEN);
+        return ct__err_set(CT_EINVAL, "%s: the name must be 1-%d bytes without spaces", fn,
+                           NAME_MAX_LEN);
     g.self = w->rank;
     g.n = w->size;
-    int rc = ct__env_limit("CT_RPC_MAX_PENDING", 1024, &g.max_pending);
+    int rc = ct__dist_env_limit("CT_RPC_MAX_PENDING", 1024, &g.max_pending);
     if (!rc)
-        rc = ct__env_limit("CT_RPC_MAX_FRAME_BYTES", (size_t)4 << 30, &g.max_frame);
+        rc = ct__dist_env_limit("CT_RPC_MAX_FRAME_BYTES", (size_t)4 << 30, &g.max_frame);
     if (rc)
         return rc;
     g.peers = calloc((size_t)g.n, sizeof *g.peers);
@@ -1074,7 +1077,7 @@ int ct_rpc_init(const ct_rpc_options *opts) {
     g.inflight = calloc((size_t)g.n + 1, sizeof *g.inflight);
     if (!g.peers || !g.handlers || !g.inflight) {
         teardown();
-        return ct__seterr(CT_ENOMEM, "%s: out of memory", fn);
+        return ct__err_set(CT_ENOMEM, "%s: out of memory", fn);
     }
     for (int i = 0; i < g.n; i++)
         snprintf(g.peers[i].user, sizeof g.peers[i].user, "worker%d", i);
@@ -1086,7 +1089,7 @@ int ct_rpc_init(const ct_rpc_options *opts) {
     size_t blen = sizeof bound;
     int linger = 1000;
     int64_t max_frame = (int64_t)(g.max_frame < INT64_MAX ? g.max_frame : INT64_MAX);
-    if ((rc = ct__listen_address(w, NULL, bind, host))) {
+    if ((rc = ct__dist_listen_address(w, NULL, bind, host))) {
         teardown();
         return rc;
     }
@@ -1100,23 +1103,23 @@ int ct_rpc_init(const ct_rpc_options *opts) {
     if (!g.router || zmq_setsockopt(g.router, ZMQ_LINGER, &linger, sizeof linger) ||
         zmq_setsockopt(g.router, ZMQ_MAXMSGSIZE, &max_frame, sizeof max_frame) ||
         zmq_bind(g.router, listen) || zmq_getsockopt(g.router, ZMQ_LAST_ENDPOINT, bound, &blen))
-        rc = ct__seterr(CT_EFOREIGN, "%s: binding the worker's socket to %s: %s", fn, listen,
-                        zmq_strerror(zmq_errno()));
+        rc = ct__err_set(CT_EFOREIGN, "%s: binding the worker's socket to %s: %s", fn, listen,
+                         zmq_strerror(zmq_errno()));
     const char *port = strrchr(bound, ':');
     snprintf(endpoint, sizeof endpoint, "tcp://%s%s", host, port ? port : ":0");
     if (!rc && (g.wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0)
-        rc = ct__seterr(CT_EFOREIGN, "%s: eventfd: %s", fn, strerror(errno));
+        rc = ct__err_set(CT_EFOREIGN, "%s: eventfd: %s", fn, strerror(errno));
     if (!rc)
         rc = meet(endpoint, g.o.timeout_s);
     g.up = !rc;
     if (!rc && pthread_create(&g.io, NULL, io_main, NULL)) {
         close(g.wake_fd);
         g.wake_fd = -1;
-        rc = ct__seterr(CT_EFOREIGN, "%s: the I/O thread could not start", fn);
+        rc = ct__err_set(CT_EFOREIGN, "%s: the I/O thread could not start", fn);
     }
     for (int i = 0; !rc && i < g.o.handler_threads; i++) {
         if (pthread_create(&g.handlers[i], NULL, handler_main, NULL))
-            rc = ct__seterr(CT_EFOREIGN, "%s: a handler thread could not start", fn);
+            rc = ct__err_set(CT_EFOREIGN, "%s: a handler thread could not start", fn);
         else
             g.nhandlers++;
     }
@@ -1149,8 +1152,8 @@ int ct_rpc_shutdown(void) {
     bool idle = !g.npending && !g.busy && !g.jobs_head;
     pthread_mutex_unlock(&g.mu);
     if (!idle)
-        rc = ct__seterr(CT_ETIMEDOUT, "%s: calls or handlers still running after %g s", fn,
-                        g.o.timeout_s);
+        rc = ct__err_set(CT_ETIMEDOUT, "%s: calls or handlers still running after %g s", fn,
+                         g.o.timeout_s);
     /* Then everyone's: the agent keeps serving until all have arrived. */
     char key[64];
     snprintf(key, sizeof key, "rpc/%d/down", ct_dist_world()->restart_count);
@@ -1159,8 +1162,8 @@ int ct_rpc_shutdown(void) {
         rc = ct_store_add(ct_dist_store(), key, 1, &arrived, g.o.timeout_s);
     while (!rc && arrived < g.n) {
         if (ct__rpc_now() > deadline) {
-            rc = ct__seterr(CT_ETIMEDOUT, "%s: %lld of %d workers arrived in %g s", fn,
-                            (long long)arrived, g.n, g.o.timeout_s);
+            rc = ct__err_set(CT_ETIMEDOUT, "%s: %lld of %d workers arrived in %g s", fn,
+                             (long long)arrived, g.n, g.o.timeout_s);
             break;
         }
         nanosleep(&(struct timespec){0, 2000000}, NULL);
@@ -1184,7 +1187,7 @@ int ct_rpc_worker_id(const char *name) {
     for (int i = 0; name && i < g.n; i++)
         if (!strcmp(g.peers[i].name, name))
             return i;
-    ct__seterr(CT_EINVAL, "rpc: there is no worker named '%s'", name ? name : "(null)");
+    ct__err_set(CT_EINVAL, "rpc: there is no worker named '%s'", name ? name : "(null)");
     return -1;
 }
 
@@ -1209,7 +1212,7 @@ bool ct__rpc_peer_dead(int id) {
 static ct_future *call(int to, const char *fn, const char *label, const ct_rpc_args *args,
                        double timeout_s, bool user, uint64_t context) {
     if (!fn || !*fn || strlen(fn) > RPC_NAME_MAX) {
-        ct__seterr(CT_EINVAL, "ct_rpc_async: the function name is NULL, empty or too long");
+        ct__err_set(CT_EINVAL, "ct_rpc_async: the function name is NULL, empty or too long");
         return NULL;
     }
     ct_future *f = calloc(1, sizeof *f);
@@ -1217,11 +1220,11 @@ static ct_future *call(int to, const char *fn, const char *label, const ct_rpc_a
     if (!f || !o) {
         free(f);
         free(o);
-        ct__seterr(CT_ENOMEM, "ct_rpc_async: out of memory");
+        ct__err_set(CT_ENOMEM, "ct_rpc_async: out of memory");
         return NULL;
     }
     f->id = ct__rpc_next_id();
-    if ((user && ct__dist_on_send(to, f->id, args, &context)) ||
+    if ((user && ct__dautograd_on_send(to, f->id, args, &context)) ||
         ct__rpc_encode_call(&o->msg, fn, args, user && context) || frames_fit(&o->msg, label)) {
         ct__rpc_out_free(&o->msg);
         free(f);
@@ -1265,7 +1268,7 @@ ct_future *ct_rpc_async(const char *to, const char *fn, const ct_rpc_args *args,
     if (id < 0)
         return NULL;
     if (fn && !strncmp(fn, "ct.", 3)) {
-        ct__seterr(CT_EINVAL, "ct_rpc_async: '%s': names beginning 'ct.' are ct's own", fn);
+        ct__err_set(CT_EINVAL, "ct_rpc_async: '%s': names beginning 'ct.' are ct's own", fn);
         return NULL;
     }
     return call(id, fn, fn, args, timeout_s, true, 0);
@@ -1273,9 +1276,9 @@ ct_future *ct_rpc_async(const char *to, const char *fn, const ct_rpc_args *args,
 
 static int check_future(const ct_future *f, const char *fn) {
     if (!f)
-        return ct__seterr(CT_EINVAL, "%s: the future is NULL", fn);
+        return ct__err_set(CT_EINVAL, "%s: the future is NULL", fn);
     if (f->magic != FUTURE_MAGIC)
-        return ct__seterr(CT_EINVAL, "%s: %p is not a live ct_future", fn, (const void *)f);
+        return ct__err_set(CT_EINVAL, "%s: %p is not a live ct_future", fn, (const void *)f);
     return 0;
 }
 
@@ -1290,7 +1293,7 @@ int ct_future_wait(ct_future *f, ct_rpc_args **out) {
         pthread_cond_wait(&f->cv, &f->mu);
     pthread_mutex_unlock(&f->mu);
     if (f->rc)
-        return ct__seterr(f->rc, "%s", f->message ? f->message : "rpc: the call failed");
+        return ct__err_set(f->rc, "%s", f->message ? f->message : "rpc: the call failed");
     if (!out)
         return 0;
     /* Each wait hands out its own list with the same values. */
@@ -1309,8 +1312,8 @@ int ct_future_then(ct_future *f, ct_future_fn fn, void *ctx) {
         return rc;
     then_cb *cb = fn ? malloc(sizeof *cb) : NULL;
     if (!cb)
-        return ct__seterr(fn ? CT_ENOMEM : CT_EINVAL, "ct_future_then: %s",
-                          fn ? "out of memory" : "fn is NULL");
+        return ct__err_set(fn ? CT_ENOMEM : CT_EINVAL, "ct_future_then: %s",
+                           fn ? "out of memory" : "fn is NULL");
     *cb = (then_cb){fn, ctx, NULL};
     pthread_mutex_lock(&f->mu);
     bool done = f->done;

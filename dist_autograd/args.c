@@ -8,17 +8,17 @@
 
 int ct__rpc_args_check(const ct_rpc_args *a, const char *fn) {
     if (!a)
-        return ct__seterr(CT_EINVAL, "%s: the argument list is NULL", fn);
+        return ct__err_set(CT_EINVAL, "%s: the argument list is NULL", fn);
     if (a->magic != ARGS_MAGIC)
-        return ct__seterr(CT_EINVAL, "%s: %p is not a live ct_rpc_args (freed or foreign)", fn,
-                          (const void *)a);
+        return ct__err_set(CT_EINVAL, "%s: %p is not a live ct_rpc_args (freed or foreign)", fn,
+                           (const void *)a);
     return 0;
 }
 
 ct_rpc_args *ct_rpc_args_new(void) {
     ct_rpc_args *a = calloc(1, sizeof *a);
     if (!a) {
-        ct__seterr(CT_ENOMEM, "ct_rpc_args_new: out of memory");
+        ct__err_set(CT_ENOMEM, "ct_rpc_args_new: out of memory");
         return NULL;
     }
     a->magic = ARGS_MAGIC;
@@ -47,7 +47,7 @@ static rpc_value *push(ct_rpc_args *a, const char *fn) {
         int cap = a->cap ? 2 * a->cap : 8;
         rpc_value *v = realloc(a->v, sizeof *v * (size_t)cap);
         if (!v) {
-            ct__seterr(CT_ENOMEM, "%s: out of memory", fn);
+            ct__err_set(CT_ENOMEM, "%s: out of memory", fn);
             return NULL;
         }
         a->v = v;
@@ -90,13 +90,13 @@ int ct_rpc_args_add_float(ct_rpc_args *a, double f) {
 int ct_rpc_args_add_string(ct_rpc_args *a, const char *s) {
     const char *fn = "ct_rpc_args_add_string";
     if (!s)
-        return ct__seterr(CT_EINVAL, "%s: the string is NULL", fn);
+        return ct__err_set(CT_EINVAL, "%s: the string is NULL", fn);
     rpc_value *v = push(a, fn);
     if (!v)
         return ct_errcode();
     char *copy = strdup(s);
     if (!copy)
-        return ct__seterr(CT_ENOMEM, "%s: out of memory", fn);
+        return ct__err_set(CT_ENOMEM, "%s: out of memory", fn);
     *v = (rpc_value){.type = CT_RPC_STRING, .s = copy};
     a->n++;
     return 0;
@@ -111,7 +111,7 @@ int ct_rpc_args_type(const ct_rpc_args *a, int i) {
     if (ct__rpc_args_check(a, "ct_rpc_args_type"))
         return -1;
     if (i < 0 || i >= a->n) {
-        ct__seterr(CT_ERANGE, "ct_rpc_args_type: value %d of %d", i, a->n);
+        ct__err_set(CT_ERANGE, "ct_rpc_args_type: value %d of %d", i, a->n);
         return -1;
     }
     return (int)a->v[i].type;
@@ -124,12 +124,12 @@ static const rpc_value *get(const ct_rpc_args *a, int i, ct_rpc_type type, const
     if (ct__rpc_args_check(a, fn))
         return NULL;
     if (i < 0 || i >= a->n) {
-        ct__seterr(CT_ERANGE, "%s: value %d asked for, but the list has %d", fn, i, a->n);
+        ct__err_set(CT_ERANGE, "%s: value %d asked for, but the list has %d", fn, i, a->n);
         return NULL;
     }
     if (a->v[i].type != type) {
-        ct__seterr(CT_EINVAL, "%s: value %d is %s, not %s", fn, i, type_names[a->v[i].type],
-                   type_names[type]);
+        ct__err_set(CT_EINVAL, "%s: value %d is %s, not %s", fn, i, type_names[a->v[i].type],
+                    type_names[type]);
         return NULL;
     }
     return &a->v[i];

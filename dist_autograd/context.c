@@ -136,13 +136,13 @@ static dctx *ctx_get(uint64_t id, bool create) {
     dctx *c = ctx_lookup(id, create, &rc, why);
     int worker = (int)(id >> 48);
     if (!c && *why)
-        ct__seterr(rc ? rc : CT_EINVAL, "context %d:%" PRIu64 " was released: %s", worker,
-                   id & LOW48, why);
+        ct__err_set(rc ? rc : CT_EINVAL, "context %d:%" PRIu64 " was released: %s", worker,
+                    id & LOW48, why);
     else if (!c && create)
-        ct__seterr(CT_ENOMEM, "dist autograd: out of memory");
+        ct__err_set(CT_ENOMEM, "dist autograd: out of memory");
     else if (!c)
-        ct__seterr(CT_EINVAL, "context %d:%" PRIu64 " is not known on worker '%s'", worker,
-                   id & LOW48, ct_rpc_worker_name(ct_rpc_self()));
+        ct__err_set(CT_EINVAL, "context %d:%" PRIu64 " is not known on worker '%s'", worker,
+                    id & LOW48, ct_rpc_worker_name(ct_rpc_self()));
     return c;
 }
 
@@ -232,7 +232,7 @@ static int record(dctx *c, int to, uint64_t id, const ct_rpc_args *args) {
         !(s->shapes = calloc((size_t)n, sizeof *s->shapes))) {
         if (s)
             send_node_free(s);
-        return ct__seterr(CT_ENOMEM, "dist autograd: out of memory");
+        return ct__err_set(CT_ENOMEM, "dist autograd: out of memory");
     }
     s->msg = id;
     s->peer = to;
@@ -241,8 +241,8 @@ static int record(dctx *c, int to, uint64_t id, const ct_rpc_args *args) {
         ct_tensor *t = args->v[i].t;
         if (args->v[i].type != CT_RPC_TENSOR || !ct_requires_grad(t))
             continue;
-        ct__shape_of(&s->shapes[s->n], t);
-        rc = ct__gradient_edge(t, &s->edges[s->n]);
+        ct__autograd_shape_of(&s->shapes[s->n], t);
+        rc = ct__autograd_gradient_edge(t, &s->edges[s->n]);
         s->n += !rc;
     }
     if (rc) {
@@ -251,7 +251,7 @@ static int record(dctx *c, int to, uint64_t id, const ct_rpc_args *args) {
     }
     pthread_mutex_lock(&c->mu);
     if (c->released) {
-        rc = ct__seterr(c->rc ? c->rc : CT_ESTATE, "the context was released: %s", c->why);
+        rc = ct__err_set(c->rc ? c->rc : CT_ESTATE, "the context was released: %s", c->why);
     } else {
         s->next = c->sends;
         c->sends = s;
@@ -262,7 +262,7 @@ static int record(dctx *c, int to, uint64_t id, const ct_rpc_args *args) {
     return rc;
 }
 
-int ct__dist_on_send(int to, uint64_t id, const ct_rpc_args *args, uint64_t *context) {
+int ct__dautograd_on_send(int to, uint64_t id, const ct_rpc_args *args, uint64_t *context) {
     *context = current;
     if (!current)
         return 0;
@@ -273,7 +273,7 @@ int ct__dist_on_send(int to, uint64_t id, const ct_rpc_args *args, uint64_t *con
     return rc;
 }
 
-int ct__dist_record_send(uint64_t context, int to, uint64_t id, const ct_rpc_args *args) {
+int ct__dautograd_record_send(uint64_t context, int to, uint64_t id, const ct_rpc_args *args) {
     dctx *c = ctx_get(context, false);
     if (!c)
         return ct_errcode();
@@ -282,13 +282,13 @@ int ct__dist_record_send(uint64_t context, int to, uint64_t id, const ct_rpc_arg
     return rc;
 }
 
-uint64_t ct__dist_enter(uint64_t context) {
+uint64_t ct__dautograd_enter(uint64_t context) {
     uint64_t saved = current;
     current = context;
     return saved;
 }
 
-void ct__dist_leave(uint64_t saved) { current = saved; }
+void ct__dautograd_leave(uint64_t saved) { current = saved; }
 
 /* The recv node: gradients reaching tensors that arrived in a message go
  * back to their sender, where its send node takes them on. */
@@ -334,9 +334,9 @@ static int recv_backward(const ct_backward_args *a) {
 
 static const ct_function_def recv_def = {"RecvRpcBackward", recv_backward, free};
 
-int ct__dist_on_receive(uint64_t context, int from, uint64_t id, ct_rpc_args *args) {
+int ct__dautograd_on_receive(uint64_t context, int from, uint64_t id, ct_rpc_args *args) {
     if (from < 0)
-        return ct__seterr(CT_EINVAL, "a message in a context from a sender that is no worker");
+        return ct__err_set(CT_EINVAL, "a message in a context from a sender that is no worker");
     dctx *c = ctx_get(context, true);
     if (!c)
         return ct_errcode();
@@ -353,15 +353,15 @@ int ct__dist_on_receive(uint64_t context, int from, uint64_t id, ct_rpc_args *ar
     if (!r || !outs) {
         free(r);
         free(outs);
-        return ct__seterr(CT_ENOMEM, "dist autograd: out of memory");
+        return ct__err_set(CT_ENOMEM, "dist autograd: out of memory");
     }
     *r = (recv_info){.context = context, .msg = id, .peer = from, .n = n};
     for (int i = 0, k = 0; i < args->n; i++)
         if (args->v[i].type == CT_RPC_TENSOR && args->v[i].grad) {
             outs[k] = args->v[i].t;
-            ct__shape_of(&r->shapes[k++], args->v[i].t);
+            ct__autograd_shape_of(&r->shapes[k++], args->v[i].t);
         }
-    int rc = ct__function_record_source(&recv_def, r, outs, n);
+    int rc = ct__autograd_function_record_source(&recv_def, r, outs, n);
     free(outs);
     return rc;
 }
@@ -377,8 +377,8 @@ static int sink(void *ctx, ct_tensor *leaf, ct_tensor *g) {
     while (i < c->ngrads && c->leaves[i] != leaf)
         i++;
     if (c->released) {
-        rc = ct__seterr(c->rc ? c->rc : CT_ESTATE, "the context was released during backward: %s",
-                        c->why);
+        rc = ct__err_set(c->rc ? c->rc : CT_ESTATE, "the context was released during backward: %s",
+                         c->why);
     } else if (i < c->ngrads) {
         rc = ct_add_(c->grads[i], g) ? 0 : ct_errcode();
     } else if (c->ngrads == c->cap) {
@@ -391,10 +391,10 @@ static int sink(void *ctx, ct_tensor *leaf, ct_tensor *g) {
             c->grads = gr;
             c->cap = cap;
         }
-        rc = gr ? 0 : ct__seterr(CT_ENOMEM, "dist autograd: out of memory");
+        rc = gr ? 0 : ct__err_set(CT_ENOMEM, "dist autograd: out of memory");
     }
     if (!rc && i == c->ngrads && !c->released) {
-        ct_tensor *copy = ct__own(ct_clone(g));
+        ct_tensor *copy = ct__tensor_own(ct_clone(g));
         if (copy) {
             c->leaves[c->ngrads] = ct_tensor_retain(leaf);
             c->grads[c->ngrads++] = copy;
@@ -439,7 +439,7 @@ static void pass_part_done(pass *p, int rc, const char *message) {
     if (!answer)
         return;
     if (p->rc)
-        ct__seterr(p->rc, "%s", p->message ? p->message : "failed");
+        ct__err_set(p->rc, "%s", p->message ? p->message : "failed");
     ct__rpc_reply(p->reply, p->rc, NULL);
     ctx_unref(p->c);
     pass_free(p);
@@ -467,12 +467,12 @@ static int run_local(pass *p, const ct__edge *roots, ct_tensor *const *grads, in
                      ct_tensor *const *outputs) {
     dctx *c = p->c;
     if (cur_pass)
-        return ct__seterr(CT_ESTATE, "ct_dist_backward: called inside a distributed backward");
+        return ct__err_set(CT_ESTATE, "ct_dist_backward: called inside a distributed backward");
     pthread_mutex_lock(&c->run);
     cur_pass = p;
     int rc;
     if (outputs) {
-        rc = ct__backward_sink(outputs, n, sink, c);
+        rc = ct__autograd_backward_sink(outputs, n, sink, c);
     } else {
         ct__run run = {.roots = roots,
                        .root_grads = grads,
@@ -490,24 +490,24 @@ static int run_local(pass *p, const ct__edge *roots, ct_tensor *const *grads, in
 int ct_dist_backward(int64_t id, ct_tensor *const *roots, int n) {
     const char *fn = "ct_dist_backward";
     if (ct_rpc_self() < 0)
-        return ct__seterr(CT_ESTATE, "%s: the RPC agent is not running", fn);
+        return ct__err_set(CT_ESTATE, "%s: the RPC agent is not running", fn);
     if (!roots || n < 1)
-        return ct__seterr(CT_EINVAL, "%s: no roots given", fn);
+        return ct__err_set(CT_EINVAL, "%s: no roots given", fn);
     for (int i = 0; i < n; i++) {
         int rc = CT__CHECK_ANY(fn, roots[i]);
         if (rc)
             return rc;
         if (ct_numel(roots[i]) != 1)
-            return ct__seterr(CT_EINVAL, "%s: root %d has %lld elements; roots are losses, of one",
-                              fn, i, (long long)ct_numel(roots[i]));
+            return ct__err_set(CT_EINVAL, "%s: root %d has %lld elements; roots are losses, of one",
+                               fn, i, (long long)ct_numel(roots[i]));
     }
     dctx *c = ctx_get((uint64_t)id, false);
     if (!c)
-        return ct__seterr(ct_errcode(), "%s: %s", fn, ct_errmsg());
+        return ct__err_set(ct_errcode(), "%s: %s", fn, ct_errmsg());
     pass *p = pass_new(c, NULL);
     if (!p) {
         ctx_unref(c);
-        return ct__seterr(CT_ENOMEM, "%s: out of memory", fn);
+        return ct__err_set(CT_ENOMEM, "%s: out of memory", fn);
     }
     int rc = run_local(p, NULL, NULL, n, roots);
     pass_part_done(p, rc, rc ? ct_errmsg() : NULL);
@@ -518,23 +518,23 @@ int ct_dist_backward(int64_t id, ct_tensor *const *roots, int n) {
     pthread_mutex_unlock(&p->mu);
     rc = p->rc;
     if (rc) {
-        ct__seterr(rc, "%s: %s", fn, p->message);
+        ct__err_set(rc, "%s: %s", fn, p->message);
         char message[512];
         snprintf(message, sizeof message, "%s", ct_errmsg());
         release(c, rc, -1, true, "its backward failed: %s", message);
-        ct__seterr(rc, "%s", message);
+        ct__err_set(rc, "%s", message);
     }
     pass_free(p);
     ctx_unref(c);
     return rc;
 }
 
-void ct__dist_on_backward(const rpc_call *call, ct_rpc_args *in, rpc_reply *reply) {
+void ct__dautograd_on_backward(const rpc_call *call, ct_rpc_args *in, rpc_reply *reply) {
     dctx *c = ctx_get(call->context, false);
     send_node *s = NULL;
     int rc = c ? 0 : ct_errcode();
     if (!rc && ct_rpc_args_type(in, 0) != CT_RPC_INT)
-        rc = ct__seterr(CT_ECORRUPT, "a backward message without its message id");
+        rc = ct__err_set(CT_ECORRUPT, "a backward message without its message id");
     if (!rc) {
         int64_t msg = ct_rpc_args_int(in, 0);
         pthread_mutex_lock(&c->mu);
@@ -548,11 +548,11 @@ void ct__dist_on_backward(const rpc_call *call, ct_rpc_args *in, rpc_reply *repl
         }
         pthread_mutex_unlock(&c->mu);
         if (!s)
-            rc = ct__seterr(CT_EINVAL, "no message %" PRIu64 " sent in this context",
-                            (uint64_t)msg & LOW48);
+            rc = ct__err_set(CT_EINVAL, "no message %" PRIu64 " sent in this context",
+                             (uint64_t)msg & LOW48);
         else if (ct_rpc_args_count(in) != n + 1)
-            rc = ct__seterr(CT_ECORRUPT, "%d gradients for %d tensors sent",
-                            ct_rpc_args_count(in) - 1, n);
+            rc = ct__err_set(CT_ECORRUPT, "%d gradients for %d tensors sent",
+                             ct_rpc_args_count(in) - 1, n);
         ct_tensor *grads[n > 0 ? n : 1];
         /* Gradients arrive on the host; one for a tensor sent from a device
          * goes back there before it meets the graph. */
@@ -563,12 +563,12 @@ void ct__dist_on_backward(const rpc_call *call, ct_rpc_args *in, rpc_reply *repl
             grads[i] = ct_rpc_args_tensor(in, i + 1);
             ct_device to = s->shapes[i].device, at = grads[i] ? ct_tensor_device(grads[i]) : to;
             if (grads[i] && !ct_device_equal(at, to))
-                grads[i] = moved[i] = ct__own(ct_to(grads[i], to));
+                grads[i] = moved[i] = ct__tensor_own(ct_to(grads[i], to));
             if (!grads[i])
                 rc = ct_errcode();
-            else if (!ct__shape_equal(&s->shapes[i], grads[i]))
-                rc = ct__seterr(CT_ESHAPE, "the gradient of sent tensor %d is not %s", i,
-                                ct__shape_rec_str(want, &s->shapes[i]));
+            else if (!ct__autograd_shape_equal(&s->shapes[i], grads[i]))
+                rc = ct__err_set(CT_ESHAPE, "the gradient of sent tensor %d is not %s", i,
+                                 ct__autograd_shape_rec_str(want, &s->shapes[i]));
         }
         pass *p = rc ? NULL : pass_new(c, reply);
         if (p) {
@@ -576,7 +576,7 @@ void ct__dist_on_backward(const rpc_call *call, ct_rpc_args *in, rpc_reply *repl
             if (rc) {
                 char message[512];
                 snprintf(message, sizeof message, "%s", ct_errmsg());
-                ct__seterr(rc, "its part of the distributed backward failed: %s", message);
+                ct__err_set(rc, "its part of the distributed backward failed: %s", message);
             }
             for (int i = 0; i < n; i++) {
                 ct__node_release(edges[i].node);
@@ -591,7 +591,7 @@ void ct__dist_on_backward(const rpc_call *call, ct_rpc_args *in, rpc_reply *repl
             ct_tensor_free(moved[i]);
         }
         if (!rc)
-            rc = ct__seterr(CT_ENOMEM, "dist autograd: out of memory");
+            rc = ct__err_set(CT_ENOMEM, "dist autograd: out of memory");
     }
     ct_rpc_args_free(in);
     if (c)
@@ -604,14 +604,14 @@ void ct__dist_on_backward(const rpc_call *call, ct_rpc_args *in, rpc_reply *repl
 int64_t ct_dist_autograd_begin(void) {
     int self = ct_rpc_self();
     if (self < 0) {
-        ct__seterr(CT_ESTATE, "ct_dist_autograd_begin: the RPC agent is not running");
+        ct__err_set(CT_ESTATE, "ct_dist_autograd_begin: the RPC agent is not running");
         return 0;
     }
     if (current) {
-        ct__seterr(CT_ESTATE,
-                   "ct_dist_autograd_begin: context %d:%" PRIu64
-                   " is current on this thread; end it first",
-                   (int)(current >> 48), current & LOW48);
+        ct__err_set(CT_ESTATE,
+                    "ct_dist_autograd_begin: context %d:%" PRIu64
+                    " is current on this thread; end it first",
+                    (int)(current >> 48), current & LOW48);
         return 0;
     }
     uint64_t id = ((uint64_t)self << 48) | ((atomic_fetch_add(&T.counter, 1) + 1) & LOW48);
@@ -629,7 +629,7 @@ int ct_dist_autograd_end(int64_t id) {
     if ((uint64_t)id == current)
         current = 0;
     if ((int)((uint64_t)id >> 48) != ct_rpc_self())
-        return ct__seterr(
+        return ct__err_set(
             CT_EINVAL,
             "ct_dist_autograd_end: context %d:%" PRIu64 " began on worker %d; it ends there",
             (int)((uint64_t)id >> 48), (uint64_t)id & LOW48, (int)((uint64_t)id >> 48));
@@ -641,8 +641,8 @@ int ct_dist_autograd_end(int64_t id) {
     if (!c && *why)
         return 0;
     if (!c)
-        return ct__seterr(CT_EINVAL, "ct_dist_autograd_end: context %d:%" PRIu64 " is not known",
-                          (int)((uint64_t)id >> 48), (uint64_t)id & LOW48);
+        return ct__err_set(CT_EINVAL, "ct_dist_autograd_end: context %d:%" PRIu64 " is not known",
+                           (int)((uint64_t)id >> 48), (uint64_t)id & LOW48);
     release(c, 0, -1, true, "ended by its owner");
     ctx_unref(c);
     return 0;
@@ -656,7 +656,7 @@ ct_tensor *ct_dist_autograd_grad(int64_t id, const ct_tensor *leaf) {
     pthread_mutex_lock(&c->mu);
     for (int i = 0; i < c->ngrads && !g; i++)
         if (c->leaves[i] == leaf)
-            g = ct__scope_own(ct_tensor_retain(c->grads[i]));
+            g = ct__tensor_scope_own(ct_tensor_retain(c->grads[i]));
     pthread_mutex_unlock(&c->mu);
     ctx_unref(c);
     return g;
@@ -664,7 +664,7 @@ ct_tensor *ct_dist_autograd_grad(int64_t id, const ct_tensor *leaf) {
 
 int ct_dist_autograd_get_gradients(int64_t id, ct_tensor ***leaves, ct_tensor ***grads) {
     if (!leaves || !grads)
-        return ct__seterr(CT_EINVAL, "ct_dist_autograd_get_gradients: NULL output arrays");
+        return ct__err_set(CT_EINVAL, "ct_dist_autograd_get_gradients: NULL output arrays");
     *leaves = *grads = NULL;
     dctx *c = ctx_get((uint64_t)id, false);
     if (!c)
@@ -674,8 +674,8 @@ int ct_dist_autograd_get_gradients(int64_t id, ct_tensor ***leaves, ct_tensor **
     *leaves = malloc((size_t)(n ? n : 1) * sizeof **leaves);
     *grads = malloc((size_t)(n ? n : 1) * sizeof **grads);
     for (int i = 0; i < n && *leaves && *grads; i++) {
-        (*leaves)[i] = ct__scope_own(ct_tensor_retain(c->leaves[i]));
-        (*grads)[i] = ct__scope_own(ct_tensor_retain(c->grads[i]));
+        (*leaves)[i] = ct__tensor_scope_own(ct_tensor_retain(c->leaves[i]));
+        (*grads)[i] = ct__tensor_scope_own(ct_tensor_retain(c->grads[i]));
     }
     pthread_mutex_unlock(&c->mu);
     ctx_unref(c);
@@ -683,7 +683,7 @@ int ct_dist_autograd_get_gradients(int64_t id, ct_tensor ***leaves, ct_tensor **
         free(*leaves);
         free(*grads);
         *leaves = *grads = NULL;
-        return ct__seterr(CT_ENOMEM, "ct_dist_autograd_get_gradients: out of memory");
+        return ct__err_set(CT_ENOMEM, "ct_dist_autograd_get_gradients: out of memory");
     }
     return n;
 }
@@ -697,7 +697,7 @@ int ct_dist_autograd_num_contexts(void) {
     return n;
 }
 
-void ct__dist_on_release(const rpc_call *call, ct_rpc_args *in, rpc_reply *reply) {
+void ct__dautograd_on_release(const rpc_call *call, ct_rpc_args *in, rpc_reply *reply) {
     bool ok = ct_rpc_args_type(in, 0) == CT_RPC_INT && ct_rpc_args_type(in, 1) == CT_RPC_STRING;
     int rc = ok ? (int)ct_rpc_args_int(in, 0) : 0;
     const char *why = ok ? ct_rpc_args_string(in, 1) : NULL;
@@ -735,16 +735,16 @@ static void release_where(int id, double now) {
     }
 }
 
-void ct__dist_peer_died(int id) { release_where(id, 0); }
+void ct__dautograd_peer_died(int id) { release_where(id, 0); }
 
-void ct__dist_tick(double now) {
+void ct__dautograd_tick(double now) {
     if (now - T.last_tick < 1)
         return;
     T.last_tick = now;
     release_where(-1, now);
 }
 
-void ct__dist_shutdown(void) {
+void ct__dautograd_shutdown(void) {
     for (;;) {
         pthread_mutex_lock(&T.mu);
         dctx *c = T.live;

@@ -20,15 +20,15 @@ static struct {
 int ct_dist_optim_serve(const char *name, ct_optim *opt) {
     const char *fn = "ct_dist_optim_serve";
     if (!name || !*name || strlen(name) > RPC_NAME_MAX || !opt)
-        return ct__seterr(CT_EINVAL, "%s: a name of 1-%d bytes and an optimizer, please", fn,
-                          RPC_NAME_MAX);
+        return ct__err_set(CT_EINVAL, "%s: a name of 1-%d bytes and an optimizer, please", fn,
+                           RPC_NAME_MAX);
     pthread_mutex_lock(&S.mu);
     int rc = S.n == MAX_SERVED
-                 ? ct__seterr(CT_EINVAL, "%s: more than %d optimizers", fn, MAX_SERVED)
+                 ? ct__err_set(CT_EINVAL, "%s: more than %d optimizers", fn, MAX_SERVED)
                  : 0;
     for (int i = 0; i < S.n && !rc; i++)
         if (!strcmp(S.v[i].name, name))
-            rc = ct__seterr(CT_EINVAL, "%s: '%s' is served already", fn, name);
+            rc = ct__err_set(CT_EINVAL, "%s: '%s' is served already", fn, name);
     if (!rc) {
         snprintf(S.v[S.n].name, sizeof S.v[S.n].name, "%s", name);
         S.v[S.n].opt = opt;
@@ -61,7 +61,7 @@ static int step_with(ct_optim *opt, uint64_t context) {
     return rc;
 }
 
-void ct__optim_on_step(const rpc_call *c, ct_rpc_args *in, rpc_reply *r) {
+void ct__dautograd_optim_on_step(const rpc_call *c, ct_rpc_args *in, rpc_reply *r) {
     const char *name = ct_rpc_args_string(in, 0);
     int rc = name ? 0 : ct_errcode(), at = -1;
     pthread_mutex_lock(&S.mu);
@@ -71,9 +71,9 @@ void ct__optim_on_step(const rpc_call *c, ct_rpc_args *in, rpc_reply *r) {
     int n = S.n;
     pthread_mutex_unlock(&S.mu);
     if (!rc && at < 0)
-        rc = ct__seterr(CT_EINVAL, "no optimizer '%s' is served here (%d are)", name, n);
+        rc = ct__err_set(CT_EINVAL, "no optimizer '%s' is served here (%d are)", name, n);
     if (!rc && !c->context)
-        rc = ct__seterr(CT_EINVAL, "a step outside any context");
+        rc = ct__err_set(CT_EINVAL, "a step outside any context");
     if (!rc) {
         pthread_mutex_lock(&S.v[at].step);
         rc = step_with(S.v[at].opt, c->context);
@@ -91,12 +91,12 @@ struct ct_dist_optim {
 
 ct_dist_optim *ct_dist_optim_new(const char *name, const char *const *workers, int n) {
     if (!name || !*name || strlen(name) > RPC_NAME_MAX || !workers || n < 1) {
-        ct__seterr(CT_EINVAL, "ct_dist_optim_new: a name and at least one worker, please");
+        ct__err_set(CT_EINVAL, "ct_dist_optim_new: a name and at least one worker, please");
         return NULL;
     }
     ct_dist_optim *o = malloc(sizeof *o + (size_t)n * sizeof o->workers[0]);
     if (!o) {
-        ct__seterr(CT_ENOMEM, "ct_dist_optim_new: out of memory");
+        ct__err_set(CT_ENOMEM, "ct_dist_optim_new: out of memory");
         return NULL;
     }
     snprintf(o->name, sizeof o->name, "%s", name);
@@ -111,7 +111,8 @@ ct_dist_optim *ct_dist_optim_new(const char *name, const char *const *workers, i
 
 int ct_dist_optim_step(ct_dist_optim *o, int64_t context) {
     if (!o || !context)
-        return ct__seterr(CT_EINVAL, "ct_dist_optim_step: %s", o ? "no context" : "NULL optimizer");
+        return ct__err_set(CT_EINVAL, "ct_dist_optim_step: %s",
+                           o ? "no context" : "NULL optimizer");
     ct_rpc_args *a = ct_rpc_args_new();
     int rc = a ? ct_rpc_args_add_string(a, o->name) : ct_errcode();
     ct_future *f[o->n];
@@ -126,7 +127,7 @@ int ct_dist_optim_step(ct_dist_optim *o, int64_t context) {
             rc = r;
             char message[512];
             snprintf(message, sizeof message, "%s", ct_errmsg());
-            ct__seterr(rc, "ct_dist_optim_step: %s", message);
+            ct__err_set(rc, "ct_dist_optim_step: %s", message);
         }
         ct_future_free(f[i]);
     }

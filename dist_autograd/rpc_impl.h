@@ -131,13 +131,13 @@ void ct__rpc_reply(rpc_reply *r, int rc, const ct_rpc_args *out);
  * whenever they choose, so that one may wait for other calls without
  * holding a thread. in is theirs to free. */
 typedef void (*rpc_internal_fn)(const rpc_call *c, ct_rpc_args *in, rpc_reply *r);
-void ct__dist_on_backward(const rpc_call *c, ct_rpc_args *in, rpc_reply *r);
-void ct__dist_on_release(const rpc_call *c, ct_rpc_args *in, rpc_reply *r);
+void ct__dautograd_on_backward(const rpc_call *c, ct_rpc_args *in, rpc_reply *r);
+void ct__dautograd_on_release(const rpc_call *c, ct_rpc_args *in, rpc_reply *r);
 void ct__rref_on_new(const rpc_call *c, ct_rpc_args *in, rpc_reply *r);
 void ct__rref_on_fetch(const rpc_call *c, ct_rpc_args *in, rpc_reply *r);
 void ct__rref_on_call(const rpc_call *c, ct_rpc_args *in, rpc_reply *r);
 void ct__rref_on_del(const rpc_call *c, ct_rpc_args *in, rpc_reply *r);
-void ct__optim_on_step(const rpc_call *c, ct_rpc_args *in, rpc_reply *r);
+void ct__dautograd_optim_on_step(const rpc_call *c, ct_rpc_args *in, rpc_reply *r);
 
 /* Runs a registered function by name, as a call from c would. */
 int ct__rpc_run_fn(const char *fn, const ct_rpc_args *in, ct_rpc_args *out);
@@ -162,21 +162,21 @@ double ct__rpc_now(void);
  * grad. *context gets the id for the header (0: none). An error (the
  * context was released, out of memory) fails the call: sent without its
  * gradients, it would lose them silently. */
-int ct__dist_on_send(int to, uint64_t id, const ct_rpc_args *args, uint64_t *context);
+int ct__dautograd_on_send(int to, uint64_t id, const ct_rpc_args *args, uint64_t *context);
 /* A message that arrived in context from worker `from` as message id:
  * gives its marked tensors a recv node. Then, for a request, the handler
- * runs in the context (ct__dist_enter), and its results are sent as
- * message reply_id (ct__dist_leave, which records their send node). */
-int ct__dist_on_receive(uint64_t context, int from, uint64_t id, ct_rpc_args *args);
-uint64_t ct__dist_enter(uint64_t context);
-void ct__dist_leave(uint64_t saved);
-int ct__dist_record_send(uint64_t context, int to, uint64_t id, const ct_rpc_args *args);
+ * runs in the context (ct__dautograd_enter), and its results are sent as
+ * message reply_id (ct__dautograd_leave, which records their send node). */
+int ct__dautograd_on_receive(uint64_t context, int from, uint64_t id, ct_rpc_args *args);
+uint64_t ct__dautograd_enter(uint64_t context);
+void ct__dautograd_leave(uint64_t saved);
+int ct__dautograd_record_send(uint64_t context, int to, uint64_t id, const ct_rpc_args *args);
 /* The agent saw worker id die; every context it touched fails. */
-void ct__dist_peer_died(int id);
+void ct__dautograd_peer_died(int id);
 /* Ticks of the I/O thread (about every 50 ms): releases idle contexts. */
-void ct__dist_tick(double now);
+void ct__dautograd_tick(double now);
 /* The agent stops: everything is released. */
-void ct__dist_shutdown(void);
+void ct__dautograd_shutdown(void);
 void ct__rref_peer_died(int id);
 void ct__rref_shutdown(void);
 

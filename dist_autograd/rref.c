@@ -34,26 +34,26 @@ static struct {
 /* Counts one more value for holder; under R.mu. */
 static int count_new(int holder) {
     size_t limit;
-    int rc = ct__env_limit("CT_RPC_MAX_RREFS", 65536, &limit);
+    int rc = ct__dist_env_limit("CT_RPC_MAX_RREFS", 65536, &limit);
     if (rc)
         return rc;
     if (holder < 0)
-        return ct__seterr(CT_EINVAL, "rref: only the job's workers may hold remote references; "
-                                     "this caller is no worker");
+        return ct__err_set(CT_EINVAL, "rref: only the job's workers may hold remote references; "
+                                      "this caller is no worker");
     if (holder >= R.ncount) {
         int n = holder + 1;
         size_t *c = realloc(R.count, (size_t)n * sizeof *c);
         if (!c)
-            return ct__seterr(CT_ENOMEM, "rref: out of memory");
+            return ct__err_set(CT_ENOMEM, "rref: out of memory");
         memset(c + R.ncount, 0, (size_t)(n - R.ncount) * sizeof *c);
         R.count = c;
         R.ncount = n;
     }
     if (R.count[holder] >= limit)
-        return ct__seterr(CT_ENOMEM,
-                          "rref: worker %d holds %zu remote references here, its limit "
-                          "(CT_RPC_MAX_RREFS=%zu); free some (ct_rref_free)",
-                          holder, R.count[holder], limit);
+        return ct__err_set(CT_ENOMEM,
+                           "rref: worker %d holds %zu remote references here, its limit "
+                           "(CT_RPC_MAX_RREFS=%zu); free some (ct_rref_free)",
+                           holder, R.count[holder], limit);
     R.count[holder]++;
     return 0;
 }
@@ -75,15 +75,15 @@ static held **find(int64_t id) {
 }
 
 static int unknown(int64_t id) {
-    return ct__seterr(CT_EINVAL, "no value %lld is held here: it was freed, or its holder died",
-                      (long long)(id & 0xffffffffffffll));
+    return ct__err_set(CT_EINVAL, "no value %lld is held here: it was freed, or its holder died",
+                       (long long)(id & 0xffffffffffffll));
 }
 
 /* in: the function's name, then its arguments; answers the value's id. */
 void ct__rref_on_new(const rpc_call *c, ct_rpc_args *in, rpc_reply *r) {
     ct_rpc_args *args = ct_rpc_args_new(), *out = ct_rpc_args_new(), *id = ct_rpc_args_new();
     held *h = calloc(1, sizeof *h);
-    int rc = args && out && id && h ? 0 : ct__seterr(CT_ENOMEM, "rref: out of memory");
+    int rc = args && out && id && h ? 0 : ct__err_set(CT_ENOMEM, "rref: out of memory");
     const char *fn = rc ? NULL : ct_rpc_args_string(in, 0);
     if (!rc && !fn)
         rc = ct_errcode();
@@ -135,7 +135,7 @@ void ct__rref_on_call(const rpc_call *c, ct_rpc_args *in, rpc_reply *r) {
     ct_rpc_args *args = ct_rpc_args_new(), *out = ct_rpc_args_new();
     int64_t id = ct_rpc_args_int(in, 0);
     const char *fn = ct_rpc_args_string(in, 1);
-    int rc = args && out ? ct_errcode() : ct__seterr(CT_ENOMEM, "rref: out of memory");
+    int rc = args && out ? ct_errcode() : ct__err_set(CT_ENOMEM, "rref: out of memory");
     if (!rc) {
         pthread_mutex_lock(&R.mu);
         held *h = *find(id);
@@ -231,7 +231,7 @@ ct_rref *ct_rpc_remote(const char *to, const char *fn, const ct_rpc_args *args, 
     ct_rpc_args *head = ct_rpc_args_new(), *out = NULL;
     if (head && (!fn || ct_rpc_args_add_string(head, fn))) {
         ct_rpc_args_free(head);
-        ct__seterr(CT_EINVAL, "ct_rpc_remote: fn is NULL");
+        ct__err_set(CT_EINVAL, "ct_rpc_remote: fn is NULL");
         return NULL;
     }
     int rc = owner_call(owner, "ct.rref_new", fn, head, args, timeout_s, &out);
@@ -239,15 +239,15 @@ ct_rref *ct_rpc_remote(const char *to, const char *fn, const ct_rpc_args *args, 
     if (r)
         *r = (ct_rref){RREF_MAGIC, owner, ct_rpc_args_int(out, 0)};
     else if (!rc)
-        ct__seterr(CT_ENOMEM, "ct_rpc_remote: out of memory");
+        ct__err_set(CT_ENOMEM, "ct_rpc_remote: out of memory");
     ct_rpc_args_free(out);
     return r;
 }
 
 static int check(const ct_rref *r, const char *fn) {
     if (!r || r->magic != RREF_MAGIC)
-        return ct__seterr(CT_EINVAL, "%s: not a live ct_rref", fn);
-    return ct_rpc_self() < 0 ? ct__seterr(CT_ESTATE, "%s: the RPC agent is not running", fn) : 0;
+        return ct__err_set(CT_EINVAL, "%s: not a live ct_rref", fn);
+    return ct_rpc_self() < 0 ? ct__err_set(CT_ESTATE, "%s: the RPC agent is not running", fn) : 0;
 }
 
 int ct_rref_owner(const ct_rref *r) { return check(r, "ct_rref_owner") ? -1 : r->owner; }
@@ -263,7 +263,7 @@ int ct_rref_call(ct_rref *r, const char *fn, const ct_rpc_args *args, double tim
                  ct_rpc_args **out) {
     int rc = check(r, "ct_rref_call");
     if (!rc && !fn)
-        rc = ct__seterr(CT_EINVAL, "ct_rref_call: fn is NULL");
+        rc = ct__err_set(CT_EINVAL, "ct_rref_call: fn is NULL");
     ct_rpc_args *head = rc ? NULL : head_int(r->id);
     if (head && ct_rpc_args_add_string(head, fn)) {
         ct_rpc_args_free(head);

@@ -51,8 +51,8 @@ int ct__rpc_encode_call(rpc_out *m, const char *fn, const ct_rpc_args *args, boo
         return rc;
     size_t name_len = fn ? strlen(fn) : 0;
     if (name_len > RPC_NAME_MAX)
-        return ct__seterr(CT_EINVAL, "rpc: the function name '%.40s...' is longer than %d bytes",
-                          fn, RPC_NAME_MAX);
+        return ct__err_set(CT_EINVAL, "rpc: the function name '%.40s...' is longer than %d bytes",
+                           fn, RPC_NAME_MAX);
     buf b = {0};
     put_u8(&b, (uint8_t)name_len);
     put(&b, fn, name_len);
@@ -82,9 +82,9 @@ int ct__rpc_encode_call(rpc_out *m, const char *fn, const ct_rpc_args *args, boo
              * packed once. A device's tensor is copied to the host, after
              * the work queued there: it arrives as a CPU tensor. */
             ct_tensor *sent = !ct__is_host(ct_tensor_device(v->t))
-                                  ? ct__own(ct_to(v->t, CT_DEVICE_CPU))
+                                  ? ct__tensor_own(ct_to(v->t, CT_DEVICE_CPU))
                               : ct_is_contiguous(v->t) ? ct_tensor_retain(v->t)
-                                                       : ct__own(ct_contiguous(v->t));
+                                                       : ct__tensor_own(ct_contiguous(v->t));
             if (!sent)
                 rc = ct_errcode();
             else
@@ -96,7 +96,7 @@ int ct__rpc_encode_call(rpc_out *m, const char *fn, const ct_rpc_args *args, boo
             break;
     }
     if (!rc && b.failed)
-        rc = ct__seterr(CT_ENOMEM, "rpc: out of memory encoding a message");
+        rc = ct__err_set(CT_ENOMEM, "rpc: out of memory encoding a message");
     if (rc) {
         free(b.p);
         ct__rpc_out_free(m);
@@ -115,7 +115,7 @@ int ct__rpc_encode_error(rpc_out *m, const char *message) {
     put(&b, message, n);
     if (b.failed) {
         free(b.p);
-        return ct__seterr(CT_ENOMEM, "rpc: out of memory encoding an error");
+        return ct__err_set(CT_ENOMEM, "rpc: out of memory encoding an error");
     }
     m->desc = b.p;
     m->desc_len = b.len;
@@ -126,16 +126,17 @@ int ct__rpc_encode_error(rpc_out *m, const char *message) {
 
 int ct__rpc_header_parse(const void *frame, size_t len, rpc_header *h) {
     if (len != sizeof *h)
-        return ct__seterr(CT_ECORRUPT, "rpc: a header frame of %zu bytes, not %zu", len, sizeof *h);
+        return ct__err_set(CT_ECORRUPT, "rpc: a header frame of %zu bytes, not %zu", len,
+                           sizeof *h);
     memcpy(h, frame, sizeof *h);
     if (h->magic != RPC_MAGIC)
-        return ct__seterr(CT_ECORRUPT, "rpc: a message that is not ct RPC (magic 0x%08x)",
-                          h->magic);
+        return ct__err_set(CT_ECORRUPT, "rpc: a message that is not ct RPC (magic 0x%08x)",
+                           h->magic);
     if (h->version != RPC_VERSION)
-        return ct__seterr(CT_ECORRUPT, "rpc: wire version %u; this ct speaks %d", h->version,
-                          RPC_VERSION);
+        return ct__err_set(CT_ECORRUPT, "rpc: wire version %u; this ct speaks %d", h->version,
+                           RPC_VERSION);
     if (h->kind < RPC_REQUEST || h->kind >= RPC_KINDS)
-        return ct__seterr(CT_ECORRUPT, "rpc: unknown message kind %u", h->kind);
+        return ct__err_set(CT_ECORRUPT, "rpc: unknown message kind %u", h->kind);
     return 0;
 }
 
@@ -153,7 +154,8 @@ static bool take(reader *r, void *out, size_t n) {
 }
 
 static int bad(const char *what, size_t at) {
-    return ct__seterr(CT_ECORRUPT, "rpc: a malformed message: %s (description byte %zu)", what, at);
+    return ct__err_set(CT_ECORRUPT, "rpc: a malformed message: %s (description byte %zu)", what,
+                       at);
 }
 
 static int decode_tensor(reader *r, rpc_frame *frames, uint32_t nframes, uint32_t *next,
@@ -177,7 +179,7 @@ static int decode_tensor(reader *r, rpc_frame *frames, uint32_t nframes, uint32_
             return bad("a tensor size that is negative or overflows", r->at);
     /* Sizes that multiply out within the frame may still make a shape ct
      * refuses (a zero beside a huge one). */
-    if (ct__check_shape("rpc", ndim, sizes, (ct_dtype)dtype))
+    if (ct__tensor_check_shape("rpc", ndim, sizes, (ct_dtype)dtype))
         return bad("a tensor shape ct cannot hold", r->at);
     if (*next >= nframes)
         return bad("more tensors than frames", r->at);
@@ -188,7 +190,7 @@ static int decode_tensor(reader *r, rpc_frame *frames, uint32_t nframes, uint32_
     if (!s)
         return ct_errcode();
     f->taken = true;
-    *out = ct__own(ct_tensor_from_storage(s, 0, ndim, sizes, NULL, (ct_dtype)dtype));
+    *out = ct__tensor_own(ct_tensor_from_storage(s, 0, ndim, sizes, NULL, (ct_dtype)dtype));
     ct_storage_free(s);
     return *out ? 0 : ct_errcode();
 }
@@ -242,7 +244,7 @@ int ct__rpc_decode_call(const void *desc, size_t desc_len, rpc_frame *frames, ui
             char *s = malloc((size_t)len + 1);
             if (!s || memchr(src, '\0', len)) {
                 rc = s ? bad("a string holds a NUL byte", r.at)
-                       : ct__seterr(CT_ENOMEM, "rpc: out of memory");
+                       : ct__err_set(CT_ENOMEM, "rpc: out of memory");
                 free(s);
                 break;
             }
@@ -287,5 +289,5 @@ int ct__rpc_decode_error(const void *desc, size_t desc_len, char **text) {
         memcpy(*text, r.p + 4, len);
         (*text)[len] = '\0';
     }
-    return *text ? 0 : ct__seterr(CT_ENOMEM, "rpc: out of memory");
+    return *text ? 0 : ct__err_set(CT_ENOMEM, "rpc: out of memory");
 }

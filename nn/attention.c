@@ -33,8 +33,9 @@ static bool blas_ready(const ct_tensor *t, int64_t *ld) {
 static int point_at(ct__att_mat *m, ct_tensor *t, const ct__att_dims *s) {
     char desc[CT__DESC_STR];
     if (!blas_ready(t, &m->ld))
-        return ct__seterr(CT_ENOTSUP, "scaled_dot_product_attention: %s has rows too long for BLAS",
-                          ct__desc(desc, t));
+        return ct__err_set(CT_ENOTSUP,
+                           "scaled_dot_product_attention: %s has rows too long for BLAS",
+                           ct__tensor_desc(desc, t));
     m->data = ct__data(t);
     int tb = t->ndim - 2;
     for (int d = 0; d < s->nbatch; d++) {
@@ -61,7 +62,7 @@ static ct_tensor *unit_tensor(const ct__att_dims *s, int64_t rows, int64_t cols,
     memcpy(sizes, s->batch, sizeof(int64_t) * (size_t)s->nbatch);
     sizes[s->nbatch] = rows;
     sizes[s->nbatch + 1] = cols;
-    return ct__new_on("scaled_dot_product_attention", s->nbatch + 2, sizes, dtype, device);
+    return ct__tensor_new_on("scaled_dot_product_attention", s->nbatch + 2, sizes, dtype, device);
 }
 
 /* x [B, T, H D] as heads [B, H, T, D], a view; x must be contiguous. */
@@ -95,8 +96,8 @@ static int att_backward(const ct_backward_args *a) {
     if (!g)
         return 0;
     if (ct_grad_enabled())
-        return ct__seterr(CT_ENOTSUP, "scaled_dot_product_attention: differentiating the backward "
-                                      "again (create_graph) is not supported");
+        return ct__err_set(CT_ENOTSUP, "scaled_dot_product_attention: differentiating the backward "
+                                       "again (create_graph) is not supported");
     ct_dtype dt = a->saved[0]->dtype;
     ct_device dev = ct_tensor_device(a->saved[0]);
     const ct__device_ops *ops = CT__DEVICE_GET("scaled_dot_product_attention", dev, attention);
@@ -154,13 +155,13 @@ static ct_tensor *attention_fused(const ct__device_ops *ops, ct_tensor *const qk
                                   const ct_attention_options *o, double scale, int64_t heads) {
     att_ctx *c = malloc(sizeof *c);
     if (!c) {
-        ct__seterr(CT_ENOMEM, "scaled_dot_product_attention: out of memory");
+        ct__err_set(CT_ENOMEM, "scaled_dot_product_attention: out of memory");
         return NULL;
     }
     *c = (att_ctx){.s = *s, .causal = o->causal, .scale = scale, .p = o->dropout_p, .heads = heads};
     if (c->p > 0) {
         uint64_t n = (uint64_t)(s->units * s->tq * s->tk);
-        ct__generator_claim(o->gen, (n + 3) / 4, &c->seed, &c->offset);
+        ct__tensor_generator_claim(o->gen, (n + 3) / 4, &c->seed, &c->offset);
     }
     ct_scope_begin();
     bool prev = ct_set_grad_enabled(false);
@@ -227,33 +228,35 @@ static int check(ct_tensor *q, ct_tensor *k, ct_tensor *v, const ct_attention_op
     const char *op = "scaled_dot_product_attention";
     char dq[CT__DESC_STR], dk[CT__DESC_STR], dv[CT__DESC_STR];
     if (!ct_dtype_is_float(q->dtype) || k->dtype != q->dtype || v->dtype != q->dtype)
-        return ct__seterr(CT_EDTYPE, "%s: q %s, k %s and v %s need one floating-point dtype", op,
-                          ct__desc(dq, q), ct__desc(dk, k), ct__desc(dv, v));
+        return ct__err_set(CT_EDTYPE, "%s: q %s, k %s and v %s need one floating-point dtype", op,
+                           ct__tensor_desc(dq, q), ct__tensor_desc(dk, k), ct__tensor_desc(dv, v));
     if (q->ndim < 2 || k->ndim < 2 || v->ndim < 2 ||
         q->sizes[q->ndim - 1] != k->sizes[k->ndim - 1] ||
         k->sizes[k->ndim - 2] != v->sizes[v->ndim - 2])
-        return ct__seterr(CT_ESHAPE,
-                          "%s: expected q [..., Tq, D], k [..., Tk, D] and v [..., Tk, Dv], got "
-                          "q %s, k %s and v %s",
-                          op, ct__desc(dq, q), ct__desc(dk, k), ct__desc(dv, v));
+        return ct__err_set(CT_ESHAPE,
+                           "%s: expected q [..., Tq, D], k [..., Tk, D] and v [..., Tk, Dv], got "
+                           "q %s, k %s and v %s",
+                           op, ct__tensor_desc(dq, q), ct__tensor_desc(dk, k),
+                           ct__tensor_desc(dv, v));
     if (!(o->dropout_p >= 0 && o->dropout_p <= 1))
-        return ct__seterr(CT_EINVAL, "%s: dropout_p must be in [0, 1], got %g", op, o->dropout_p);
+        return ct__err_set(CT_EINVAL, "%s: dropout_p must be in [0, 1], got %g", op, o->dropout_p);
     if (!(o->scale >= 0 && isfinite(o->scale)))
-        return ct__seterr(CT_EINVAL, "%s: scale must be finite and >= 0 (0: 1/sqrt(D)), got %g", op,
-                          o->scale);
+        return ct__err_set(CT_EINVAL, "%s: scale must be finite and >= 0 (0: 1/sqrt(D)), got %g",
+                           op, o->scale);
     int nb = 0;
     int64_t b[CT_MAX_DIMS];
-    if (ct__broadcast_shapes(op, q->ndim - 2, q->sizes, k->ndim - 2, k->sizes, &nb, b) ||
-        ct__broadcast_shapes(op, nb, b, v->ndim - 2, v->sizes, &s->nbatch, s->batch))
+    if (ct__tensor_broadcast_shapes(op, q->ndim - 2, q->sizes, k->ndim - 2, k->sizes, &nb, b) ||
+        ct__tensor_broadcast_shapes(op, nb, b, v->ndim - 2, v->sizes, &s->nbatch, s->batch))
         return ct_errcode();
-    s->units = ct__numel(s->nbatch, s->batch);
+    s->units = ct__tensor_numel(s->nbatch, s->batch);
     s->tq = q->sizes[q->ndim - 2];
     s->tk = k->sizes[k->ndim - 2];
     s->d = q->sizes[q->ndim - 1];
     s->dv = v->sizes[v->ndim - 1];
     if (s->tq > INT32_MAX || s->tk > INT32_MAX || s->d > INT32_MAX || s->dv > INT32_MAX)
-        return ct__seterr(CT_ENOTSUP, "%s: a matrix dim of q %s, k %s or v %s exceeds BLAS's limit",
-                          op, ct__desc(dq, q), ct__desc(dk, k), ct__desc(dv, v));
+        return ct__err_set(CT_ENOTSUP,
+                           "%s: a matrix dim of q %s, k %s or v %s exceeds BLAS's limit", op,
+                           ct__tensor_desc(dq, q), ct__tensor_desc(dk, k), ct__tensor_desc(dv, v));
     return 0;
 }
 
@@ -262,8 +265,8 @@ ct_tensor *ct_scaled_dot_product_attention(ct_tensor *q, ct_tensor *k, ct_tensor
     const char *op = "scaled_dot_product_attention";
     ct_attention_options o = opts ? *opts : (ct_attention_options){0};
     ct__att_dims s;
-    if (CT__CHECK_ANY(op, q, k, v) || ct__check_same_device(op, (ct_tensor *[]){q, k, v}, 3) ||
-        check(q, k, v, &o, &s))
+    if (CT__CHECK_ANY(op, q, k, v) ||
+        ct__tensor_check_same_device(op, (ct_tensor *[]){q, k, v}, 3) || check(q, k, v, &o, &s))
         return NULL;
     double scale = o.scale > 0 ? o.scale : 1 / sqrt((double)(s.d > 0 ? s.d : 1));
     const ct__device_ops *ops = ct__device_ops_of(ct_tensor_device(q).type);
@@ -278,16 +281,17 @@ ct_tensor *ct_scaled_dot_product_attention(ct_tensor *q, ct_tensor *k, ct_tensor
     return ct_to_dtype(out, q->dtype);
 }
 
-ct_tensor *ct__attention_packed(ct_tensor *qkv, int64_t heads, const ct_attention_options *opts) {
+ct_tensor *ct__nn_attention_packed(ct_tensor *qkv, int64_t heads,
+                                   const ct_attention_options *opts) {
     const char *op = "scaled_dot_product_attention";
     char dq[CT__DESC_STR];
     if (CT__CHECK_ANY(op, qkv))
         return NULL;
     if (qkv->ndim != 3 || heads <= 0 || qkv->sizes[2] % (3 * heads)) {
-        ct__seterr(CT_ESHAPE,
-                   "%s: expected a packed qkv [B, T, 3 C] with C divisible by %lld heads, "
-                   "got %s",
-                   op, (long long)heads, ct__desc(dq, qkv));
+        ct__err_set(CT_ESHAPE,
+                    "%s: expected a packed qkv [B, T, 3 C] with C divisible by %lld heads, "
+                    "got %s",
+                    op, (long long)heads, ct__tensor_desc(dq, qkv));
         return NULL;
     }
     const ct__device_ops *ops = ct__device_ops_of(ct_tensor_device(qkv).type);

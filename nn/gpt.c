@@ -18,7 +18,7 @@ static block_config *config_new(int64_t width, int64_t heads, double dropout) {
     if (c)
         *c = (block_config){width, heads, dropout};
     else
-        ct__seterr(CT_ENOMEM, "transformer: out of memory");
+        ct__err_set(CT_ENOMEM, "transformer: out of memory");
     return c;
 }
 
@@ -47,8 +47,8 @@ static int check_input(ct_module *m, ct_tensor *x, int64_t width) {
     if (ct_ndim(x) == 3 && ct_size(x, 2) == width)
         return 0;
     char dx[CT__DESC_STR];
-    return ct__seterr(CT_ESHAPE, "%s '%s': expected input [B, T, %lld], got %s", ct_module_type(m),
-                      ct_module_path(m), (long long)width, ct__desc(dx, x));
+    return ct__err_set(CT_ESHAPE, "%s '%s': expected input [B, T, %lld], got %s", ct_module_type(m),
+                       ct_module_path(m), (long long)width, ct__tensor_desc(dx, x));
 }
 
 /* ------------------------------------------------------------ attention */
@@ -59,7 +59,7 @@ static ct_tensor *attention_forward(ct_module *m, ct_tensor *x) {
         return NULL;
     ct_attention_options o = {.causal = true, .dropout_p = ct_module_training(m) ? c->dropout : 0};
     ct_tensor *y =
-        ct__attention_packed(ct_module_forward(ct_module_child(m, "c_attn"), x), c->heads, &o);
+        ct__nn_attention_packed(ct_module_forward(ct_module_child(m, "c_attn"), x), c->heads, &o);
     y = ct_module_forward(ct_module_child(m, "c_proj"), y);
     return ct_dropout(y, c->dropout, ct_module_training(m), NULL);
 }
@@ -67,10 +67,10 @@ static ct_tensor *attention_forward(ct_module *m, ct_tensor *x) {
 static int check_block(const char *op, int64_t width, int64_t heads, double dropout) {
     if (width > 0 && heads > 0 && width % heads == 0 && dropout >= 0 && dropout <= 1)
         return 0;
-    return ct__seterr(CT_EINVAL,
-                      "%s: expected width > 0 divisible by heads > 0 and dropout in [0, 1], got "
-                      "width %lld, heads %lld, dropout %g",
-                      op, (long long)width, (long long)heads, dropout);
+    return ct__err_set(CT_EINVAL,
+                       "%s: expected width > 0 divisible by heads > 0 and dropout in [0, 1], got "
+                       "width %lld, heads %lld, dropout %g",
+                       op, (long long)width, (long long)heads, dropout);
 }
 
 ct_module *ct_causal_self_attention_new(int64_t width, int64_t heads, double dropout) {
@@ -99,7 +99,7 @@ ct_module *ct_mlp_new(int64_t width, int64_t hidden, double dropout) {
     if (check_block("mlp_new", width, 1, dropout))
         return NULL;
     if (hidden <= 0) {
-        ct__seterr(CT_EINVAL, "mlp_new: hidden must be > 0, got %lld", (long long)hidden);
+        ct__err_set(CT_EINVAL, "mlp_new: hidden must be > 0, got %lld", (long long)hidden);
         return NULL;
     }
     block_config *c = config_new(width, 1, dropout);
@@ -152,8 +152,8 @@ static ct_tensor *gpt_forward(ct_module *m, ct_tensor *idx) {
         return NULL;
     if (ct_ndim(idx) != 2 || ct_dtype_is_float(ct_tensor_dtype(idx)) ||
         ct_size(idx, 1) > c->context) {
-        ct__seterr(CT_ESHAPE, "GPT: expected integer token ids [B, T] with T <= %lld, got %s",
-                   (long long)c->context, ct__desc(di, idx));
+        ct__err_set(CT_ESHAPE, "GPT: expected integer token ids [B, T] with T <= %lld, got %s",
+                    (long long)c->context, ct__tensor_desc(di, idx));
         return NULL;
     }
     ct_module *tr = ct_module_child(m, "transformer"), *h = ct_module_child(tr, "h");
@@ -211,21 +211,21 @@ static int gpt_init(ct_module *m, int64_t layers) {
 
 ct_module *ct_gpt_new(const ct_gpt_config *cfg) {
     if (!cfg) {
-        ct__seterr(CT_EINVAL, "gpt_new: the config is NULL");
+        ct__err_set(CT_EINVAL, "gpt_new: the config is NULL");
         return NULL;
     }
     if (cfg->vocab <= 0 || cfg->context <= 0 || cfg->layers < 0) {
-        ct__seterr(CT_EINVAL,
-                   "gpt_new: expected vocab > 0, context > 0 and layers >= 0, got %lld, %lld "
-                   "and %lld",
-                   (long long)cfg->vocab, (long long)cfg->context, (long long)cfg->layers);
+        ct__err_set(CT_EINVAL,
+                    "gpt_new: expected vocab > 0, context > 0 and layers >= 0, got %lld, %lld "
+                    "and %lld",
+                    (long long)cfg->vocab, (long long)cfg->context, (long long)cfg->layers);
         return NULL;
     }
     if (check_block("gpt_new", cfg->width, cfg->heads, cfg->dropout))
         return NULL;
     ct_gpt_config *c = malloc(sizeof *c);
     if (!c) {
-        ct__seterr(CT_ENOMEM, "gpt_new: out of memory");
+        ct__err_set(CT_ENOMEM, "gpt_new: out of memory");
         return NULL;
     }
     *c = *cfg;

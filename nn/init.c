@@ -7,8 +7,8 @@
 static int fans(const char *op, const ct_tensor *t, double *fan_in, double *fan_out) {
     char desc[CT__DESC_STR];
     if (t->ndim < 2)
-        return ct__seterr(CT_EINVAL, "%s: fans need a tensor with at least 2 dims, got %s", op,
-                          ct__desc(desc, t));
+        return ct__err_set(CT_EINVAL, "%s: fans need a tensor with at least 2 dims, got %s", op,
+                           ct__tensor_desc(desc, t));
     double field = 1;
     for (int d = 2; d < t->ndim; d++)
         field *= (double)t->sizes[d];

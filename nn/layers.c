@@ -12,11 +12,11 @@ ct_tensor *ct_linear(ct_tensor *x, ct_tensor *weight, ct_tensor *bias) {
         return NULL;
     char dx[CT__DESC_STR], dw[CT__DESC_STR];
     if (weight->ndim != 2 || x->ndim < 1 || x->sizes[x->ndim - 1] != weight->sizes[1]) {
-        ct__seterr(CT_ESHAPE,
-                   "linear: input %s does not match weight %s: expected [..., %lld] for a "
-                   "[out, in] weight",
-                   ct__desc(dx, x), ct__desc(dw, weight),
-                   weight->ndim == 2 ? (long long)weight->sizes[1] : -1LL);
+        ct__err_set(CT_ESHAPE,
+                    "linear: input %s does not match weight %s: expected [..., %lld] for a "
+                    "[out, in] weight",
+                    ct__tensor_desc(dx, x), ct__tensor_desc(dw, weight),
+                    weight->ndim == 2 ? (long long)weight->sizes[1] : -1LL);
         return NULL;
     }
     /* [..., in] goes in as one [rows, in] matrix (a view when the leading
@@ -47,15 +47,15 @@ ct_tensor *ct_linear(ct_tensor *x, ct_tensor *weight, ct_tensor *bias) {
 
 ct_tensor *ct_embedding(ct_tensor *indices, ct_tensor *weight) {
     if (CT__CHECK_ANY("embedding", indices, weight) ||
-        ct__check_same_device("embedding", (ct_tensor *[]){indices, weight}, 2))
+        ct__tensor_check_same_device("embedding", (ct_tensor *[]){indices, weight}, 2))
         return NULL;
     char di[CT__DESC_STR], dw[CT__DESC_STR];
     if (weight->ndim != 2 || ct_dtype_is_float(indices->dtype) || indices->dtype == CT_BOOL ||
         indices->ndim + 1 > CT_MAX_DIMS) {
-        ct__seterr(CT_EINVAL,
-                   "embedding: expected integer indices with fewer than %d dims and a [num, dim] "
-                   "weight, got indices %s and weight %s",
-                   CT_MAX_DIMS, ct__desc(di, indices), ct__desc(dw, weight));
+        ct__err_set(CT_EINVAL,
+                    "embedding: expected integer indices with fewer than %d dims and a [num, dim] "
+                    "weight, got indices %s and weight %s",
+                    CT_MAX_DIMS, ct__tensor_desc(di, indices), ct__tensor_desc(dw, weight));
         return NULL;
     }
     int64_t shape[CT_MAX_DIMS];
@@ -193,7 +193,7 @@ static ct_tensor *layer_norm_fused(ct_tensor *x, ct_tensor *w, ct_tensor *b, dou
     ct_set_grad_enabled(prev);
     ln_ctx *c = rc ? NULL : malloc(sizeof *c);
     if (!rc && !c)
-        rc = ct__seterr(CT_ENOMEM, "layer_norm: out of memory");
+        rc = ct__err_set(CT_ENOMEM, "layer_norm: out of memory");
     if (!rc) {
         *c = (ln_ctx){eps, w != NULL, b != NULL};
         rc = ct_function_record(&ln_def, c, ins, nin, &y, 1, (ct_tensor *[]){x, mean, rstd, w},
@@ -210,8 +210,8 @@ ct_tensor *ct_layer_norm(ct_tensor *x, ct_tensor *weight, ct_tensor *bias, doubl
         return NULL;
     ct_tensor *given[3] = {x, weight ? weight : bias, bias};
     int ngiven = 1 + (weight != NULL) + (bias != NULL);
-    if (ct__check_handles("layer_norm", given, ngiven) ||
-        ct__check_same_device("layer_norm", given, ngiven))
+    if (ct__tensor_check_handles("layer_norm", given, ngiven) ||
+        ct__tensor_check_same_device("layer_norm", given, ngiven))
         return NULL;
     char dx[CT__DESC_STR];
     int64_t d = x->ndim ? x->sizes[x->ndim - 1] : 0;
@@ -219,10 +219,11 @@ ct_tensor *ct_layer_norm(ct_tensor *x, ct_tensor *weight, ct_tensor *bias, doubl
               (!weight || (weight->ndim == 1 && weight->sizes[0] == d)) &&
               (!bias || (bias->ndim == 1 && bias->sizes[0] == d));
     if (!ok) {
-        ct__seterr(CT_ESHAPE,
-                   "layer_norm: input %s needs a last dim matching weight and bias of shape [%lld] "
-                   "and eps >= 0 (got %g)",
-                   ct__desc(dx, x), (long long)d, eps);
+        ct__err_set(
+            CT_ESHAPE,
+            "layer_norm: input %s needs a last dim matching weight and bias of shape [%lld] "
+            "and eps >= 0 (got %g)",
+            ct__tensor_desc(dx, x), (long long)d, eps);
         return NULL;
     }
     /* Mixed dtypes promote, which the composed ops do. */
@@ -242,11 +243,11 @@ ct_tensor *ct_dropout(ct_tensor *x, double p, bool training, ct_generator *gen) 
     if (CT__CHECK_ANY("dropout", x))
         return NULL;
     if (!(p >= 0 && p <= 1)) {
-        ct__seterr(CT_EINVAL, "dropout: p must be in [0, 1], got %g", p);
+        ct__err_set(CT_EINVAL, "dropout: p must be in [0, 1], got %g", p);
         return NULL;
     }
     if (!training || p == 0)
-        return ct__scope_own(ct_tensor_retain(x));
+        return ct__tensor_scope_own(ct_tensor_retain(x));
     if (p == 1)
         return ct_mul_scalar(x, 0);
     ct_tensor *keep = ct_bernoulli_(ct_empty_like(x), 1 - p, gen);
@@ -274,8 +275,8 @@ static ct_tensor *linear_forward(ct_module *m, ct_tensor *x) {
 
 ct_module *ct_linear_new(int64_t in_features, int64_t out_features, bool bias) {
     if (in_features <= 0 || out_features <= 0) {
-        ct__seterr(CT_EINVAL, "linear_new: features must be positive, got in %lld, out %lld",
-                   (long long)in_features, (long long)out_features);
+        ct__err_set(CT_EINVAL, "linear_new: features must be positive, got in %lld, out %lld",
+                    (long long)in_features, (long long)out_features);
         return NULL;
     }
     double bound = 1 / sqrt((double)in_features);
@@ -299,8 +300,8 @@ static ct_tensor *embedding_forward(ct_module *m, ct_tensor *x) {
 
 ct_module *ct_embedding_new(int64_t num, int64_t dim) {
     if (num <= 0 || dim <= 0) {
-        ct__seterr(CT_EINVAL, "embedding_new: sizes must be positive, got %lld x %lld",
-                   (long long)num, (long long)dim);
+        ct__err_set(CT_EINVAL, "embedding_new: sizes must be positive, got %lld x %lld",
+                    (long long)num, (long long)dim);
         return NULL;
     }
     ct_module *m = ct_module_new("Embedding", embedding_forward, NULL, NULL);
@@ -322,7 +323,7 @@ static ct_module *with_number(const char *op, const char *type, ct_forward_fn fo
     double *s = malloc(sizeof *s);
     ct_module *m = s ? ct_module_new(type, forward, s, free) : NULL;
     if (!m) {
-        ct__seterr(CT_ENOMEM, "%s: out of memory", op);
+        ct__err_set(CT_ENOMEM, "%s: out of memory", op);
         return NULL;
     }
     *s = v;
@@ -337,8 +338,8 @@ static ct_tensor *layer_norm_forward(ct_module *m, ct_tensor *x) {
 
 ct_module *ct_layer_norm_new(int64_t dim, double eps) {
     if (dim <= 0 || !(eps >= 0)) {
-        ct__seterr(CT_EINVAL, "layer_norm_new: expected dim > 0 and eps >= 0, got %lld and %g",
-                   (long long)dim, eps);
+        ct__err_set(CT_EINVAL, "layer_norm_new: expected dim > 0 and eps >= 0, got %lld and %g",
+                    (long long)dim, eps);
         return NULL;
     }
     ct_module *m = with_number("layer_norm_new", "LayerNorm", layer_norm_forward, eps);
@@ -356,7 +357,7 @@ static ct_tensor *dropout_forward(ct_module *m, ct_tensor *x) {
 
 ct_module *ct_dropout_new(double p) {
     if (!(p >= 0 && p <= 1)) {
-        ct__seterr(CT_EINVAL, "dropout_new: p must be in [0, 1], got %g", p);
+        ct__err_set(CT_EINVAL, "dropout_new: p must be in [0, 1], got %g", p);
         return NULL;
     }
     return with_number("dropout_new", "Dropout", dropout_forward, p);

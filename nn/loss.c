@@ -9,10 +9,10 @@
 
 static int check_options(const char *op, const ct_loss_options *o) {
     if ((unsigned)o->reduction > CT_REDUCTION_NONE)
-        return ct__seterr(CT_EINVAL, "%s: unknown reduction %d", op, (int)o->reduction);
+        return ct__err_set(CT_EINVAL, "%s: unknown reduction %d", op, (int)o->reduction);
     if (!(o->label_smoothing >= 0 && o->label_smoothing <= 1))
-        return ct__seterr(CT_EINVAL, "%s: label_smoothing must be in [0, 1], got %g", op,
-                          o->label_smoothing);
+        return ct__err_set(CT_EINVAL, "%s: label_smoothing must be in [0, 1], got %g", op,
+                           o->label_smoothing);
     return 0;
 }
 
@@ -20,17 +20,18 @@ static int check_options(const char *op, const ct_loss_options *o) {
 static int check_targets(const char *op, const ct_tensor *x, const ct_tensor *t) {
     char dx[CT__DESC_STR], dt[CT__DESC_STR];
     if (!ct_dtype_is_float(x->dtype) || x->ndim < 1 || x->ndim > 2 || x->sizes[x->ndim - 1] < 1)
-        return ct__seterr(CT_EINVAL, "%s: expected float scores [N, C] or [C] with C >= 1, got %s",
-                          op, ct__desc(dx, x));
+        return ct__err_set(CT_EINVAL, "%s: expected float scores [N, C] or [C] with C >= 1, got %s",
+                           op, ct__tensor_desc(dx, x));
     if (ct_dtype_is_float(t->dtype) || t->dtype == CT_BOOL)
-        return ct__seterr(CT_EDTYPE,
-                          "%s: targets must be integer class indices, got %s (class "
-                          "probabilities are not supported)",
-                          op, ct__desc(dt, t));
+        return ct__err_set(CT_EDTYPE,
+                           "%s: targets must be integer class indices, got %s (class "
+                           "probabilities are not supported)",
+                           op, ct__tensor_desc(dt, t));
     bool fits = x->ndim == 2 ? t->ndim == 1 && t->sizes[0] == x->sizes[0] : t->ndim == 0;
     if (!fits)
-        return ct__seterr(CT_ESHAPE, "%s: targets %s do not match scores %s: expected %s", op,
-                          ct__desc(dt, t), ct__desc(dx, x), x->ndim == 2 ? "[N]" : "a 0-d index");
+        return ct__err_set(CT_ESHAPE, "%s: targets %s do not match scores %s: expected %s", op,
+                           ct__tensor_desc(dt, t), ct__tensor_desc(dx, x),
+                           x->ndim == 2 ? "[N]" : "a 0-d index");
     return 0;
 }
 
@@ -75,9 +76,9 @@ static int ce_backward(const ct_backward_args *a) {
     if (ct_grad_enabled()) {
         /* A converted copy of the logits has no history to differentiate. */
         if (!ct_requires_grad(x))
-            return ct__seterr(CT_ENOTSUP,
-                              "cross_entropy: differentiating the backward again (create_graph) "
-                              "needs float32 or float64 contiguous logits; convert them first");
+            return ct__err_set(CT_ENOTSUP,
+                               "cross_entropy: differentiating the backward again (create_graph) "
+                               "needs float32 or float64 contiguous logits; convert them first");
         if (c->o.reduction == CT_REDUCTION_NONE)
             scale = ct_unsqueeze(scale, -1);
         ct_tensor *grad = ce_backward_ops(c, x, t, scale);
@@ -128,7 +129,7 @@ static ct_tensor *ce_reduce(ct_tensor *loss, int logits_ndim, const ct_loss_opti
 ct_tensor *ct_cross_entropy(ct_tensor *logits, ct_tensor *target, const ct_loss_options *opts) {
     ct_loss_options o = opts ? *opts : CT_LOSS_DEFAULTS;
     if (CT__CHECK_ANY("cross_entropy", logits, target) ||
-        ct__check_same_device("cross_entropy", (ct_tensor *[]){logits, target}, 2) ||
+        ct__tensor_check_same_device("cross_entropy", (ct_tensor *[]){logits, target}, 2) ||
         check_options("cross_entropy", &o) || check_targets("cross_entropy", logits, target))
         return NULL;
     ct_device dev = ct_tensor_device(logits);
@@ -149,7 +150,7 @@ ct_tensor *ct_cross_entropy(ct_tensor *logits, ct_tensor *target, const ct_loss_
     ct_tensor *out = NULL;
     ce_ctx *c = malloc(sizeof *c);
     int rc = !x || !th || !lse || !loss ? ct_errcode()
-             : !c                       ? ct__seterr(CT_ENOMEM, "cross_entropy: out of memory")
+             : !c                       ? ct__err_set(CT_ENOMEM, "cross_entropy: out of memory")
                                         : 0;
     int64_t n = x ? x->sizes[0] : 0, nc = x ? x->sizes[1] : 0, nvalid = 0;
     const int64_t *tp = th ? (const int64_t *)ct__data(th) : NULL;
@@ -158,11 +159,11 @@ ct_tensor *ct_cross_entropy(ct_tensor *logits, ct_tensor *target, const ct_loss_
             continue;
         nvalid++;
         if (tp[i] < 0 || tp[i] >= nc)
-            rc = ct__seterr(CT_ERANGE,
-                            "cross_entropy: target %lld at position %lld is outside the %lld "
-                            "classes [0, %lld) (ignore_index is %lld)",
-                            (long long)tp[i], (long long)i, (long long)nc, (long long)nc,
-                            (long long)o.ignore_index);
+            rc = ct__err_set(CT_ERANGE,
+                             "cross_entropy: target %lld at position %lld is outside the %lld "
+                             "classes [0, %lld) (ignore_index is %lld)",
+                             (long long)tp[i], (long long)i, (long long)nc, (long long)nc,
+                             (long long)o.ignore_index);
     }
     if (!rc)
         rc = ops->cross_entropy(loss, lse, x, t, o.ignore_index, o.label_smoothing);
@@ -193,7 +194,7 @@ static ct_tensor *reduce(ct_tensor *per, ct_reduction r) {
 ct_tensor *ct_nll_loss(ct_tensor *log_probs, ct_tensor *target, const ct_loss_options *opts) {
     ct_loss_options o = opts ? *opts : CT_LOSS_DEFAULTS;
     if (CT__CHECK_ANY("nll_loss", log_probs, target) ||
-        ct__check_same_device("nll_loss", (ct_tensor *[]){log_probs, target}, 2) ||
+        ct__tensor_check_same_device("nll_loss", (ct_tensor *[]){log_probs, target}, 2) ||
         check_options("nll_loss", &o) || check_targets("nll_loss", log_probs, target))
         return NULL;
     ct_tensor *x = log_probs->ndim == 1 ? ct_unsqueeze(log_probs, 0) : log_probs;
@@ -204,8 +205,8 @@ ct_tensor *ct_nll_loss(ct_tensor *log_probs, ct_tensor *target, const ct_loss_op
     ct_tensor *lo = ct_numel(safe) ? ct_amin(safe, NULL, 0, false) : NULL;
     ct_tensor *hi = ct_numel(safe) ? ct_amax(safe, NULL, 0, false) : NULL;
     if (lo && hi && (ct_item_int64(lo) < 0 || ct_item_int64(hi) >= nc)) {
-        ct__seterr(CT_ERANGE, "nll_loss: a target is outside the %lld classes [0, %lld)",
-                   (long long)nc, (long long)nc);
+        ct__err_set(CT_ERANGE, "nll_loss: a target is outside the %lld classes [0, %lld)",
+                    (long long)nc, (long long)nc);
         return NULL;
     }
     ct_tensor *picked = ct_squeeze(ct_gather(x, 1, ct_unsqueeze(safe, 1)), 1);
@@ -219,10 +220,10 @@ ct_tensor *ct_nll_loss(ct_tensor *log_probs, ct_tensor *target, const ct_loss_op
 
 ct_tensor *ct_mse_loss(ct_tensor *input, ct_tensor *target, ct_reduction reduction) {
     if (CT__CHECK_ANY("mse_loss", input, target) ||
-        ct__check_same_device("mse_loss", (ct_tensor *[]){input, target}, 2))
+        ct__tensor_check_same_device("mse_loss", (ct_tensor *[]){input, target}, 2))
         return NULL;
     if ((unsigned)reduction > CT_REDUCTION_NONE) {
-        ct__seterr(CT_EINVAL, "mse_loss: unknown reduction %d", (int)reduction);
+        ct__err_set(CT_EINVAL, "mse_loss: unknown reduction %d", (int)reduction);
         return NULL;
     }
     ct_tensor *d = ct_sub(input, target);

@@ -43,10 +43,10 @@ void ct_param_list_free(ct_param_list *pl) {
 
 int ct_param_list_add(ct_param_list *pl, const char *name, ct_tensor *t) {
     if (!pl || !name || !t)
-        return ct__seterr(t              ? CT_EINVAL
-                          : ct_errcode() ? ct_errcode()
-                                         : CT_EINVAL,
-                          "param_list_add: %s", !t ? "NULL tensor" : "NULL list or name");
+        return ct__err_set(t              ? CT_EINVAL
+                           : ct_errcode() ? ct_errcode()
+                                          : CT_EINVAL,
+                           "param_list_add: %s", !t ? "NULL tensor" : "NULL list or name");
     if (pl->n == pl->cap) {
         int cap = pl->cap ? pl->cap * 2 : 8;
         char **names = realloc(pl->names, (size_t)cap * sizeof *names);
@@ -54,13 +54,13 @@ int ct_param_list_add(ct_param_list *pl, const char *name, ct_tensor *t) {
             pl->names = names;
         ct_tensor **tensors = names ? realloc(pl->tensors, (size_t)cap * sizeof *tensors) : NULL;
         if (!tensors)
-            return ct__seterr(CT_ENOMEM, "param_list_add: out of memory");
+            return ct__err_set(CT_ENOMEM, "param_list_add: out of memory");
         pl->tensors = tensors;
         pl->cap = cap;
     }
     char *copy = strdup(name);
     if (!copy)
-        return ct__seterr(CT_ENOMEM, "param_list_add: out of memory");
+        return ct__err_set(CT_ENOMEM, "param_list_add: out of memory");
     pl->names[pl->n] = copy;
     pl->tensors[pl->n++] = ct_tensor_retain(t);
     return 0;
@@ -89,9 +89,9 @@ int64_t ct_param_list_numel(const ct_param_list *pl) {
 
 static int check_module(const char *op, const ct_module *m) {
     if (!m)
-        return ct_errcode() ? ct_errcode() : ct__seterr(CT_EINVAL, "%s: NULL module", op);
+        return ct_errcode() ? ct_errcode() : ct__err_set(CT_EINVAL, "%s: NULL module", op);
     if (m->magic != MODULE_MAGIC)
-        return ct__seterr(CT_EINVAL, "%s: not a module (freed or foreign pointer)", op);
+        return ct__err_set(CT_EINVAL, "%s: not a module (freed or foreign pointer)", op);
     return 0;
 }
 
@@ -101,7 +101,7 @@ ct_module *ct_module_new(const char *type, ct_forward_fn forward, void *state,
     if (!m) {
         if (free_state)
             free_state(state);
-        ct__seterr(CT_ENOMEM, "module_new: out of memory");
+        ct__err_set(CT_ENOMEM, "module_new: out of memory");
         return NULL;
     }
     m->magic = MODULE_MAGIC;
@@ -170,8 +170,8 @@ ct_tensor *ct_module_forward(ct_module *m, ct_tensor *x) {
         return NULL;
     char desc[160];
     if (!m->forward) {
-        ct__seterr(CT_EINVAL, "module_forward: %s has no forward function",
-                   who(m, desc, sizeof desc));
+        ct__err_set(CT_EINVAL, "module_forward: %s has no forward function",
+                    who(m, desc, sizeof desc));
         return NULL;
     }
     if (!ct_anomaly_enabled())
@@ -185,27 +185,27 @@ ct_tensor *ct_module_forward(ct_module *m, ct_tensor *x) {
 static int check_name(ct_module *m, const char *op, const char *name) {
     char desc[160];
     if (!name || !*name || strchr(name, '.'))
-        return ct__seterr(CT_EINVAL,
-                          "%s: invalid name '%s' in %s: names are non-empty and have no "
-                          "'.'",
-                          op, name ? name : "(null)", who(m, desc, sizeof desc));
+        return ct__err_set(CT_EINVAL,
+                           "%s: invalid name '%s' in %s: names are non-empty and have no "
+                           "'.'",
+                           op, name ? name : "(null)", who(m, desc, sizeof desc));
     if (find_index(&m->params, name) >= 0 || find_index(&m->buffers, name) >= 0 ||
         ct_module_child(m, name))
-        return ct__seterr(CT_EINVAL, "%s: %s already has something named '%s'", op,
-                          who(m, desc, sizeof desc), name);
+        return ct__err_set(CT_EINVAL, "%s: %s already has something named '%s'", op,
+                           who(m, desc, sizeof desc), name);
     return 0;
 }
 
 static int add_tensor(ct_module *m, const char *op, const char *name, ct_tensor *t, bool param) {
     int rc = check_module(op, m);
     if (!rc && !t)
-        rc = ct_errcode() ? ct_errcode() : ct__seterr(CT_EINVAL, "%s: NULL tensor", op);
+        rc = ct_errcode() ? ct_errcode() : ct__err_set(CT_EINVAL, "%s: NULL tensor", op);
     if (!rc)
         rc = check_name(m, op, name);
     char desc[160], td[CT__DESC_STR];
     if (!rc && param && !ct_dtype_is_float(ct_tensor_dtype(t)))
-        rc = ct__seterr(CT_EDTYPE, "%s: parameter '%s' of %s is %s; parameters must be float", op,
-                        name, who(m, desc, sizeof desc), ct__desc(td, t));
+        rc = ct__err_set(CT_EDTYPE, "%s: parameter '%s' of %s is %s; parameters must be float", op,
+                         name, who(m, desc, sizeof desc), ct__tensor_desc(td, t));
     if (!rc && param && !ct_requires_grad_(t, true))
         rc = ct_errcode();
     if (!rc)
@@ -227,7 +227,7 @@ int ct_module_add_child(ct_module *m, const char *name, ct_module *child) {
     if (!rc)
         rc = check_module("module_add_child", child);
     if (!rc && child->parent)
-        rc = ct__seterr(CT_EINVAL, "module_add_child: the module is already a child of another");
+        rc = ct__err_set(CT_EINVAL, "module_add_child: the module is already a child of another");
     if (!rc)
         rc = check_name(m, "module_add_child", name);
     if (!rc && m->nchildren == m->children_cap) {
@@ -237,12 +237,12 @@ int ct_module_add_child(ct_module *m, const char *name, ct_module *child) {
             m->children = grown;
             m->children_cap = cap;
         } else {
-            rc = ct__seterr(CT_ENOMEM, "module_add_child: out of memory");
+            rc = ct__err_set(CT_ENOMEM, "module_add_child: out of memory");
         }
     }
     char *copy = rc ? NULL : strdup(name);
     if (!rc && !copy)
-        rc = ct__seterr(CT_ENOMEM, "module_add_child: out of memory");
+        rc = ct__err_set(CT_ENOMEM, "module_add_child: out of memory");
     if (rc) {
         if (child && child->magic == MODULE_MAGIC && !child->parent)
             ct_module_free(child);
@@ -334,7 +334,7 @@ static int tree_slots(ct_module *m, slot_list *s, bool buffers) {
                 int cap = s->cap ? s->cap * 2 : 16;
                 ct_tensor ***grown = realloc(s->at, (size_t)cap * sizeof *grown);
                 if (!grown)
-                    return ct__seterr(CT_ENOMEM, "module: out of memory listing tensors");
+                    return ct__err_set(CT_ENOMEM, "module: out of memory listing tensors");
                 s->at = grown;
                 s->cap = cap;
             }
@@ -359,10 +359,10 @@ int ct_module_to(ct_module *m, ct_device device) {
         return rc;
     char desc[160];
     if (m->flat_params || m->flat_grads)
-        return ct__seterr(CT_ESTATE,
-                          "module_to: %s is flattened; move it before ct_module_flatten, which "
-                          "then makes its flat buffers on the device",
-                          who(m, desc, sizeof desc));
+        return ct__err_set(CT_ESTATE,
+                           "module_to: %s is flattened; move it before ct_module_flatten, which "
+                           "then makes its flat buffers on the device",
+                           who(m, desc, sizeof desc));
     slot_list sl = {0};
     rc = tree_slots(m, &sl, true);
     int n = sl.n;
@@ -370,7 +370,7 @@ int ct_module_to(ct_module *m, ct_device device) {
      * device out of memory) leaves the module as it was. */
     ct_tensor **moved = rc ? NULL : calloc((size_t)n + 1, sizeof *moved);
     if (!rc && !moved)
-        rc = ct__seterr(CT_ENOMEM, "module_to: out of memory");
+        rc = ct__err_set(CT_ENOMEM, "module_to: out of memory");
     bool prev = ct_set_grad_enabled(false);
     for (int i = 0; i < n && !rc; i++) {
         ct_tensor *t = *sl.at[i];
@@ -415,8 +415,8 @@ int ct_module_flatten(ct_module *m, bool grads) {
         return rc;
     char desc[160], td[CT__DESC_STR];
     if (m->parent)
-        return ct__seterr(CT_EINVAL, "module_flatten: %s is not the root of its tree",
-                          who(m, desc, sizeof desc));
+        return ct__err_set(CT_EINVAL, "module_flatten: %s is not the root of its tree",
+                           who(m, desc, sizeof desc));
     slot_list sl = {0};
     rc = tree_slots(m, &sl, false);
     ct_tensor ***slots = sl.at;
@@ -427,15 +427,16 @@ int ct_module_flatten(ct_module *m, bool grads) {
     for (int i = 0; i < n && !rc; i++) {
         total += ct_numel(*slots[i]);
         if (!on_device(*slots[i], device))
-            rc = ct__seterr(CT_EDEVICE,
-                            "module_flatten: parameters of %s are on different devices; a flat "
-                            "buffer lives on one (ct_module_to moves them all)",
-                            who(m, desc, sizeof desc));
+            rc = ct__err_set(CT_EDEVICE,
+                             "module_flatten: parameters of %s are on different devices; a flat "
+                             "buffer lives on one (ct_module_to moves them all)",
+                             who(m, desc, sizeof desc));
         if (ct_tensor_dtype(*slots[i]) != dt)
-            rc = ct__seterr(CT_EDTYPE,
-                            "module_flatten: parameters of %s have different dtypes (%s and %s); "
-                            "a flat buffer holds one",
-                            who(m, desc, sizeof desc), ct_dtype_name(dt), ct__desc(td, *slots[i]));
+            rc = ct__err_set(CT_EDTYPE,
+                             "module_flatten: parameters of %s have different dtypes (%s and %s); "
+                             "a flat buffer holds one",
+                             who(m, desc, sizeof desc), ct_dtype_name(dt),
+                             ct__tensor_desc(td, *slots[i]));
     }
     ct_tensor *flat = NULL, *flat_grad = NULL;
     if (!rc) {
@@ -451,7 +452,7 @@ int ct_module_flatten(ct_module *m, bool grads) {
      * was. */
     ct_tensor **views = rc ? NULL : calloc((size_t)n + 1, 2 * sizeof *views);
     if (!rc && !views)
-        rc = ct__seterr(CT_ENOMEM, "module_flatten: out of memory");
+        rc = ct__err_set(CT_ENOMEM, "module_flatten: out of memory");
     int64_t at = 0;
     for (int i = 0; i < n && !rc; i++) {
         ct_tensor *p = *slots[i];

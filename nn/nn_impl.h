@@ -14,6 +14,6 @@
  * output and qkv's gradient in their packed layouts, which saves the copy
  * that merges the heads and the three gradients of the views that split
  * them. CT_ESHAPE unless qkv is 3-D with a last dim divisible by 3 heads. */
-ct_tensor *ct__attention_packed(ct_tensor *qkv, int64_t heads, const ct_attention_options *opts);
+ct_tensor *ct__nn_attention_packed(ct_tensor *qkv, int64_t heads, const ct_attention_options *opts);
 
 #endif

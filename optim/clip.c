@@ -31,15 +31,15 @@ static int grad_norms(ct_tensor *const *params, int n, double p, double *total) 
 int ct_clip_grad_norm_p(ct_tensor *const *params, int n, double max_norm, double norm_type,
                         double *total_norm_out) {
     if (n < 0 || (n > 0 && !params))
-        return ct__seterr(CT_EINVAL, "clip_grad_norm: %d parameters at %p", n,
-                          (const void *)params);
+        return ct__err_set(CT_EINVAL, "clip_grad_norm: %d parameters at %p", n,
+                           (const void *)params);
     if (!(max_norm >= 0))
-        return ct__seterr(CT_EINVAL, "clip_grad_norm: max_norm %g is invalid; expected >= 0",
-                          max_norm);
+        return ct__err_set(CT_EINVAL, "clip_grad_norm: max_norm %g is invalid; expected >= 0",
+                           max_norm);
     if (!(norm_type > 0) || norm_type == -INFINITY)
-        return ct__seterr(CT_EINVAL,
-                          "clip_grad_norm: norm_type %g is invalid; expected p > 0 or INFINITY",
-                          norm_type);
+        return ct__err_set(CT_EINVAL,
+                           "clip_grad_norm: norm_type %g is invalid; expected p > 0 or INFINITY",
+                           norm_type);
     for (int i = 0; i < n; i++) {
         char role[32];
         snprintf(role, sizeof role, "param %d", i);

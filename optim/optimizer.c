@@ -53,10 +53,10 @@ struct ct_optim {
 
 static int check(const ct_optim *opt, const char *fn) {
     if (!opt)
-        return ct__seterr(CT_EINVAL, "%s: the optimizer is NULL", fn);
+        return ct__err_set(CT_EINVAL, "%s: the optimizer is NULL", fn);
     if (opt->magic != OPTIM_MAGIC)
-        return ct__seterr(CT_EINVAL, "%s: %p is not a live optimizer (freed or foreign)", fn,
-                          (const void *)opt);
+        return ct__err_set(CT_EINVAL, "%s: %p is not a live optimizer (freed or foreign)", fn,
+                           (const void *)opt);
     return 0;
 }
 
@@ -84,53 +84,54 @@ static bool nonneg(double x) { return x >= 0 && isfinite(x); }
 
 static int check_options(const ct_optim_options *o, const char *fn) {
     if (!o)
-        return ct__seterr(CT_EINVAL, "%s: options are NULL; start from ct_optim_defaults()", fn);
+        return ct__err_set(CT_EINVAL, "%s: options are NULL; start from ct_optim_defaults()", fn);
     if (o->kind != CT_OPTIM_SGD && o->kind != CT_OPTIM_ADAM && o->kind != CT_OPTIM_ADAMW)
-        return ct__seterr(CT_EINVAL,
-                          "%s: kind %d is not CT_OPTIM_SGD, CT_OPTIM_ADAM or CT_OPTIM_ADAMW", fn,
-                          (int)o->kind);
+        return ct__err_set(CT_EINVAL,
+                           "%s: kind %d is not CT_OPTIM_SGD, CT_OPTIM_ADAM or CT_OPTIM_ADAMW", fn,
+                           (int)o->kind);
     const char *k = kind_name(o->kind);
     if (!nonneg(o->lr))
-        return ct__seterr(CT_EINVAL, "%s: %s lr %g is invalid; expected a finite rate >= 0", fn, k,
-                          o->lr);
+        return ct__err_set(CT_EINVAL, "%s: %s lr %g is invalid; expected a finite rate >= 0", fn, k,
+                           o->lr);
     if (o->kind == CT_OPTIM_SGD) {
         if (!nonneg(o->momentum))
-            return ct__seterr(CT_EINVAL,
-                              "%s: SGD momentum %g is invalid; expected a finite value >= 0", fn,
-                              o->momentum);
+            return ct__err_set(CT_EINVAL,
+                               "%s: SGD momentum %g is invalid; expected a finite value >= 0", fn,
+                               o->momentum);
         if (!isfinite(o->dampening))
-            return ct__seterr(CT_EINVAL, "%s: SGD dampening %g is not finite", fn, o->dampening);
+            return ct__err_set(CT_EINVAL, "%s: SGD dampening %g is not finite", fn, o->dampening);
         if (o->nesterov && (o->momentum <= 0 || o->dampening != 0))
-            return ct__seterr(CT_EINVAL,
-                              "%s: SGD nesterov momentum requires momentum > 0 and dampening 0 "
-                              "(got momentum %g, dampening %g)",
-                              fn, o->momentum, o->dampening);
+            return ct__err_set(CT_EINVAL,
+                               "%s: SGD nesterov momentum requires momentum > 0 and dampening 0 "
+                               "(got momentum %g, dampening %g)",
+                               fn, o->momentum, o->dampening);
         return 0;
     }
     const double betas[2] = {o->beta1, o->beta2};
     for (int i = 0; i < 2; i++)
         if (!(betas[i] >= 0 && betas[i] < 1))
-            return ct__seterr(CT_EINVAL, "%s: %s beta%d %g is outside [0, 1)", fn, k, i + 1,
-                              betas[i]);
+            return ct__err_set(CT_EINVAL, "%s: %s beta%d %g is outside [0, 1)", fn, k, i + 1,
+                               betas[i]);
     if (!nonneg(o->eps))
-        return ct__seterr(CT_EINVAL, "%s: %s eps %g is invalid; expected a finite value >= 0", fn,
-                          k, o->eps);
+        return ct__err_set(CT_EINVAL, "%s: %s eps %g is invalid; expected a finite value >= 0", fn,
+                           k, o->eps);
     return 0;
 }
 
 static int check_group(const ct_param_group *g, int index, const char *fn) {
     if (g->nparams < 0 || (g->nparams > 0 && !g->params))
-        return ct__seterr(CT_EINVAL, "%s: group %d has %d parameters at %p", fn, index, g->nparams,
-                          (const void *)g->params);
+        return ct__err_set(CT_EINVAL, "%s: group %d has %d parameters at %p", fn, index, g->nparams,
+                           (const void *)g->params);
     if (!nonneg(g->weight_decay))
-        return ct__seterr(CT_EINVAL,
-                          "%s: group %d weight_decay %g is invalid; expected a finite value >= 0",
-                          fn, index, g->weight_decay);
+        return ct__err_set(CT_EINVAL,
+                           "%s: group %d weight_decay %g is invalid; expected a finite value >= 0",
+                           fn, index, g->weight_decay);
     if (!(g->lr_scale > 0 && isfinite(g->lr_scale)))
-        return ct__seterr(CT_EINVAL,
-                          "%s: group %d lr_scale %g is invalid; expected a finite value > 0 (1 for "
-                          "the optimizer's rate; leave parameters out to freeze them)",
-                          fn, index, g->lr_scale);
+        return ct__err_set(
+            CT_EINVAL,
+            "%s: group %d lr_scale %g is invalid; expected a finite value > 0 (1 for "
+            "the optimizer's rate; leave parameters out to freeze them)",
+            fn, index, g->lr_scale);
     return 0;
 }
 
@@ -142,9 +143,9 @@ static int cmp_ptr(const void *a, const void *b) {
 int ct__optim_check_tensor(const ct_tensor *t, const char *fn, const char *role) {
     if (!t)
         return ct_errcode() != CT_OK ? ct_errcode()
-                                     : ct__seterr(CT_EINVAL, "%s: %s is NULL", fn, role);
+                                     : ct__err_set(CT_EINVAL, "%s: %s is NULL", fn, role);
     if (t->magic != CT__TENSOR_MAGIC)
-        return ct__seterr(CT_EINVAL, "%s: %s is not a live tensor (freed or foreign)", fn, role);
+        return ct__err_set(CT_EINVAL, "%s: %s is not a live tensor (freed or foreign)", fn, role);
     return 0;
 }
 
@@ -162,34 +163,34 @@ static int check_params(const ct_param_group *groups, int ngroups, int total, ct
                 return rc;
             ct_dtype dt = ct_tensor_dtype(t);
             if (dt != CT_FLOAT32 && dt != CT_FLOAT64)
-                return ct__seterr(CT_EDTYPE,
-                                  "%s: param %d (group %d) is %s; optimizers update float32 or "
-                                  "float64 parameters",
-                                  fn, k, gi, ct__desc(d0, t));
-            if (k > 0 && ct__check_same_device(fn, (ct_tensor *const[]){all[0], t}, 2))
-                return ct__seterr(CT_EDEVICE,
-                                  "%s: param %d (group %d) is on another device than param 0 "
-                                  "(%s); one optimizer updates one device's parameters",
-                                  fn, k, gi, ct_errmsg());
+                return ct__err_set(CT_EDTYPE,
+                                   "%s: param %d (group %d) is %s; optimizers update float32 or "
+                                   "float64 parameters",
+                                   fn, k, gi, ct__tensor_desc(d0, t));
+            if (k > 0 && ct__tensor_check_same_device(fn, (ct_tensor *const[]){all[0], t}, 2))
+                return ct__err_set(CT_EDEVICE,
+                                   "%s: param %d (group %d) is on another device than param 0 "
+                                   "(%s); one optimizer updates one device's parameters",
+                                   fn, k, gi, ct_errmsg());
             if (k > 0 && dt != ct_tensor_dtype(all[0]))
-                return ct__seterr(CT_EDTYPE,
-                                  "%s: param %d (group %d) is %s but param 0 is %s; one optimizer "
-                                  "takes one dtype (make one per dtype)",
-                                  fn, k, gi, ct__desc(d0, t), ct__desc(d1, all[0]));
+                return ct__err_set(CT_EDTYPE,
+                                   "%s: param %d (group %d) is %s but param 0 is %s; one optimizer "
+                                   "takes one dtype (make one per dtype)",
+                                   fn, k, gi, ct__tensor_desc(d0, t), ct__tensor_desc(d1, all[0]));
             if (!ct_is_contiguous(t))
-                return ct__seterr(
+                return ct__err_set(
                     CT_EINVAL,
                     "%s: param %d (group %d) %s is not contiguous; parameters must be "
                     "dense",
-                    fn, k, gi, ct__desc(d0, t));
+                    fn, k, gi, ct__tensor_desc(d0, t));
             all[k] = t;
         }
     }
     if (total == 0)
-        return ct__seterr(CT_EINVAL, "%s: got an empty parameter list", fn);
+        return ct__err_set(CT_EINVAL, "%s: got an empty parameter list", fn);
     ct_tensor **sorted = malloc((size_t)total * sizeof *sorted);
     if (!sorted)
-        return ct__seterr(CT_ENOMEM, "%s: out of memory for %d parameters", fn, total);
+        return ct__err_set(CT_ENOMEM, "%s: out of memory for %d parameters", fn, total);
     memcpy(sorted, all, (size_t)total * sizeof *sorted);
     qsort(sorted, (size_t)total, sizeof *sorted, cmp_ptr);
     ct_tensor *dup = NULL;
@@ -204,8 +205,8 @@ static int check_params(const ct_param_group *groups, int ngroups, int total, ct
         int b = a + 1;
         while (all[b] != dup)
             b++;
-        return ct__seterr(CT_EINVAL, "%s: param %d %s is listed again as param %d", fn, a,
-                          ct__desc(d0, dup), b);
+        return ct__err_set(CT_EINVAL, "%s: param %d %s is listed again as param %d", fn, a,
+                           ct__tensor_desc(d0, dup), b);
     }
     return 0;
 }
@@ -250,15 +251,15 @@ static int alloc_state(ct_optim *opt, const char *fn) {
     opt->views = calloc((size_t)opt->nstates * (size_t)opt->nparams, sizeof *opt->views);
     opt->segs = malloc((size_t)opt->nparams * sizeof *opt->segs);
     if (!opt->views || !opt->segs)
-        return ct__seterr(CT_ENOMEM, "%s: out of memory for the state of %d parameters", fn,
-                          opt->nparams);
+        return ct__err_set(CT_ENOMEM, "%s: out of memory for the state of %d parameters", fn,
+                           opt->nparams);
     return 0;
 }
 
 static ct_optim *create(const ct_optim_options *opts, const ct_param_group *groups, int ngroups,
                         const char *fn) {
     if (ngroups < 0 || (ngroups > 0 && !groups)) {
-        ct__seterr(CT_EINVAL, "%s: %d groups at %p", fn, ngroups, (const void *)groups);
+        ct__err_set(CT_EINVAL, "%s: %d groups at %p", fn, ngroups, (const void *)groups);
         return NULL;
     }
     int total = 0;
@@ -266,7 +267,7 @@ static ct_optim *create(const ct_optim_options *opts, const ct_param_group *grou
         if (check_group(&groups[i], i, fn))
             return NULL;
         if (groups[i].nparams > INT32_MAX - total) {
-            ct__seterr(CT_EINVAL, "%s: more than %d parameters", fn, INT32_MAX);
+            ct__err_set(CT_EINVAL, "%s: more than %d parameters", fn, INT32_MAX);
             return NULL;
         }
         total += groups[i].nparams;
@@ -276,7 +277,7 @@ static ct_optim *create(const ct_optim_options *opts, const ct_param_group *grou
     group *gs = malloc((size_t)(ngroups > 0 ? ngroups : 1) * sizeof *gs);
     param *ps = calloc((size_t)(total > 0 ? total : 1), sizeof *ps);
     if (!all || !opt || !gs || !ps) {
-        ct__seterr(CT_ENOMEM, "%s: out of memory for %d parameters", fn, total);
+        ct__err_set(CT_ENOMEM, "%s: out of memory for %d parameters", fn, total);
         goto fail;
     }
     if (check_params(groups, ngroups, total, all, fn))
@@ -312,8 +313,9 @@ ct_optim *ct_optim_new(const ct_optim_options *opts, ct_tensor *const *params, i
     if (check_options(opts, "optim_new"))
         return NULL;
     if (!nonneg(opts->weight_decay)) {
-        ct__seterr(CT_EINVAL, "optim_new: weight_decay %g is invalid; expected a finite value >= 0",
-                   opts->weight_decay);
+        ct__err_set(CT_EINVAL,
+                    "optim_new: weight_decay %g is invalid; expected a finite value >= 0",
+                    opts->weight_decay);
         return NULL;
     }
     ct_param_group g = {params, nparams, opts->weight_decay, 1};
@@ -401,20 +403,20 @@ static int plan(ct_optim *opt, int *nsegs_out, int64_t *total_out) {
         int rc = ct__optim_check_tensor(g, "optim_step", role);
         if (rc)
             return rc;
-        if (ct__check_same_device("optim_step", (ct_tensor *const[]){pp->t, g}, 2))
-            return ct__seterr(CT_EDEVICE, "optim_step: param %d and its gradient: %s", i,
-                              ct_errmsg());
+        if (ct__tensor_check_same_device("optim_step", (ct_tensor *const[]){pp->t, g}, 2))
+            return ct__err_set(CT_EDEVICE, "optim_step: param %d and its gradient: %s", i,
+                               ct_errmsg());
         if (ct_tensor_dtype(g) != opt->dtype)
-            return ct__seterr(CT_EDTYPE, "optim_step: param %d is %s but its gradient is %s", i,
-                              ct__desc(d0, pp->t), ct__desc(d1, g));
+            return ct__err_set(CT_EDTYPE, "optim_step: param %d is %s but its gradient is %s", i,
+                               ct__tensor_desc(d0, pp->t), ct__tensor_desc(d1, g));
         if (!ct__same_shape(g, pp->t))
-            return ct__seterr(CT_ESHAPE, "optim_step: param %d is %s but its gradient is %s", i,
-                              ct__desc(d0, pp->t), ct__desc(d1, g));
+            return ct__err_set(CT_ESHAPE, "optim_step: param %d is %s but its gradient is %s", i,
+                               ct__tensor_desc(d0, pp->t), ct__tensor_desc(d1, g));
         if (steps[i] < 0 || steps[i] == INT64_MAX)
-            return ct__seterr(CT_ESTATE,
-                              "optim_step: param %d's \"step\" state is %lld; expected a count "
-                              ">= 0",
-                              i, (long long)steps[i]);
+            return ct__err_set(CT_ESTATE,
+                               "optim_step: param %d's \"step\" state is %lld; expected a count "
+                               ">= 0",
+                               i, (long long)steps[i]);
         if (!ct_is_contiguous(g) && !(g = ct_contiguous(g)))
             return ct_errcode();
         if (pp->numel == 0)
@@ -464,7 +466,7 @@ int ct_optim_step(ct_optim *opt) {
             for (int i = 0; i < opt->nparams; i++) {
                 if (ct_tensor_grad(opt->params[i].t)) {
                     steps[i]++;
-                    ct__bump_version(opt->params[i].t);
+                    ct__tensor_bump_version(opt->params[i].t);
                 }
             }
             opt->step_count++;
@@ -485,7 +487,7 @@ static int zero_run(const ct_tensor *t, char *p, size_t bytes) {
     }
     ct_tensor *run =
         ct_tensor_from_storage(s, p - (char *)s->data, CT_SHAPE((int64_t)bytes), NULL, CT_UINT8);
-    return run ? ct__fill_any(run, 0) : ct_errcode();
+    return run ? ct__tensor_fill_any(run, 0) : ct_errcode();
 }
 
 int ct_optim_zero_grad(ct_optim *opt, bool set_to_none) {
@@ -526,7 +528,7 @@ int ct_optim_zero_grad(ct_optim *opt, bool set_to_none) {
             run_bytes = bytes;
         }
         last = g;
-        ct__bump_version(g);
+        ct__tensor_bump_version(g);
     }
     if (run_bytes && !rc)
         rc = zero_run(last, run, run_bytes);
@@ -546,8 +548,8 @@ int ct_optim_set_lr(ct_optim *opt, double lr) {
     if (isnan(lr) && ct_errcode() != CT_OK)
         return ct_errcode();
     if (!nonneg(lr))
-        return ct__seterr(CT_EINVAL, "optim_set_lr: lr %g is invalid; expected a finite rate >= 0",
-                          lr);
+        return ct__err_set(CT_EINVAL, "optim_set_lr: lr %g is invalid; expected a finite rate >= 0",
+                           lr);
     opt->opts.lr = lr;
     return 0;
 }
@@ -562,8 +564,8 @@ int ct_optim_set_step_count(ct_optim *opt, int64_t step) {
     if (rc)
         return rc;
     if (step < 0)
-        return ct__seterr(CT_EINVAL, "optim_set_step_count: step %lld is negative",
-                          (long long)step);
+        return ct__err_set(CT_EINVAL, "optim_set_step_count: step %lld is negative",
+                           (long long)step);
     opt->step_count = step;
     int64_t *steps = param_steps(opt);
     for (int i = 0; i < opt->nparams; i++)
@@ -581,8 +583,8 @@ static int check_index(const ct_optim *opt, int index, const char *fn) {
     if (rc)
         return rc;
     if (index < 0 || index >= opt->nparams)
-        return ct__seterr(CT_EINVAL, "%s: param index %d is out of range [0, %d)", fn, index,
-                          opt->nparams);
+        return ct__err_set(CT_EINVAL, "%s: param index %d is out of range [0, %d)", fn, index,
+                           opt->nparams);
     return 0;
 }
 
@@ -604,8 +606,8 @@ int ct_optim_state_at(const ct_optim *opt, int i, const char **name, ct_tensor *
     if (rc)
         return rc;
     if (i < 0 || i >= opt->nstates)
-        return ct__seterr(CT_EINVAL, "optim_state_at: state index %d is out of range [0, %d)", i,
-                          opt->nstates);
+        return ct__err_set(CT_EINVAL, "optim_state_at: state index %d is out of range [0, %d)", i,
+                           opt->nstates);
     if (name)
         *name = opt->names[i];
     if (state)
@@ -624,8 +626,8 @@ static int find_state(const ct_optim *opt, const char *name, const char *fn) {
     for (int i = 0; i < opt->nstates; i++)
         snprintf(list + strlen(list), sizeof list - strlen(list), "%s\"%s\"", i ? ", " : "",
                  opt->names[i]);
-    return ct__seterr(CT_EINVAL, "%s: this %s optimizer has no state \"%s\"; it has %s", fn,
-                      kind_name(opt->opts.kind), name ? name : "(null)", list);
+    return ct__err_set(CT_EINVAL, "%s: this %s optimizer has no state \"%s\"; it has %s", fn,
+                       kind_name(opt->opts.kind), name ? name : "(null)", list);
 }
 
 ct_tensor *ct_optim_state(const ct_optim *opt, const char *name) {

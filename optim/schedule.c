@@ -9,8 +9,8 @@
 #define PI 3.14159265358979323846
 
 static int bad(const char *what, double value, const char *expected) {
-    return ct__seterr(CT_EINVAL, "lr_schedule: %s %g is invalid; expected %s", what, value,
-                      expected);
+    return ct__err_set(CT_EINVAL, "lr_schedule: %s %g is invalid; expected %s", what, value,
+                       expected);
 }
 
 static bool finite_pos(double x) { return x > 0 && isfinite(x); }
@@ -24,14 +24,14 @@ static int check_kind(const ct_lr_schedule *s) {
         return finite_pos(s->gamma) ? 0 : bad("gamma", s->gamma, "a finite value > 0");
     case CT_LR_MULTISTEP:
         if (s->nmilestones < 0 || (s->nmilestones > 0 && !s->milestones))
-            return ct__seterr(CT_EINVAL, "lr_schedule: %d milestones at %p", s->nmilestones,
-                              (const void *)s->milestones);
+            return ct__err_set(CT_EINVAL, "lr_schedule: %d milestones at %p", s->nmilestones,
+                               (const void *)s->milestones);
         for (int i = 1; i < s->nmilestones; i++)
             if (s->milestones[i] < s->milestones[i - 1])
-                return ct__seterr(CT_EINVAL,
-                                  "lr_schedule: milestones[%d] = %lld comes after %lld; expected "
-                                  "nondecreasing milestones",
-                                  i, (long long)s->milestones[i], (long long)s->milestones[i - 1]);
+                return ct__err_set(CT_EINVAL,
+                                   "lr_schedule: milestones[%d] = %lld comes after %lld; expected "
+                                   "nondecreasing milestones",
+                                   i, (long long)s->milestones[i], (long long)s->milestones[i - 1]);
         return finite_pos(s->gamma) ? 0 : bad("gamma", s->gamma, "a finite value > 0");
     case CT_LR_EXPONENTIAL:
         return finite_pos(s->gamma) ? 0 : bad("gamma", s->gamma, "a finite value > 0");
@@ -51,12 +51,13 @@ static int check_kind(const ct_lr_schedule *s) {
                        "a finite value > 0 (PyTorch's default is 1e4)");
         return 0;
     }
-    return ct__seterr(CT_EINVAL, "lr_schedule: kind %d is not a ct_lr_schedule_kind", (int)s->kind);
+    return ct__err_set(CT_EINVAL, "lr_schedule: kind %d is not a ct_lr_schedule_kind",
+                       (int)s->kind);
 }
 
 int ct_lr_schedule_check(const ct_lr_schedule *s) {
     if (!s)
-        return ct__seterr(CT_EINVAL, "lr_schedule: the schedule is NULL");
+        return ct__err_set(CT_EINVAL, "lr_schedule: the schedule is NULL");
     if (!(s->base_lr >= 0 && isfinite(s->base_lr)))
         return bad("base_lr", s->base_lr, "a finite rate >= 0");
     if (s->warmup_steps < 0)
@@ -112,7 +113,7 @@ double ct_lr_schedule_at(const ct_lr_schedule *s, int64_t step) {
     if (ct_lr_schedule_check(s))
         return NAN;
     if (step < 0) {
-        ct__seterr(CT_EINVAL, "lr_schedule: step %lld is negative", (long long)step);
+        ct__err_set(CT_EINVAL, "lr_schedule: step %lld is negative", (long long)step);
         return NAN;
     }
     if (step >= s->warmup_steps)

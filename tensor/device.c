@@ -18,10 +18,10 @@ static _Atomic(const ct__device_ops *) test_table;
 
 int ct__device_register(ct_device_type type, const ct__device_ops *ops) {
     if (type != CT_TEST)
-        return ct__seterr(CT_EINVAL,
-                          "device_register: only the test device (type %d) registers, "
-                          "not type %d",
-                          (int)CT_TEST, (int)type);
+        return ct__err_set(CT_EINVAL,
+                           "device_register: only the test device (type %d) registers, "
+                           "not type %d",
+                           (int)CT_TEST, (int)type);
     atomic_store(&test_table, ops);
     return 0;
 }
@@ -49,26 +49,27 @@ const ct__device_ops *ct__device_get(const char *op, ct_device device, size_t of
                                      const char *entry) {
     const ct__device_ops *ops = ct__device_ops_of(device.type);
     if (!ops && device.type == CT_CUDA) {
-        ct__seterr(CT_EDEVICE,
-                   "%s: cuda:%d: this ct was built without CUDA (configure with -DCT_CUDA=ON "
-                   "where the CUDA Toolkit is installed)",
-                   op, device.index);
+        ct__err_set(CT_EDEVICE,
+                    "%s: cuda:%d: this ct was built without CUDA (configure with -DCT_CUDA=ON "
+                    "where the CUDA Toolkit is installed)",
+                    op, device.index);
         return NULL;
     }
     if (!ops && device.type == CT_TEST) {
-        ct__seterr(CT_EDEVICE, "%s: no test device is registered (ct's tests register theirs)", op);
+        ct__err_set(CT_EDEVICE, "%s: no test device is registered (ct's tests register theirs)",
+                    op);
         return NULL;
     }
     if (!ops) {
-        ct__seterr(CT_EDEVICE, "%s: unknown device type %d", op, (int)device.type);
+        ct__err_set(CT_EDEVICE, "%s: unknown device type %d", op, (int)device.type);
         return NULL;
     }
     /* Every entry is a function pointer, of one size and representation. */
     void (*fn)(void);
     memcpy(&fn, (const char *)ops + offset, sizeof fn);
     if (!fn) {
-        ct__seterr(CT_EDEVICE, "%s: no %s kernel for %s yet (tensors on the CPU have one)", op,
-                   entry, ops->name);
+        ct__err_set(CT_EDEVICE, "%s: no %s kernel for %s yet (tensors on the CPU have one)", op,
+                    entry, ops->name);
         return NULL;
     }
     return ops;

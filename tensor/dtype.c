@@ -3,7 +3,7 @@
 
 #include <math.h>
 
-const size_t ct__dtype_sizes[CT_NDTYPES] = {
+const size_t ct__tensor_dtype_sizes[CT_NDTYPES] = {
 #define CT__DTYPE_SIZE(NAME, name, size) size,
     CT_DTYPE_MAP(CT__DTYPE_SIZE)
 #undef CT__DTYPE_SIZE
@@ -16,7 +16,7 @@ static const char *const dtype_name[] = {
 };
 
 size_t ct_dtype_size(ct_dtype dtype) {
-    return (unsigned)dtype < CT_NDTYPES ? ct__dtype_sizes[dtype] : 0;
+    return (unsigned)dtype < CT_NDTYPES ? ct__tensor_dtype_sizes[dtype] : 0;
 }
 
 const char *ct_dtype_name(ct_dtype dtype) {
@@ -48,7 +48,7 @@ ct_dtype ct_promote_types(ct_dtype a, ct_dtype b) {
 
 /* IEEE binary16 conversion with round-to-nearest-even, written for clarity;
  * hot loops over float16 data convert once per element. */
-float ct__f16_to_f32(uint16_t h) {
+float ct__tensor_f16_to_f32(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
     uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, u;
     if (exp == 0x1f) {
@@ -71,7 +71,7 @@ float ct__f16_to_f32(uint16_t h) {
     return f;
 }
 
-uint16_t ct__f32_to_f16(float f) {
+uint16_t ct__tensor_f32_to_f16(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
     uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
@@ -97,12 +97,12 @@ uint16_t ct__f32_to_f16(float f) {
     return sign | (uint16_t)(r >> 13);
 }
 
-double ct__load_double(ct_dtype dtype, const void *p) {
+double ct__tensor_load_double(ct_dtype dtype, const void *p) {
     switch (dtype) {
     case CT_FLOAT32: return *(const float *)p;
     case CT_FLOAT64: return *(const double *)p;
     case CT_BFLOAT16: return ct__bf16_to_f32(*(const uint16_t *)p);
-    case CT_FLOAT16: return ct__f16_to_f32(*(const uint16_t *)p);
+    case CT_FLOAT16: return ct__tensor_f16_to_f32(*(const uint16_t *)p);
     case CT_INT64: return (double)*(const int64_t *)p;
     case CT_INT32: return *(const int32_t *)p;
     case CT_UINT8: return *(const uint8_t *)p;
@@ -112,12 +112,12 @@ double ct__load_double(ct_dtype dtype, const void *p) {
     CT_ASSERT(!"bad dtype");
 }
 
-void ct__store_double(ct_dtype dtype, void *p, double v) {
+void ct__tensor_store_double(ct_dtype dtype, void *p, double v) {
     switch (dtype) {
     case CT_FLOAT32: *(float *)p = (float)v; return;
     case CT_FLOAT64: *(double *)p = v; return;
     case CT_BFLOAT16: *(uint16_t *)p = ct__f32_to_bf16((float)v); return;
-    case CT_FLOAT16: *(uint16_t *)p = ct__f32_to_f16((float)v); return;
+    case CT_FLOAT16: *(uint16_t *)p = ct__tensor_f32_to_f16((float)v); return;
     case CT_INT64: *(int64_t *)p = (int64_t)v; return;
     case CT_INT32: *(int32_t *)p = (int32_t)v; return;
     case CT_UINT8: *(uint8_t *)p = (uint8_t)(int64_t)v; return;
@@ -172,7 +172,7 @@ CT__COPY_LOOP(16)
 CT__COPY_LOOP(32)
 CT__COPY_LOOP(64)
 
-ct__loop_fn ct__cast_kernel(ct_dtype to, ct_dtype from) {
+ct__loop_fn ct__cpu_cast_kernel(ct_dtype to, ct_dtype from) {
     if (to != from)
         return cast_table[to][from];
     switch (ct__esize(to)) {

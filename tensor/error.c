@@ -56,7 +56,7 @@ static void set_error(int code, const char *prefix, const char *fmt, va_list ap)
     errcode = code;
 }
 
-int ct__seterr(int code, const char *fmt, ...) {
+int ct__err_set(int code, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     set_error(code, NULL, fmt, ap);
@@ -64,18 +64,18 @@ int ct__seterr(int code, const char *fmt, ...) {
     return code;
 }
 
-/* The public name of the same function; ct's own code calls ct__seterr,
+/* The public name of the same function; ct's own code calls ct__err_set,
  * which does not go through the PLT. */
-extern __typeof__(ct_seterr) ct_seterr __attribute__((alias("ct__seterr")));
+extern __typeof__(ct_seterr) ct_seterr __attribute__((alias("ct__err_set")));
 
-void ct__errctx_init(ct__errctx *cx, const char *fmt, ...) {
+void ct__err_ctx_init(ct__errctx *cx, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(cx->prefix, sizeof cx->prefix, fmt, ap);
     va_end(ap);
 }
 
-int ct__errf(const ct__errctx *cx, int code, const char *fmt, ...) {
+int ct__err_ctx_set(const ct__errctx *cx, int code, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     set_error(code, cx->prefix, fmt, ap);
@@ -83,13 +83,13 @@ int ct__errf(const ct__errctx *cx, int code, const char *fmt, ...) {
     return code;
 }
 
-void ct__assert_fail(const char *expr, const char *file, int line) {
+void ct__err_assert_fail(const char *expr, const char *file, int line) {
     fprintf(stderr, "ct: assertion failed: %s (%s:%d)\n", expr, file, line);
     fflush(stderr);
     abort();
 }
 
-const char *ct__shape_str(char *buf, int ndim, const int64_t *sizes) {
+const char *ct__tensor_shape_str(char *buf, int ndim, const int64_t *sizes) {
     size_t len = 0, cap = CT__SHAPE_STR;
     buf[len++] = '[';
     for (int i = 0; i < ndim && len < cap; i++)
@@ -103,9 +103,9 @@ const char *ct__shape_str(char *buf, int ndim, const int64_t *sizes) {
     return buf;
 }
 
-const char *ct__desc(char *buf, const ct_tensor *t) {
+const char *ct__tensor_desc(char *buf, const ct_tensor *t) {
     char shape[CT__SHAPE_STR];
     snprintf(buf, CT__DESC_STR, "%s%s", ct_dtype_name(t->dtype),
-             ct__shape_str(shape, t->ndim, t->sizes));
+             ct__tensor_shape_str(shape, t->ndim, t->sizes));
     return buf;
 }

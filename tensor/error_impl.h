@@ -9,7 +9,7 @@
  * that every message of the block starts with:
  *
  *     ct__errctx cx;
- *     ct__errctx_init(&cx, "safetensors: %s: tensor '%s': ", path, name);
+ *     ct__err_ctx_init(&cx, "safetensors: %s: tensor '%s': ", path, name);
  *     CT_REQUIRE_CTX(&cx, cJSON_IsArray(shape), CT_ECORRUPT, "shape is %s", json_type(shape));
  *     // "safetensors: a.st: tensor 'w': shape is a string"
  *
@@ -28,7 +28,7 @@
 #define CT__ERRMSG_MAX 1024
 
 /* Records code and a formatted message for this thread; returns code. */
-int ct__seterr(int code, const char *fmt, ...) CT_PRINTF(2, 3);
+int ct__err_set(int code, const char *fmt, ...) CT_PRINTF(2, 3);
 
 /* The start of every message about one object, formatted once, with what
  * joins it to each message (": ", or a space where the object is the
@@ -38,25 +38,25 @@ typedef struct ct__errctx {
     char prefix[CT__ERRMSG_MAX];
 } ct__errctx;
 
-void ct__errctx_init(ct__errctx *cx, const char *fmt, ...) CT_PRINTF(2, 3);
+void ct__err_ctx_init(ct__errctx *cx, const char *fmt, ...) CT_PRINTF(2, 3);
 /* Records code and "<prefix><message>" for this thread, cut at
  * CT__ERRMSG_MAX; returns code. An argument may be ct_errmsg(), to wrap a
  * callee's message. */
-int ct__errf(const ct__errctx *cx, int code, const char *fmt, ...) CT_PRINTF(3, 4);
+int ct__err_ctx_set(const ct__errctx *cx, int code, const char *fmt, ...) CT_PRINTF(3, 4);
 
 /* In a function returning int: unless cond holds, records code and the
  * formatted message and returns code. */
 #define CT_REQUIRE(cond, code, ...)                                                                \
     do {                                                                                           \
         if (!(cond))                                                                               \
-            return ct__seterr((code), __VA_ARGS__);                                                \
+            return ct__err_set((code), __VA_ARGS__);                                               \
     } while (0)
 
 /* CT_REQUIRE with the message under the context cx. */
 #define CT_REQUIRE_CTX(cx, cond, code, ...)                                                        \
     do {                                                                                           \
         if (!(cond))                                                                               \
-            return ct__errf((cx), (code), __VA_ARGS__);                                            \
+            return ct__err_ctx_set((cx), (code), __VA_ARGS__);                                     \
     } while (0)
 
 #endif

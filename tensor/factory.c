@@ -5,18 +5,18 @@
 #include <math.h>
 
 static ct_tensor *record_factory(ct_tensor *t) {
-    return ct__record1(CT_OP_EMPTY, t, NULL, 0, NULL);
+    return ct__tensor_record1(CT_OP_EMPTY, t, NULL, 0, NULL);
 }
 
 /* A new tensor on device, filled with value when fill is set. */
 static ct_tensor *make_on(const char *op, int ndim, const int64_t *sizes, bool fill, double value,
                           ct_dtype dtype, ct_device device) {
     const ct__device_ops *dev = CT__DEVICE_GET(op, device, fill);
-    ct_tensor *t = dev ? ct__new_on(op, ndim, sizes, dtype, device) : NULL;
+    ct_tensor *t = dev ? ct__tensor_new_on(op, ndim, sizes, dtype, device) : NULL;
     if (!t || !fill)
         return t ? record_factory(t) : NULL;
     if (dev->fill(t, value)) {
-        ct__release(t);
+        ct__tensor_release(t);
         return NULL;
     }
     return record_factory(t);
@@ -37,7 +37,7 @@ ct_tensor *ct_full_on(int ndim, const int64_t *sizes, double value, ct_dtype dty
 }
 
 static ct_tensor *like(const char *op, const ct_tensor *t, bool fill, double value) {
-    if (ct__check_handles(op, (ct_tensor *const *)&t, 1))
+    if (ct__tensor_check_handles(op, (ct_tensor *const *)&t, 1))
         return NULL;
     return make_on(op, t->ndim, t->sizes, fill, value, t->dtype, t->storage->device);
 }
@@ -69,11 +69,11 @@ ct_tensor *ct_from_data(const void *data, int ndim, const int64_t *sizes, ct_dty
         empty |= sizes[i] == 0;
     if (!data && !empty && ndim >= 0 && ndim <= CT_MAX_DIMS && (ndim == 0 || sizes)) {
         char buf[CT__SHAPE_STR];
-        ct__seterr(CT_EINVAL, "from_data: data is NULL for a %s%s tensor", ct_dtype_name(dtype),
-                   ct__shape_str(buf, ndim, sizes));
+        ct__err_set(CT_EINVAL, "from_data: data is NULL for a %s%s tensor", ct_dtype_name(dtype),
+                    ct__tensor_shape_str(buf, ndim, sizes));
         return NULL;
     }
-    ct_tensor *t = ct__new("from_data", ndim, sizes, dtype);
+    ct_tensor *t = ct__tensor_new("from_data", ndim, sizes, dtype);
     if (!t)
         return NULL;
     size_t nbytes = (size_t)ct_numel(t) * ct_dtype_size(dtype);
@@ -85,14 +85,14 @@ ct_tensor *ct_from_data(const void *data, int ndim, const int64_t *sizes, ct_dty
 ct_tensor *ct_eye(int64_t n, int64_t m, ct_dtype dtype) {
     if (m < 0)
         m = n;
-    ct_tensor *t = ct__new("eye", 2, (int64_t[]){n, m}, dtype);
+    ct_tensor *t = ct__tensor_new("eye", 2, (int64_t[]){n, m}, dtype);
     if (!t)
         return NULL;
     ct__cpu_fill(t, 0.0);
     size_t esize = ct_dtype_size(dtype);
     char *data = ct__data(t);
     for (int64_t i = 0; i < n && i < m; i++)
-        ct__store_double(dtype, data + (i * m + i) * (int64_t)esize, 1.0);
+        ct__tensor_store_double(dtype, data + (i * m + i) * (int64_t)esize, 1.0);
     return record_factory(t);
 }
 
@@ -112,12 +112,12 @@ static void seq_chunk(void *arg, int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; i++) {
         double v = j->from_both_ends && i >= j->n / 2 ? j->end - (double)(j->n - 1 - i) * j->step
                                                       : j->start + (double)i * j->step;
-        ct__store_double(j->dtype, j->data + i * esize, v);
+        ct__tensor_store_double(j->dtype, j->data + i * esize, v);
     }
 }
 
 static ct_tensor *sequence(const char *op, seq_job *j) {
-    ct_tensor *t = ct__new(op, 1, &j->n, j->dtype);
+    ct_tensor *t = ct__tensor_new(op, 1, &j->n, j->dtype);
     if (!t)
         return NULL;
     j->data = ct__data(t);
@@ -131,20 +131,20 @@ static ct_tensor *sequence(const char *op, seq_job *j) {
 
 ct_tensor *ct_arange(double start, double end, double step, ct_dtype dtype) {
     if (!isfinite(start) || !isfinite(end) || !isfinite(step) || step == 0) {
-        ct__seterr(CT_EINVAL,
-                   "arange: start %g, end %g and step %g must be finite, and step nonzero", start,
-                   end, step);
+        ct__err_set(CT_EINVAL,
+                    "arange: start %g, end %g and step %g must be finite, and step nonzero", start,
+                    end, step);
         return NULL;
     }
     if ((step > 0 && end < start) || (step < 0 && end > start)) {
-        ct__seterr(CT_EINVAL, "arange: step %g has the wrong sign to go from %g to %g", step, start,
-                   end);
+        ct__err_set(CT_EINVAL, "arange: step %g has the wrong sign to go from %g to %g", step,
+                    start, end);
         return NULL;
     }
     double n = ceil((end - start) / step);
     if (!(n < MAX_SEQUENCE)) {
-        ct__seterr(CT_EINVAL, "arange: [%g, %g) in steps of %g has too many elements", start, end,
-                   step);
+        ct__err_set(CT_EINVAL, "arange: [%g, %g) in steps of %g has too many elements", start, end,
+                    step);
         return NULL;
     }
     seq_job j = {.dtype = dtype, .start = start, .end = end, .step = step, .n = (int64_t)n};
@@ -153,9 +153,9 @@ ct_tensor *ct_arange(double start, double end, double step, ct_dtype dtype) {
 
 ct_tensor *ct_linspace(double start, double end, int64_t steps, ct_dtype dtype) {
     if (steps < 0 || !isfinite(start) || !isfinite(end)) {
-        ct__seterr(CT_EINVAL,
-                   "linspace: %lld steps from %g to %g; expected steps >= 0 and finite ends",
-                   (long long)steps, start, end);
+        ct__err_set(CT_EINVAL,
+                    "linspace: %lld steps from %g to %g; expected steps >= 0 and finite ends",
+                    (long long)steps, start, end);
         return NULL;
     }
     seq_job j = {.dtype = dtype,

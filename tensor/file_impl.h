@@ -38,17 +38,17 @@ int ct__file_open(int dirfd, const char *name, const char *shown, const ct__file
 const char *ct__file_kind(mode_t mode);
 
 /* Writes len bytes at off in full, or CT_EIO naming shown. */
-int ct__pwrite_all(int fd, const void *buf, size_t len, int64_t off, const char *shown);
+int ct__file_pwrite_all(int fd, const void *buf, size_t len, int64_t off, const char *shown);
 /* Reads len bytes at off in full; CT_ECORRUPT naming shown when the file
  * ends first, CT_EIO for an I/O error. */
-int ct__pread_all(int fd, void *buf, size_t len, int64_t off, const char *shown);
+int ct__file_pread_all(int fd, void *buf, size_t len, int64_t off, const char *shown);
 
 /* fsync on the directory path (relative to dirfd, or AT_FDCWD), so that a
  * rename into it lasts; fine where the file system cannot fsync one. */
-int ct__fsync_dir_at(int dirfd, const char *path);
-int ct__fsync_dir(const char *path);
+int ct__file_fsync_dir_at(int dirfd, const char *path);
+int ct__file_fsync_dir(const char *path);
 /* The parent directory of path (malloc'd: "." for a bare name). */
-char *ct__parent_dir(const char *path);
+char *ct__file_parent_dir(const char *path);
 
 /* Ends the write of a file into tmp that is to replace dst (both relative to
  * dirfd, or AT_FDCWD): given rc, the write's outcome so far, it fsyncs and
@@ -59,7 +59,7 @@ int ct__file_commit(int dirfd, int fd, const char *tmp, const char *dst, int rc,
 /* Writes a file in order, gathering small pieces (a view's runs) into a
  * 1 MiB stage so that each write is large. Zero-initialise it with shown
  * (names it in messages), fd and off (the file offset of the first byte);
- * ct__writer_free releases the stage. */
+ * ct__file_writer_free releases the stage. */
 typedef struct ct__writer {
     const char *shown;
     int fd;
@@ -69,9 +69,9 @@ typedef struct ct__writer {
 } ct__writer;
 
 /* Writes n bytes at w->off onwards; ctx is the ct__writer (a ct__run_fn). */
-int ct__writer_put(void *ctx, const void *p, size_t n);
+int ct__file_writer_put(void *ctx, const void *p, size_t n);
 /* Writes out what the stage holds. */
-int ct__writer_flush(ct__writer *w);
-void ct__writer_free(ct__writer *w);
+int ct__file_writer_flush(ct__writer *w);
+void ct__file_writer_free(ct__writer *w);
 
 #endif

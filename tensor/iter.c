@@ -29,7 +29,7 @@ static void swap_dims(ct__iter *it, int a, int b) {
 void ct__iter_init(ct__iter *it, ct_tensor *const *ts, int n, int ndim, const int64_t *sizes) {
     CT_ASSERT(n >= 1 && n <= CT__ITER_MAX);
     it->ntensors = n;
-    it->numel = ct__numel(ndim, sizes);
+    it->numel = ct__tensor_numel(ndim, sizes);
     int64_t esize[CT__ITER_MAX];
     for (int k = 0; k < n; k++) {
         it->data[k] = ct__data(ts[k]);
@@ -143,10 +143,10 @@ void ct__iter_run(const ct__iter *it, ct__loop_fn loop, void *ctx, int64_t grain
     ct_parallel_for(0, it->numel, grain, iter_chunk, &j);
 }
 
-int ct__for_each_run(const ct_tensor *t, ct__run_fn fn, void *ctx) {
+int ct__tensor_for_each_run(const ct_tensor *t, ct__run_fn fn, void *ctx) {
     const char *base = ct_data_ptr(t);
     const size_t esize = ct__esize(t->dtype);
-    int64_t numel = ct__numel(t->ndim, t->sizes);
+    int64_t numel = ct__tensor_numel(t->ndim, t->sizes);
     if (numel == 0)
         return 0;
     /* The innermost dims that are contiguous (or of size 1) make one run. */

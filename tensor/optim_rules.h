@@ -47,8 +47,8 @@ extern "C" {
  * stream; adam: 0 SGD, 1 Adam, 2 AdamW; f64: float64, else float32; bufs
  * the kind's state buffers at element 0 (CT__OPTIM_MAX_BUFS, unused ones
  * NULL). Returns a cudaError_t (0: queued). */
-int ct__optim_launch(const ct__optim_hyper *h, int adam, int f64, char *p, const char *g,
-                     char *const *bufs, int64_t n, void *stream);
+int ct__cuda_optim_launch(const ct__optim_hyper *h, int adam, int f64, char *p, const char *g,
+                          char *const *bufs, int64_t n, void *stream);
 #ifdef __cplusplus
 }
 #endif

@@ -189,10 +189,10 @@ static void pool_stop(void) {
 
 int ct_set_num_threads(int n) {
     if (n < 1)
-        return ct__seterr(CT_EINVAL, "set_num_threads: %d threads requested; expected >= 1", n);
+        return ct__err_set(CT_EINVAL, "set_num_threads: %d threads requested; expected >= 1", n);
     if (in_region)
-        return ct__seterr(CT_ESTATE, "set_num_threads: called from inside a parallel region; "
-                                     "resize the pool outside ct_parallel_for");
+        return ct__err_set(CT_ESTATE, "set_num_threads: called from inside a parallel region; "
+                                      "resize the pool outside ct_parallel_for");
     pthread_mutex_lock(&the_pool.submit);
     pool_stop();
     atomic_store(&configured_threads, n);

@@ -18,7 +18,7 @@ typedef struct printer {
 } printer;
 
 static double elem(const ct_tensor *t, int64_t off) {
-    return ct__load_double(t->dtype, ct__data(t) + off * (int64_t)ct_dtype_size(t->dtype));
+    return ct__tensor_load_double(t->dtype, ct__data(t) + off * (int64_t)ct_dtype_size(t->dtype));
 }
 
 static int format_elem(const printer *p, char *buf, size_t cap, double v) {
@@ -101,7 +101,7 @@ static int fprint_host(FILE *f, const ct_tensor *t, ct_device device);
 
 int ct_tensor_fprint(FILE *f, const ct_tensor *t) {
     if (!f)
-        return ct__seterr(CT_EINVAL, "tensor_fprint: FILE is NULL");
+        return ct__err_set(CT_EINVAL, "tensor_fprint: FILE is NULL");
     if (CT__CHECK_ANY("tensor_fprint", (ct_tensor *)t))
         return ct_errcode();
     if (ct__is_host(t->storage->device))
@@ -137,10 +137,11 @@ static int fprint_host(FILE *f, const ct_tensor *t, ct_device device) {
     char where[CT_DEVICE_STR + 16] = "", dev[CT_DEVICE_STR];
     if (!ct__is_host(device))
         snprintf(where, sizeof where, ", device=%s", ct_device_str(device, dev));
-    if (fprintf(f, ", shape=%s, dtype=%s, strides=%s%s)\n", ct__shape_str(shape, t->ndim, t->sizes),
-                ct_dtype_name(t->dtype), ct__shape_str(strides, t->ndim, t->strides), where) < 0)
+    if (fprintf(f, ", shape=%s, dtype=%s, strides=%s%s)\n",
+                ct__tensor_shape_str(shape, t->ndim, t->sizes), ct_dtype_name(t->dtype),
+                ct__tensor_shape_str(strides, t->ndim, t->strides), where) < 0)
         p.failed = true;
-    return p.failed ? ct__seterr(CT_EIO, "tensor_fprint: write failed") : 0;
+    return p.failed ? ct__err_set(CT_EIO, "tensor_fprint: write failed") : 0;
 }
 
 void ct_print(const ct_tensor *t) {

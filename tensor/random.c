@@ -44,7 +44,8 @@ __attribute__((constructor)) static void register_atfork(void) {
 
 /* Every thread shares the default generator, so its reservation is
  * locked. */
-void ct__generator_claim(ct_generator *gen, uint64_t nblocks, uint64_t *seed, uint64_t *offset) {
+void ct__tensor_generator_claim(ct_generator *gen, uint64_t nblocks, uint64_t *seed,
+                                uint64_t *offset) {
     bool shared = !gen || gen == &default_gen;
     if (shared) {
         gen = &default_gen;
@@ -71,12 +72,12 @@ static void draw_blocks(void *arg, int64_t lo, int64_t hi) {
             char *p = d->out + (first + j) * esize;
             double x;
             if (d->kind == CT__DRAW_BERNOULLI)
-                x = u[j] < (d->p_in_out ? ct__load_double(dtype, p) : d->a);
+                x = u[j] < (d->p_in_out ? ct__tensor_load_double(dtype, p) : d->a);
             else
                 /* An fma, as on a device: both round alike, whatever the
                  * compiler would contract. */
                 x = fma(d->b, u[j], d->a);
-            ct__store_double(dtype, p, x);
+            ct__tensor_store_double(dtype, p, x);
         }
     }
 }
@@ -99,7 +100,7 @@ static int run_draw(ct__draw *d, ct_tensor *out, ct_generator *gen) {
     d->out = ct__data(out);
     d->dtype = (int)out->dtype;
     int64_t nblocks = (d->n + d->per_block - 1) / d->per_block;
-    ct__generator_claim(gen, (uint64_t)nblocks, &d->seed, &d->offset);
+    ct__tensor_generator_claim(gen, (uint64_t)nblocks, &d->seed, &d->offset);
     return dev->draw(out, d);
 }
 
@@ -125,45 +126,45 @@ static ct__draw bernoulli_draw(double p, bool p_in_out) {
 static int check_float(const char *op, ct_dtype dtype) {
     if (ct_dtype_is_float(dtype))
         return 0;
-    return ct__seterr(CT_EDTYPE, "%s: needs a floating-point dtype, got %s", op,
-                      ct_dtype_name(dtype));
+    return ct__err_set(CT_EDTYPE, "%s: needs a floating-point dtype, got %s", op,
+                       ct_dtype_name(dtype));
 }
 
 /* Fills t in place. A strided t is drawn into a contiguous temporary first,
  * so that element i is always the i-th in row-major order. */
 static ct_tensor *fill_(const char *op, ct_tensor *t, ct__draw *d, ct_generator *gen, double a,
                         double b) {
-    if (ct__check_inplace(CT_OP_RANDOM, op, t, NULL, 0))
+    if (ct__tensor_check_inplace(CT_OP_RANDOM, op, t, NULL, 0))
         return NULL;
     int rc;
     if (ct_is_contiguous(t)) {
         rc = run_draw(d, t, gen);
     } else {
-        ct_tensor *tmp = ct__new_on(op, t->ndim, t->sizes, t->dtype, t->storage->device);
+        ct_tensor *tmp = ct__tensor_new_on(op, t->ndim, t->sizes, t->dtype, t->storage->device);
         if (!tmp)
             return NULL;
         rc = run_draw(d, tmp, gen);
         if (!rc)
-            rc = ct__copy_any(t, tmp);
-        ct__release(tmp);
+            rc = ct__tensor_copy_any(t, tmp);
+        ct__tensor_release(tmp);
     }
     if (rc)
         return NULL;
     ct_op_args args = draw_args(d, a, b);
-    return ct__record(CT_OP_RANDOM, &t, 1, &t, 1, true, &args);
+    return ct__tensor_record(CT_OP_RANDOM, &t, 1, &t, 1, true, &args);
 }
 
 static ct_tensor *draw_new(const char *op, int ndim, const int64_t *sizes, ct_dtype dtype, int kind,
                            ct_generator *gen) {
     if (check_float(op, dtype))
         return NULL;
-    ct_tensor *t = ct__new(op, ndim, sizes, dtype);
+    ct_tensor *t = ct__tensor_new(op, ndim, sizes, dtype);
     if (!t)
         return NULL;
     ct__draw d = float_draw(kind, dtype, 0.0, 1.0);
     run_draw(&d, t, gen);
     ct_op_args args = draw_args(&d, 0.0, 1.0);
-    return ct__record1(CT_OP_RANDOM, t, NULL, 0, &args);
+    return ct__tensor_record1(CT_OP_RANDOM, t, NULL, 0, &args);
 }
 
 ct_tensor *ct_rand(int ndim, const int64_t *sizes, ct_dtype dtype, ct_generator *gen) {
@@ -181,7 +182,7 @@ ct_tensor *ct_uniform_(ct_tensor *t, double lo, double hi, ct_generator *gen) {
     if (CT__CHECK_ANY("uniform_", t) || check_float("uniform_", t->dtype))
         return NULL;
     if (!(lo <= hi) || !isfinite(hi - lo)) {
-        ct__seterr(CT_EINVAL, "uniform_: expected a finite range lo <= hi, got [%g, %g)", lo, hi);
+        ct__err_set(CT_EINVAL, "uniform_: expected a finite range lo <= hi, got [%g, %g)", lo, hi);
         return NULL;
     }
     ct__draw d = float_draw(CT__DRAW_UNIFORM, t->dtype, lo, hi - lo);
@@ -192,8 +193,8 @@ ct_tensor *ct_normal_(ct_tensor *t, double mean, double std, ct_generator *gen) 
     if (CT__CHECK_ANY("normal_", t) || check_float("normal_", t->dtype))
         return NULL;
     if (!(std >= 0) || !isfinite(std) || !isfinite(mean)) {
-        ct__seterr(CT_EINVAL, "normal_: expected a finite mean and std >= 0, got mean %g, std %g",
-                   mean, std);
+        ct__err_set(CT_EINVAL, "normal_: expected a finite mean and std >= 0, got mean %g, std %g",
+                    mean, std);
         return NULL;
     }
     ct__draw d = float_draw(CT__DRAW_NORMAL, t->dtype, mean, std);
@@ -204,7 +205,7 @@ ct_tensor *ct_bernoulli_(ct_tensor *t, double p, ct_generator *gen) {
     if (CT__CHECK_ANY("bernoulli_", t))
         return NULL;
     if (!(p >= 0 && p <= 1)) {
-        ct__seterr(CT_EINVAL, "bernoulli_: p is %g; expected a probability in [0, 1]", p);
+        ct__err_set(CT_EINVAL, "bernoulli_: p is %g; expected a probability in [0, 1]", p);
         return NULL;
     }
     ct__draw d = bernoulli_draw(p, false);
@@ -221,7 +222,7 @@ typedef struct p_scan {
 static void p_scan_loop(void *ctx, char **data, const int64_t *strides, int64_t n) {
     p_scan *s = ctx;
     for (int64_t i = 0; i < n && !s->found; i++) {
-        double p = ct__load_double(s->dtype, data[0] + i * strides[0]);
+        double p = ct__tensor_load_double(s->dtype, data[0] + i * strides[0]);
         if (!(p >= 0 && p <= 1)) {
             s->found = true;
             s->bad = p;
@@ -256,22 +257,23 @@ ct_tensor *ct_bernoulli(ct_tensor *p, ct_generator *gen) {
         return NULL;
     if (s.found) {
         char desc[CT__DESC_STR];
-        ct__seterr(CT_EINVAL, "bernoulli: p %s holds %g; expected probabilities in [0, 1]",
-                   ct__desc(desc, p), s.bad);
+        ct__err_set(CT_EINVAL, "bernoulli: p %s holds %g; expected probabilities in [0, 1]",
+                    ct__tensor_desc(desc, p), s.bad);
         return NULL;
     }
-    ct_tensor *out = ct__new_on("bernoulli", p->ndim, p->sizes, p->dtype, p->storage->device);
+    ct_tensor *out =
+        ct__tensor_new_on("bernoulli", p->ndim, p->sizes, p->dtype, p->storage->device);
     if (!out)
         return NULL;
     /* The probabilities are copied into out, and each is replaced by its
      * draw. */
     ct__draw d = bernoulli_draw(0.0, true);
-    if (ct__copy_any(out, p) || run_draw(&d, out, gen)) {
-        ct__release(out);
+    if (ct__tensor_copy_any(out, p) || run_draw(&d, out, gen)) {
+        ct__tensor_release(out);
         return NULL;
     }
     ct_op_args args = draw_args(&d, NAN, 0.0);
-    return ct__record1(CT_OP_RANDOM, out, &p, 1, &args);
+    return ct__tensor_record1(CT_OP_RANDOM, out, &p, 1, &args);
 }
 
 typedef struct perm_key {
@@ -304,24 +306,24 @@ static int perm_cmp(const void *pa, const void *pb) {
 
 ct_tensor *ct_randperm(int64_t n, ct_generator *gen) {
     if (n < 0) {
-        ct__seterr(CT_EINVAL, "randperm: n is %lld; expected n >= 0", (long long)n);
+        ct__err_set(CT_EINVAL, "randperm: n is %lld; expected n >= 0", (long long)n);
         return NULL;
     }
     perm_key *keys = (uint64_t)n < SIZE_MAX / sizeof(perm_key)
                          ? malloc(sizeof(perm_key) * (size_t)(n > 0 ? n : 1))
                          : NULL;
     if (!keys) {
-        ct__seterr(CT_ENOMEM, "randperm: out of memory sorting %lld keys", (long long)n);
+        ct__err_set(CT_ENOMEM, "randperm: out of memory sorting %lld keys", (long long)n);
         return NULL;
     }
-    ct_tensor *out = ct__new("randperm", 1, &n, CT_INT64);
+    ct_tensor *out = ct__tensor_new("randperm", 1, &n, CT_INT64);
     if (!out) {
         free(keys);
         return NULL;
     }
     perm_job j = {keys, n, 0, 0};
     int64_t nblocks = (n + 1) / 2;
-    ct__generator_claim(gen, (uint64_t)nblocks, &j.seed, &j.offset);
+    ct__tensor_generator_claim(gen, (uint64_t)nblocks, &j.seed, &j.offset);
     ct_parallel_for(0, nblocks, GRAIN_BLOCKS, perm_blocks, &j);
     qsort(keys, (size_t)n, sizeof *keys, perm_cmp);
     int64_t *data = (int64_t *)ct__data(out);
@@ -329,5 +331,5 @@ ct_tensor *ct_randperm(int64_t n, ct_generator *gen) {
         data[i] = keys[i].index;
     free(keys);
     ct_op_args args = {.ints = {(int64_t)j.seed, (int64_t)j.offset}, .nints = 2};
-    return ct__record1(CT_OP_RANDOM, out, NULL, 0, &args);
+    return ct__tensor_record1(CT_OP_RANDOM, out, NULL, 0, &args);
 }

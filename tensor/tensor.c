@@ -48,7 +48,7 @@ void ct_memory_reset_peak(ct_device device) {
 }
 
 /* Data up to this size lives in the same heap block as the storage header
- * (and the tensor object, for ct__new): one malloc per tensor instead of
+ * (and the tensor object, for ct__tensor_new): one malloc per tensor instead of
  * three, and no posix_memalign, whose split-off fragments cost glibc more
  * than a tiny op itself. Above it the allocation is noise next to the op's
  * work on the data, which then comes from ct__cpu_alloc and its policy for
@@ -76,7 +76,7 @@ static ct_storage *storage_new_in_block(size_t nbytes, size_t prefix) {
     size_t header = prefix + sizeof(ct_storage);
     char *block = malloc(header + (inline_data ? 63 + nbytes : 0));
     if (!block) {
-        ct__seterr(CT_ENOMEM, "storage_new: out of memory allocating %zu bytes", nbytes);
+        ct__err_set(CT_ENOMEM, "storage_new: out of memory allocating %zu bytes", nbytes);
         return NULL;
     }
     ct_storage *s = (ct_storage *)(block + prefix);
@@ -88,7 +88,7 @@ static ct_storage *storage_new_in_block(size_t nbytes, size_t prefix) {
         void *data = ct__cpu_alloc(nbytes, &capacity);
         if (!data) {
             free(block);
-            ct__seterr(CT_ENOMEM, "storage_new: out of memory allocating %zu bytes", nbytes);
+            ct__err_set(CT_ENOMEM, "storage_new: out of memory allocating %zu bytes", nbytes);
             return NULL;
         }
         storage_init(s, block, data, nbytes, CT_DEVICE_CPU, true, free_cpu,
@@ -108,12 +108,12 @@ ct_storage *ct_storage_new(size_t nbytes, ct_device device) {
 ct_storage *ct_storage_from_blob(void *data, size_t nbytes, ct_device device, ct_free_fn free_fn,
                                  void *ctx) {
     if (!data && nbytes > 0) {
-        ct__seterr(CT_EINVAL, "storage_from_blob: data is NULL but nbytes is %zu", nbytes);
+        ct__err_set(CT_EINVAL, "storage_from_blob: data is NULL but nbytes is %zu", nbytes);
         return NULL;
     }
     ct_storage *s = malloc(sizeof *s);
     if (!s) {
-        ct__seterr(CT_ENOMEM, "storage_from_blob: out of memory allocating the storage header");
+        ct__err_set(CT_ENOMEM, "storage_from_blob: out of memory allocating the storage header");
         return NULL;
     }
     storage_init(s, s, data, nbytes, device, false, free_fn, ctx);
@@ -191,7 +191,7 @@ void ct_scope_end(void) {
     }
 }
 
-ct_tensor *ct__scope_own(ct_tensor *t) {
+ct_tensor *ct__tensor_scope_own(ct_tensor *t) {
     if (t && scopes.depth > 0) {
         if (scopes.len == scopes.cap)
             scopes.owned = grow(scopes.owned, &scopes.cap, sizeof(ct_tensor *));
@@ -200,7 +200,7 @@ ct_tensor *ct__scope_own(ct_tensor *t) {
     return t;
 }
 
-void ct__release(ct_tensor *t) {
+void ct__tensor_release(ct_tensor *t) {
     if (!t)
         return;
     if (scopes.depth > 0) {
@@ -217,11 +217,11 @@ void ct__release(ct_tensor *t) {
     tensor_drop(t);
 }
 
-ct_tensor *ct__own(ct_tensor *t) {
+ct_tensor *ct__tensor_own(ct_tensor *t) {
     if (!t)
         return NULL;
     ct_tensor *ref = ct_tensor_retain(t);
-    ct__release(t);
+    ct__tensor_release(t);
     return ref;
 }
 
@@ -248,14 +248,14 @@ ct_tensor *ct_keep(ct_tensor *t) {
 
 static const ct_tensor_hooks *hooks;
 
-int64_t ct__numel(int ndim, const int64_t *sizes) {
+int64_t ct__tensor_numel(int ndim, const int64_t *sizes) {
     int64_t n = 1;
     for (int i = 0; i < ndim; i++)
         n *= sizes[i];
     return n;
 }
 
-void ct__contiguous_strides(int ndim, const int64_t *sizes, int64_t *strides) {
+void ct__tensor_contiguous_strides(int ndim, const int64_t *sizes, int64_t *strides) {
     int64_t s = 1;
     for (int i = ndim - 1; i >= 0; i--) {
         strides[i] = s;
@@ -283,7 +283,7 @@ static ct_tensor *tensor_alloc(ct_storage *storage, int64_t offset, int ndim, co
                                const int64_t *strides, ct_dtype dtype) {
     ct_tensor *t = malloc(sizeof *t);
     if (!t) {
-        ct__seterr(CT_ENOMEM, "tensor: out of memory allocating a tensor header");
+        ct__err_set(CT_ENOMEM, "tensor: out of memory allocating a tensor header");
         return NULL;
     }
     atomic_fetch_add_explicit(&storage->refcount, 1, memory_order_relaxed);
@@ -291,13 +291,13 @@ static ct_tensor *tensor_alloc(ct_storage *storage, int64_t offset, int ndim, co
     return t;
 }
 
-int ct__check_shape(const char *op, int ndim, const int64_t *sizes, ct_dtype dtype) {
+int ct__tensor_check_shape(const char *op, int ndim, const int64_t *sizes, ct_dtype dtype) {
     if ((unsigned)dtype >= CT_NDTYPES)
-        return ct__seterr(CT_EINVAL, "%s: invalid dtype %d", op, (int)dtype);
+        return ct__err_set(CT_EINVAL, "%s: invalid dtype %d", op, (int)dtype);
     if (ndim < 0 || ndim > CT_MAX_DIMS)
-        return ct__seterr(CT_EINVAL, "%s: ndim %d is outside [0, %d]", op, ndim, CT_MAX_DIMS);
+        return ct__err_set(CT_EINVAL, "%s: ndim %d is outside [0, %d]", op, ndim, CT_MAX_DIMS);
     if (ndim > 0 && !sizes)
-        return ct__seterr(CT_EINVAL, "%s: sizes is NULL for ndim %d", op, ndim);
+        return ct__err_set(CT_EINVAL, "%s: sizes is NULL for ndim %d", op, ndim);
     /* numel bounds the bytes; extent, the product of the non-zero sizes,
      * bounds the strides, which must not overflow in an empty tensor
      * either. */
@@ -305,11 +305,11 @@ int ct__check_shape(const char *op, int ndim, const int64_t *sizes, ct_dtype dty
     for (int i = 0; i < ndim; i++) {
         if (sizes[i] < 0) {
             char buf[CT__SHAPE_STR];
-            return ct__seterr(CT_EINVAL, "%s: negative size in %s", op,
-                              ct__shape_str(buf, ndim, sizes));
+            return ct__err_set(CT_EINVAL, "%s: negative size in %s", op,
+                               ct__tensor_shape_str(buf, ndim, sizes));
         }
         if (sizes[i] > 0 && (numel > INT64_MAX / 16 / sizes[i] || extent > INT64_MAX / sizes[i]))
-            return ct__seterr(CT_EINVAL, "%s: shape is too large", op);
+            return ct__err_set(CT_EINVAL, "%s: shape is too large", op);
         numel *= sizes[i];
         extent *= sizes[i] > 0 ? sizes[i] : 1;
     }
@@ -321,16 +321,16 @@ _Static_assert(sizeof(ct_tensor) % _Alignof(ct_storage) == 0, "storage header mi
 
 static ct_tensor *tensor_new_unowned(const char *op, int ndim, const int64_t *sizes,
                                      ct_dtype dtype) {
-    if (ct__check_shape(op, ndim, sizes, dtype))
+    if (ct__tensor_check_shape(op, ndim, sizes, dtype))
         return NULL;
     int64_t strides[CT_MAX_DIMS];
-    ct__contiguous_strides(ndim, sizes, strides);
-    size_t nbytes = (size_t)ct__numel(ndim, sizes) * ct__esize(dtype);
+    ct__tensor_contiguous_strides(ndim, sizes, strides);
+    size_t nbytes = (size_t)ct__tensor_numel(ndim, sizes) * ct__esize(dtype);
     ct_storage *s = storage_new_in_block(nbytes, sizeof(ct_tensor));
     if (!s) {
         char buf[CT__SHAPE_STR];
-        ct__seterr(CT_ENOMEM, "%s: out of memory allocating %s%s (%zu bytes)", op,
-                   ct_dtype_name(dtype), ct__shape_str(buf, ndim, sizes), nbytes);
+        ct__err_set(CT_ENOMEM, "%s: out of memory allocating %s%s (%zu bytes)", op,
+                    ct_dtype_name(dtype), ct__tensor_shape_str(buf, ndim, sizes), nbytes);
         return NULL;
     }
     ct_tensor *t = s->block;
@@ -338,21 +338,22 @@ static ct_tensor *tensor_new_unowned(const char *op, int ndim, const int64_t *si
     return t;
 }
 
-ct_tensor *ct__scalar_operand_init(ct__scalar_operand *op, double value, ct_dtype dtype) {
-    ct__store_double(dtype, op->value.bytes, value);
+ct_tensor *ct__cpu_scalar_operand_init(ct__scalar_operand *op, double value, ct_dtype dtype) {
+    ct__tensor_store_double(dtype, op->value.bytes, value);
     storage_init(&op->storage, NULL, op->value.bytes, ct__esize(dtype), CT_DEVICE_CPU, false, NULL,
                  NULL);
     tensor_init(&op->tensor, &op->storage, 0, 0, NULL, NULL, dtype);
     return &op->tensor;
 }
 
-ct_tensor *ct__new(const char *op, int ndim, const int64_t *sizes, ct_dtype dtype) {
-    return ct__scope_own(tensor_new_unowned(op, ndim, sizes, dtype));
+ct_tensor *ct__tensor_new(const char *op, int ndim, const int64_t *sizes, ct_dtype dtype) {
+    return ct__tensor_scope_own(tensor_new_unowned(op, ndim, sizes, dtype));
 }
 
-ct_tensor *ct__make_view(ct_tensor *base, int ndim, const int64_t *sizes, const int64_t *strides,
-                         int64_t offset) {
-    return ct__scope_own(tensor_alloc(base->storage, offset, ndim, sizes, strides, base->dtype));
+ct_tensor *ct__tensor_make_view(ct_tensor *base, int ndim, const int64_t *sizes,
+                                const int64_t *strides, int64_t offset) {
+    return ct__tensor_scope_own(
+        tensor_alloc(base->storage, offset, ndim, sizes, strides, base->dtype));
 }
 
 ct_tensor *ct_tensor_retain(ct_tensor *t) {
@@ -370,7 +371,7 @@ static void tensor_drop(ct_tensor *t) {
     ct_storage *s = t->storage;
     bool own_block = s->block != t;
     t->magic = CT__TENSOR_DEAD;
-    /* A tensor made by ct__new lives in its storage's block: it goes with
+    /* A tensor made by ct__tensor_new lives in its storage's block: it goes with
      * the storage's last reference, which may be a view's. */
     storage_drop(s);
     if (own_block)
@@ -382,84 +383,84 @@ void ct_tensor_free(ct_tensor *t) {
         tensor_drop(t);
 }
 
-int ct__check_handles(const char *op, ct_tensor *const *ts, int n) {
+int ct__tensor_check_handles(const char *op, ct_tensor *const *ts, int n) {
     for (int i = 0; i < n; i++) {
         if (!ts[i]) {
             /* Keep the first failure's message: it says what went wrong. */
             if (ct_errcode() != CT_OK)
                 return ct_errcode();
-            return ct__seterr(CT_EINVAL, "%s: input %d is NULL", op, i);
+            return ct__err_set(CT_EINVAL, "%s: input %d is NULL", op, i);
         }
         if (ts[i]->magic != CT__TENSOR_MAGIC)
-            return ct__seterr(CT_EINVAL, "%s: input %d is not a live tensor (freed or foreign)", op,
-                              i);
+            return ct__err_set(CT_EINVAL, "%s: input %d is not a live tensor (freed or foreign)",
+                               op, i);
     }
     return 0;
 }
 
-int ct__check_same_device(const char *op, ct_tensor *const *ts, int n) {
+int ct__tensor_check_same_device(const char *op, ct_tensor *const *ts, int n) {
     for (int i = 1; i < n; i++) {
         ct_device a = ts[0]->storage->device, b = ts[i]->storage->device;
         char na[CT_DEVICE_STR], nb[CT_DEVICE_STR];
         if (!ct_device_equal(a, b))
-            return ct__seterr(CT_EDEVICE, "%s: input 0 is on %s and input %d on %s", op,
-                              ct_device_str(a, na), i, ct_device_str(b, nb));
+            return ct__err_set(CT_EDEVICE, "%s: input 0 is on %s and input %d on %s", op,
+                               ct_device_str(a, na), i, ct_device_str(b, nb));
     }
     return 0;
 }
 
-ct_tensor *ct__new_on(const char *op, int ndim, const int64_t *sizes, ct_dtype dtype,
-                      ct_device device) {
+ct_tensor *ct__tensor_new_on(const char *op, int ndim, const int64_t *sizes, ct_dtype dtype,
+                             ct_device device) {
     /* The host's tensor and small storage share one heap block. */
     if (ct__is_host(device))
-        return ct__new(op, ndim, sizes, dtype);
+        return ct__tensor_new(op, ndim, sizes, dtype);
     const ct__device_ops *ops = CT__DEVICE_GET(op, device, storage_new);
-    if (!ops || ct__check_shape(op, ndim, sizes, dtype))
+    if (!ops || ct__tensor_check_shape(op, ndim, sizes, dtype))
         return NULL;
-    ct_storage *s =
-        ops->storage_new(op, (size_t)ct__numel(ndim, sizes) * ct__esize(dtype), device.index);
+    ct_storage *s = ops->storage_new(op, (size_t)ct__tensor_numel(ndim, sizes) * ct__esize(dtype),
+                                     device.index);
     ct_tensor *t = s ? ct_tensor_from_storage(s, 0, ndim, sizes, NULL, dtype) : NULL;
     ct_storage_free(s);
     return t;
 }
 
-int ct__check_inputs(const char *op, ct_tensor *const *ts, int n) {
-    int rc = ct__check_handles(op, ts, n);
+int ct__tensor_check_inputs(const char *op, ct_tensor *const *ts, int n) {
+    int rc = ct__tensor_check_handles(op, ts, n);
     for (int i = 0; i < n && !rc; i++) {
         ct_device d = ts[i]->storage->device;
         char name[32];
         if (!ct__is_host(d))
-            rc = ct__seterr(CT_EDEVICE,
-                            "%s: input %d is on %s:%d, and ct has no %s kernel for %s yet "
-                            "(ct_to(t, CT_DEVICE_CPU) brings it to the host)",
-                            op, i, ct__device_name(d.type, name), d.index,
-                            ct__device_name(d.type, name), op);
+            rc = ct__err_set(CT_EDEVICE,
+                             "%s: input %d is on %s:%d, and ct has no %s kernel for %s yet "
+                             "(ct_to(t, CT_DEVICE_CPU) brings it to the host)",
+                             op, i, ct__device_name(d.type, name), d.index,
+                             ct__device_name(d.type, name), op);
     }
     return rc;
 }
 
-int ct__wrap_dim(const char *op, int dim, int ndim) {
+int ct__tensor_wrap_dim(const char *op, int dim, int ndim) {
     int n = ndim > 0 ? ndim : 1;
     if (dim < -n || dim >= n) {
-        ct__seterr(CT_EINVAL, "%s: dim %d is out of range for a %d-d tensor (expected [%d, %d])",
-                   op, dim, ndim, -n, n - 1);
+        ct__err_set(CT_EINVAL, "%s: dim %d is out of range for a %d-d tensor (expected [%d, %d])",
+                    op, dim, ndim, -n, n - 1);
         return -1;
     }
     return dim < 0 ? dim + n : dim;
 }
 
-int ct__broadcast_shapes(const char *op, int na, const int64_t *a, int nb, const int64_t *b,
-                         int *nout, int64_t *out) {
+int ct__tensor_broadcast_shapes(const char *op, int na, const int64_t *a, int nb, const int64_t *b,
+                                int *nout, int64_t *out) {
     int n = na > nb ? na : nb;
     for (int i = 0; i < n; i++) {
         int64_t sa = i < n - na ? 1 : a[i - (n - na)];
         int64_t sb = i < n - nb ? 1 : b[i - (n - nb)];
         if (sa != sb && sa != 1 && sb != 1) {
             char ba[CT__SHAPE_STR], bb[CT__SHAPE_STR];
-            return ct__seterr(CT_ESHAPE,
-                              "%s: shapes %s and %s do not broadcast (dim %d: %lld vs %lld)", op,
-                              ct__shape_str(ba, na, a), ct__shape_str(bb, nb, b), i, (long long)sa,
-                              (long long)sb);
+            return ct__err_set(CT_ESHAPE,
+                               "%s: shapes %s and %s do not broadcast (dim %d: %lld vs %lld)", op,
+                               ct__tensor_shape_str(ba, na, a), ct__tensor_shape_str(bb, nb, b), i,
+                               (long long)sa, (long long)sb);
         }
         out[i] = sa == 1 ? sb : sa;
     }
@@ -468,7 +469,7 @@ int ct__broadcast_shapes(const char *op, int na, const int64_t *a, int nb, const
 }
 
 /* Byte range [lo, hi) spanned by t's elements; empty for numel 0. */
-void ct__memory_extent(const ct_tensor *t, char **lo, char **hi) {
+void ct__tensor_memory_extent(const ct_tensor *t, char **lo, char **hi) {
     int64_t esize = (int64_t)ct_dtype_size(t->dtype), min = 0, max = 0;
     for (int i = 0; i < t->ndim; i++) {
         if (t->sizes[i] == 0) {
@@ -485,12 +486,12 @@ void ct__memory_extent(const ct_tensor *t, char **lo, char **hi) {
     *hi = ct__data(t) + (max + 1) * esize;
 }
 
-bool ct__memory_overlaps(const ct_tensor *a, const ct_tensor *b) {
+bool ct__tensor_memory_overlaps(const ct_tensor *a, const ct_tensor *b) {
     if (a->storage != b->storage)
         return false;
     char *alo, *ahi, *blo, *bhi;
-    ct__memory_extent(a, &alo, &ahi);
-    ct__memory_extent(b, &blo, &bhi);
+    ct__tensor_memory_extent(a, &alo, &ahi);
+    ct__tensor_memory_extent(b, &blo, &bhi);
     return alo < bhi && blo < ahi;
 }
 
@@ -504,46 +505,47 @@ static bool same_layout(const ct_tensor *a, const ct_tensor *b) {
     return true;
 }
 
-void ct__bump_version(ct_tensor *t) {
+void ct__tensor_bump_version(ct_tensor *t) {
     atomic_fetch_add_explicit(&t->storage->version, 1, memory_order_relaxed);
 }
 
-int ct__check_inplace(ct_op opcode, const char *op, ct_tensor *out, ct_tensor *const *ins,
-                      int nins) {
+int ct__tensor_check_inplace(ct_op opcode, const char *op, ct_tensor *out, ct_tensor *const *ins,
+                             int nins) {
     char desc[CT__DESC_STR];
     for (int i = 0; i < out->ndim; i++)
         if (out->strides[i] == 0 && out->sizes[i] > 1)
-            return ct__seterr(CT_EINVAL,
-                              "%s: cannot write in place into %s: dim %d is an expanded view "
-                              "(stride 0), so several elements share one memory location; "
-                              "call ct_contiguous or ct_clone first",
-                              op, ct__desc(desc, out), i);
+            return ct__err_set(CT_EINVAL,
+                               "%s: cannot write in place into %s: dim %d is an expanded view "
+                               "(stride 0), so several elements share one memory location; "
+                               "call ct_contiguous or ct_clone first",
+                               op, ct__tensor_desc(desc, out), i);
     char *olo, *ohi;
-    ct__memory_extent(out, &olo, &ohi);
+    ct__tensor_memory_extent(out, &olo, &ohi);
     for (int k = 0; k < nins; k++) {
         const ct_tensor *in = ins[k];
         if (!in || in->storage != out->storage || same_layout(in, out))
             continue;
         char *ilo, *ihi;
-        ct__memory_extent(in, &ilo, &ihi);
+        ct__tensor_memory_extent(in, &ilo, &ihi);
         if (ilo < ohi && olo < ihi)
-            return ct__seterr(CT_EINVAL,
-                              "%s: input %d partially overlaps the output %s in memory; "
-                              "results would depend on evaluation order. Clone the input "
-                              "first",
-                              op, k, ct__desc(desc, out));
+            return ct__err_set(CT_EINVAL,
+                               "%s: input %d partially overlaps the output %s in memory; "
+                               "results would depend on evaluation order. Clone the input "
+                               "first",
+                               op, k, ct__tensor_desc(desc, out));
     }
     if (hooks && hooks->check_inplace) {
         int rc = hooks->check_inplace(opcode, out, ins, nins);
         if (rc)
             return rc;
     }
-    ct__bump_version(out);
+    ct__tensor_bump_version(out);
     return 0;
 }
 
-ct_tensor *ct__record(ct_op op, ct_tensor *const *inputs, int ninputs, ct_tensor *const *outputs,
-                      int noutputs, bool inplace, const ct_op_args *args) {
+ct_tensor *ct__tensor_record(ct_op op, ct_tensor *const *inputs, int ninputs,
+                             ct_tensor *const *outputs, int noutputs, bool inplace,
+                             const ct_op_args *args) {
     if (hooks && hooks->record) {
         static const ct_op_args no_args;
         ct_op_record rec = {
@@ -551,9 +553,9 @@ ct_tensor *ct__record(ct_op op, ct_tensor *const *inputs, int ninputs, ct_tensor
         int rc = hooks->record(&rec);
         if (rc != 0) {
             if (ct_errcode() == CT_OK)
-                ct__seterr(rc, "%s: the autograd recorder failed", ct_op_name(op));
+                ct__err_set(rc, "%s: the autograd recorder failed", ct_op_name(op));
             for (int i = 0; i < noutputs && !inplace; i++)
-                ct__release(outputs[i]);
+                ct__tensor_release(outputs[i]);
             return NULL;
         }
     }
@@ -593,7 +595,7 @@ int64_t ct_stride(const ct_tensor *t, int dim) {
 
 const int64_t *ct_sizes(const ct_tensor *t) { return t ? t->sizes : NULL; }
 const int64_t *ct_strides(const ct_tensor *t) { return t ? t->strides : NULL; }
-int64_t ct_numel(const ct_tensor *t) { return t ? ct__numel(t->ndim, t->sizes) : 0; }
+int64_t ct_numel(const ct_tensor *t) { return t ? ct__tensor_numel(t->ndim, t->sizes) : 0; }
 ct_dtype ct_tensor_dtype(const ct_tensor *t) { return t ? t->dtype : CT_NDTYPES; }
 ct_device ct_tensor_device(const ct_tensor *t) { return t ? t->storage->device : CT_DEVICE_CPU; }
 ct_storage *ct_tensor_storage(const ct_tensor *t) { return t ? t->storage : NULL; }
@@ -624,12 +626,12 @@ bool ct_is_contiguous(const ct_tensor *t) {
 static double load_any(const ct_tensor *t, const char *p) {
     ct_device device = t->storage->device;
     if (ct__is_host(device))
-        return ct__load_double(t->dtype, p);
+        return ct__tensor_load_double(t->dtype, p);
     unsigned char buf[8];
     const ct__device_ops *ops = CT__DEVICE_GET("item", device, read);
     if (!ops || ops->read(device.index, buf, p, ct__esize(t->dtype)))
         return NAN;
-    return ct__load_double(t->dtype, buf);
+    return ct__tensor_load_double(t->dtype, buf);
 }
 
 double ct_item(const ct_tensor *t) {
@@ -637,8 +639,8 @@ double ct_item(const ct_tensor *t) {
         return NAN;
     if (ct_numel(t) != 1) {
         char desc[CT__DESC_STR];
-        ct__seterr(CT_ESHAPE, "item: %s has %lld elements; expected exactly one", ct__desc(desc, t),
-                   (long long)ct_numel(t));
+        ct__err_set(CT_ESHAPE, "item: %s has %lld elements; expected exactly one",
+                    ct__tensor_desc(desc, t), (long long)ct_numel(t));
         return NAN;
     }
     return load_any(t, ct__data(t));
@@ -661,8 +663,8 @@ double ct_get(const ct_tensor *t, const int64_t *idx) {
     int64_t off = 0;
     for (int i = 0; i < t->ndim; i++) {
         if (idx[i] < 0 || idx[i] >= t->sizes[i]) {
-            ct__seterr(CT_ERANGE, "get: index %lld is out of range for dim %d of size %lld",
-                       (long long)idx[i], i, (long long)t->sizes[i]);
+            ct__err_set(CT_ERANGE, "get: index %lld is out of range for dim %d of size %lld",
+                        (long long)idx[i], i, (long long)t->sizes[i]);
             return NAN;
         }
         off += idx[i] * t->strides[i];
@@ -673,21 +675,21 @@ double ct_get(const ct_tensor *t, const int64_t *idx) {
 /* --------------------------------------------------------------- factories */
 
 ct_tensor *ct_empty(int ndim, const int64_t *sizes, ct_dtype dtype) {
-    ct_tensor *t = ct__new("empty", ndim, sizes, dtype);
-    return t ? ct__record1(CT_OP_EMPTY, t, NULL, 0, NULL) : NULL;
+    ct_tensor *t = ct__tensor_new("empty", ndim, sizes, dtype);
+    return t ? ct__tensor_record1(CT_OP_EMPTY, t, NULL, 0, NULL) : NULL;
 }
 
 ct_tensor *ct_tensor_from_storage(ct_storage *storage, int64_t offset, int ndim,
                                   const int64_t *sizes, const int64_t *strides, ct_dtype dtype) {
     if (!storage) {
-        ct__seterr(CT_EINVAL, "tensor_from_storage: storage is NULL");
+        ct__err_set(CT_EINVAL, "tensor_from_storage: storage is NULL");
         return NULL;
     }
-    if (ct__check_shape("tensor_from_storage", ndim, sizes, dtype))
+    if (ct__tensor_check_shape("tensor_from_storage", ndim, sizes, dtype))
         return NULL;
     int64_t cstrides[CT_MAX_DIMS];
     if (!strides) {
-        ct__contiguous_strides(ndim, sizes, cstrides);
+        ct__tensor_contiguous_strides(ndim, sizes, cstrides);
         strides = cstrides;
     }
     int64_t lo = offset, hi = offset;
@@ -703,12 +705,12 @@ ct_tensor *ct_tensor_from_storage(ct_storage *storage, int64_t offset, int ndim,
     int64_t esize = (int64_t)ct_dtype_size(dtype);
     if (offset < 0 || (!empty && (lo < 0 || (hi + 1) * esize > (int64_t)storage->nbytes))) {
         char buf[CT__SHAPE_STR];
-        ct__seterr(CT_ERANGE,
-                   "tensor_from_storage: %s%s at offset %lld reaches past the storage's %zu "
-                   "bytes",
-                   ct_dtype_name(dtype), ct__shape_str(buf, ndim, sizes), (long long)offset,
-                   storage->nbytes);
+        ct__err_set(CT_ERANGE,
+                    "tensor_from_storage: %s%s at offset %lld reaches past the storage's %zu "
+                    "bytes",
+                    ct_dtype_name(dtype), ct__tensor_shape_str(buf, ndim, sizes), (long long)offset,
+                    storage->nbytes);
         return NULL;
     }
-    return ct__scope_own(tensor_alloc(storage, offset, ndim, sizes, strides, dtype));
+    return ct__tensor_scope_own(tensor_alloc(storage, offset, ndim, sizes, strides, dtype));
 }

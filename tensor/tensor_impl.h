@@ -21,52 +21,54 @@ static inline double ct__now(void) {
 
 /* ---------------------------------------------------------------- asserts */
 
-#define CT_ASSERT(expr) ((expr) ? (void)0 : ct__assert_fail(#expr, __FILE__, __LINE__))
-_Noreturn void ct__assert_fail(const char *expr, const char *file, int line);
+#define CT_ASSERT(expr) ((expr) ? (void)0 : ct__err_assert_fail(#expr, __FILE__, __LINE__))
+_Noreturn void ct__err_assert_fail(const char *expr, const char *file, int line);
 
 /* ----------------------------------------------------------------- errors */
 
 /* Formats "[2, 3]" into buf (at least CT__SHAPE_STR bytes). */
 #define CT__SHAPE_STR 96
-const char *ct__shape_str(char *buf, int ndim, const int64_t *sizes);
+const char *ct__tensor_shape_str(char *buf, int ndim, const int64_t *sizes);
 /* "float32[2, 3]" into buf (at least CT__DESC_STR bytes). */
 #define CT__DESC_STR 112
-const char *ct__desc(char *buf, const ct_tensor *t);
+const char *ct__tensor_desc(char *buf, const ct_tensor *t);
 
 /* Validates op inputs: NULL (keeping any earlier message), a freed or foreign
  * handle, a non-CPU device. Returns 0 or a CT_E* code with the message
  * set. */
-int ct__check_inputs(const char *op, ct_tensor *const *ts, int n);
+int ct__tensor_check_inputs(const char *op, ct_tensor *const *ts, int n);
 /* The same, on any device: views and copies, which need no kernel of the
  * device's, or the CUDA ones that have one. */
-int ct__check_handles(const char *op, ct_tensor *const *ts, int n);
+int ct__tensor_check_handles(const char *op, ct_tensor *const *ts, int n);
 #define CT__CHECK_ANY(op, ...)                                                                     \
-    ct__check_handles(op, (ct_tensor *const[]){__VA_ARGS__},                                       \
-                      (int)(sizeof((ct_tensor *const[]){__VA_ARGS__}) / sizeof(ct_tensor *)))
+    ct__tensor_check_handles(                                                                      \
+        op, (ct_tensor *const[]){__VA_ARGS__},                                                     \
+        (int)(sizeof((ct_tensor *const[]){__VA_ARGS__}) / sizeof(ct_tensor *)))
 /* CT_EDEVICE unless every input is on one device. */
-int ct__check_same_device(const char *op, ct_tensor *const *ts, int n);
+int ct__tensor_check_same_device(const char *op, ct_tensor *const *ts, int n);
 /* [*lo, *hi): the bytes t's elements span in its storage (lo == hi when
  * it has none). */
-void ct__memory_extent(const ct_tensor *t, char **lo, char **hi);
+void ct__tensor_memory_extent(const ct_tensor *t, char **lo, char **hi);
 /* Whether a's and b's spans in one storage intersect (views that interleave
  * without sharing an element count too: the conservative answer). */
-bool ct__memory_overlaps(const ct_tensor *a, const ct_tensor *b);
-/* A new contiguous tensor on device, owned like ct__new's. */
-ct_tensor *ct__new_on(const char *op, int ndim, const int64_t *sizes, ct_dtype dtype,
-                      ct_device device);
+bool ct__tensor_memory_overlaps(const ct_tensor *a, const ct_tensor *b);
+/* A new contiguous tensor on device, owned like ct__tensor_new's. */
+ct_tensor *ct__tensor_new_on(const char *op, int ndim, const int64_t *sizes, ct_dtype dtype,
+                             ct_device device);
 /* dst = src (broadcast, converted) on whichever device they share, or
  * between the host and a device. Returns 0 or a CT_E* code. */
-int ct__copy_any(ct_tensor *dst, ct_tensor *src);
+int ct__tensor_copy_any(ct_tensor *dst, ct_tensor *src);
 /* t = value (converted) on t's device, any layout. Returns 0 or a CT_E*
  * code. */
-int ct__fill_any(ct_tensor *t, double value);
+int ct__tensor_fill_any(ct_tensor *t, double value);
 /* Whether device's memory is the host's, which the CPU reads directly: the
  * one question about a device that code outside the dispatch table
  * (device_impl.h) asks, for its fast paths and for copies to the host. */
 static inline bool ct__is_host(ct_device device) { return device.type == CT_CPU; }
 #define CT__CHECK(op, ...)                                                                         \
-    ct__check_inputs(op, (ct_tensor *const[]){__VA_ARGS__},                                        \
-                     (int)(sizeof((ct_tensor *const[]){__VA_ARGS__}) / sizeof(ct_tensor *)))
+    ct__tensor_check_inputs(                                                                       \
+        op, (ct_tensor *const[]){__VA_ARGS__},                                                     \
+        (int)(sizeof((ct_tensor *const[]){__VA_ARGS__}) / sizeof(ct_tensor *)))
 
 /* --------------------------------------------------------------- objects */
 
@@ -83,7 +85,7 @@ struct ct_storage {
     ct_free_fn free_fn; /* releases data; NULL when data lives in block or is foreign */
     void *free_ctx;
     /* The heap block this header lives in, freed last: the storage itself,
-     * or the tensor object ct__new made alongside it (NULL: not on the
+     * or the tensor object ct__tensor_new made alongside it (NULL: not on the
      * heap). */
     void *block;
 };
@@ -117,32 +119,32 @@ static inline ct_tensor ct__layout_view(const ct_tensor *t, int ndim, const int6
 
 /* ct_dtype_size without the bounds check or the call: public functions are
  * interposable, so calls to them from inside libct go through the PLT. */
-extern const size_t ct__dtype_sizes[CT_NDTYPES];
-static inline size_t ct__esize(ct_dtype dtype) { return ct__dtype_sizes[dtype]; }
+extern const size_t ct__tensor_dtype_sizes[CT_NDTYPES];
+static inline size_t ct__esize(ct_dtype dtype) { return ct__tensor_dtype_sizes[dtype]; }
 
 static inline char *ct__data(const ct_tensor *t) {
     return (char *)t->storage->data + t->offset * (int64_t)ct__esize(t->dtype);
 }
 
-int64_t ct__numel(int ndim, const int64_t *sizes);
+int64_t ct__tensor_numel(int ndim, const int64_t *sizes);
 /* 0 when (ndim, sizes, dtype) can make a tensor; otherwise CT_EINVAL with
  * a message naming op (a bad dtype or ndim, NULL sizes, a negative size, a
  * shape whose bytes overflow). */
-int ct__check_shape(const char *op, int ndim, const int64_t *sizes, ct_dtype dtype);
+int ct__tensor_check_shape(const char *op, int ndim, const int64_t *sizes, ct_dtype dtype);
 static inline bool ct__same_shape(const ct_tensor *a, const ct_tensor *b) {
     return a->ndim == b->ndim && memcmp(a->sizes, b->sizes, sizeof(int64_t) * (size_t)a->ndim) == 0;
 }
 /* Wraps a negative dim; -1 and an error message on a bad one. */
-int ct__wrap_dim(const char *op, int dim, int ndim);
+int ct__tensor_wrap_dim(const char *op, int dim, int ndim);
 /* A new tensor object viewing storage (retained); registered in the current
  * scope. */
-ct_tensor *ct__make_view(ct_tensor *base, int ndim, const int64_t *sizes, const int64_t *strides,
-                         int64_t offset);
+ct_tensor *ct__tensor_make_view(ct_tensor *base, int ndim, const int64_t *sizes,
+                                const int64_t *strides, int64_t offset);
 /* New contiguous tensor registered in the current scope. Errors (bad shape,
  * out of memory) are reported under op's name. The tensor object, its
  * storage header and (for small tensors) its data share one heap block,
  * released when the storage goes. */
-ct_tensor *ct__new(const char *op, int ndim, const int64_t *sizes, ct_dtype dtype);
+ct_tensor *ct__tensor_new(const char *op, int ndim, const int64_t *sizes, ct_dtype dtype);
 
 /* A 0-d tensor in caller storage holding one value: how scalar operands
  * reach the element iterator without a heap allocation. It is for the
@@ -157,38 +159,40 @@ typedef struct ct__scalar_operand {
     } value;
 } ct__scalar_operand;
 /* Initialises op with value converted to dtype; returns &op->tensor. */
-ct_tensor *ct__scalar_operand_init(ct__scalar_operand *op, double value, ct_dtype dtype);
+ct_tensor *ct__cpu_scalar_operand_init(ct__scalar_operand *op, double value, ct_dtype dtype);
 /* Hands a new reference to the current scope (if any); returns t. */
-ct_tensor *ct__scope_own(ct_tensor *t);
+ct_tensor *ct__tensor_scope_own(ct_tensor *t);
 /* Drops a result the current op made but will not return: takes it out of
  * the current scope if the scope owns it, then frees it. */
-void ct__release(ct_tensor *t);
+void ct__tensor_release(ct_tensor *t);
 /* A reference the caller owns whether or not a scope is open: takes an op's
  * result t out of the current scope, for modules whose tensors outlive the
  * caller's scope (a collective's staging, data parallel's buckets). NULL
  * stays NULL. */
-ct_tensor *ct__own(ct_tensor *t);
-void ct__contiguous_strides(int ndim, const int64_t *sizes, int64_t *strides);
+ct_tensor *ct__tensor_own(ct_tensor *t);
+void ct__tensor_contiguous_strides(int ndim, const int64_t *sizes, int64_t *strides);
 
 /* Reports an op to the autograd recorder. On failure the outputs are
  * released (not in-place ones) and NULL is returned; otherwise outputs[0]. */
-ct_tensor *ct__record(ct_op op, ct_tensor *const *inputs, int ninputs, ct_tensor *const *outputs,
-                      int noutputs, bool inplace, const ct_op_args *args);
-static inline ct_tensor *ct__record1(ct_op op, ct_tensor *out, ct_tensor *const *inputs,
-                                     int ninputs, const ct_op_args *args) {
-    return ct__record(op, inputs, ninputs, &out, 1, false, args);
+ct_tensor *ct__tensor_record(ct_op op, ct_tensor *const *inputs, int ninputs,
+                             ct_tensor *const *outputs, int noutputs, bool inplace,
+                             const ct_op_args *args);
+static inline ct_tensor *ct__tensor_record1(ct_op op, ct_tensor *out, ct_tensor *const *inputs,
+                                            int ninputs, const ct_op_args *args) {
+    return ct__tensor_record(op, inputs, ninputs, &out, 1, false, args);
 }
 
 /* Checks that out may be written in place by op (named name for messages):
  * not an expanded view, not partially overlapping any of ins (its other
  * operands), and allowed by the autograd hook. Bumps the version on
  * success. */
-int ct__check_inplace(ct_op op, const char *name, ct_tensor *out, ct_tensor *const *ins, int nins);
-void ct__bump_version(ct_tensor *t);
+int ct__tensor_check_inplace(ct_op op, const char *name, ct_tensor *out, ct_tensor *const *ins,
+                             int nins);
+void ct__tensor_bump_version(ct_tensor *t);
 
 /* Broadcasts shapes a and b into out; CT_ESHAPE message names op. */
-int ct__broadcast_shapes(const char *op, int na, const int64_t *a, int nb, const int64_t *b,
-                         int *nout, int64_t *out);
+int ct__tensor_broadcast_shapes(const char *op, int na, const int64_t *a, int nb, const int64_t *b,
+                                int *nout, int64_t *out);
 
 /* ------------------------------------------------------- 16-bit floats */
 
@@ -208,8 +212,8 @@ static inline uint16_t ct__f32_to_bf16(float f) {
     return (uint16_t)(u >> 16);
 }
 
-float ct__f16_to_f32(uint16_t h);
-uint16_t ct__f32_to_f16(float f);
+float ct__tensor_f16_to_f32(uint16_t h);
+uint16_t ct__tensor_f32_to_f16(float f);
 
 /* Per-dtype element type (T), compute type (ACC), and conversions between
  * them (IN: T -> ACC, OUT: ACC -> T). Kernels are stamped out per dtype with
@@ -229,8 +233,8 @@ uint16_t ct__f32_to_f16(float f);
 #define CT__OUT_BFLOAT16(v) ct__f32_to_bf16((float)(v))
 #define CT__T_FLOAT16       uint16_t
 #define CT__ACC_FLOAT16     float
-#define CT__IN_FLOAT16(v)   ct__f16_to_f32(v)
-#define CT__OUT_FLOAT16(v)  ct__f32_to_f16((float)(v))
+#define CT__IN_FLOAT16(v)   ct__tensor_f16_to_f32(v)
+#define CT__OUT_FLOAT16(v)  ct__tensor_f32_to_f16((float)(v))
 #define CT__T_INT64         int64_t
 #define CT__ACC_INT64       int64_t
 #define CT__IN_INT64(v)     (v)
@@ -289,7 +293,7 @@ void ct__iter_run_range(const ct__iter *it, ct__loop_fn loop, void *ctx, int64_t
  * does not serve here, as it reorders dims for speed. Returns fn's first
  * nonzero result, or 0. */
 typedef int (*ct__run_fn)(void *ctx, const void *p, size_t n);
-int ct__for_each_run(const ct_tensor *t, ct__run_fn fn, void *ctx);
+int ct__tensor_for_each_run(const ct_tensor *t, ct__run_fn fn, void *ctx);
 
 /* Grain sizes: below these, work runs on one thread. */
 #define CT__GRAIN_ELEMENTWISE 32768
@@ -302,25 +306,26 @@ int ct__for_each_run(const ct_tensor *t, ct__run_fn fn, void *ctx);
  * float dtype; not recorded for autograd (backward calls it with grad mode
  * off). A new tensor owned like an op result; CT_ENOTSUP for another op or
  * a non-float dtype. */
-ct_tensor *ct__activation_grad(ct_op op, ct_tensor *x, ct_tensor *g);
+ct_tensor *ct__cpu_activation_grad(ct_op op, ct_tensor *x, ct_tensor *g);
 
 /* Reserves nblocks Philox blocks of gen (NULL: the default generator) for a
  * draw made outside random.c, and returns where they start: the draw then
  * follows philox.h's layouts from (*seed, *offset). Thread-safe for the
  * default generator only, as ct_generator is. */
-void ct__generator_claim(ct_generator *gen, uint64_t nblocks, uint64_t *seed, uint64_t *offset);
+void ct__tensor_generator_claim(ct_generator *gen, uint64_t nblocks, uint64_t *seed,
+                                uint64_t *offset);
 
 /* Reads element i of dtype at p as double / writes v converted. */
-double ct__load_double(ct_dtype dtype, const void *p);
-void ct__store_double(ct_dtype dtype, void *p, double v);
+double ct__tensor_load_double(ct_dtype dtype, const void *p);
+void ct__tensor_store_double(ct_dtype dtype, void *p, double v);
 
 /* Copies src (already broadcastable to dst's shape) into dst, converting
  * dtype; no checks, no autograd record. */
-void ct__copy_into(ct_tensor *dst, ct_tensor *src);
+void ct__cpu_copy_into(ct_tensor *dst, ct_tensor *src);
 
 /* The loop that converts an (out, in) operand pair from one dtype to
  * another; ctx is unused. */
-ct__loop_fn ct__cast_kernel(ct_dtype to, ct_dtype from);
+ct__loop_fn ct__cpu_cast_kernel(ct_dtype to, ct_dtype from);
 
 /* ------------------------------------------------------------- GEMM */
 
@@ -331,8 +336,8 @@ ct__loop_fn ct__cast_kernel(ct_dtype to, ct_dtype from);
  * one fixed order, so a product split into row blocks of 2 rows or more has
  * the same bits as the whole. Single-threaded (callers split); thread-safe;
  * never fails (tensor/cpu/gemm.c). */
-void ct__sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
-               int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
+void ct__cpu_sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                   int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
 
 /* ------------------------------------------------------------ memory */
 

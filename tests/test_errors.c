@@ -16,7 +16,7 @@ static int require_positive(int x) {
 }
 
 static int fail_with(int code) {
-    return code ? ct__seterr(code, "inner: failed with %d", code) : 0;
+    return code ? ct__err_set(code, "inner: failed with %d", code) : 0;
 }
 
 static int try_twice(int first, int second) {
@@ -39,7 +39,7 @@ static int try_count(void) {
 
 static int check_entry(const char *file, const char *name, int ndim, int dtype_ok) {
     ct__errctx cx;
-    ct__errctx_init(&cx, "reader: %s: tensor '%s': ", file, name);
+    ct__err_ctx_init(&cx, "reader: %s: tensor '%s': ", file, name);
     CT_REQUIRE_CTX(&cx, dtype_ok, CT_ENOTSUP, "dtype %s is not supported", "F8");
     CT_REQUIRE_CTX(&cx, ndim <= 8, CT_ECORRUPT, "shape has %d dims", ndim);
     return 0;
@@ -78,10 +78,10 @@ TEST(a_context_prefixes_each_message_exactly_once) {
 }
 
 TEST(a_context_message_may_wrap_the_previous_one) {
-    ct__seterr(CT_EIO, "read: short");
+    ct__err_set(CT_EIO, "read: short");
     ct__errctx cx;
-    ct__errctx_init(&cx, "loader: %s: ", "x.npy");
-    ASSERT_EQ(ct__errf(&cx, ct_errcode(), "%s", ct_errmsg()), CT_EIO);
+    ct__err_ctx_init(&cx, "loader: %s: ", "x.npy");
+    ASSERT_EQ(ct__err_ctx_set(&cx, ct_errcode(), "%s", ct_errmsg()), CT_EIO);
     ASSERT_EQ(strcmp(ct_errmsg(), "loader: x.npy: read: short"), 0);
 }
 
@@ -96,17 +96,17 @@ TEST(a_long_prefix_and_message_are_cut_not_overflowed) {
         char guard[16];
     } s;
     memset(s.guard, 'G', sizeof s.guard);
-    ct__errctx_init(&s.cx, "reader: %s", name);
+    ct__err_ctx_init(&s.cx, "reader: %s", name);
     ASSERT_EQ(strlen(s.cx.prefix), CT__ERRMSG_MAX - 1);
     ASSERT_EQ(memcmp(s.guard, "GGGGGGGGGGGGGGGG", sizeof s.guard), 0);
 
-    ASSERT_EQ(ct__errf(&s.cx, CT_ECORRUPT, "tail %d", 1), CT_ECORRUPT);
+    ASSERT_EQ(ct__err_ctx_set(&s.cx, CT_ECORRUPT, "tail %d", 1), CT_ECORRUPT);
     ASSERT_EQ(strlen(ct_errmsg()), CT__ERRMSG_MAX - 1);
     ASSERT_EQ(strncmp(ct_errmsg(), "reader: nnn", 11), 0);
 
     /* A prefix that fits leaves the message's start, then cuts it. */
-    ct__errctx_init(&s.cx, "reader: %s: ", "short");
-    ct__errf(&s.cx, CT_ECORRUPT, "%s", name);
+    ct__err_ctx_init(&s.cx, "reader: %s: ", "short");
+    ct__err_ctx_set(&s.cx, CT_ECORRUPT, "%s", name);
     ASSERT_EQ(strlen(ct_errmsg()), CT__ERRMSG_MAX - 1);
     ASSERT_EQ(strncmp(ct_errmsg(), "reader: short: nnn", 18), 0);
     ct_errclear();
@@ -117,14 +117,14 @@ TEST(a_long_prefix_and_message_are_cut_not_overflowed) {
 static void *fail_on_thread(void *arg) {
     (void)arg;
     ct__errctx cx;
-    ct__errctx_init(&cx, "thread: ");
-    ct__errf(&cx, CT_EPEER, "failed");
+    ct__err_ctx_init(&cx, "thread: ");
+    ct__err_ctx_set(&cx, CT_EPEER, "failed");
     return strcmp(ct_errmsg(), "thread: failed") == 0 ? arg : NULL;
 }
 
 TEST(contexts_leave_other_threads_errors_alone) {
     ct_errclear();
-    ct__seterr(CT_EIO, "main: kept");
+    ct__err_set(CT_EIO, "main: kept");
     pthread_t th;
     void *ok = NULL;
     int marker;

@@ -68,7 +68,7 @@ static ct_storage *dev_storage_new(const char *op, size_t nbytes, int index) {
                 : MAP_FAILED;
     if (p == MAP_FAILED) {
         free(r);
-        ct__seterr(CT_ENOMEM, "%s: the test device is out of memory for %zu bytes", op, nbytes);
+        ct__err_set(CT_ENOMEM, "%s: the test device is out of memory for %zu bytes", op, nbytes);
         return NULL;
     }
     *r = (region){p, len ? len : page, nbytes, NULL};
@@ -118,7 +118,7 @@ static int dev_read(int index, void *dst, const void *src, size_t n) {
 
 static int dev_copy(ct_tensor *dst, ct_tensor *src) {
     enter();
-    ct__copy_into(dst, src);
+    ct__cpu_copy_into(dst, src);
     leave();
     return 0;
 }

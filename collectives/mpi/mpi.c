@@ -17,8 +17,8 @@
  * every rank, as MPI requires. A recv compares the descriptor that goes
  * ahead of the matching send with its own.
  *
- * Numerics. float16 and bfloat16 reduce in a float32 copy (ct__acc_load,
- * then ct__acc_store back); avg is MPI_SUM divided in ct__acc_store; bool
+ * Numerics. float16 and bfloat16 reduce in a float32 copy (ct__coll_acc_load,
+ * then ct__coll_acc_store back); avg is MPI_SUM divided in ct__coll_acc_store; bool
  * reduces with MPI_LOR (sum, max) and MPI_LAND (prod, min). Moves carry
  * elements as unsigned integers of the dtype's size. Counts are MPI-3 ints:
  * check_tensor refuses tensors of more than INT_MAX elements.
@@ -163,13 +163,13 @@ static const char *mpi_errtext(int rc, char *buf) {
 /* Records a failed MPI call outside any work; returns CT_EFOREIGN. Lock held. */
 static int mpi_fail(const char *what, const char *call, int rc) {
     char text[MPI_MAX_ERROR_STRING];
-    return ct__seterr(CT_EFOREIGN, "mpi: %s: %s failed: %s", what, call, mpi_errtext(rc, text));
+    return ct__err_set(CT_EFOREIGN, "mpi: %s: %s failed: %s", what, call, mpi_errtext(rc, text));
 }
 
 /* Fails w for a failed MPI call; returns CT_EFOREIGN. Lock held. */
 static int work_mpi_fail(ct_work *w, const char *call, int rc) {
     char text[MPI_MAX_ERROR_STRING];
-    return ct__work_fail(w, CT_EFOREIGN, "%s #%llu: %s failed: %s", ct__op_name(w->desc.op),
+    return ct__work_fail(w, CT_EFOREIGN, "%s #%llu: %s failed: %s", ct__coll_op_name(w->desc.op),
                          (unsigned long long)w->desc.seq, call, mpi_errtext(rc, text));
 }
 
@@ -198,9 +198,9 @@ static void str_append_ranks(char *buf, size_t n, const int *key, int size, int 
         int end = r;
         while (end + 1 < size && key[end + 1] == want)
             end++;
-        ct__msg_append(buf, n, first ? "%d" : ", %d", r);
+        ct__coll_msg_append(buf, n, first ? "%d" : ", %d", r);
         if (end > r)
-            ct__msg_append(buf, n, "-%d", end);
+            ct__coll_msg_append(buf, n, "-%d", end);
         first = false;
         r = end;
     }
@@ -209,7 +209,7 @@ static void str_append_ranks(char *buf, size_t n, const int *key, int size, int 
 /* -------------------------------------------------------------- dtypes */
 
 /* 16-bit floats reduce in a float32 copy. */
-static bool widens(ct_dtype dtype) { return ct__acc_size(dtype) != ct__esize(dtype); }
+static bool widens(ct_dtype dtype) { return ct__coll_acc_size(dtype) != ct__esize(dtype); }
 
 /* Moves only need the element size. */
 static MPI_Datatype move_type(ct_dtype dtype) {
@@ -333,13 +333,13 @@ static int stage_input(ct_comm *c, ct_work *w) {
     mw->stage = scratch_take(m, bytes);
     if (!mw->stage)
         return ct__work_fail(w, CT_ENOMEM, "%s #%llu: out of memory for %zu bytes of staging",
-                             ct__op_name(d->op), (unsigned long long)d->seq, bytes);
+                             ct__coll_op_name(d->op), (unsigned long long)d->seq, bytes);
     void *buf = mw->stage->data;
     if (d->op == CT__SEND)
         memcpy(buf, d, sizeof *d);
     else if (d->op != CT__RECV)
-        ct__acc_load(buf, w->in, d->op == CT__REDUCE_SCATTER ? c->size * d->count : d->count,
-                     d->dtype);
+        ct__coll_acc_load(buf, w->in, d->op == CT__REDUCE_SCATTER ? c->size * d->count : d->count,
+                          d->dtype);
     return 0;
 }
 
@@ -358,7 +358,7 @@ static void finish(ct_comm *c, ct_work *w) {
     if (wide)
         acc = (const float *)(const void *)mw->stage->data +
               (d->op == CT__REDUCE_SCATTER ? (size_t)c->size * (size_t)d->count : 0);
-    ct__acc_store(w->out, acc, d->count, d->dtype, d->rop, c->size);
+    ct__coll_acc_store(w->out, acc, d->count, d->dtype, d->rop, c->size);
 }
 
 /* -------------------------------------------------------------- posting
@@ -432,7 +432,7 @@ static int post_data(ct_comm *c, ct_work *w) {
 static int post_check(ct_comm *c, ct_work *w) {
     mpi_impl *m = c->impl;
     mpi_work *mw = mw_of(w);
-    int64_t fp = ct__desc_fingerprint(&w->desc);
+    int64_t fp = ct__coll_desc_fingerprint(&w->desc);
     m->fp[0] = fp;
     m->fp[1] = -fp;
     int rc = MPI_Iallreduce(MPI_IN_PLACE, m->fp, 2, MPI_INT64_T, MPI_MAX, m->ctl, &mw->req[0]);
@@ -454,7 +454,7 @@ static int post_gather(ct_comm *c, ct_work *w) {
         return ct__work_fail(w, CT_ENOMEM,
                              "%s #%llu: ranks disagree, and %zu bytes to gather their "
                              "descriptors could not be allocated",
-                             ct__op_name(w->desc.op), (unsigned long long)w->desc.seq, bytes);
+                             ct__coll_op_name(w->desc.op), (unsigned long long)w->desc.seq, bytes);
     ct__coll_desc *all = (ct__coll_desc *)(void *)mw->gather->data;
     all[c->rank] = w->desc;
     int rc = MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, all, (int)sizeof(ct__coll_desc),
@@ -467,7 +467,7 @@ static int post_gather(ct_comm *c, ct_work *w) {
 
 /* The descriptors are in: fail with all of them, grouped. They cannot all
  * agree: the fingerprints differed, and they hash exactly what
- * ct__desc_match compares. Every rank sees the same data and writes the
+ * ct__coll_desc_match compares. Every rank sees the same data and writes the
  * same message. */
 static int judge(ct_comm *c, ct_work *w) {
     mpi_impl *m = c->impl;
@@ -478,7 +478,7 @@ static int judge(ct_comm *c, ct_work *w) {
     for (int r = 0; r < c->size; r++) {
         group[r] = r;
         for (int g = 0; g < r; g++)
-            if (group[g] == g && ct__desc_match(&all[g], &all[r])) {
+            if (group[g] == g && ct__coll_desc_match(&all[g], &all[r])) {
                 group[r] = g;
                 break;
             }
@@ -486,24 +486,24 @@ static int judge(ct_comm *c, ct_work *w) {
     }
     CT_ASSERT(!agree);
     char msg[CT__MSG_LEN] = "", desc[256];
-    ct__msg_append(msg, sizeof msg, "%s #%llu: ranks disagree:", ct__op_name(w->desc.op),
-                   (unsigned long long)w->desc.seq);
+    ct__coll_msg_append(msg, sizeof msg, "%s #%llu: ranks disagree:", ct__coll_op_name(w->desc.op),
+                        (unsigned long long)w->desc.seq);
     for (int g = 0; g < c->size; g++) {
         if (group[g] != g)
             continue;
         bool many = count_key(group, c->size, g) > 1;
-        ct__msg_append(msg, sizeof msg, "%s %s ", g ? ";" : "", many ? "ranks" : "rank");
+        ct__coll_msg_append(msg, sizeof msg, "%s %s ", g ? ";" : "", many ? "ranks" : "rank");
         str_append_ranks(msg, sizeof msg, group, c->size, g);
-        ct__msg_append(msg, sizeof msg, " %s %s", many ? "have" : "has",
-                       ct__desc_str(desc, sizeof desc, &all[g]));
+        ct__coll_msg_append(msg, sizeof msg, " %s %s", many ? "have" : "has",
+                            ct__coll_desc_str(desc, sizeof desc, &all[g]));
     }
     /* The field, between rank 0 and the first rank that differs from it. */
     int other = 0;
     while (group[other] == 0)
         other++;
-    ct__msg_append(msg, sizeof msg, " (");
-    ct__desc_differ(msg, sizeof msg, &all[0], 0, &all[other], other);
-    ct__msg_append(msg, sizeof msg, ")");
+    ct__coll_msg_append(msg, sizeof msg, " (");
+    ct__coll_desc_differ(msg, sizeof msg, &all[0], 0, &all[other], other);
+    ct__coll_msg_append(msg, sizeof msg, ")");
     m->group_knows = true;
     return ct__work_fail(w, CT_EMISMATCH, "%s", msg);
 }
@@ -516,7 +516,8 @@ static int post_p2p(ct_comm *c, ct_work *w) {
     const ct__coll_desc *d = &w->desc;
     if (d->tag > m->tag_ub)
         return ct__work_fail(w, CT_EINVAL, "%s #%llu: tag %d is above MPI_TAG_UB (%d) of this MPI",
-                             ct__op_name(d->op), (unsigned long long)d->seq, d->tag, m->tag_ub);
+                             ct__coll_op_name(d->op), (unsigned long long)d->seq, d->tag,
+                             m->tag_ub);
     int rc;
     if (d->op == CT__SEND) {
         rc = MPI_Isend(mw->stage->data, (int)sizeof *d, MPI_BYTE, d->root, TAG_P2P_DESC, m->ctl,
@@ -550,13 +551,13 @@ static int p2p_agree(ct_work *w) {
         s->count == d->count)
         return CT__PENDING;
     char mine[256], theirs[256], field[256] = "";
-    ct__desc_differ(field, sizeof field, s, d->root, d, w->comm->rank);
+    ct__coll_desc_differ(field, sizeof field, s, d->root, d, w->comm->rank);
     return ct__work_fail(w, CT_EMISMATCH,
                          "recv #%llu from rank %d: the send does not match (%s): rank %d sent %s, "
                          "this rank posted %s",
                          (unsigned long long)d->seq, d->root, field, d->root,
-                         ct__desc_str(theirs, sizeof theirs, s),
-                         ct__desc_str(mine, sizeof mine, d));
+                         ct__coll_desc_str(theirs, sizeof theirs, s),
+                         ct__coll_desc_str(mine, sizeof mine, d));
 }
 
 /* ------------------------------------------------------------- service
@@ -631,16 +632,16 @@ static int mpi_check_tensor(ct_comm *c, const char *op, const ct_tensor *t) {
     ct_device dev = t->storage->device;
     char where[CT_DEVICE_STR];
     if (!ct__is_host(dev))
-        return ct__seterr(CT_EDEVICE,
-                          "%s: %s is on %s; the mpi backend takes CPU tensors (CUDA "
-                          "tensors go through the nccl backend)",
-                          op, ct__desc(desc, t), ct_device_str(dev, where));
-    int64_t n = ct__numel(t->ndim, t->sizes);
+        return ct__err_set(CT_EDEVICE,
+                           "%s: %s is on %s; the mpi backend takes CPU tensors (CUDA "
+                           "tensors go through the nccl backend)",
+                           op, ct__tensor_desc(desc, t), ct_device_str(dev, where));
+    int64_t n = ct__tensor_numel(t->ndim, t->sizes);
     if (n > INT_MAX)
-        return ct__seterr(CT_EINVAL,
-                          "%s: %s has %lld elements, more than an MPI-3 count holds (INT_MAX = "
-                          "%d); split it into smaller operations",
-                          op, ct__desc(desc, t), (long long)n, INT_MAX);
+        return ct__err_set(CT_EINVAL,
+                           "%s: %s has %lld elements, more than an MPI-3 count holds (INT_MAX = "
+                           "%d); split it into smaller operations",
+                           op, ct__tensor_desc(desc, t), (long long)n, INT_MAX);
     return 0;
 }
 
@@ -781,24 +782,25 @@ static void mpi_describe_timeout(ct_comm *c, const ct_work *w, char *msg) {
 
     if (p2p) {
         if (m->verdict[d->root] == PEER_SILENT)
-            ct__msg_append(msg, CT__MSG_LEN, "; no answer from rank %d", d->root);
+            ct__coll_msg_append(msg, CT__MSG_LEN, "; no answer from rank %d", d->root);
         else
-            ct__msg_append(msg, CT__MSG_LEN, "; rank %d answers but has not %s", d->root,
-                           d->op == CT__SEND ? "received it" : "sent the matching message");
+            ct__coll_msg_append(msg, CT__MSG_LEN, "; rank %d answers but has not %s", d->root,
+                                d->op == CT__SEND ? "received it" : "sent the matching message");
         return;
     }
     int late = count_key(m->verdict, c->size, PEER_LATE);
     int silent = count_key(m->verdict, c->size, PEER_SILENT);
     if (late) {
-        ct__msg_append(msg, CT__MSG_LEN, "; ranks that did not arrive: ");
+        ct__coll_msg_append(msg, CT__MSG_LEN, "; ranks that did not arrive: ");
         str_append_ranks(msg, CT__MSG_LEN, m->verdict, c->size, PEER_LATE);
     }
     if (silent) {
-        ct__msg_append(msg, CT__MSG_LEN, "; no answer from ranks ");
+        ct__coll_msg_append(msg, CT__MSG_LEN, "; no answer from ranks ");
         str_append_ranks(msg, CT__MSG_LEN, m->verdict, c->size, PEER_SILENT);
     }
     if (!late && !silent)
-        ct__msg_append(msg, CT__MSG_LEN, "; every rank arrived (the operation itself is stuck)");
+        ct__coll_msg_append(msg, CT__MSG_LEN,
+                            "; every rank arrived (the operation itself is stuck)");
 }
 
 /* Keeps the memory of an abandoned work alive: MPI may still write it. */
@@ -896,15 +898,15 @@ static int check_mpi_ready(void) {
         MPI_Query_thread(&level);
     pthread_mutex_unlock(&mpi_mu);
     if (!init || fin)
-        return ct__seterr(CT_ESTATE,
-                          "mpi: ct_comm_new: MPI is %s; call MPI_Init_thread with "
-                          "MPI_THREAD_MULTIPLE (or MPI_THREAD_SERIALIZED) first",
-                          fin ? "already finalized" : "not initialized");
+        return ct__err_set(CT_ESTATE,
+                           "mpi: ct_comm_new: MPI is %s; call MPI_Init_thread with "
+                           "MPI_THREAD_MULTIPLE (or MPI_THREAD_SERIALIZED) first",
+                           fin ? "already finalized" : "not initialized");
     if (level < MPI_THREAD_SERIALIZED)
-        return ct__seterr(CT_ESTATE,
-                          "mpi: ct_comm_new: MPI runs with %s, but ct's progress threads need "
-                          "MPI_THREAD_SERIALIZED or MPI_THREAD_MULTIPLE (MPI_Init_thread)",
-                          thread_level_name(level));
+        return ct__err_set(CT_ESTATE,
+                           "mpi: ct_comm_new: MPI runs with %s, but ct's progress threads need "
+                           "MPI_THREAD_SERIALIZED or MPI_THREAD_MULTIPLE (MPI_Init_thread)",
+                           thread_level_name(level));
     return 0;
 }
 
@@ -925,10 +927,10 @@ static int dup_within(MPI_Comm parent, MPI_Comm *out, double deadline, double ti
         if (rc == MPI_SUCCESS && !flag) {
             if (ct__now() >= deadline) {
                 *out = MPI_COMM_NULL;
-                return ct__seterr(CT_ETIMEDOUT,
-                                  "mpi: %s: not every rank of the MPI_Comm called it within %g "
-                                  "s (MPI_Comm_idup stays pending)",
-                                  what, timeout);
+                return ct__err_set(CT_ETIMEDOUT,
+                                   "mpi: %s: not every rank of the MPI_Comm called it within %g "
+                                   "s (MPI_Comm_idup stays pending)",
+                                   what, timeout);
             }
             nap(100000);
         }
@@ -958,17 +960,17 @@ static int impl_init(ct_comm *c, MPI_Comm parent, const char *what) {
     if (rc)
         return rc;
     if (size != c->size || rank != c->rank)
-        return ct__seterr(CT_EINVAL,
-                          "mpi: %s: the config says rank %d of %d, but the MPI_Comm has this "
-                          "process as rank %d of %d",
-                          what, c->rank, c->size, rank, size);
+        return ct__err_set(CT_EINVAL,
+                           "mpi: %s: the config says rank %d of %d, but the MPI_Comm has this "
+                           "process as rank %d of %d",
+                           what, c->rank, c->size, rank, size);
 
     size_t n = (size_t)size;
     mpi_impl *m = calloc(1, sizeof *m + n * (2 * sizeof(MPI_Request) + sizeof(uint64_t) +
                                              sizeof(int64_t) + sizeof(int)));
     if (!m)
-        return ct__seterr(CT_ENOMEM, "mpi: %s: out of memory for a communicator of %d ranks", what,
-                          size);
+        return ct__err_set(CT_ENOMEM, "mpi: %s: out of memory for a communicator of %d ranks", what,
+                           size);
     m->reply_req = (MPI_Request *)(void *)(m + 1);
     m->notice_req = m->reply_req + n;
     m->reply = (uint64_t *)(void *)(m->notice_req + n);
@@ -1012,8 +1014,8 @@ static int mpi_init(ct_comm *c, const ct_comm_config *cfg) {
     if (rc)
         return rc;
     if (!cfg->mpi_comm)
-        return ct__seterr(CT_EINVAL, "mpi: ct_comm_new: config.mpi_comm is NULL; pass a pointer "
-                                     "to the group's MPI_Comm");
+        return ct__err_set(CT_EINVAL, "mpi: ct_comm_new: config.mpi_comm is NULL; pass a pointer "
+                                      "to the group's MPI_Comm");
     return impl_init(c, *(const MPI_Comm *)cfg->mpi_comm, "ct_comm_new");
 }
 

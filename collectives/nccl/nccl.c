@@ -305,7 +305,7 @@ static int impl_new(const char *what, int rank, int size, int device, nccl_impl 
     *out = NULL;
     nccl_impl *n = calloc(1, sizeof *n);
     if (!n)
-        return ct__seterr(CT_ENOMEM, "%s: out of memory", what);
+        return ct__err_set(CT_ENOMEM, "%s: out of memory", what);
     n->device = device;
     n->rank = rank;
     n->size = size;
@@ -322,8 +322,8 @@ static int impl_new(const char *what, int rank, int size, int device, nccl_impl 
     }
     if (e != cudaSuccess) {
         char text[256];
-        int rc = ct__seterr(CT_EFOREIGN, "%s: rank %d of %d: %s on cuda:%d failed: %s", what, rank,
-                            size, call, device, cuda_text(text, sizeof text, e));
+        int rc = ct__err_set(CT_EFOREIGN, "%s: rank %d of %d: %s on cuda:%d failed: %s", what, rank,
+                             size, call, device, cuda_text(text, sizeof text, e));
         impl_free(n, 0);
         return rc;
     }
@@ -343,11 +343,12 @@ static int nccl_init_on_device(ct_comm *c, const ct_comm_config *cfg, nccl_impl 
     if (r == ncclSuccess || r == ncclInProgress)
         r = wait_ready(n->comm, ct__now() + timeout);
     if (r == ncclInProgress)
-        return ct__seterr(CT_ETIMEDOUT,
-                          "nccl init: rank %d of %d on cuda:%d: the NCCL communicator did not form "
-                          "within %g s (NCCL cannot tell which ranks did not join; check that "
-                          "every rank got the same nccl_id and called ct_comm_new)",
-                          c->rank, c->size, n->device, timeout);
+        return ct__err_set(
+            CT_ETIMEDOUT,
+            "nccl init: rank %d of %d on cuda:%d: the NCCL communicator did not form "
+            "within %g s (NCCL cannot tell which ranks did not join; check that "
+            "every rank got the same nccl_id and called ct_comm_new)",
+            c->rank, c->size, n->device, timeout);
 #else
     /* Without non-blocking communicators, init cannot time out. */
     const char *call = "ncclCommInitRank";
@@ -355,35 +356,35 @@ static int nccl_init_on_device(ct_comm *c, const ct_comm_config *cfg, nccl_impl 
 #endif
     if (r != ncclSuccess) {
         char text[512];
-        return ct__seterr(nccl_code(r), "nccl init: rank %d of %d on cuda:%d: %s failed: %s",
-                          c->rank, c->size, n->device, call,
-                          nccl_text(text, sizeof text, n->comm, r));
+        return ct__err_set(nccl_code(r), "nccl init: rank %d of %d on cuda:%d: %s failed: %s",
+                           c->rank, c->size, n->device, call,
+                           nccl_text(text, sizeof text, n->comm, r));
     }
     return 0;
 }
 
 static int nccl_init(ct_comm *c, const ct_comm_config *cfg) {
     if (!cfg->nccl_id)
-        return ct__seterr(CT_EINVAL,
-                          "nccl init: rank %d of %d: config.nccl_id is NULL (rank 0 makes it with "
-                          "ncclGetUniqueId and hands it to the other ranks)",
-                          c->rank, c->size);
+        return ct__err_set(CT_EINVAL,
+                           "nccl init: rank %d of %d: config.nccl_id is NULL (rank 0 makes it with "
+                           "ncclGetUniqueId and hands it to the other ranks)",
+                           c->rank, c->size);
     char text[256];
     int ndev = 0;
     cudaError_t e = cudaGetDeviceCount(&ndev);
     if (e != cudaSuccess)
-        return ct__seterr(CT_EFOREIGN, "nccl init: rank %d of %d: cudaGetDeviceCount failed: %s",
-                          c->rank, c->size, cuda_text(text, sizeof text, e));
+        return ct__err_set(CT_EFOREIGN, "nccl init: rank %d of %d: cudaGetDeviceCount failed: %s",
+                           c->rank, c->size, cuda_text(text, sizeof text, e));
     if (cfg->device < 0 || cfg->device >= ndev)
-        return ct__seterr(CT_EINVAL,
-                          "nccl init: rank %d of %d: config.device is %d, but this process sees "
-                          "%d CUDA device(s)",
-                          c->rank, c->size, cfg->device, ndev);
+        return ct__err_set(CT_EINVAL,
+                           "nccl init: rank %d of %d: config.device is %d, but this process sees "
+                           "%d CUDA device(s)",
+                           c->rank, c->size, cfg->device, ndev);
     device_scope ds;
     e = device_enter(cfg->device, &ds);
     if (e != cudaSuccess)
-        return ct__seterr(CT_EFOREIGN, "nccl init: rank %d of %d: cudaSetDevice(%d) failed: %s",
-                          c->rank, c->size, cfg->device, cuda_text(text, sizeof text, e));
+        return ct__err_set(CT_EFOREIGN, "nccl init: rank %d of %d: cudaSetDevice(%d) failed: %s",
+                           c->rank, c->size, cfg->device, cuda_text(text, sizeof text, e));
     nccl_impl *n;
     int rc = impl_new("nccl init", c->rank, c->size, cfg->device, &n);
     if (rc == 0)
@@ -413,10 +414,10 @@ static int nccl_check_tensor(ct_comm *c, const char *op, const ct_tensor *t) {
     if (ct_device_equal(d, (ct_device){CT_CUDA, n->device}))
         return 0;
     char dev[CT_DEVICE_STR];
-    return ct__seterr(CT_EDEVICE,
-                      "%s: the nccl backend takes CUDA tensors on the communicator's device "
-                      "cuda:%d; got a tensor on %s",
-                      op, n->device, ct_device_str(d, dev));
+    return ct__err_set(CT_EDEVICE,
+                       "%s: the nccl backend takes CUDA tensors on the communicator's device "
+                       "cuda:%d; got a tensor on %s",
+                       op, n->device, ct_device_str(d, dev));
 }
 
 static ct_device nccl_device(const ct_comm *c) {
@@ -429,8 +430,8 @@ int ct__nccl_unique_id(void *id) {
     _Static_assert(sizeof u == CT_NCCL_ID_BYTES, "CT_NCCL_ID_BYTES is not NCCL's id size");
     ncclResult_t r = ncclGetUniqueId(&u);
     if (r != ncclSuccess)
-        return ct__seterr(r == ncclRemoteError ? CT_EPEER : CT_EFOREIGN,
-                          "comm_nccl_id: ncclGetUniqueId failed: %s", ncclGetErrorString(r));
+        return ct__err_set(r == ncclRemoteError ? CT_EPEER : CT_EFOREIGN,
+                           "comm_nccl_id: ncclGetUniqueId failed: %s", ncclGetErrorString(r));
     memcpy(id, &u, sizeof u);
     return 0;
 }
@@ -459,7 +460,7 @@ static int fail_cuda(nccl_impl *n, ct_work *w, const char *call, cudaError_t e) 
     char desc[256], text[256];
     return work_end(n, w,
                     ct__work_fail(w, CT_EFOREIGN, "%s: %s on cuda:%d failed: %s",
-                                  ct__desc_str(desc, sizeof desc, &w->desc), call, n->device,
+                                  ct__coll_desc_str(desc, sizeof desc, &w->desc), call, n->device,
                                   cuda_text(text, sizeof text, e)));
 }
 
@@ -539,7 +540,7 @@ static int fail_nccl(nccl_impl *n, ct_work *w, ncclResult_t r) {
     char desc[256], text[512];
     return work_end(n, w,
                     ct__work_fail(w, nccl_code(r), "%s: %s on cuda:%d failed: %s",
-                                  ct__desc_str(desc, sizeof desc, &w->desc),
+                                  ct__coll_desc_str(desc, sizeof desc, &w->desc),
                                   stage_call(w, work_state(w)->stage), n->device,
                                   nccl_text(text, sizeof text, n->comm, r)));
 }
@@ -632,15 +633,15 @@ static int copy_back(nccl_impl *n, ct_work *w) {
         cudaError_t e = cudaStreamWaitEvent(compute, work_state(w)->done, 0);
         if (e != cudaSuccess)
             return fail_cuda(n, w, "cudaStreamWaitEvent (compute stream)", e);
-        rc = ct__copy_any(w->out_user, w->out_ref);
+        rc = ct__tensor_copy_any(w->out_user, w->out_ref);
     }
     if (rc != 0) {
         char desc[256];
         return work_end(n, w,
                         ct__work_fail(w, rc, "%s: copying the result back: %s",
-                                      ct__desc_str(desc, sizeof desc, &w->desc), ct_errmsg()));
+                                      ct__coll_desc_str(desc, sizeof desc, &w->desc), ct_errmsg()));
     }
-    ct__bump_version(w->out_user);
+    ct__tensor_bump_version(w->out_user);
     ct_tensor_free(w->out_user);
     w->out_user = NULL;
     return 0;
@@ -706,23 +707,23 @@ static int agreed(nccl_impl *n, ct_work *w) {
 static void append_ranks(char *msg, size_t cap, const ct__coll_desc *descs, int size, int leader) {
     int count = 0;
     for (int r = leader; r < size; r++)
-        count += ct__desc_match(&descs[r], &descs[leader]);
-    ct__msg_append(msg, cap, count == 1 ? "rank " : "ranks ");
+        count += ct__coll_desc_match(&descs[r], &descs[leader]);
+    ct__coll_msg_append(msg, cap, count == 1 ? "rank " : "ranks ");
     const char *sep = "";
     for (int r = leader; r < size; r++) {
-        if (!ct__desc_match(&descs[r], &descs[leader]))
+        if (!ct__coll_desc_match(&descs[r], &descs[leader]))
             continue;
         int last = r;
-        while (last + 1 < size && ct__desc_match(&descs[last + 1], &descs[leader]))
+        while (last + 1 < size && ct__coll_desc_match(&descs[last + 1], &descs[leader]))
             last++;
         if (last > r)
-            ct__msg_append(msg, cap, "%s%d-%d", sep, r, last);
+            ct__coll_msg_append(msg, cap, "%s%d-%d", sep, r, last);
         else
-            ct__msg_append(msg, cap, "%s%d", sep, r);
+            ct__coll_msg_append(msg, cap, "%s%d", sep, r);
         sep = ", ";
         r = last;
     }
-    ct__msg_append(msg, cap, count == 1 ? " has" : " have");
+    ct__coll_msg_append(msg, cap, count == 1 ? " has" : " have");
 }
 
 /* Every rank's descriptor is on the host: every rank sees the same data and
@@ -734,7 +735,7 @@ static int diagnosed(nccl_impl *n, ct_work *w) {
     bool more = false;
     for (int r = 0; r < n->size; r++) {
         int v = 0;
-        while (v < nvariants && !ct__desc_match(&descs[r], &descs[leaders[v]]))
+        while (v < nvariants && !ct__coll_desc_match(&descs[r], &descs[leaders[v]]))
             v++;
         if (v < nvariants)
             continue;
@@ -743,23 +744,24 @@ static int diagnosed(nccl_impl *n, ct_work *w) {
         else
             more = true;
     }
-    /* The fingerprints differed, and they hash exactly what ct__desc_match
+    /* The fingerprints differed, and they hash exactly what ct__coll_desc_match
      * compares. */
     CT_ASSERT(nvariants > 1);
     char msg[CT__MSG_LEN] = "", desc[256];
-    ct__msg_append(msg, sizeof msg, "%s #%llu: ranks disagree: ", ct__op_name(w->desc.op),
-                   (unsigned long long)w->desc.seq);
+    ct__coll_msg_append(msg, sizeof msg, "%s #%llu: ranks disagree: ", ct__coll_op_name(w->desc.op),
+                        (unsigned long long)w->desc.seq);
     for (int v = 0; v < nvariants; v++) {
-        ct__msg_append(msg, sizeof msg, "%s", v ? "; " : "");
+        ct__coll_msg_append(msg, sizeof msg, "%s", v ? "; " : "");
         append_ranks(msg, sizeof msg, descs, n->size, leaders[v]);
-        ct__msg_append(msg, sizeof msg, " %s", ct__desc_str(desc, sizeof desc, &descs[leaders[v]]));
+        ct__coll_msg_append(msg, sizeof msg, " %s",
+                            ct__coll_desc_str(desc, sizeof desc, &descs[leaders[v]]));
     }
     if (more)
-        ct__msg_append(msg, sizeof msg, "; and more");
-    ct__msg_append(msg, sizeof msg, " (");
-    ct__desc_differ(msg, sizeof msg, &descs[leaders[0]], leaders[0], &descs[leaders[1]],
-                    leaders[1]);
-    ct__msg_append(msg, sizeof msg, ")");
+        ct__coll_msg_append(msg, sizeof msg, "; and more");
+    ct__coll_msg_append(msg, sizeof msg, " (");
+    ct__coll_desc_differ(msg, sizeof msg, &descs[leaders[0]], leaders[0], &descs[leaders[1]],
+                         leaders[1]);
+    ct__coll_msg_append(msg, sizeof msg, ")");
     return work_end(n, w, ct__work_fail(w, CT_EMISMATCH, "%s", msg));
 }
 
@@ -785,9 +787,10 @@ static int issue_locked(nccl_impl *n, ct_work *w) {
     if (e != cudaSuccess) {
         char desc[256], text[256];
         work_end(n, w, 0);
-        return ct__seterr(e == cudaErrorMemoryAllocation ? CT_ENOMEM : CT_EFOREIGN,
-                          "%s: %s on cuda:%d failed: %s", ct__desc_str(desc, sizeof desc, &w->desc),
-                          call, n->device, cuda_text(text, sizeof text, e));
+        return ct__err_set(e == cudaErrorMemoryAllocation ? CT_ENOMEM : CT_EFOREIGN,
+                           "%s: %s on cuda:%d failed: %s",
+                           ct__coll_desc_str(desc, sizeof desc, &w->desc), call, n->device,
+                           cuda_text(text, sizeof text, e));
     }
     if ((w->in_ref && (rc = record_on_comm(n, w->in_ref))) ||
         (w->out_ref && (rc = record_on_comm(n, w->out_ref))))
@@ -805,8 +808,8 @@ static int nccl_issue(ct_comm *c, ct_work *w) {
     pthread_mutex_unlock(&n->mu);
     if (e != cudaSuccess) {
         char text[256];
-        rc = ct__seterr(CT_EFOREIGN, "%s: cudaSetDevice(%d) failed: %s", ct__op_name(w->desc.op),
-                        n->device, cuda_text(text, sizeof text, e));
+        rc = ct__err_set(CT_EFOREIGN, "%s: cudaSetDevice(%d) failed: %s",
+                         ct__coll_op_name(w->desc.op), n->device, cuda_text(text, sizeof text, e));
     }
     return rc;
 }
@@ -827,9 +830,9 @@ static int nccl_order(ct_comm *c, ct_work *w) {
         device_leave(&ds);
         if (e != cudaSuccess) {
             char desc[256], text[256];
-            rc = ct__seterr(CT_EFOREIGN, "%s: ordering the compute stream of cuda:%d after it: %s",
-                            ct__desc_str(desc, sizeof desc, &w->desc), n->device,
-                            cuda_text(text, sizeof text, e));
+            rc = ct__err_set(CT_EFOREIGN, "%s: ordering the compute stream of cuda:%d after it: %s",
+                             ct__coll_desc_str(desc, sizeof desc, &w->desc), n->device,
+                             cuda_text(text, sizeof text, e));
         }
     }
     pthread_mutex_unlock(&n->mu);
@@ -842,13 +845,13 @@ static int start_locked(nccl_impl *n, ct_work *w) {
     if (!n->comm)
         return work_end(n, w,
                         ct__work_fail(w, CT_ESTATE, "%s: the NCCL communicator was aborted",
-                                      ct__desc_str(desc, sizeof desc, &w->desc)));
+                                      ct__coll_desc_str(desc, sizeof desc, &w->desc)));
     if (n->busy)
         return CT__AGAIN;
     n->busy = w;
     if (ct__op_is_p2p(w->desc.op))
         return stage_begin(n, w, STAGE_RUN);
-    nw->fp = ct__desc_fingerprint(&w->desc);
+    nw->fp = ct__coll_desc_fingerprint(&w->desc);
     return stage_begin(n, w, STAGE_CHECK);
 }
 
@@ -858,7 +861,7 @@ static int progress_locked(nccl_impl *n, ct_work *w) {
     if (!n->comm)
         return work_end(n, w,
                         ct__work_fail(w, CT_ESTATE, "%s: the NCCL communicator was aborted",
-                                      ct__desc_str(desc, sizeof desc, &w->desc)));
+                                      ct__coll_desc_str(desc, sizeof desc, &w->desc)));
     if (!nw->enqueued) {
         ncclResult_t state;
         ncclResult_t r = ncclCommGetAsyncError(n->comm, &state);
@@ -879,7 +882,8 @@ static int progress_locked(nccl_impl *n, ct_work *w) {
             return CT__PENDING;
         return work_end(n, w,
                         ct__work_fail(w, rc, "%s: NCCL failed on cuda:%d: %s",
-                                      ct__desc_str(desc, sizeof desc, &w->desc), n->device, text));
+                                      ct__coll_desc_str(desc, sizeof desc, &w->desc), n->device,
+                                      text));
     }
     if (e != cudaSuccess)
         return fail_cuda(n, w, "cudaEventQuery", e);
@@ -941,8 +945,9 @@ static void nccl_describe_timeout(ct_comm *c, const ct_work *w, char *msg) {
     const char *where = !nw->enqueued            ? "NCCL had not finished enqueuing it"
                         : nw->stage == STAGE_RUN ? "it was running on the communication stream"
                                                  : "this rank was in the agreement check before it";
-    ct__msg_append(msg, CT__MSG_LEN, "; %s on cuda:%d; NCCL cannot tell which ranks did not arrive",
-                   where, n->device);
+    ct__coll_msg_append(msg, CT__MSG_LEN,
+                        "; %s on cuda:%d; NCCL cannot tell which ranks did not arrive", where,
+                        n->device);
 }
 
 /* The watchdog's path: the executor calls it once when the communicator
@@ -983,10 +988,10 @@ static int lock_idle(ct_comm *c, nccl_impl *n, double deadline) {
             return 0;
         pthread_mutex_unlock(&n->mu);
         if (ct__now() >= deadline)
-            return ct__seterr(CT_ETIMEDOUT,
-                              "split: rank %d of %d: the operations issued before the split did "
-                              "not get started in time",
-                              n->rank, n->size);
+            return ct__err_set(CT_ETIMEDOUT,
+                               "split: rank %d of %d: the operations issued before the split did "
+                               "not get started in time",
+                               n->rank, n->size);
         sleep_ns(ns);
         ns = ns < 1000000 ? ns * 2 : 1000000;
     }
@@ -997,7 +1002,7 @@ static int lock_idle(ct_comm *c, nccl_impl *n, double deadline) {
  * (*child stays NULL for them). */
 static int split_nccl(nccl_impl *n, int color, int key, double timeout, ncclComm_t *child) {
     if (!n->comm)
-        return ct__seterr(CT_ESTATE, "split: the NCCL communicator was aborted");
+        return ct__err_set(CT_ESTATE, "split: the NCCL communicator was aborted");
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
     double deadline = ct__now() + timeout;
@@ -1010,14 +1015,15 @@ static int split_nccl(nccl_impl *n, int color, int key, double timeout, ncclComm
         return 0;
     int rc;
     if (r == ncclInProgress) {
-        rc = ct__seterr(CT_ETIMEDOUT,
+        rc =
+            ct__err_set(CT_ETIMEDOUT,
                         "split: rank %d of %d on cuda:%d: ncclCommSplit did not finish within %g s "
                         "(NCCL cannot tell which ranks did not call it)",
                         n->rank, n->size, n->device, timeout);
     } else {
         char text[512];
-        rc = ct__seterr(nccl_code(r), "split: rank %d of %d on cuda:%d: ncclCommSplit failed: %s",
-                        n->rank, n->size, n->device, nccl_text(text, sizeof text, n->comm, r));
+        rc = ct__err_set(nccl_code(r), "split: rank %d of %d on cuda:%d: ncclCommSplit failed: %s",
+                         n->rank, n->size, n->device, nccl_text(text, sizeof text, n->comm, r));
     }
     if (*child)
         ncclCommAbort(*child);
@@ -1035,8 +1041,8 @@ static int comm_wrap(ncclComm_t nc, int device, double timeout, ct_comm **out) {
     if (r != ncclSuccess) {
         char text[512];
         ncclCommAbort(nc);
-        return ct__seterr(CT_EFOREIGN, "split: ncclCommUserRank/ncclCommCount failed: %s",
-                          nccl_text(text, sizeof text, nc, r));
+        return ct__err_set(CT_EFOREIGN, "split: ncclCommUserRank/ncclCommCount failed: %s",
+                           nccl_text(text, sizeof text, nc, r));
     }
     ct_comm *c = ct__comm_alloc(&ct__nccl_backend, rank, size, timeout);
     if (!c) {
@@ -1074,8 +1080,8 @@ static int nccl_split_direct(ct_comm *c, int color, int key, ct_comm **out) {
     cudaError_t e = device_enter(n->device, &ds);
     if (e != cudaSuccess) {
         char text[256];
-        rc = ct__seterr(CT_EFOREIGN, "split: cudaSetDevice(%d) failed: %s", n->device,
-                        cuda_text(text, sizeof text, e));
+        rc = ct__err_set(CT_EFOREIGN, "split: cudaSetDevice(%d) failed: %s", n->device,
+                         cuda_text(text, sizeof text, e));
     } else {
         ncclComm_t child = NULL;
         rc = split_nccl(n, color == CT_COMM_SPLIT_NONE ? NCCL_SPLIT_NOCOLOR : color, key, timeout,
@@ -1089,10 +1095,10 @@ static int nccl_split_direct(ct_comm *c, int color, int key, ct_comm **out) {
 #else
     (void)color;
     (void)key;
-    return ct__seterr(CT_ENOTSUP,
-                      "split: rank %d of %d: ncclCommSplit needs NCCL 2.18 or newer; ct was built "
-                      "with NCCL %d.%d.%d",
-                      n->rank, n->size, NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH);
+    return ct__err_set(CT_ENOTSUP,
+                       "split: rank %d of %d: ncclCommSplit needs NCCL 2.18 or newer; ct was built "
+                       "with NCCL %d.%d.%d",
+                       n->rank, n->size, NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH);
 #endif
 }
 

@@ -145,10 +145,10 @@ static layout make_layout(int n) {
 
 int ct__shm_layout_bytes(int n, size_t *bytes) {
     if (n < 1 || n > CT__SHM_MAX_RANKS)
-        return ct__seterr(CT_EINVAL,
-                          "comm_new: the shm backend takes 1 to %d ranks on one machine, not %d "
-                          "(use the mpi backend across machines)",
-                          CT__SHM_MAX_RANKS, n);
+        return ct__err_set(CT_EINVAL,
+                           "comm_new: the shm backend takes 1 to %d ranks on one machine, not %d "
+                           "(use the mpi backend across machines)",
+                           CT__SHM_MAX_RANKS, n);
     *bytes = make_layout(n).bytes;
     return 0;
 }
@@ -267,9 +267,10 @@ static void disagree(char *msg, int me, const ct__coll_desc *mine, int peer,
     char a[256], b[256];
     snprintf(msg, CT__MSG_LEN, "ranks disagree at %s #%llu (",
              ct__op_is_p2p(mine->op) ? "message" : "collective", (unsigned long long)mine->seq);
-    ct__desc_differ(msg, CT__MSG_LEN, mine, me, theirs, peer);
-    ct__msg_append(msg, CT__MSG_LEN, "): rank %d has %s, rank %d has %s", me,
-                   ct__desc_str(a, sizeof a, mine), peer, ct__desc_str(b, sizeof b, theirs));
+    ct__coll_desc_differ(msg, CT__MSG_LEN, mine, me, theirs, peer);
+    ct__coll_msg_append(msg, CT__MSG_LEN, "): rank %d has %s, rank %d has %s", me,
+                        ct__coll_desc_str(a, sizeof a, mine), peer,
+                        ct__coll_desc_str(b, sizeof b, theirs));
 }
 
 static int mismatch(ct_work *w, int peer, const ct__coll_desc *theirs) {
@@ -353,7 +354,7 @@ static int agree(shm *s, ct_work *w) {
         const bulletin *b = bulletin_of(s, st->agreed, w->desc.seq);
         if (atomic_load_explicit(&b->seq, memory_order_acquire) != w->desc.seq)
             return CT__PENDING;
-        if (!ct__desc_match(&b->desc, &w->desc))
+        if (!ct__coll_desc_match(&b->desc, &w->desc))
             return mismatch(w, st->agreed, &b->desc);
     }
     return CT__DONE;
@@ -367,7 +368,7 @@ static int agree(shm *s, ct_work *w) {
 static void reduce_ranks(shm *s, ct_work *w, char *out, const char *const *src, int64_t len) {
     ct_dtype dt = (ct_dtype)w->desc.dtype;
     ct_reduce_op op = (ct_reduce_op)w->desc.rop;
-    int64_t e = (int64_t)ct__esize(dt), ae = (int64_t)ct__acc_size(dt);
+    int64_t e = (int64_t)ct__esize(dt), ae = (int64_t)ct__coll_acc_size(dt);
     int n = s->n;
     int64_t piece = ACC_BYTES / ae;
     for (int64_t i = 0; i < len; i += piece) {
@@ -376,14 +377,14 @@ static void reduce_ranks(shm *s, ct_work *w, char *out, const char *const *src, 
          * which saves a pass (on 2 ranks, the only one besides finishing). */
         const void *acc = src[0] + i * e;
         if (ae != e) {
-            ct__acc_load(s->acc, acc, m, dt);
+            ct__coll_acc_load(s->acc, acc, m, dt);
             acc = s->acc;
         }
         for (int r = 1; r < n - 1; r++) {
-            ct__acc_combine(s->acc, acc, src[r] + i * e, m, dt, op);
+            ct__coll_acc_combine(s->acc, acc, src[r] + i * e, m, dt, op);
             acc = s->acc;
         }
-        ct__acc_finish(out + i * e, acc, src[n - 1] + i * e, m, dt, op, n);
+        ct__coll_acc_finish(out + i * e, acc, src[n - 1] + i * e, m, dt, op, n);
     }
 }
 
@@ -560,7 +561,7 @@ static int64_t chunk_range(const ct_work *w, int n, int seg, int64_t j, int64_t 
 static void ring_start(shm *s, ct_work *w, shm_work *st) {
     ct_dtype dt = (ct_dtype)w->desc.dtype;
     int n = s->n;
-    st->chunk = RING_SLOT / (int64_t)ct__acc_size(dt);
+    st->chunk = RING_SLOT / (int64_t)ct__coll_acc_size(dt);
     int64_t seg_max = w->desc.op == CT__ALLREDUCE ? (w->desc.count + n - 1) / n : w->desc.count;
     int64_t nchunks = (seg_max + st->chunk - 1) / st->chunk;
     if (nchunks < 1)
@@ -595,7 +596,7 @@ static int task_slots(shm *s, ct_work *w, bool recv, bool send, const void **in_
         return CT__PENDING;
     if (send && !(*out_slot = chan_slot_to_write(&s->ring_out)))
         return CT__PENDING;
-    if (recv && !ct__desc_match(&meta->desc, &w->desc))
+    if (recv && !ct__coll_desc_match(&meta->desc, &w->desc))
         return mismatch(w, (s->rank + s->n - 1) % s->n, &meta->desc);
     return 1;
 }
@@ -615,7 +616,7 @@ static int ring_progress(shm *s, ct_work *w) {
     ct_dtype dt = (ct_dtype)w->desc.dtype;
     ct_reduce_op op = (ct_reduce_op)w->desc.rop;
     int n = s->n, r = s->rank;
-    int64_t e = (int64_t)ct__esize(dt), ae = (int64_t)ct__acc_size(dt);
+    int64_t e = (int64_t)ct__esize(dt), ae = (int64_t)ct__coll_acc_size(dt);
     bool reducing = w->desc.op != CT__ALLGATHER;
     for (; st->task < st->ntasks; st->task++) {
         int64_t j = st->task / st->per_task, k = st->k0 + st->task % st->per_task;
@@ -636,11 +637,11 @@ static int ring_progress(shm *s, ct_work *w) {
             in = (const char *)w->in + (lo - seg_lo(w, n, r)) * e;
         int64_t sent = len * (k < n - 1 && reducing ? ae : e);
         if (k == 0) {
-            ct__acc_load(out_slot, in, len, dt);
+            ct__coll_acc_load(out_slot, in, len, dt);
         } else if (k < n - 1) {
-            ct__acc_combine(out_slot, in_slot, in, len, dt, op);
+            ct__coll_acc_combine(out_slot, in_slot, in, len, dt, op);
         } else if (k == n - 1 && reducing) {
-            ct__acc_finish(out, in_slot, in, len, dt, op, n);
+            ct__coll_acc_finish(out, in_slot, in, len, dt, op, n);
             if (send)
                 memcpy(out_slot, out, (size_t)(len * e));
         } else if (k == n - 1) {
@@ -666,7 +667,7 @@ static int chain_progress(shm *s, ct_work *w) {
     int n = s->n, r = s->rank, root = w->desc.root;
     bool bcast = w->desc.op == CT__BROADCAST;
     int pos = bcast ? (r - root + n) % n : (r - root - 1 + 2 * n) % n;
-    int64_t e = (int64_t)ct__esize(dt), ae = bcast ? e : (int64_t)ct__acc_size(dt);
+    int64_t e = (int64_t)ct__esize(dt), ae = bcast ? e : (int64_t)ct__coll_acc_size(dt);
     for (; st->task < st->ntasks; st->task++) {
         int64_t lo = st->task * st->chunk;
         int64_t len = w->desc.count - lo < st->chunk ? w->desc.count - lo : st->chunk;
@@ -687,11 +688,11 @@ static int chain_progress(shm *s, ct_work *w) {
             if (send)
                 memcpy(out_slot, src, (size_t)(len * e));
         } else if (!recv) {
-            ct__acc_load(out_slot, in, len, dt);
+            ct__coll_acc_load(out_slot, in, len, dt);
         } else if (send) {
-            ct__acc_combine(out_slot, in_slot, in, len, dt, (ct_reduce_op)w->desc.rop);
+            ct__coll_acc_combine(out_slot, in_slot, in, len, dt, (ct_reduce_op)w->desc.rop);
         } else {
-            ct__acc_finish(out, in_slot, in, len, dt, (ct_reduce_op)w->desc.rop, n);
+            ct__coll_acc_finish(out, in_slot, in, len, dt, (ct_reduce_op)w->desc.rop, n);
         }
         task_done(s, w, recv, send, len * ae);
     }
@@ -733,7 +734,7 @@ static int out_move(shm *s, ct_work *w, int kind, bool sending, char *buf, int64
             atomic_store_explicit(&m->for_rank, peer + 1, memory_order_release);
         } else {
             bool ok = kind == OUT_P2P ? message_match(&m->desc, &w->desc) && m->bytes == len
-                                      : ct__desc_match(&m->desc, &w->desc);
+                                      : ct__coll_desc_match(&m->desc, &w->desc);
             if (!ok)
                 return mismatch(w, peer, &m->desc);
             memcpy(buf + *done, data, (size_t)len);
@@ -808,8 +809,9 @@ static int shm_start(ct_comm *c, ct_work *w) {
         st->path = PATH_DECIDE;
     } else if (w->desc.op == CT__BROADCAST || w->desc.op == CT__REDUCE) {
         st->path = PATH_CHAIN;
-        st->chunk = RING_SLOT /
-                    (w->desc.op == CT__REDUCE ? (int64_t)ct__acc_size((ct_dtype)w->desc.dtype) : e);
+        st->chunk =
+            RING_SLOT /
+            (w->desc.op == CT__REDUCE ? (int64_t)ct__coll_acc_size((ct_dtype)w->desc.dtype) : e);
         st->ntasks = (w->desc.count + st->chunk - 1) / st->chunk;
     } else if (w->desc.op == CT__ALLTOALL) {
         st->path = PATH_OUTBOX;
@@ -895,8 +897,8 @@ static int shm_check_tensor(ct_comm *c, const char *op, const ct_tensor *t) {
     ct_device d = ct_tensor_device(t);
     char dev[CT_DEVICE_STR];
     if (!ct__is_host(d))
-        return ct__seterr(CT_EDEVICE, "%s: the shm backend takes CPU tensors; this one is on %s",
-                          op, ct_device_str(d, dev));
+        return ct__err_set(CT_EDEVICE, "%s: the shm backend takes CPU tensors; this one is on %s",
+                           op, ct_device_str(d, dev));
     return 0;
 }
 
@@ -920,7 +922,7 @@ static int shm_poll(ct_comm *c, char *msg) {
         if (!pid_alive(s->pidfds[r], pid)) {
             char desc[256] = "no operation";
             if (s->active.seq)
-                ct__desc_str(desc, sizeof desc, &s->active);
+                ct__coll_desc_str(desc, sizeof desc, &s->active);
             snprintf(msg, CT__MSG_LEN, "%s: rank %d (pid %d) died", desc, r, pid);
             return CT_EPEER;
         }
@@ -931,11 +933,11 @@ static int shm_poll(ct_comm *c, char *msg) {
 static void shm_describe_timeout(ct_comm *c, const ct_work *w, char *msg) {
     shm *s = c->impl;
     if (ct__op_is_p2p(w->desc.op)) {
-        ct__msg_append(msg, CT__MSG_LEN, "; rank %d did not %s it", w->desc.root,
-                       w->desc.op == CT__SEND ? "receive" : "send");
+        ct__coll_msg_append(msg, CT__MSG_LEN, "; rank %d did not %s it", w->desc.root,
+                            w->desc.op == CT__SEND ? "receive" : "send");
         return;
     }
-    ct__msg_append(msg, CT__MSG_LEN, "; ranks that did not arrive:");
+    ct__coll_msg_append(msg, CT__MSG_LEN, "; ranks that did not arrive:");
     int missing = 0;
     for (int r = 0; r < s->n; r++) {
         /* A rank arrived if it announced this operation or a later one. */
@@ -943,11 +945,11 @@ static void shm_describe_timeout(ct_comm *c, const ct_work *w, char *msg) {
                  s1 = atomic_load(&bulletin_of(s, r, 1)->seq);
         if (r == s->rank || s0 >= w->desc.seq || s1 >= w->desc.seq)
             continue;
-        ct__msg_append(msg, CT__MSG_LEN, "%s %d", missing ? "," : "", r);
+        ct__coll_msg_append(msg, CT__MSG_LEN, "%s %d", missing ? "," : "", r);
         missing++;
     }
     if (!missing)
-        ct__msg_append(msg, CT__MSG_LEN, " none (every rank is in it; it did not finish)");
+        ct__coll_msg_append(msg, CT__MSG_LEN, " none (every rank is in it; it did not finish)");
 }
 
 static void shm_abort(ct_comm *c, int code, const char *msg) {
@@ -1008,11 +1010,11 @@ static void block_unlink(const shm *s, const shm_block *b, int r) {
 /* errno after a failed step (what) on shared memory name, as op's error. */
 static int shm_errno(const char *op, const char *what, const char *name) {
     int e = errno;
-    return ct__seterr(e == ENOMEM || e == ENOSPC ? CT_ENOMEM : CT_EIO,
-                      "%s: %s of shared memory %s: %s%s", op, what, name, strerror(e),
-                      e == ENOSPC ? " (/dev/shm is full: give it more room, such as docker run "
-                                    "--shm-size=1g, or free some)"
-                                  : "");
+    return ct__err_set(e == ENOMEM || e == ENOSPC ? CT_ENOMEM : CT_EIO,
+                       "%s: %s of shared memory %s: %s%s", op, what, name, strerror(e),
+                       e == ENOSPC ? " (/dev/shm is full: give it more room, such as docker run "
+                                     "--shm-size=1g, or free some)"
+                                   : "");
 }
 
 /* Sizes a new segment and reserves its memory at once: a tmpfs without the
@@ -1043,8 +1045,8 @@ static int block_map(shm *s, shm_block *b, int r) {
     if (own)
         rc = size_segment(fd, b->bytes, "comm_zeros", name);
     else if (!own && (fstat(fd, &sb) != 0 || (size_t)sb.st_size != b->bytes))
-        rc = ct__seterr(CT_EIO, "comm_zeros: shared memory %s has %lld bytes, not %zu", name,
-                        (long long)sb.st_size, b->bytes);
+        rc = ct__err_set(CT_EIO, "comm_zeros: shared memory %s has %lld bytes, not %zu", name,
+                         (long long)sb.st_size, b->bytes);
     if (rc == 0) {
         void *p = mmap(NULL, b->bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
         if (p == MAP_FAILED)
@@ -1076,7 +1078,7 @@ static int shm_alloc_shared(ct_comm *c, size_t bytes, ct_storage **out) {
         free(base);
         free(b);
         b = NULL;
-        rc = ct__seterr(CT_ENOMEM, "comm_zeros: out of memory");
+        rc = ct__err_set(CT_ENOMEM, "comm_zeros: out of memory");
     }
     int failed = -1;
     int crc = ct__comm_agree(c, rc == 0, &failed);
@@ -1192,10 +1194,10 @@ static int create_segment(shm *s) {
     int fd = shm_open(s->name, O_CREAT | O_EXCL | O_RDWR, 0600);
     if (fd < 0) {
         if (errno == EEXIST)
-            return ct__seterr(CT_EINVAL,
-                              "comm_new: shared memory %s already exists (another communicator "
-                              "uses the name, or a crashed job left it in /dev/shm)",
-                              s->name);
+            return ct__err_set(CT_EINVAL,
+                               "comm_new: shared memory %s already exists (another communicator "
+                               "uses the name, or a crashed job left it in /dev/shm)",
+                               s->name);
         return shm_errno("comm_new", "creation", s->name);
     }
     s->guard_fd = start_guard(s->name, &s->guard);
@@ -1229,22 +1231,22 @@ static int check_segment(shm *s, int fd, struct stat *sb) {
     if (fstat(fd, sb) != 0)
         return shm_errno("comm_new", "fstat", s->name);
     if (sb->st_uid != geteuid())
-        return ct__seterr(CT_EINVAL,
-                          "comm_new: shared memory %s belongs to uid %u, not this process's %u: "
-                          "refusing a segment another user made",
-                          s->name, (unsigned)sb->st_uid, (unsigned)geteuid());
+        return ct__err_set(CT_EINVAL,
+                           "comm_new: shared memory %s belongs to uid %u, not this process's %u: "
+                           "refusing a segment another user made",
+                           s->name, (unsigned)sb->st_uid, (unsigned)geteuid());
     if (sb->st_mode & 077)
-        return ct__seterr(CT_EINVAL,
-                          "comm_new: shared memory %s has mode %03o: refusing a segment other "
-                          "users can reach (ct makes them 0600)",
-                          s->name, (unsigned)(sb->st_mode & 0777));
+        return ct__err_set(CT_EINVAL,
+                           "comm_new: shared memory %s has mode %03o: refusing a segment other "
+                           "users can reach (ct makes them 0600)",
+                           s->name, (unsigned)(sb->st_mode & 0777));
     if (sb->st_size == 0)
         return 1;
     if ((size_t)sb->st_size != s->l.bytes)
-        return ct__seterr(CT_EINVAL,
-                          "comm_new: shared memory %s has %lld bytes; %d ranks lay out %zu: "
-                          "refusing a segment of another layout or world size",
-                          s->name, (long long)sb->st_size, s->n, s->l.bytes);
+        return ct__err_set(CT_EINVAL,
+                           "comm_new: shared memory %s has %lld bytes; %d ranks lay out %zu: "
+                           "refusing a segment of another layout or world size",
+                           s->name, (long long)sb->st_size, s->n, s->l.bytes);
     return 0;
 }
 
@@ -1268,10 +1270,10 @@ static int attach_segment(shm *s, double deadline, double timeout) {
                 if (h->version != SHM_VERSION || h->size != s->n || h->bytes != s->l.bytes) {
                     int size = h->size, version = (int)h->version;
                     munmap(p, (size_t)sb.st_size);
-                    return ct__seterr(CT_EINVAL,
-                                      "comm_new: shared memory %s was made for %d ranks (format "
-                                      "%d); this rank (%d) expects %d ranks (format %d)",
-                                      s->name, size, version, s->rank, s->n, SHM_VERSION);
+                    return ct__err_set(CT_EINVAL,
+                                       "comm_new: shared memory %s was made for %d ranks (format "
+                                       "%d); this rank (%d) expects %d ranks (format %d)",
+                                       s->name, size, version, s->rank, s->n, SHM_VERSION);
                 }
                 s->base = p;
                 s->hdr = h;
@@ -1284,10 +1286,10 @@ static int attach_segment(shm *s, double deadline, double timeout) {
             return shm_errno("comm_new", "opening", s->name);
         }
         if (ct__now() > deadline)
-            return ct__seterr(CT_ETIMEDOUT,
-                              "comm_new: rank 0 did not create shared memory %s within %g s "
-                              "(rank %d of %d waited)",
-                              s->name, timeout, s->rank, s->n);
+            return ct__err_set(CT_ETIMEDOUT,
+                               "comm_new: rank 0 did not create shared memory %s within %g s "
+                               "(rank %d of %d waited)",
+                               s->name, timeout, s->rank, s->n);
         usleep(1000);
     }
 }
@@ -1302,9 +1304,9 @@ static int await_ranks(shm *s, double deadline, double timeout) {
                 if (!atomic_load(&ctl_of(s, r)->pid))
                     len += (size_t)snprintf(missing + len, sizeof missing - len, "%s%d",
                                             len ? ", " : "", r);
-            return ct__seterr(CT_ETIMEDOUT,
-                              "comm_new: ranks %s did not join shared memory %s within %g s",
-                              missing, s->name, timeout);
+            return ct__err_set(CT_ETIMEDOUT,
+                               "comm_new: ranks %s did not join shared memory %s within %g s",
+                               missing, s->name, timeout);
         }
         usleep(200);
     }
@@ -1330,16 +1332,16 @@ static void build_channels(shm *s) {
 static int shm_init_named(ct_comm *c, const char *name) {
     int n = c->size;
     if (!name || name[0] != '/' || strlen(name) > NAME_MAX_LEN || strchr(name + 1, '/'))
-        return ct__seterr(CT_EINVAL,
-                          "comm_new: shm_name '%s' must be '/' and up to %d more bytes without "
-                          "another '/'",
-                          name ? name : "(null)", NAME_MAX_LEN);
+        return ct__err_set(CT_EINVAL,
+                           "comm_new: shm_name '%s' must be '/' and up to %d more bytes without "
+                           "another '/'",
+                           name ? name : "(null)", NAME_MAX_LEN);
     size_t bytes;
     if (ct__shm_layout_bytes(n, &bytes))
         return CT_EINVAL;
     shm *s = calloc(1, sizeof *s);
     if (!s)
-        return ct__seterr(CT_ENOMEM, "comm_new: out of memory");
+        return ct__err_set(CT_ENOMEM, "comm_new: out of memory");
     snprintf(s->name, sizeof s->name, "%s", name);
     s->n = n;
     s->rank = c->rank;
@@ -1358,7 +1360,7 @@ static int shm_init_named(ct_comm *c, const char *name) {
     if (!s->p2p_busy_out || !s->p2p_busy_in || !s->a2a_sent || !s->a2a_got || !s->pidfds ||
         !s->acc || !s->blocks) {
         shm_free(s);
-        return ct__seterr(CT_ENOMEM, "comm_new: out of memory");
+        return ct__err_set(CT_ENOMEM, "comm_new: out of memory");
     }
     for (int r = 0; r < n; r++)
         s->pidfds[r] = -1;

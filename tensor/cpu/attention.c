@@ -62,7 +62,7 @@ static void gemm(bool dbl, bool ta, bool tb, int64_t m, int64_t n, int64_t k, do
         cblas_dgemm(CblasRowMajor, oa, ob, (blasint)m, (blasint)n, (blasint)k, alpha, a,
                     (blasint)lda, b, (blasint)ldb, beta, c, (blasint)ldc);
     else
-        ct__sgemm(ta, tb, m, n, k, (float)alpha, a, lda, b, ldb, (float)beta, c, ldc);
+        ct__cpu_sgemm(ta, tb, m, n, k, (float)alpha, a, lda, b, ldb, (float)beta, c, ldc);
 }
 
 /* keep[c] for the n weights of row `row` (counted over all units' rows)
@@ -249,7 +249,7 @@ int ct__cpu_attention(const ct__attention *a) {
     units_job uj = {a, false};
     ct_parallel_for(0, a->s.units, 1, units_range, &uj);
     if (atomic_load(&uj.no_memory))
-        return ct__seterr(CT_ENOMEM, "scaled_dot_product_attention: %sout of memory",
-                          a->backward ? "backward: " : "");
+        return ct__err_set(CT_ENOMEM, "scaled_dot_product_attention: %sout of memory",
+                           a->backward ? "backward: " : "");
     return 0;
 }

@@ -141,12 +141,12 @@ int ct__cpu_binary(int op, ct_tensor *dst, ct_tensor *x, ct_tensor *y, double sc
                    ct_dtype dtype, int nd, const int64_t *shape) {
     ct__loop_fn fn = op >= 0 && op < CT__NUM_BINARY ? binary_kernels[op][dtype] : NULL;
     if (!fn)
-        return ct__seterr(CT_EINVAL, "binary: no CPU loop for op %d on %s", op,
-                          ct_dtype_name(dtype));
+        return ct__err_set(CT_EINVAL, "binary: no CPU loop for op %d on %s", op,
+                           ct_dtype_name(dtype));
     /* A scalar operand is a 0-d tensor of the compute dtype, broadcast. */
     ct__scalar_operand operand;
     if (!y)
-        y = ct__scalar_operand_init(&operand, scalar, dtype);
+        y = ct__cpu_scalar_operand_init(&operand, scalar, dtype);
     ct__iter it;
     ct__iter_init(&it, (ct_tensor *[]){dst, x, y}, 3, nd, shape);
     ct__iter_run(&it, fn, NULL, CT__GRAIN_ELEMENTWISE);
@@ -213,7 +213,7 @@ int ct__cpu_where(ct_tensor *out, ct_tensor *cond, ct_tensor *a, ct_tensor *b,
     return 0;
 }
 
-ct_tensor *ct__activation_grad(ct_op op, ct_tensor *x, ct_tensor *g) {
+ct_tensor *ct__cpu_activation_grad(ct_op op, ct_tensor *x, ct_tensor *g) {
     static const struct {
         ct_op op;
         ct__loop_fn kernels[CT_NDTYPES];
@@ -228,15 +228,15 @@ ct_tensor *ct__activation_grad(ct_op op, ct_tensor *x, ct_tensor *g) {
         k++;
     ct_dtype compute = ct_promote_types(x->dtype, g->dtype);
     if (k == sizeof table / sizeof *table || !ct_dtype_is_float(compute)) {
-        ct__seterr(CT_ENOTSUP, "%s: no fused gradient of %s for %s", name, ct_op_name(op),
-                   ct_dtype_name(compute));
+        ct__err_set(CT_ENOTSUP, "%s: no fused gradient of %s for %s", name, ct_op_name(op),
+                    ct_dtype_name(compute));
         return NULL;
     }
     int nd;
     int64_t shape[CT_MAX_DIMS];
-    if (ct__broadcast_shapes(name, x->ndim, x->sizes, g->ndim, g->sizes, &nd, shape))
+    if (ct__tensor_broadcast_shapes(name, x->ndim, x->sizes, g->ndim, g->sizes, &nd, shape))
         return NULL;
-    ct_tensor *out = ct__new_on(name, nd, shape, compute, CT_DEVICE_CPU);
+    ct_tensor *out = ct__tensor_new_on(name, nd, shape, compute, CT_DEVICE_CPU);
     if (!out)
         return NULL;
     ct_scope_begin();
@@ -249,7 +249,7 @@ ct_tensor *ct__activation_grad(ct_op op, ct_tensor *x, ct_tensor *g) {
     }
     ct_scope_end();
     if (!xc || !gc) {
-        ct__release(out);
+        ct__tensor_release(out);
         return NULL;
     }
     return out;

@@ -24,7 +24,7 @@ static void fill_chunk(void *arg, int64_t lo, int64_t hi) {
 
 int ct__cpu_fill(ct_tensor *t, double value) {
     fill_job j = {ct__data(t), ct_dtype_size(t->dtype), {0}};
-    ct__store_double(t->dtype, j.value, value);
+    ct__tensor_store_double(t->dtype, j.value, value);
     if (ct_is_contiguous(t)) {
         ct_parallel_for(0, ct_numel(t), CT__GRAIN_ELEMENTWISE, fill_chunk, &j);
         return 0;
@@ -33,7 +33,7 @@ int ct__cpu_fill(ct_tensor *t, double value) {
     ct__scalar_operand mask;
     uint64_t bits;
     memcpy(&bits, j.value, sizeof bits);
-    return ct__cpu_where(t, ct__scalar_operand_init(&mask, 1, CT_BOOL), NULL, t, &bits, t->ndim,
+    return ct__cpu_where(t, ct__cpu_scalar_operand_init(&mask, 1, CT_BOOL), NULL, t, &bits, t->ndim,
                          t->sizes);
 }
 
@@ -72,7 +72,7 @@ static int cpu_read(int index, void *dst, const void *src, size_t n) {
 }
 
 static int cpu_copy(ct_tensor *dst, ct_tensor *src) {
-    ct__copy_into(dst, src);
+    ct__cpu_copy_into(dst, src);
     return 0;
 }
 

@@ -1,4 +1,4 @@
-/* ct__sgemm: ct's own float32 GEMM for x86-64 CPUs with AVX2 and FMA,
+/* ct__cpu_sgemm: ct's own float32 GEMM for x86-64 CPUs with AVX2 and FMA,
  * for thin products; OpenBLAS computes the rest.
  *
  * Why not OpenBLAS alone: the products of training a small transformer are
@@ -282,8 +282,8 @@ static bool thin(int64_t m, int64_t n, int64_t k) {
     return m >= 2 && n >= NR / 2 && (n <= THIN || k <= THIN);
 }
 
-void ct__sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
-               int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+void ct__cpu_sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                   int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
     if (m <= 0 || n <= 0)
         return;
     float *buf = k > 0 && have_avx2_fma && thin(m, n, k) ? pack_buffer() : NULL;

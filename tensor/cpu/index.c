@@ -62,8 +62,8 @@ static void zero_into(ct_tensor *dst) {
 
 /* Live inputs, all on one device. */
 static int check_inputs(const char *op, ct_tensor *const *ts, int n) {
-    int rc = ct__check_handles(op, ts, n);
-    return rc ? rc : ct__check_same_device(op, ts, n);
+    int rc = ct__tensor_check_handles(op, ts, n);
+    return rc ? rc : ct__tensor_check_same_device(op, ts, n);
 }
 
 static ct_op_args ints_args(int n, const int64_t *v) {
@@ -76,8 +76,8 @@ static ct_op_args ints_args(int n, const int64_t *v) {
 
 static int check_list(const char *op, ct_tensor *const *ts, int n) {
     if (!ts || n < 1)
-        return ct__seterr(CT_EINVAL, "%s: expected a non-empty list of tensors, got %d", op,
-                          ts ? n : 0);
+        return ct__err_set(CT_EINVAL, "%s: expected a non-empty list of tensors, got %d", op,
+                           ts ? n : 0);
     return check_inputs(op, ts, n);
 }
 
@@ -99,17 +99,17 @@ ct_tensor *ct_cat(ct_tensor *const *ts, int n, int dim) {
     int r = 0; /* the tensor whose shape the others must match */
     for (int i = 0; i < n; i++) {
         if (ts[i]->ndim == 0) {
-            ct__seterr(CT_ESHAPE,
-                       "cat: tensor %d is zero-dimensional (%s) and cannot be concatenated; "
-                       "unsqueeze it first",
-                       i, ct__desc(a, ts[i]));
+            ct__err_set(CT_ESHAPE,
+                        "cat: tensor %d is zero-dimensional (%s) and cannot be concatenated; "
+                        "unsqueeze it first",
+                        i, ct__tensor_desc(a, ts[i]));
             return NULL;
         }
         if (cat_skips(ts[r]))
             r = i;
     }
     const ct_tensor *ref = ts[r];
-    int d = ct__wrap_dim("cat", dim, ref->ndim);
+    int d = ct__tensor_wrap_dim("cat", dim, ref->ndim);
     if (d < 0)
         return NULL;
     int64_t sizes[CT_MAX_DIMS];
@@ -123,15 +123,16 @@ ct_tensor *ct_cat(ct_tensor *const *ts, int n, int dim) {
         for (int k = 0; same && k < t->ndim; k++)
             same = k == d || t->sizes[k] == ref->sizes[k];
         if (!same) {
-            ct__seterr(CT_ESHAPE,
-                       "cat: tensor %d is %s but tensor %d is %s; sizes must match except in "
-                       "dim %d",
-                       r, ct__desc(a, ref), i, ct__desc(b, t), d);
+            ct__err_set(CT_ESHAPE,
+                        "cat: tensor %d is %s but tensor %d is %s; sizes must match except in "
+                        "dim %d",
+                        r, ct__tensor_desc(a, ref), i, ct__tensor_desc(b, t), d);
             return NULL;
         }
         sizes[d] += t->sizes[d];
     }
-    ct_tensor *out = ct__new_on("cat", ref->ndim, sizes, promote_all(ts, n), ref->storage->device);
+    ct_tensor *out =
+        ct__tensor_new_on("cat", ref->ndim, sizes, promote_all(ts, n), ref->storage->device);
     if (!out)
         return NULL;
     int64_t at = 0;
@@ -139,14 +140,14 @@ ct_tensor *ct_cat(ct_tensor *const *ts, int n, int dim) {
         if (cat_skips(ts[i]))
             continue;
         ct_tensor part = narrow_view(out, d, at, ts[i]->sizes[d]);
-        if (ct__copy_any(&part, ts[i])) {
-            ct__release(out);
+        if (ct__tensor_copy_any(&part, ts[i])) {
+            ct__tensor_release(out);
             return NULL;
         }
         at += ts[i]->sizes[d];
     }
     ct_op_args args = ints_args(1, (int64_t[]){d});
-    return ct__record1(CT_OP_CAT, out, ts, n, &args);
+    return ct__tensor_record1(CT_OP_CAT, out, ts, n, &args);
 }
 
 ct_tensor *ct_stack(ct_tensor *const *ts, int n, int dim) {
@@ -155,11 +156,11 @@ ct_tensor *ct_stack(ct_tensor *const *ts, int n, int dim) {
     const ct_tensor *ref = ts[0];
     char a[CT__DESC_STR], b[CT__DESC_STR];
     if (ref->ndim == CT_MAX_DIMS) {
-        ct__seterr(CT_EINVAL, "stack: %s already has the maximum of %d dims", ct__desc(a, ref),
-                   CT_MAX_DIMS);
+        ct__err_set(CT_EINVAL, "stack: %s already has the maximum of %d dims",
+                    ct__tensor_desc(a, ref), CT_MAX_DIMS);
         return NULL;
     }
-    int d = ct__wrap_dim("stack", dim, ref->ndim + 1);
+    int d = ct__tensor_wrap_dim("stack", dim, ref->ndim + 1);
     if (d < 0)
         return NULL;
     for (int i = 1; i < n; i++) {
@@ -167,8 +168,8 @@ ct_tensor *ct_stack(ct_tensor *const *ts, int n, int dim) {
         for (int k = 0; same && k < ref->ndim; k++)
             same = ts[i]->sizes[k] == ref->sizes[k];
         if (!same) {
-            ct__seterr(CT_ESHAPE, "stack: tensor 0 is %s but tensor %d is %s; all must match",
-                       ct__desc(a, ref), i, ct__desc(b, ts[i]));
+            ct__err_set(CT_ESHAPE, "stack: tensor 0 is %s but tensor %d is %s; all must match",
+                        ct__tensor_desc(a, ref), i, ct__tensor_desc(b, ts[i]));
             return NULL;
         }
     }
@@ -176,18 +177,18 @@ ct_tensor *ct_stack(ct_tensor *const *ts, int n, int dim) {
     for (int i = 0, j = 0; i <= ref->ndim; i++)
         sizes[i] = i == d ? n : ref->sizes[j++];
     ct_tensor *out =
-        ct__new_on("stack", ref->ndim + 1, sizes, promote_all(ts, n), ref->storage->device);
+        ct__tensor_new_on("stack", ref->ndim + 1, sizes, promote_all(ts, n), ref->storage->device);
     if (!out)
         return NULL;
     for (int i = 0; i < n; i++) {
         ct_tensor part = select_view(out, d, i);
-        if (ct__copy_any(&part, ts[i])) {
-            ct__release(out);
+        if (ct__tensor_copy_any(&part, ts[i])) {
+            ct__tensor_release(out);
             return NULL;
         }
     }
     ct_op_args args = ints_args(1, (int64_t[]){d});
-    return ct__record1(CT_OP_STACK, out, ts, n, &args);
+    return ct__tensor_record1(CT_OP_STACK, out, ts, n, &args);
 }
 
 /* --------------------------------------------------------- index values */
@@ -206,8 +207,8 @@ static int check_index_dtype(const char *op, const char *what, const ct_tensor *
         (allow_uint8 && index->dtype == CT_UINT8))
         return 0;
     char desc[CT__DESC_STR];
-    return ct__seterr(CT_EDTYPE, "%s: %s must be int64 or int32%s, got %s", op, what,
-                      allow_uint8 ? " or uint8" : "", ct__desc(desc, index));
+    return ct__err_set(CT_EDTYPE, "%s: %s must be int64 or int32%s, got %s", op, what,
+                       allow_uint8 ? " or uint8" : "", ct__tensor_desc(desc, index));
 }
 
 /* The first value outside [0, bound) in iteration order (bound < 0: only
@@ -259,11 +260,11 @@ static int check_index_range(const char *op, ct_tensor *index, const ct_tensor *
     if (rc || !s.found)
         return rc;
     char desc[CT__DESC_STR];
-    return ct__seterr(CT_ERANGE,
-                      "%s: index %lld is out of range for dim %d of size %lld (input %s); "
-                      "expected [0, %lld)",
-                      op, (long long)s.bad, dim, (long long)size, ct__desc(desc, t),
-                      (long long)size);
+    return ct__err_set(CT_ERANGE,
+                       "%s: index %lld is out of range for dim %d of size %lld (input %s); "
+                       "expected [0, %lld)",
+                       op, (long long)s.bad, dim, (long long)size, ct__tensor_desc(desc, t),
+                       (long long)size);
 }
 
 /* ------------------------------------------- gather and scatter kernels */
@@ -307,7 +308,8 @@ static inline void add_elem(ct_dtype dtype, char *dst, const char *src) {
     case CT_UINT8: *(uint8_t *)dst = (uint8_t)(*(uint8_t *)dst + *(const uint8_t *)src); break;
     case CT_BOOL: *(uint8_t *)dst |= *(const uint8_t *)src; break;
     default:
-        ct__store_double(dtype, dst, ct__load_double(dtype, dst) + ct__load_double(dtype, src));
+        ct__tensor_store_double(
+            dtype, dst, ct__tensor_load_double(dtype, dst) + ct__tensor_load_double(dtype, src));
         break;
     }
 }
@@ -423,16 +425,16 @@ static int scatter_add_into(ct_tensor *self, int dim, ct_tensor *index, ct_tenso
 ct_tensor *ct_index_select(ct_tensor *t, int dim, ct_tensor *index) {
     if (check_inputs("index_select", (ct_tensor *[]){t, index}, 2))
         return NULL;
-    int d = ct__wrap_dim("index_select", dim, t->ndim);
+    int d = ct__tensor_wrap_dim("index_select", dim, t->ndim);
     if (d < 0 || check_index_dtype("index_select", "index", index, false))
         return NULL;
     char a[CT__DESC_STR], b[CT__DESC_STR];
     int64_t nidx = ct_numel(index);
     if (index->ndim > 1 || (t->ndim == 0 && nidx != 1)) {
-        ct__seterr(CT_ESHAPE,
-                   "index_select: index %s must be 1-D (or a single value for the 0-d input "
-                   "%s)",
-                   ct__desc(a, index), ct__desc(b, t));
+        ct__err_set(CT_ESHAPE,
+                    "index_select: index %s must be 1-D (or a single value for the 0-d input "
+                    "%s)",
+                    ct__tensor_desc(a, index), ct__tensor_desc(b, t));
         return NULL;
     }
     if (check_index_range("index_select", index, t, d))
@@ -441,7 +443,8 @@ ct_tensor *ct_index_select(ct_tensor *t, int dim, ct_tensor *index) {
     memcpy(sizes, t->sizes, sizeof sizes);
     if (t->ndim > 0)
         sizes[d] = nidx;
-    ct_tensor *out = ct__new_on("index_select", t->ndim, sizes, t->dtype, t->storage->device);
+    ct_tensor *out =
+        ct__tensor_new_on("index_select", t->ndim, sizes, t->dtype, t->storage->device);
     if (!out)
         return NULL;
     /* index_select is a gather whose index is the 1-D index broadcast over
@@ -451,11 +454,11 @@ ct_tensor *ct_index_select(ct_tensor *t, int dim, ct_tensor *index) {
     idx_strides[d] = index->ndim ? index->strides[0] : 0;
     ct_tensor idx = ct__layout_view(index, out1.ndim, out1.sizes, idx_strides, index->offset);
     if (gather_into(&out1, &t1, d, &idx)) {
-        ct__release(out);
+        ct__tensor_release(out);
         return NULL;
     }
     ct_op_args args = ints_args(1, (int64_t[]){d});
-    return ct__record1(CT_OP_INDEX_SELECT, out, (ct_tensor *const[]){t, index}, 2, &args);
+    return ct__tensor_record1(CT_OP_INDEX_SELECT, out, (ct_tensor *const[]){t, index}, 2, &args);
 }
 
 /* index must not be larger than each other operand outside dim (src: in
@@ -465,35 +468,36 @@ static int check_index_fits(const char *op, const ct_tensor *index, const ct_ten
     char a[CT__DESC_STR], b[CT__DESC_STR];
     int ni = index->ndim ? index->ndim : 1, nt = t->ndim ? t->ndim : 1;
     if (ni != nt)
-        return ct__seterr(CT_ESHAPE, "%s: index %s and %s %s must have the same number of dims", op,
-                          ct__desc(a, index), what, ct__desc(b, t));
+        return ct__err_set(CT_ESHAPE, "%s: index %s and %s %s must have the same number of dims",
+                           op, ct__tensor_desc(a, index), what, ct__tensor_desc(b, t));
     for (int k = 0; k < index->ndim; k++)
         if (k != dim && index->sizes[k] > t->sizes[k])
-            return ct__seterr(CT_ESHAPE,
-                              "%s: index %s is larger than %s %s in dim %d (%lld vs %lld)", op,
-                              ct__desc(a, index), what, ct__desc(b, t), k,
-                              (long long)index->sizes[k], (long long)t->sizes[k]);
+            return ct__err_set(CT_ESHAPE,
+                               "%s: index %s is larger than %s %s in dim %d (%lld vs %lld)", op,
+                               ct__tensor_desc(a, index), what, ct__tensor_desc(b, t), k,
+                               (long long)index->sizes[k], (long long)t->sizes[k]);
     return 0;
 }
 
 ct_tensor *ct_gather(ct_tensor *t, int dim, ct_tensor *index) {
     if (check_inputs("gather", (ct_tensor *[]){t, index}, 2))
         return NULL;
-    int d = ct__wrap_dim("gather", dim, t->ndim);
+    int d = ct__tensor_wrap_dim("gather", dim, t->ndim);
     if (d < 0 || check_index_dtype("gather", "index", index, false) ||
         check_index_fits("gather", index, t, d, "input") ||
         check_index_range("gather", index, t, d))
         return NULL;
-    ct_tensor *out = ct__new_on("gather", index->ndim, index->sizes, t->dtype, t->storage->device);
+    ct_tensor *out =
+        ct__tensor_new_on("gather", index->ndim, index->sizes, t->dtype, t->storage->device);
     if (!out)
         return NULL;
     ct_tensor out1 = at_least_1d(out), t1 = at_least_1d(t), idx1 = at_least_1d(index);
     if (gather_into(&out1, &t1, d, &idx1)) {
-        ct__release(out);
+        ct__tensor_release(out);
         return NULL;
     }
     ct_op_args args = ints_args(1, (int64_t[]){d});
-    return ct__record1(CT_OP_GATHER, out, (ct_tensor *const[]){t, index}, 2, &args);
+    return ct__tensor_record1(CT_OP_GATHER, out, (ct_tensor *const[]){t, index}, 2, &args);
 }
 
 /* Validates a scatter and wraps dim into *d. */
@@ -501,13 +505,13 @@ static int check_scatter(const char *op, ct_tensor *t, int dim, ct_tensor *index
                          int *d) {
     if (check_inputs(op, (ct_tensor *[]){t, index, src}, 3))
         return ct_errcode();
-    *d = ct__wrap_dim(op, dim, t->ndim);
+    *d = ct__tensor_wrap_dim(op, dim, t->ndim);
     if (*d < 0)
         return CT_EINVAL;
     char a[CT__DESC_STR], b[CT__DESC_STR];
     if (src->dtype != t->dtype)
-        return ct__seterr(CT_EDTYPE, "%s: src %s and self %s must have the same dtype", op,
-                          ct__desc(a, src), ct__desc(b, t));
+        return ct__err_set(CT_EDTYPE, "%s: src %s and self %s must have the same dtype", op,
+                           ct__tensor_desc(a, src), ct__tensor_desc(b, t));
     int rc = check_index_dtype(op, "index", index, false);
     if (!rc)
         rc = check_index_fits(op, index, t, *d, "self");
@@ -524,23 +528,24 @@ static ct_tensor *scatter_add(ct_tensor *out, ct_tensor *t, int d, ct_tensor *in
     ct_tensor self1 = at_least_1d(out), idx1 = at_least_1d(index), src1 = at_least_1d(src);
     if (scatter_add_into(&self1, d, &idx1, &src1)) {
         if (out != t)
-            ct__release(out);
+            ct__tensor_release(out);
         return NULL;
     }
     ct_op_args args = ints_args(1, (int64_t[]){d});
-    return ct__record(CT_OP_SCATTER_ADD, (ct_tensor *const[]){t, index, src}, 3, &out, 1, out == t,
-                      &args);
+    return ct__tensor_record(CT_OP_SCATTER_ADD, (ct_tensor *const[]){t, index, src}, 3, &out, 1,
+                             out == t, &args);
 }
 
 ct_tensor *ct_scatter_add(ct_tensor *t, int dim, ct_tensor *index, ct_tensor *src) {
     int d;
     if (check_scatter("scatter_add", t, dim, index, src, &d))
         return NULL;
-    ct_tensor *out = ct__new_on("scatter_add", t->ndim, t->sizes, t->dtype, t->storage->device);
+    ct_tensor *out =
+        ct__tensor_new_on("scatter_add", t->ndim, t->sizes, t->dtype, t->storage->device);
     if (!out)
         return NULL;
-    if (ct__copy_any(out, t)) {
-        ct__release(out);
+    if (ct__tensor_copy_any(out, t)) {
+        ct__tensor_release(out);
         return NULL;
     }
     return scatter_add(out, t, d, index, src);
@@ -549,8 +554,8 @@ ct_tensor *ct_scatter_add(ct_tensor *t, int dim, ct_tensor *index, ct_tensor *sr
 ct_tensor *ct_scatter_add_(ct_tensor *t, int dim, ct_tensor *index, ct_tensor *src) {
     int d;
     if (check_scatter("scatter_add_", t, dim, index, src, &d) ||
-        ct__check_inplace(CT_OP_SCATTER_ADD, "scatter_add_", t, (ct_tensor *const[]){index, src},
-                          2))
+        ct__tensor_check_inplace(CT_OP_SCATTER_ADD, "scatter_add_", t,
+                                 (ct_tensor *const[]){index, src}, 2))
         return NULL;
     return scatter_add(t, t, d, index, src);
 }
@@ -592,8 +597,8 @@ ct_tensor *ct_one_hot(ct_tensor *labels, int64_t num_classes) {
         return NULL;
     char desc[CT__DESC_STR];
     if (labels->ndim == CT_MAX_DIMS) {
-        ct__seterr(CT_EINVAL, "one_hot: labels %s already have the maximum of %d dims",
-                   ct__desc(desc, labels), CT_MAX_DIMS);
+        ct__err_set(CT_EINVAL, "one_hot: labels %s already have the maximum of %d dims",
+                    ct__tensor_desc(desc, labels), CT_MAX_DIMS);
         return NULL;
     }
     index_scan s;
@@ -601,19 +606,19 @@ ct_tensor *ct_one_hot(ct_tensor *labels, int64_t num_classes) {
         return NULL;
     if (s.found) {
         if (s.bad < 0)
-            ct__seterr(CT_ERANGE, "one_hot: label %lld in %s is negative", (long long)s.bad,
-                       ct__desc(desc, labels));
+            ct__err_set(CT_ERANGE, "one_hot: label %lld in %s is negative", (long long)s.bad,
+                        ct__tensor_desc(desc, labels));
         else
-            ct__seterr(CT_ERANGE, "one_hot: label %lld in %s is out of range for %lld classes",
-                       (long long)s.bad, ct__desc(desc, labels), (long long)num_classes);
+            ct__err_set(CT_ERANGE, "one_hot: label %lld in %s is out of range for %lld classes",
+                        (long long)s.bad, ct__tensor_desc(desc, labels), (long long)num_classes);
         return NULL;
     }
     if (num_classes < 0) {
         if (ct_numel(labels) == 0) {
-            ct__seterr(CT_EINVAL,
-                       "one_hot: cannot infer the number of classes from the empty labels %s; "
-                       "pass num_classes",
-                       ct__desc(desc, labels));
+            ct__err_set(CT_EINVAL,
+                        "one_hot: cannot infer the number of classes from the empty labels %s; "
+                        "pass num_classes",
+                        ct__tensor_desc(desc, labels));
             return NULL;
         }
         num_classes = s.max + 1;
@@ -622,15 +627,15 @@ ct_tensor *ct_one_hot(ct_tensor *labels, int64_t num_classes) {
     memcpy(sizes, labels->sizes, sizeof(int64_t) * (size_t)labels->ndim);
     sizes[labels->ndim] = num_classes;
     ct_tensor *out =
-        ct__new_on("one_hot", labels->ndim + 1, sizes, CT_INT64, labels->storage->device);
+        ct__tensor_new_on("one_hot", labels->ndim + 1, sizes, CT_INT64, labels->storage->device);
     if (!out)
         return NULL;
     if (one_hot_into(out, labels, num_classes)) {
-        ct__release(out);
+        ct__tensor_release(out);
         return NULL;
     }
     ct_op_args args = ints_args(1, (int64_t[]){num_classes});
-    return ct__record1(CT_OP_ONE_HOT, out, &labels, 1, &args);
+    return ct__tensor_record1(CT_OP_ONE_HOT, out, &labels, 1, &args);
 }
 
 /* -------------------------------------------------------- tril and triu */
@@ -656,7 +661,7 @@ static void band_rows(void *arg, int64_t r0, int64_t r1) {
         ct_tensor from = narrow_view(&s, col_dim, lo, hi - lo);
         ct_tensor before = narrow_view(&o, col_dim, 0, lo);
         ct_tensor after = narrow_view(&o, col_dim, hi, cols - hi);
-        ct__copy_into(&keep, &from);
+        ct__cpu_copy_into(&keep, &from);
         zero_into(&before);
         zero_into(&after);
     }
@@ -685,18 +690,19 @@ static ct_tensor *band(const char *op, ct_op opcode, ct_tensor *t, int64_t k, bo
         return NULL;
     if (t->ndim < 2) {
         char desc[CT__DESC_STR];
-        ct__seterr(CT_ESHAPE, "%s: input %s must have at least 2 dims", op, ct__desc(desc, t));
+        ct__err_set(CT_ESHAPE, "%s: input %s must have at least 2 dims", op,
+                    ct__tensor_desc(desc, t));
         return NULL;
     }
-    ct_tensor *out = ct__new_on(op, t->ndim, t->sizes, t->dtype, t->storage->device);
+    ct_tensor *out = ct__tensor_new_on(op, t->ndim, t->sizes, t->dtype, t->storage->device);
     if (!out)
         return NULL;
     if (band_into(out, t, k, upper)) {
-        ct__release(out);
+        ct__tensor_release(out);
         return NULL;
     }
     ct_op_args args = ints_args(1, (int64_t[]){k});
-    return ct__record1(opcode, out, &t, 1, &args);
+    return ct__tensor_record1(opcode, out, &t, 1, &args);
 }
 
 ct_tensor *ct_tril(ct_tensor *t, int64_t k) { return band("tril", CT_OP_TRIL, t, k, false); }

@@ -1,5 +1,5 @@
 /* ct_matmul: numpy.matmul on top of single-threaded GEMMs: ct's own for
- * thin float32 products (ct__sgemm, tensor/cpu/gemm.c), OpenBLAS for the
+ * thin float32 products (ct__cpu_sgemm, tensor/cpu/gemm.c), OpenBLAS for the
  * rest and for float64.
  *
  * ct parallelises on its own pool, so OpenBLAS is held to one thread and ct
@@ -94,12 +94,12 @@ static void mm_describe(const ct__mm_plan *p, ct__mm_mat *x, const ct_tensor *t,
  * scope or the autograd recorder. */
 static int scratch_new(ct_tensor *t, ct_storage **s, int ndim, const int64_t *sizes, ct_dtype dtype,
                        ct_device device) {
-    *s = ct_storage_new((size_t)ct__numel(ndim, sizes) * ct_dtype_size(dtype), device);
+    *s = ct_storage_new((size_t)ct__tensor_numel(ndim, sizes) * ct_dtype_size(dtype), device);
     if (!*s)
         return ct_errcode();
     *t = (ct_tensor){.magic = CT__TENSOR_MAGIC, .storage = *s, .ndim = ndim, .dtype = dtype};
     memcpy(t->sizes, sizes, sizeof(int64_t) * (size_t)ndim);
-    ct__contiguous_strides(ndim, sizes, t->strides);
+    ct__tensor_contiguous_strides(ndim, sizes, t->strides);
     return 0;
 }
 
@@ -112,7 +112,7 @@ static int mm_operand(const ct__mm_plan *p, ct__mm_mat *x, ct_tensor *t, bool le
         return 0;
     ct_tensor tmp;
     if (scratch_new(&tmp, s, t->ndim, t->sizes, (ct_dtype)p->dtype, t->storage->device) ||
-        ct__copy_any(&tmp, t))
+        ct__tensor_copy_any(&tmp, t))
         return ct_errcode();
     mm_describe(p, x, &tmp, left);
     return 0;
@@ -173,7 +173,7 @@ static void mm_block(const ct__mm_plan *p, int64_t batch, int64_t r0, int64_t r1
     blasint m = (blasint)(r1 - r0), n = (blasint)(c1 - c0), k = (blasint)p->k;
     blasint lda = (blasint)p->a.ld, ldb = (blasint)p->b.ld, ldc = (blasint)p->n;
     if (p->dtype == CT_FLOAT32)
-        ct__sgemm(p->a.trans, p->b.trans, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
+        ct__cpu_sgemm(p->a.trans, p->b.trans, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
     else
         cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, 1.0, a, lda, b, ldb, 0.0, c, ldc);
 }
@@ -245,8 +245,8 @@ static ct_dtype compute_dtype(ct_dtype dtype, bool half) {
  * formatted here, off the path of a successful call. */
 static int mm_fail(int code, const ct_tensor *a, const ct_tensor *b, const char *what) {
     char sa[CT__SHAPE_STR], sb[CT__SHAPE_STR];
-    return ct__seterr(code, "matmul: %s @ %s: %s", ct__shape_str(sa, a->ndim, a->sizes),
-                      ct__shape_str(sb, b->ndim, b->sizes), what);
+    return ct__err_set(code, "matmul: %s @ %s: %s", ct__tensor_shape_str(sa, a->ndim, a->sizes),
+                       ct__tensor_shape_str(sb, b->ndim, b->sizes), what);
 }
 
 /* Checks shapes and fills p's sizes and the output shape. */
@@ -268,13 +268,14 @@ static int mm_shapes(ct__mm_plan *p, const ct_tensor *a, const ct_tensor *b,
         return mm_fail(CT_ESHAPE, a, b, what);
     }
     int na = a->ndim > 2 ? a->ndim - 2 : 0, nb = b->ndim > 2 ? b->ndim - 2 : 0;
-    if (ct__broadcast_shapes("batch dims", na, a->sizes, nb, b->sizes, &p->nbatch, p->batch)) {
+    if (ct__tensor_broadcast_shapes("batch dims", na, a->sizes, nb, b->sizes, &p->nbatch,
+                                    p->batch)) {
         snprintf(what, sizeof what, "%s", ct_errmsg());
         return mm_fail(CT_ESHAPE, a, b, what);
     }
     p->dtype = compute_dtype(dtype, dev->mm_half);
     p->limit = dev->mm_limit;
-    p->nb = ct__numel(p->nbatch, p->batch);
+    p->nb = ct__tensor_numel(p->nbatch, p->batch);
     p->m = a->ndim > 1 ? a->sizes[a->ndim - 2] : 1;
     p->n = b->ndim > 1 ? b->sizes[b->ndim - 1] : 1;
     p->k = k;
@@ -293,7 +294,8 @@ static int mm_shapes(ct__mm_plan *p, const ct_tensor *a, const ct_tensor *b,
 }
 
 ct_tensor *ct_matmul(ct_tensor *a, ct_tensor *b) {
-    if (CT__CHECK_ANY("matmul", a, b) || ct__check_same_device("matmul", (ct_tensor *[]){a, b}, 2))
+    if (CT__CHECK_ANY("matmul", a, b) ||
+        ct__tensor_check_same_device("matmul", (ct_tensor *[]){a, b}, 2))
         return NULL;
     ct_device device = a->storage->device;
     const ct__device_ops *dev = CT__DEVICE_GET("matmul", device, matmul);
@@ -314,26 +316,26 @@ ct_tensor *ct_matmul(ct_tensor *a, ct_tensor *b) {
                  (dtype != (ct_dtype)p.dtype &&
                   scratch_new(&cbuf, &scratch[2], ndim, sizes, (ct_dtype)p.dtype, device))))
         goto done;
-    out = ct__new_on("matmul", ndim, sizes, dtype, device);
+    out = ct__tensor_new_on("matmul", ndim, sizes, dtype, device);
     if (!out)
         goto done;
     int rc = 0;
     if (!work) {
         /* k == 0 sums nothing: zeros. */
-        rc = ct__fill_any(out, 0);
+        rc = ct__tensor_fill_any(out, 0);
     } else {
         p.c = scratch[2] ? ct__data(&cbuf) : ct__data(out);
         mm_fold_batch(&p);
         rc = dev->matmul(&p, device.index);
         if (!rc && scratch[2])
-            rc = ct__copy_any(out, &cbuf);
+            rc = ct__tensor_copy_any(out, &cbuf);
     }
     if (rc) {
-        ct__release(out);
+        ct__tensor_release(out);
         out = NULL;
     }
 done:
     for (int i = 0; i < 3; i++)
         ct_storage_free(scratch[i]);
-    return out ? ct__record1(CT_OP_MATMUL, out, (ct_tensor *[]){a, b}, 2, NULL) : NULL;
+    return out ? ct__tensor_record1(CT_OP_MATMUL, out, (ct_tensor *[]){a, b}, 2, NULL) : NULL;
 }

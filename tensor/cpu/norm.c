@@ -198,7 +198,7 @@ static void *ones_of(ct_dtype dtype, int64_t d) {
     size_t es = ct_dtype_size(dtype);
     char *w = malloc(es * (size_t)(d ? d : 1));
     for (int64_t k = 0; w && k < d; k++)
-        ct__store_double(dtype, w + k * (int64_t)es, 1);
+        ct__tensor_store_double(dtype, w + k * (int64_t)es, 1);
     return w;
 }
 
@@ -213,8 +213,8 @@ int ct__cpu_layer_norm_backward(ct_tensor *dx, ct_tensor *dw, ct_tensor *db, ct_
         return 0;
     void *ones = w ? NULL : ones_of(x->dtype, j.d);
     if (!w && !(j.w = ones))
-        return ct__seterr(CT_ENOMEM, "layer_norm: out of memory for a weight of %lld ones",
-                          (long long)j.d);
+        return ct__err_set(CT_ENOMEM, "layer_norm: out of memory for a weight of %lld ones",
+                           (long long)j.d);
     int64_t by_size = (CT__GRAIN_REDUCE + j.d - 1) / j.d;
     int64_t by_count = (j.rows + LN_MAX_CHUNKS - 1) / LN_MAX_CHUNKS;
     j.chunk = by_size > by_count ? by_size : by_count;
@@ -224,8 +224,8 @@ int ct__cpu_layer_norm_backward(ct_tensor *dx, ct_tensor *dw, ct_tensor *db, ct_
         j.part = malloc(sizeof(double) * LN_PART * (size_t)(j.d * nchunks));
         if (!j.part) {
             free(ones);
-            return ct__seterr(CT_ENOMEM, "layer_norm: out of memory for %lld partial sums",
-                              (long long)(LN_PART * j.d * nchunks));
+            return ct__err_set(CT_ENOMEM, "layer_norm: out of memory for %lld partial sums",
+                               (long long)(LN_PART * j.d * nchunks));
         }
     }
     bool f64 = x->dtype == CT_FLOAT64;

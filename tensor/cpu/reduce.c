@@ -765,7 +765,7 @@ static void store_int(ct_dtype dtype, char *p, int64_t v) {
     case CT_INT32: *(int32_t *)p = (int32_t)v; return;
     case CT_UINT8: *(uint8_t *)p = (uint8_t)v; return;
     case CT_BOOL: *(uint8_t *)p = v != 0; return;
-    default: ct__store_double(dtype, p, (double)v); return;
+    default: ct__tensor_store_double(dtype, p, (double)v); return;
     }
 }
 
@@ -782,7 +782,7 @@ static void emit(const red_job *j, const red_acc *a, int64_t off) {
     else if (j->plain && j->out_dtype == CT_FLOAT32)
         *(float *)(j->out + off) = (float)a->f[0];
     else
-        ct__store_double(j->out_dtype, j->out + off, finish(j, a));
+        ct__tensor_store_double(j->out_dtype, j->out + off, finish(j, a));
 }
 
 /* Either keeps the finished chunk's partial for the merge pass, or, with a
@@ -964,8 +964,8 @@ static int run(const char *op, red_job *j, ct_tensor *in, ct_tensor *out, const 
     if (j->nchunk > 1) {
         j->partial = malloc(sizeof(red_acc) * (size_t)(nout * j->nchunk));
         if (!j->partial)
-            return ct__seterr(CT_ENOMEM, "%s: out of memory for %lld partial results", op,
-                              (long long)(nout * j->nchunk));
+            return ct__err_set(CT_ENOMEM, "%s: out of memory for %lld partial results", op,
+                               (long long)(nout * j->nchunk));
     }
     ct_parallel_for(0, nitems, grain_for(work), items, j);
     if (j->nchunk > 1) {
@@ -986,7 +986,7 @@ int ct__cpu_reduce(const ct__reduction *r, ct_tensor *t, ct_tensor *out, ct_tens
                                                            : COMP_I;
     j.comp_dtype = (ct_dtype[]){CT_FLOAT32, CT_FLOAT64, CT_INT64}[j.comp];
     j.comp_size = (int64_t)ct_dtype_size(j.comp_dtype);
-    j.load = ct__cast_kernel(j.comp_dtype, t->dtype);
+    j.load = ct__cpu_cast_kernel(j.comp_dtype, t->dtype);
     j.direct = t->dtype == j.comp_dtype;
     j.int_result = j.comp == COMP_I;
     j.index_only = r->index_only;

@@ -183,8 +183,8 @@ int ct__cpu_softmax(ct_tensor *out, ct_tensor *t, int d, bool log) {
     ct_dtype comp = t->dtype == CT_FLOAT64 ? CT_FLOAT64 : CT_FLOAT32;
     j.comp_size = (int64_t)ct_dtype_size(comp);
     j.comp_dtype = t->dtype == comp;
-    j.load = ct__cast_kernel(comp, t->dtype);
-    j.store = ct__cast_kernel(t->dtype, comp);
+    j.load = ct__cpu_cast_kernel(comp, t->dtype);
+    j.store = ct__cpu_cast_kernel(t->dtype, comp);
     int64_t n = j.plan.red.shape[0], items = j.plan.kept.numel, per_item = n;
     if (!j.plan.inner) {
         j.ncols = min64(j.plan.kept.shape[0], SM_COLS);

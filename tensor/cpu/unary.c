@@ -129,7 +129,7 @@ int ct__cpu_unary(int op, ct_tensor *out, ct_tensor *src, const double p[2], con
                      : ct_dtype_is_float(d)                        ? unary_kernels[op].floats[d]
                                             : unary_kernels[op].ints[d - CT_INT64];
     if (!fn)
-        return ct__seterr(CT_EINVAL, "unary: no CPU loop for op %d on %s", op, ct_dtype_name(d));
+        return ct__err_set(CT_EINVAL, "unary: no CPU loop for op %d on %s", op, ct_dtype_name(d));
     unary_params prm = {{p[0], p[1]}, {ip[0], ip[1]}};
     ct__iter it;
     ct__iter_init(&it, (ct_tensor *[]){out, src}, 2, out->ndim, out->sizes);

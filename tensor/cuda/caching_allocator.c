@@ -88,7 +88,7 @@ static int pool_insert(pool *p, block *b) {
         int cap = p->cap ? 2 * p->cap : 64;
         block **v = realloc(p->v, (size_t)cap * sizeof *v);
         if (!v)
-            return ct__seterr(CT_ENOMEM, "caching allocator: out of host memory");
+            return ct__err_set(CT_ENOMEM, "caching allocator: out of host memory");
         p->v = v;
         p->cap = cap;
     }
@@ -119,7 +119,7 @@ static int table_grow(ct__calloc *a) {
     size_t n = a->nbuckets ? 2 * a->nbuckets : 256;
     block **t = calloc(n, sizeof *t);
     if (!t)
-        return ct__seterr(CT_ENOMEM, "caching allocator: out of host memory");
+        return ct__err_set(CT_ENOMEM, "caching allocator: out of host memory");
     block **old = a->table;
     size_t nold = a->nbuckets;
     a->table = t;
@@ -269,7 +269,7 @@ static int out_of_memory(ct__calloc *a, size_t bytes) {
     bool info = a->mem.mem_info && !a->mem.mem_info(a->mem.ctx, &dev_free, &dev_total);
     char asked[32], alloc[32], reserved[32], cached[32], fr[32], tot[32];
     a->st.ooms++;
-    return ct__seterr(
+    return ct__err_set(
         CT_ENOMEM,
         "CUDA out of memory on device %d: tried to allocate %s; ct has %s allocated and %s "
         "reserved (%s of it cached, and returned to the device before this failed)%s%s%s%s%s",
@@ -287,7 +287,7 @@ static int new_segment(ct__calloc *a, size_t size, size_t bytes, void *stream, b
     size_t seg = segment_size(size);
     block *b = calloc(1, sizeof *b);
     if (!b)
-        return ct__seterr(CT_ENOMEM, "caching allocator: out of host memory");
+        return ct__err_set(CT_ENOMEM, "caching allocator: out of host memory");
     void *ptr = NULL;
     a->st.device_mallocs++;
     int rc = a->mem.malloc(a->mem.ctx, seg, &ptr);
@@ -314,10 +314,10 @@ static int new_segment(ct__calloc *a, size_t size, size_t bytes, void *stream, b
 
 /* ------------------------------------------------------------------ API */
 
-ct__calloc *ct__calloc_new(const ct__devmem *mem, int device) {
+ct__calloc *ct__cuda_calloc_new(const ct__devmem *mem, int device) {
     ct__calloc *a = calloc(1, sizeof *a);
     if (!a) {
-        ct__seterr(CT_ENOMEM, "caching allocator: out of host memory");
+        ct__err_set(CT_ENOMEM, "caching allocator: out of host memory");
         return NULL;
     }
     pthread_mutex_init(&a->lock, NULL);
@@ -326,7 +326,7 @@ ct__calloc *ct__calloc_new(const ct__devmem *mem, int device) {
     return a;
 }
 
-void ct__calloc_free(ct__calloc *a) {
+void ct__cuda_calloc_free(ct__calloc *a) {
     if (!a)
         return;
     for (int i = 0; i < a->nevents; i++)
@@ -372,13 +372,13 @@ void ct__calloc_free(ct__calloc *a) {
     free(a);
 }
 
-int ct__calloc_alloc(ct__calloc *a, size_t bytes, void *stream, void **ptr) {
+int ct__cuda_calloc_alloc(ct__calloc *a, size_t bytes, void *stream, void **ptr) {
     *ptr = NULL;
     if (!bytes)
         return 0;
     if (bytes > SIZE_MAX / 2)
-        return ct__seterr(CT_ENOMEM, "CUDA out of memory on device %d: %zu bytes asked for",
-                          a->device, bytes);
+        return ct__err_set(CT_ENOMEM, "CUDA out of memory on device %d: %zu bytes asked for",
+                           a->device, bytes);
     size_t size = round_size(bytes);
     pthread_mutex_lock(&a->lock);
     int rc = process_events(a);
@@ -426,16 +426,16 @@ int ct__calloc_alloc(ct__calloc *a, size_t bytes, void *stream, void **ptr) {
     return rc;
 }
 
-int ct__calloc_release(ct__calloc *a, void *ptr) {
+int ct__cuda_calloc_release(ct__calloc *a, void *ptr) {
     if (!ptr)
         return 0;
     pthread_mutex_lock(&a->lock);
     block *b = table_take(a, ptr);
     int rc = b ? 0
-               : ct__seterr(CT_EINVAL,
-                            "caching allocator: %p on device %d was not allocated here, or was "
-                            "freed already",
-                            ptr, a->device);
+               : ct__err_set(CT_EINVAL,
+                             "caching allocator: %p on device %d was not allocated here, or was "
+                             "freed already",
+                             ptr, a->device);
     if (b) {
         b->allocated = false;
         a->st.allocated -= (int64_t)b->size;
@@ -447,7 +447,7 @@ int ct__calloc_release(ct__calloc *a, void *ptr) {
             int cap = a->cap_events ? 2 * a->cap_events : 16;
             pending_event *e = realloc(a->events, (size_t)cap * sizeof *e);
             if (!e) {
-                rc = ct__seterr(CT_ENOMEM, "caching allocator: out of host memory");
+                rc = ct__err_set(CT_ENOMEM, "caching allocator: out of host memory");
                 break;
             }
             a->events = e;
@@ -473,14 +473,14 @@ int ct__calloc_release(ct__calloc *a, void *ptr) {
     return rc;
 }
 
-int ct__calloc_record_stream(ct__calloc *a, void *ptr, void *stream) {
+int ct__cuda_calloc_record_stream(ct__calloc *a, void *ptr, void *stream) {
     pthread_mutex_lock(&a->lock);
     block **slot = table_find(a, ptr), *b = slot ? *slot : NULL;
     int rc = b ? 0
-               : ct__seterr(CT_EINVAL,
-                            "caching allocator: record_stream: %p on device %d is not a live "
-                            "block's start",
-                            ptr, a->device);
+               : ct__err_set(CT_EINVAL,
+                             "caching allocator: record_stream: %p on device %d is not a live "
+                             "block's start",
+                             ptr, a->device);
     bool known = !b || b->stream == stream;
     for (int i = 0; b && i < b->nuses && !known; i++)
         known = b->uses[i] == stream;
@@ -488,7 +488,7 @@ int ct__calloc_record_stream(ct__calloc *a, void *ptr, void *stream) {
         int cap = b->cap_uses ? 2 * b->cap_uses : 4;
         void **u = realloc(b->uses, (size_t)cap * sizeof *u);
         if (!u)
-            rc = ct__seterr(CT_ENOMEM, "caching allocator: out of host memory");
+            rc = ct__err_set(CT_ENOMEM, "caching allocator: out of host memory");
         else {
             b->uses = u;
             b->cap_uses = cap;
@@ -500,7 +500,7 @@ int ct__calloc_record_stream(ct__calloc *a, void *ptr, void *stream) {
     return rc;
 }
 
-int ct__calloc_empty_cache(ct__calloc *a) {
+int ct__cuda_calloc_empty_cache(ct__calloc *a) {
     pthread_mutex_lock(&a->lock);
     int rc = process_events(a);
     release_segments(a);
@@ -508,13 +508,13 @@ int ct__calloc_empty_cache(ct__calloc *a) {
     return rc;
 }
 
-void ct__calloc_get_stats(ct__calloc *a, ct__calloc_stats *s) {
+void ct__cuda_calloc_get_stats(ct__calloc *a, ct__calloc_stats *s) {
     pthread_mutex_lock(&a->lock);
     *s = a->st;
     pthread_mutex_unlock(&a->lock);
 }
 
-void ct__calloc_reset_peak(ct__calloc *a) {
+void ct__cuda_calloc_reset_peak(ct__calloc *a) {
     pthread_mutex_lock(&a->lock);
     a->st.peak_allocated = a->st.allocated;
     a->st.peak_reserved = a->st.reserved;

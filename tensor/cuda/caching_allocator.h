@@ -16,7 +16,7 @@
  * Streams. Each block belongs to the stream it was allocated on, and a free
  * block is reused only for that stream: work queued on the stream before the
  * free is ordered before work queued after the reuse. A block that other
- * streams used (ct__calloc_record_stream) is held back when freed until an
+ * streams used (ct__cuda_calloc_record_stream) is held back when freed until an
  * event recorded on each of those streams has completed.
  *
  * Errors. Functions return 0 or a negative CT_E* code with a message. Out of
@@ -52,7 +52,7 @@ typedef struct ct__devmem {
 typedef struct ct__calloc_stats {
     int64_t allocated;      /* bytes in blocks handed out, rounded */
     int64_t reserved;       /* bytes in segments taken from the device */
-    int64_t peak_allocated; /* since creation or ct__calloc_reset_peak */
+    int64_t peak_allocated; /* since creation or ct__cuda_calloc_reset_peak */
     int64_t peak_reserved;
     int64_t requested;      /* bytes asked for by live blocks, unrounded */
     int64_t segments;       /* taken from the device, live */
@@ -67,25 +67,25 @@ typedef struct ct__calloc ct__calloc;
 
 /* A new allocator for device (its index, for messages) over mem, which is
  * copied. NULL with CT_ENOMEM. */
-ct__calloc *ct__calloc_new(const ct__devmem *mem, int device);
+ct__calloc *ct__cuda_calloc_new(const ct__devmem *mem, int device);
 /* Returns every segment to the device and frees the allocator. Blocks still
  * handed out are returned too: their memory must no longer be used. */
-void ct__calloc_free(ct__calloc *a);
+void ct__cuda_calloc_free(ct__calloc *a);
 
 /* At least bytes of device memory for work on stream (bytes 0 gives NULL
  * and 0). */
-int ct__calloc_alloc(ct__calloc *a, size_t bytes, void *stream, void **ptr);
+int ct__cuda_calloc_alloc(ct__calloc *a, size_t bytes, void *stream, void **ptr);
 /* Gives a block back to the cache. CT_EINVAL for a pointer the allocator
  * did not hand out (or handed out and took back). */
-int ct__calloc_release(ct__calloc *a, void *ptr);
+int ct__cuda_calloc_release(ct__calloc *a, void *ptr);
 /* Marks that work on stream uses the block at ptr, so that freeing it
  * waits for that work. A no-op for the block's own stream. */
-int ct__calloc_record_stream(ct__calloc *a, void *ptr, void *stream);
+int ct__cuda_calloc_record_stream(ct__calloc *a, void *ptr, void *stream);
 /* Returns every segment with nothing handed out (and no pending event) to
  * the device. */
-int ct__calloc_empty_cache(ct__calloc *a);
+int ct__cuda_calloc_empty_cache(ct__calloc *a);
 
-void ct__calloc_get_stats(ct__calloc *a, ct__calloc_stats *s);
-void ct__calloc_reset_peak(ct__calloc *a);
+void ct__cuda_calloc_get_stats(ct__calloc *a, ct__calloc_stats *s);
+void ct__cuda_calloc_reset_peak(ct__calloc *a);
 
 #endif

@@ -34,7 +34,7 @@ int ct__cuda_copy(int device, void *dst, const void *src, size_t n, bool to_devi
 int ct__cuda_sync(int device);
 
 /* dst = src on their CUDA device (both on one), broadcast and converted as
- * ct__copy_into does on the CPU; queued on the device's compute stream. */
+ * ct__cpu_copy_into does on the CPU; queued on the device's compute stream. */
 int ct__cuda_copy_tensor(ct_tensor *dst, ct_tensor *src);
 
 /* dst = x (op) y on their device, op an index of the binary ops

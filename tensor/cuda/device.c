@@ -42,9 +42,10 @@ static int check_device(const char *fn, int index) {
     if (index >= 0 && index < n)
         return 0;
     if (!n)
-        return ct__seterr(CT_EDEVICE, "%s: cuda:%d: there is no CUDA device: %s", fn, index, D.why);
-    return ct__seterr(CT_EDEVICE, "%s: cuda:%d: no such device (this process sees %d: cuda:0-%d)",
-                      fn, index, n, n - 1);
+        return ct__err_set(CT_EDEVICE, "%s: cuda:%d: there is no CUDA device: %s", fn, index,
+                           D.why);
+    return ct__err_set(CT_EDEVICE, "%s: cuda:%d: no such device (this process sees %d: cuda:0-%d)",
+                       fn, index, n, n - 1);
 }
 
 int ct_cuda_set_device(int index) {
@@ -76,7 +77,7 @@ static ct__calloc *allocator(const char *fn, int index) {
     pthread_mutex_lock(&D.lock);
     ct__devmem mem;
     if (!D.alloc[index] && !ct__cuda_devmem(index, &mem))
-        D.alloc[index] = ct__calloc_new(&mem, index);
+        D.alloc[index] = ct__cuda_calloc_new(&mem, index);
     ct__calloc *a = D.alloc[index];
     pthread_mutex_unlock(&D.lock);
     return a;
@@ -87,7 +88,7 @@ int ct_cuda_memory_stats_get(int index, ct_cuda_memory_stats *out) {
     if (!a)
         return ct_errcode();
     ct__calloc_stats s;
-    ct__calloc_get_stats(a, &s);
+    ct__cuda_calloc_get_stats(a, &s);
     *out = (ct_cuda_memory_stats){.allocated = s.allocated,
                                   .reserved = s.reserved,
                                   .peak_allocated = s.peak_allocated,
@@ -103,31 +104,31 @@ int ct_cuda_memory_stats_get(int index, ct_cuda_memory_stats *out) {
 int ct_cuda_reset_peak_memory(int index) {
     ct__calloc *a = allocator("ct_cuda_reset_peak_memory", index);
     if (a)
-        ct__calloc_reset_peak(a);
+        ct__cuda_calloc_reset_peak(a);
     return a ? 0 : ct_errcode();
 }
 
 int ct_cuda_empty_cache(int index) {
     ct__calloc *a = allocator("ct_cuda_empty_cache", index);
-    return a ? ct__calloc_empty_cache(a) : ct_errcode();
+    return a ? ct__cuda_calloc_empty_cache(a) : ct_errcode();
 }
 
 /* ------------------------------------------------------------- storage */
 
 static void release_block(void *data, void *ctx) {
-    if (ct__calloc_release(ctx, data))
+    if (ct__cuda_calloc_release(ctx, data))
         fprintf(stderr, "ct: releasing device memory: %s\n", ct_errmsg());
 }
 
 ct_storage *ct__cuda_storage_new(const char *op, size_t nbytes, int device) {
     ct__calloc *a = allocator(op, device);
     void *stream = NULL, *ptr = NULL;
-    if (!a || ct__cuda_stream(device, &stream) || ct__calloc_alloc(a, nbytes, stream, &ptr))
+    if (!a || ct__cuda_stream(device, &stream) || ct__cuda_calloc_alloc(a, nbytes, stream, &ptr))
         return NULL;
     ct_storage *s = ct_storage_from_blob(ptr, nbytes, (ct_device){CT_CUDA, device},
                                          ptr ? release_block : NULL, a);
     if (!s)
-        ct__calloc_release(a, ptr);
+        ct__cuda_calloc_release(a, ptr);
     return s;
 }
 
@@ -196,7 +197,7 @@ static pin_block *pin_alloc(size_t nbytes) {
     while (bin < PIN_BINS - 1 && ((size_t)1 << bin) < nbytes)
         bin++;
     if (((size_t)1 << bin) < nbytes) {
-        ct__seterr(CT_ENOMEM, "ct_empty_pinned: %zu bytes is more than can be pinned", nbytes);
+        ct__err_set(CT_ENOMEM, "ct_empty_pinned: %zu bytes is more than can be pinned", nbytes);
         return NULL;
     }
     pin_block *b = NULL;
@@ -212,7 +213,7 @@ static pin_block *pin_alloc(size_t nbytes) {
         return b;
     b = calloc(1, sizeof *b);
     if (!b) {
-        ct__seterr(CT_ENOMEM, "ct_empty_pinned: out of memory");
+        ct__err_set(CT_ENOMEM, "ct_empty_pinned: out of memory");
         return NULL;
     }
     b->bin = bin;
@@ -244,7 +245,7 @@ static int pin_record(pin_block *b, int device) {
         if (!grown) {
             pthread_mutex_unlock(&P.lock);
             mem.event_free(mem.ctx, event);
-            return ct__seterr(CT_ENOMEM, "ct_to_async: out of memory");
+            return ct__err_set(CT_ENOMEM, "ct_to_async: out of memory");
         }
         b->events = grown;
         b->cap = cap;
@@ -267,13 +268,13 @@ bool ct_is_pinned(const ct_tensor *t) {
 
 /* A new pinned host tensor; errors are reported as fn's. */
 static ct_tensor *pinned_new(const char *fn, int ndim, const int64_t *sizes, ct_dtype dtype) {
-    if (ct__check_shape(fn, ndim, sizes, dtype))
+    if (ct__tensor_check_shape(fn, ndim, sizes, dtype))
         return NULL;
     if (!ct_cuda_device_count()) {
-        ct__seterr(CT_EDEVICE, "%s: page-locked memory needs a CUDA device: %s", fn, D.why);
+        ct__err_set(CT_EDEVICE, "%s: page-locked memory needs a CUDA device: %s", fn, D.why);
         return NULL;
     }
-    size_t bytes = (size_t)ct__numel(ndim, sizes) * ct__esize(dtype);
+    size_t bytes = (size_t)ct__tensor_numel(ndim, sizes) * ct__esize(dtype);
     pin_block *b = pin_alloc(bytes);
     if (!b)
         return NULL;
@@ -293,18 +294,18 @@ ct_tensor *ct_empty_pinned(int ndim, const int64_t *sizes, ct_dtype dtype) {
 
 ct_tensor *ct_pin_memory(ct_tensor *t) {
     const char *fn = "ct_pin_memory";
-    if (ct__check_handles(fn, &t, 1))
+    if (ct__tensor_check_handles(fn, &t, 1))
         return NULL;
     if (t->storage->device.type != CT_CPU) {
-        ct__seterr(CT_EDEVICE, "%s: the tensor is on cuda:%d; only host memory is pinned", fn,
-                   t->storage->device.index);
+        ct__err_set(CT_EDEVICE, "%s: the tensor is on cuda:%d; only host memory is pinned", fn,
+                    t->storage->device.index);
         return NULL;
     }
     if (ct_is_pinned(t))
-        return ct__scope_own(ct_tensor_retain(t));
+        return ct__tensor_scope_own(ct_tensor_retain(t));
     ct_tensor *out = pinned_new(fn, t->ndim, t->sizes, t->dtype);
     if (out)
-        ct__copy_into(out, t);
+        ct__cpu_copy_into(out, t);
     return out;
 }
 
@@ -331,11 +332,11 @@ int ct_cuda_empty_pinned_cache(void) {
 /* ct_to, and ct_to_async when async: a copy to device, in which the host
  * does not wait if the host side is pinned. */
 ct_tensor *ct__cuda_to(const char *fn, ct_tensor *t, ct_device device, bool async) {
-    if (ct__check_handles(fn, &t, 1))
+    if (ct__tensor_check_handles(fn, &t, 1))
         return NULL;
     ct_device from = ct_tensor_device(t);
     if (from.type == device.type && (device.type == CT_CPU || from.index == device.index))
-        return ct__scope_own(ct_tensor_retain(t));
+        return ct__tensor_scope_own(ct_tensor_retain(t));
     if (device.type == CT_CUDA && check_device(fn, device.index))
         return NULL;
     bool to_device = device.type == CT_CUDA, from_device = from.type == CT_CUDA;
@@ -369,9 +370,9 @@ ct_tensor *ct__cuda_to(const char *fn, ct_tensor *t, ct_device device, bool asyn
         if (!rc && pin_record(pinned_block(to_device ? src : out), on))
             rc = ct__cuda_sync(on) ? ct_errcode() : 0;
     }
-    ct__release(src);
+    ct__tensor_release(src);
     if (rc && out) {
-        ct__release(out);
+        ct__tensor_release(out);
         out = NULL;
     }
     return out;
@@ -385,5 +386,5 @@ int ct__cuda_record_stream(ct_tensor *t, void *stream) {
      * keep alive; only the allocator's blocks are reused behind its back. */
     if (s->device.type != CT_CUDA || s->free_fn != release_block || !s->data)
         return 0;
-    return ct__calloc_record_stream(s->free_ctx, s->data, stream);
+    return ct__cuda_calloc_record_stream(s->free_ctx, s->data, stream);
 }

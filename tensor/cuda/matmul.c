@@ -31,9 +31,9 @@ static struct {
 } H = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 static int blas_fail(cublasStatus_t st, int device, const char *what) {
-    return ct__seterr(st == CUBLAS_STATUS_ALLOC_FAILED ? CT_ENOMEM : CT_EFOREIGN,
-                      "cuda:%d: %s: %s (%s)", device, what, cublasGetStatusString(st),
-                      cublasGetStatusName(st));
+    return ct__err_set(st == CUBLAS_STATUS_ALLOC_FAILED ? CT_ENOMEM : CT_EFOREIGN,
+                       "cuda:%d: %s: %s (%s)", device, what, cublasGetStatusString(st),
+                       cublasGetStatusName(st));
 }
 
 /* device's handle, made if need be; under H.lock, with device current. */
@@ -51,9 +51,9 @@ static int handle_of(int device, void *stream, cublasHandle_t *out) {
     if (e != cudaSuccess) {
         cudaGetLastError();
         cublasDestroy(h);
-        return ct__seterr(e == cudaErrorMemoryAllocation ? CT_ENOMEM : CT_EFOREIGN,
-                          "cuda:%d: allocating cuBLAS's workspace of %zu MiB: %s", device,
-                          WORKSPACE_BYTES >> 20, cudaGetErrorString(e));
+        return ct__err_set(e == cudaErrorMemoryAllocation ? CT_ENOMEM : CT_EFOREIGN,
+                           "cuda:%d: allocating cuBLAS's workspace of %zu MiB: %s", device,
+                           WORKSPACE_BYTES >> 20, cudaGetErrorString(e));
     }
     /* Setting the stream resets the workspace, so it goes first. Reductions
      * of float16 and bfloat16 products stay in float32. */

@@ -8,10 +8,10 @@
 #pragma GCC diagnostic ignored "-Wunused-parameter"
 
 static int none(int device) {
-    return ct__seterr(CT_EDEVICE,
-                      "cuda:%d: this ct was built without CUDA (configure with "
-                      "-DCT_CUDA=ON where the CUDA Toolkit is installed)",
-                      device);
+    return ct__err_set(CT_EDEVICE,
+                       "cuda:%d: this ct was built without CUDA (configure with "
+                       "-DCT_CUDA=ON where the CUDA Toolkit is installed)",
+                       device);
 }
 
 int ct__cuda_count(const char **why) {

@@ -61,8 +61,8 @@ int launch(const ct__optim_hyper &h, const Flags &f, char *p, const char *g, cha
 
 // adam: 0 SGD, 1 Adam, 2 AdamW; f64: float64 (else float32). Returns a
 // cudaError_t.
-extern "C" int ct__optim_launch(const ct__optim_hyper *h, int adam, int f64, char *p, const char *g,
-                                char *const *bufs, int64_t n, void *stream) {
+extern "C" int ct__cuda_optim_launch(const ct__optim_hyper *h, int adam, int f64, char *p,
+                                     const char *g, char *const *bufs, int64_t n, void *stream) {
     if (n == 0)
         return 0;
     Flags f = {adam != 0,   adam == 1 ? h->weight_decay != 0 : adam == 0 && h->weight_decay != 0,

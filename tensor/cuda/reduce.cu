@@ -78,7 +78,7 @@ __device__ inline int64_t esize_of(int dtype) {
     }
 }
 
-// Stores v into an element of dtype, as ct__store_double does on the CPU.
+// Stores v into an element of dtype, as ct__tensor_store_double does on the CPU.
 __device__ inline void put_double(char *p, int dtype, double v) {
     switch (dtype) {
     case 0: *reinterpret_cast<float *>(p) = static_cast<float>(v); return;

@@ -19,9 +19,9 @@ static int fail(cudaError_t e, int device, const char *what) {
     /* A failed call leaves its error as the thread's last: clear it, so
      * that it is not reported again by the next call. */
     cudaGetLastError();
-    return ct__seterr(e == cudaErrorMemoryAllocation ? CT_ENOMEM : CT_EFOREIGN,
-                      "cuda:%d: %s: %s (%s)", device, what, cudaGetErrorString(e),
-                      cudaGetErrorName(e));
+    return ct__err_set(e == cudaErrorMemoryAllocation ? CT_ENOMEM : CT_EFOREIGN,
+                       "cuda:%d: %s: %s (%s)", device, what, cudaGetErrorString(e),
+                       cudaGetErrorName(e));
 }
 
 int ct__cuda_count(const char **why) {
@@ -46,7 +46,7 @@ int ct__cuda_use(int device) {
 int ct__cuda_stream(int device, void **stream) {
     *stream = NULL;
     if (device < 0 || device >= MAX_DEVICES)
-        return ct__seterr(CT_EDEVICE, "cuda:%d: no such device", device);
+        return ct__err_set(CT_EDEVICE, "cuda:%d: no such device", device);
     pthread_mutex_lock(&rt.lock);
     int rc = rt.streams[device] ? 0 : ct__cuda_use(device);
     if (!rc && !rt.streams[device]) {
@@ -165,9 +165,9 @@ int ct__cuda_host_alloc(size_t nbytes, void **ptr) {
         return 0;
     cudaGetLastError();
     *ptr = NULL;
-    return ct__seterr(e == cudaErrorMemoryAllocation ? CT_ENOMEM : CT_EFOREIGN,
-                      "cudaHostAlloc of %zu bytes of page-locked memory: %s (%s)", nbytes,
-                      cudaGetErrorString(e), cudaGetErrorName(e));
+    return ct__err_set(e == cudaErrorMemoryAllocation ? CT_ENOMEM : CT_EFOREIGN,
+                       "cudaHostAlloc of %zu bytes of page-locked memory: %s (%s)", nbytes,
+                       cudaGetErrorString(e), cudaGetErrorName(e));
 }
 
 /* Freeing fails only when the device is in error; nothing waits for the
@@ -210,7 +210,7 @@ int ct__cuda_copy_tensor(ct_tensor *dst, ct_tensor *src) {
     int device = dst->storage->device.index;
     if (dst->storage->device.type != CT_CUDA || src->storage->device.type != CT_CUDA ||
         src->storage->device.index != device)
-        return ct__seterr(CT_EDEVICE, "copy: both tensors must be on one CUDA device");
+        return ct__err_set(CT_EDEVICE, "copy: both tensors must be on one CUDA device");
     ct__cuda_iter k;
     ct__cuda_iter_of(&k, (ct_tensor *[]){dst, src}, 2, dst->ndim, dst->sizes);
     void *stream;

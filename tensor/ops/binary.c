@@ -76,9 +76,9 @@ static ct_tensor *binary(int which, ct_tensor *a, ct_tensor *b, double scalar, b
         compute = CT_FLOAT32;
     if (!supports(bo, compute)) {
         char da[CT__DESC_STR], db[CT__DESC_STR];
-        ct__seterr(CT_EDTYPE, "%s: not supported for %s operands (%s%s%s)", s.name,
-                   ct_dtype_name(compute), ct__desc(da, a), has_b ? " and " : "",
-                   has_b ? ct__desc(db, b) : "");
+        ct__err_set(CT_EDTYPE, "%s: not supported for %s operands (%s%s%s)", s.name,
+                    ct_dtype_name(compute), ct__tensor_desc(da, a), has_b ? " and " : "",
+                    has_b ? ct__tensor_desc(db, b) : "");
         return NULL;
     }
     if (ct__op_alloc(&s, &r, compute, bo->compare ? CT_BOOL : compute))
@@ -116,8 +116,8 @@ DEFINE_BINARY(pow)
 static int check_mask(const char *op, const ct_tensor *mask) {
     char desc[CT__DESC_STR];
     if (mask->dtype != CT_BOOL)
-        return ct__seterr(CT_EDTYPE, "%s: the condition must be bool, got %s", op,
-                          ct__desc(desc, mask));
+        return ct__err_set(CT_EDTYPE, "%s: the condition must be bool, got %s", op,
+                           ct__tensor_desc(desc, mask));
     return 0;
 }
 
@@ -153,8 +153,8 @@ static ct_tensor *masked_fill(ct_tensor *t, ct_tensor *mask, double value, bool 
         return NULL;
     if (r.nd != t->ndim || memcmp(r.shape, t->sizes, sizeof(int64_t) * (size_t)r.nd) != 0) {
         char dt[CT__DESC_STR], dm[CT__DESC_STR];
-        ct__seterr(CT_ESHAPE, "%s: mask %s does not broadcast to %s", s.name, ct__desc(dm, mask),
-                   ct__desc(dt, t));
+        ct__err_set(CT_ESHAPE, "%s: mask %s does not broadcast to %s", s.name,
+                    ct__tensor_desc(dm, mask), ct__tensor_desc(dt, t));
         return NULL;
     }
     if (ct__op_alloc(&s, &r, t->dtype, t->dtype))
@@ -162,8 +162,8 @@ static ct_tensor *masked_fill(ct_tensor *t, ct_tensor *mask, double value, bool 
     /* The kernel writes the masked elements only: a new result starts as
      * a copy of t. */
     uint64_t bits = 0;
-    ct__store_double(t->dtype, &bits, value);
-    int rc = inplace ? 0 : ct__copy_any(r.dst, t);
+    ct__tensor_store_double(t->dtype, &bits, value);
+    int rc = inplace ? 0 : ct__tensor_copy_any(r.dst, t);
     if (rc == 0)
         rc = r.dev->where(r.dst, r.x[1], NULL, r.dst, &bits, r.nd, r.shape);
     ct_op_args args = {.scalars = {value, 0}};

@@ -10,7 +10,8 @@ static int dtype_category(ct_dtype d) { return d == CT_BOOL ? 0 : ct_dtype_is_fl
 
 int ct__op_begin(const ct__op_spec *s, ct__op_run *r) {
     *r = (ct__op_run){0};
-    if (ct__check_handles(s->name, s->in, s->nin) || ct__check_same_device(s->name, s->in, s->nin))
+    if (ct__tensor_check_handles(s->name, s->in, s->nin) ||
+        ct__tensor_check_same_device(s->name, s->in, s->nin))
         return ct_errcode();
     r->device = s->in[0]->storage->device;
     if (!(r->dev = ct__device_get(s->name, r->device, s->entry, s->entry_name)))
@@ -18,8 +19,8 @@ int ct__op_begin(const ct__op_spec *s, ct__op_run *r) {
     r->nd = s->in[0]->ndim;
     memcpy(r->shape, s->in[0]->sizes, sizeof(int64_t) * (size_t)r->nd);
     for (int k = 1; k < s->nin; k++)
-        if (ct__broadcast_shapes(s->name, r->nd, r->shape, s->in[k]->ndim, s->in[k]->sizes, &r->nd,
-                                 r->shape))
+        if (ct__tensor_broadcast_shapes(s->name, r->nd, r->shape, s->in[k]->ndim, s->in[k]->sizes,
+                                        &r->nd, r->shape))
             return ct_errcode();
     return 0;
 }
@@ -29,13 +30,13 @@ static int check_inplace(const ct__op_spec *s, const ct__op_run *r, ct_dtype res
     ct_tensor *a = s->in[0];
     char da[CT__DESC_STR], ds[CT__SHAPE_STR];
     if (r->nd != a->ndim || memcmp(r->shape, a->sizes, sizeof(int64_t) * (size_t)r->nd) != 0)
-        return ct__seterr(CT_ESHAPE,
-                          "%s: the broadcast shape %s does not match %s, written in place", s->name,
-                          ct__shape_str(ds, r->nd, r->shape), ct__desc(da, a));
+        return ct__err_set(
+            CT_ESHAPE, "%s: the broadcast shape %s does not match %s, written in place", s->name,
+            ct__tensor_shape_str(ds, r->nd, r->shape), ct__tensor_desc(da, a));
     if (dtype_category(result) > dtype_category(a->dtype))
-        return ct__seterr(CT_EDTYPE, "%s: result type %s cannot be stored in %s in place", s->name,
-                          ct_dtype_name(result), ct__desc(da, a));
-    return ct__check_inplace(s->op, s->name, a, s->in + 1, s->nin - 1);
+        return ct__err_set(CT_EDTYPE, "%s: result type %s cannot be stored in %s in place", s->name,
+                           ct_dtype_name(result), ct__tensor_desc(da, a));
+    return ct__tensor_check_inplace(s->op, s->name, a, s->in + 1, s->nin - 1);
 }
 
 int ct__op_alloc(const ct__op_spec *s, ct__op_run *r, ct_dtype compute, ct_dtype result) {
@@ -49,7 +50,7 @@ int ct__op_alloc(const ct__op_spec *s, ct__op_run *r, ct_dtype compute, ct_dtype
     r->scope = s->inplace && !direct;
     for (int k = 0; k < s->nin; k++)
         r->scope |= !(s->fixed >> k & 1) && s->in[k]->dtype != compute;
-    r->out = s->inplace ? s->in[0] : ct__new_on(s->name, r->nd, r->shape, result, r->device);
+    r->out = s->inplace ? s->in[0] : ct__tensor_new_on(s->name, r->nd, r->shape, result, r->device);
     if (!r->out)
         return ct_errcode();
     if (r->scope)
@@ -60,27 +61,27 @@ int ct__op_alloc(const ct__op_spec *s, ct__op_run *r, ct_dtype compute, ct_dtype
         r->x[k] = s->fixed >> k & 1 || t->dtype == compute ? t : ct_to_dtype(t, compute);
         ok &= r->x[k] != NULL;
     }
-    r->dst =
-        s->inplace && !direct ? ct__new_on(s->name, r->nd, r->shape, result, r->device) : r->out;
+    r->dst = s->inplace && !direct ? ct__tensor_new_on(s->name, r->nd, r->shape, result, r->device)
+                                   : r->out;
     if (ok && r->dst)
         return 0;
     int rc = ct_errcode();
     if (r->scope)
         ct_scope_end();
     if (!s->inplace)
-        ct__release(r->out);
+        ct__tensor_release(r->out);
     return rc;
 }
 
 ct_tensor *ct__op_end(const ct__op_spec *s, ct__op_run *r, int rc, const ct_op_args *args) {
     if (rc == 0 && r->dst != r->out)
-        rc = ct__copy_any(r->out, r->dst);
+        rc = ct__tensor_copy_any(r->out, r->dst);
     if (r->scope)
         ct_scope_end();
     if (rc != 0) {
         if (!s->inplace)
-            ct__release(r->out);
+            ct__tensor_release(r->out);
         return NULL;
     }
-    return ct__record(s->op, s->in, s->nin, &r->out, 1, s->inplace, args);
+    return ct__tensor_record(s->op, s->in, s->nin, &r->out, 1, s->inplace, args);
 }

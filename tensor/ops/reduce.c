@@ -24,19 +24,19 @@ static int parse_dims(const char *op, const ct_tensor *t, const int *dims, int n
     char desc[CT__DESC_STR];
     int maxd = t->ndim > 0 ? t->ndim : 1;
     if (ndims < 0 || ndims > maxd || (ndims > 0 && !dims))
-        return ct__seterr(CT_EINVAL, "%s: %d dims%s given for %s; expected 0 (every dim) to %d", op,
-                          ndims, ndims > 0 && !dims ? " (but a NULL list)" : "", ct__desc(desc, t),
-                          maxd);
+        return ct__err_set(CT_EINVAL, "%s: %d dims%s given for %s; expected 0 (every dim) to %d",
+                           op, ndims, ndims > 0 && !dims ? " (but a NULL list)" : "",
+                           ct__tensor_desc(desc, t), maxd);
     for (int d = 0; d < CT_MAX_DIMS; d++)
         mask[d] = ndims == 0;
     for (int i = 0; i < ndims; i++) {
-        int w = ct__wrap_dim(op, dims[i], t->ndim);
+        int w = ct__tensor_wrap_dim(op, dims[i], t->ndim);
         if (w < 0)
-            return ct__seterr(CT_EINVAL, "%s; input is %s", ct_errmsg(), ct__desc(desc, t));
+            return ct__err_set(CT_EINVAL, "%s; input is %s", ct_errmsg(), ct__tensor_desc(desc, t));
         if (mask[w])
-            return ct__seterr(CT_EINVAL,
-                              "%s: dim %d appears more than once in the dims reduced over %s", op,
-                              dims[i], ct__desc(desc, t));
+            return ct__err_set(CT_EINVAL,
+                               "%s: dim %d appears more than once in the dims reduced over %s", op,
+                               dims[i], ct__tensor_desc(desc, t));
         mask[w] = true;
         args->ints[i] = w;
     }
@@ -91,20 +91,20 @@ static ct_tensor *reduce(const red_desc *d, ct_tensor *t, const int *dims, int n
     if (parse_dims(d->name, t, dims, ndims, keepdim, mask, &args, &out_ndim, out_sizes))
         return NULL;
     if (d->float_only && !ct_dtype_is_float(t->dtype)) {
-        ct__seterr(CT_EDTYPE,
-                   "%s: input %s is not floating point; %s needs float32, float64, bfloat16 or "
-                   "float16 (convert with ct_to_dtype)",
-                   d->name, ct__desc(desc, t), d->name);
+        ct__err_set(CT_EDTYPE,
+                    "%s: input %s is not floating point; %s needs float32, float64, bfloat16 or "
+                    "float16 (convert with ct_to_dtype)",
+                    d->name, ct__tensor_desc(desc, t), d->name);
         return NULL;
     }
     bool arg = family == CT__RED_ARGMAX || family == CT__RED_ARGMIN;
     if (arg || family == CT__RED_MAX || family == CT__RED_MIN)
         for (int i = 0; i < t->ndim; i++)
             if (mask[i] && t->sizes[i] == 0) {
-                ct__seterr(CT_EINVAL,
-                           "%s: cannot reduce over dim %d of %s: it has size 0 and %s has no "
-                           "identity",
-                           d->name, i, ct__desc(desc, t), d->name);
+                ct__err_set(CT_EINVAL,
+                            "%s: cannot reduce over dim %d of %s: it has size 0 and %s has no "
+                            "identity",
+                            d->name, i, ct__tensor_desc(desc, t), d->name);
                 return NULL;
             }
 
@@ -120,23 +120,23 @@ static ct_tensor *reduce(const red_desc *d, ct_tensor *t, const int *dims, int n
     /* max_dim always makes its indices: autograd needs them even when the
      * caller does not. */
     bool with_indices = arg && !index_only;
-    ct_tensor *out = ct__new_on(d->name, out_ndim, out_sizes, result, device);
+    ct_tensor *out = ct__tensor_new_on(d->name, out_ndim, out_sizes, result, device);
     ct_tensor *idx =
-        with_indices ? ct__new_on(d->name, out_ndim, out_sizes, CT_INT64, device) : NULL;
+        with_indices ? ct__tensor_new_on(d->name, out_ndim, out_sizes, CT_INT64, device) : NULL;
     bool ok = out && (idx || !with_indices) && dev->reduce(&red, t, out, idx, mask, keepdim) == 0;
     if (!ok) {
-        ct__release(out);
-        ct__release(idx);
+        ct__tensor_release(out);
+        ct__tensor_release(idx);
         return NULL;
     }
     if (!idx)
-        return ct__record1(d->op, out, (ct_tensor *[]){t}, 1, &args);
+        return ct__tensor_record1(d->op, out, (ct_tensor *[]){t}, 1, &args);
     ct_tensor *r =
-        ct__record(d->op, (ct_tensor *[]){t}, 1, (ct_tensor *[]){out, idx}, 2, false, &args);
+        ct__tensor_record(d->op, (ct_tensor *[]){t}, 1, (ct_tensor *[]){out, idx}, 2, false, &args);
     if (r && indices)
         *indices = idx;
     else if (r)
-        ct__release(idx);
+        ct__tensor_release(idx);
     return r;
 }
 
@@ -170,8 +170,8 @@ ct_tensor *ct_norm(ct_tensor *t, double p, const int *dims, int ndims, bool keep
     if (isnan(p)) {
         char desc[CT__DESC_STR];
         if (!CT__CHECK_ANY("norm", t))
-            ct__seterr(CT_EINVAL, "norm: p is NaN for %s; expected a number or +-INFINITY",
-                       ct__desc(desc, t));
+            ct__err_set(CT_EINVAL, "norm: p is NaN for %s; expected a number or +-INFINITY",
+                        ct__tensor_desc(desc, t));
         return NULL;
     }
     int kind = CT__KIND_SUM_POW, post = CT__POST_ROOT;

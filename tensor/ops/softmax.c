@@ -15,16 +15,16 @@ static ct_tensor *softmax_op(const char *name, ct_op op, bool log, ct_tensor *t,
     if (ct__op_begin(&s, &r))
         return NULL;
     char desc[CT__DESC_STR];
-    int d = ct__wrap_dim(name, dim, t->ndim);
+    int d = ct__tensor_wrap_dim(name, dim, t->ndim);
     if (d < 0) {
-        ct__seterr(CT_EINVAL, "%s; input is %s", ct_errmsg(), ct__desc(desc, t));
+        ct__err_set(CT_EINVAL, "%s; input is %s", ct_errmsg(), ct__tensor_desc(desc, t));
         return NULL;
     }
     if (!ct_dtype_is_float(t->dtype)) {
-        ct__seterr(CT_EDTYPE,
-                   "%s: input %s is not floating point; %s needs float32, float64, bfloat16 or "
-                   "float16 (convert with ct_to_dtype)",
-                   name, ct__desc(desc, t), name);
+        ct__err_set(CT_EDTYPE,
+                    "%s: input %s is not floating point; %s needs float32, float64, bfloat16 or "
+                    "float16 (convert with ct_to_dtype)",
+                    name, ct__tensor_desc(desc, t), name);
         return NULL;
     }
     if (ct__op_alloc(&s, &r, t->dtype, t->dtype))

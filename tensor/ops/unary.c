@@ -45,7 +45,8 @@ static ct_tensor *unary(int which, ct_tensor *t, bool inplace, double p0, double
     ct_dtype out_dtype = ct_dtype_is_float(t->dtype) || int_ok ? t->dtype : CT_FLOAT32;
     if (t->dtype == CT_BOOL && u->ints && which != CT__UNARY_POW_SCALAR) {
         char desc[CT__DESC_STR];
-        ct__seterr(CT_EDTYPE, "%s: not supported for bool tensors (%s)", s.name, ct__desc(desc, t));
+        ct__err_set(CT_EDTYPE, "%s: not supported for bool tensors (%s)", s.name,
+                    ct__tensor_desc(desc, t));
         return NULL;
     }
     struct {
