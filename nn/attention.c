@@ -510,7 +510,7 @@ ct_tensor *ct_scaled_dot_product_attention(ct_tensor *q, ct_tensor *k, ct_tensor
         check(q, k, v, &o, &s))
         return NULL;
     double scale = o.scale > 0 ? o.scale : 1 / sqrt((double)(s.d > 0 ? s.d : 1));
-    if (ct_tensor_device(q).type == CT_CUDA)
+    if (!ct_device_equal(ct_tensor_device(q), CT_DEVICE_CPU))
         return attention_ops(q, k, v, &s, &o, scale);
     if (q->dtype == CT_FLOAT32 || q->dtype == CT_FLOAT64)
         return attention_cpu((ct_tensor *[]){q, k, v}, (ct_tensor *[]){q, k, v}, 3, &s, &o, scale,

@@ -1,4 +1,5 @@
 /* Printing tensors readably: nested brackets, abbreviated when large. */
+#include "device_impl.h"
 #include "tensor_impl.h"
 
 #include <ct/cuda.h>
@@ -135,8 +136,10 @@ static int fprint_host(FILE *f, const ct_tensor *t, ct_device device) {
     }
     char shape[CT__SHAPE_STR], strides[CT__SHAPE_STR];
     char where[32] = "";
-    if (device.type == CT_CUDA)
-        snprintf(where, sizeof where, ", device=cuda:%d", device.index);
+    if (!ct__is_host(device)) {
+        char name[CT_DEVICE_STR];
+        snprintf(where, sizeof where, ", device=%s", ct_device_str(device, name));
+    }
     if (fprintf(f, ", shape=%s, dtype=%s, strides=%s%s)\n", ct__shape_str(shape, t->ndim, t->sizes),
                 ct_dtype_name(t->dtype), ct__shape_str(strides, t->ndim, t->strides), where) < 0)
         p.failed = true;
