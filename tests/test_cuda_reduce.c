@@ -4,15 +4,14 @@
  * across blocks, NaN and infinities, gradients (float64, tight) and the
  * same errors. Without a device the whole program is skipped (exit 77). */
 #include "ct_test.h"
+#include "device_under_test.h"
 
 #include <ct/autograd.h>
 #include <ct/cuda.h>
 #include <ct/nn.h>
 #include <stdlib.h>
 
-static const ct_device cuda0 = {CT_CUDA, 0};
-
-static ct_tensor *dev(ct_tensor *t) { return ct_to(t, cuda0); }
+static ct_tensor *dev(ct_tensor *t) { return ct_to(t, dut); }
 static ct_tensor *host(ct_tensor *t) { return t ? ct_to(t, CT_DEVICE_CPU) : NULL; }
 
 /* Relative tolerance of a result of dtype d: the two sides accumulate in
@@ -53,7 +52,7 @@ static void expect_like(const char *what, ct_tensor *got, ct_tensor *want, int c
         tt_fail(__FILE__, __LINE__, "%s: the device failed: %s", what, ct_errmsg());
         return;
     }
-    if (ct_tensor_device(got).type != CT_CUDA || ct_tensor_dtype(got) != ct_tensor_dtype(want)) {
+    if (ct_tensor_device(got).type != DUT_TYPE || ct_tensor_dtype(got) != ct_tensor_dtype(want)) {
         tt_fail(__FILE__, __LINE__, "%s: result on %d as %s, expected cuda as %s", what,
                 (int)ct_tensor_device(got).type, ct_dtype_name(ct_tensor_dtype(got)),
                 ct_dtype_name(ct_tensor_dtype(want)));
@@ -74,6 +73,13 @@ static void expect_like(const char *what, ct_tensor *got, ct_tensor *want, int c
         if (tt_failed())                                                                           \
             return;                                                                                \
     } while (0)
+
+/* What the test device finds in cross-entropy and layer norm: both run
+ * their CPU kernels on any device but CUDA (not in the dispatch table
+ * yet). */
+#define CROSS_ENTROPY_ON_THE_HOST                                                                  \
+    "nn/loss.c:226 reads a device's targets and scores on the host (loss.c:243, 257)"
+#define LAYER_NORM_ON_THE_HOST "nn/layers.c:346 runs the CPU's layer norm on device memory"
 
 /* ------------------------------------------------------------- reductions */
 
@@ -189,7 +195,7 @@ TEST(extremes_along_a_dim_and_their_first_indices_match_the_cpu) {
         ct_scope_end();
     }
     /* Every element equal: index 0 everywhere. */
-    ct_tensor *same = ct_full_on(CT_SHAPE(3, 1000), 2.5, CT_FLOAT32, cuda0);
+    ct_tensor *same = ct_full_on(CT_SHAPE(3, 1000), 2.5, CT_FLOAT32, dut);
     ASSERT_CLOSE(host(ct_argmax(same, 1, false)), ct_zeros(CT_SHAPE(3), CT_INT64), 0, 0);
 }
 
@@ -387,6 +393,7 @@ static void loss_matches(const char *what, loss_fn f, ct_tensor *x, ct_tensor *t
 }
 
 TEST(cross_entropy_and_its_gradient_match_the_cpu) {
+    DUT_KNOWN_BUG(CROSS_ENTROPY_ON_THE_HOST);
     int64_t tv[] = {3, -100, 0, 9, 3, 5, -100, 1};
     ct_tensor *t = ct_from_data(tv, CT_SHAPE(8), CT_INT64);
     ct_reduction reds[] = {CT_REDUCTION_MEAN, CT_REDUCTION_SUM, CT_REDUCTION_NONE};
@@ -479,6 +486,7 @@ static void layer_norm_matches(const char *what, ct_tensor *x, ct_tensor *w, ct_
 }
 
 TEST(layer_norm_and_its_gradients_match_the_cpu) {
+    DUT_KNOWN_BUG(LAYER_NORM_ON_THE_HOST);
     static const int64_t dims[] = {1, 33, 300, 3000};
     for (size_t k = 0; k < sizeof dims / sizeof *dims && !tt_failed(); k++) {
         ct_scope_begin();
@@ -516,6 +524,7 @@ TEST(layer_norm_and_its_gradients_match_the_cpu) {
 
 /* The backward differentiated again (create_graph), through the ops form. */
 TEST(layer_norm_gradients_can_be_differentiated_again_on_the_device) {
+    DUT_KNOWN_BUG(LAYER_NORM_ON_THE_HOST);
     ct_tensor *x = tt_rand(CT_SHAPE(3, 17), CT_FLOAT64, 130),
               *w = tt_rand(CT_SHAPE(17), CT_FLOAT64, 131);
     ct_tensor *res[2];
@@ -550,19 +559,13 @@ TEST(bad_input_gives_the_cpus_errors) {
                  CT_EINVAL, "has size 0");
     /* Mixed devices. */
     ct_tensor *t = ct_from_data((int64_t[]){0, 1, 2}, CT_SHAPE(3), CT_INT64);
-    ASSERT_FAILS(ct_cross_entropy(dx, t, NULL), CT_EDEVICE, "cuda:0", "cpu");
+    ASSERT_FAILS(ct_cross_entropy(dx, t, NULL), CT_EDEVICE, DUT_NAME, "cpu");
     ASSERT_FAILS(ct_layer_norm(dx, ct_ones(CT_SHAPE(4), CT_FLOAT32), NULL, 1e-5), CT_EDEVICE,
                  "layer_norm");
     ASSERT_FAILS(ct_mse_loss(dx, x, CT_REDUCTION_MEAN), CT_EDEVICE, "mse_loss");
+    DUT_KNOWN_BUG(CROSS_ENTROPY_ON_THE_HOST);
     /* A target out of range: the CPU's message, position included. */
     ct_tensor *bad = ct_from_data((int64_t[]){0, 7, 2}, CT_SHAPE(3), CT_INT64);
     ASSERT_FAILS(ct_cross_entropy(dx, dev(bad), NULL), CT_ERANGE, "target 7 at position 1",
                  "outside the 4 classes");
-}
-
-__attribute__((constructor)) static void require_device(void) {
-    if (ct_cuda_device_count() == 0) {
-        printf("skipped: no CUDA device (%s)\n", ct_cuda_unavailable_reason());
-        exit(77);
-    }
 }

@@ -420,7 +420,11 @@ static void release(void *data, void *ctx) {
 static region *region_of(const ct_storage *s) { return s->free_fn == release ? s->free_ctx : NULL; }
 
 static ct_storage *dev_storage_new(const char *op, size_t nbytes, int index) {
-    (void)index;
+    if (index != 0) {
+        ct__seterr(CT_EDEVICE, "%s: test:%d: no such device (the test device is test:0)", op,
+                   index);
+        return NULL;
+    }
     size_t page = (size_t)sysconf(_SC_PAGESIZE);
     size_t len = (nbytes + page - 1) / page * page;
     region *r = malloc(sizeof *r);
