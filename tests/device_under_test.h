@@ -61,6 +61,14 @@ __attribute__((constructor)) static void dut_open(void) {
     } while (0)
 #endif
 
+/* The known bugs: each runs its CPU kernels on any device but CUDA, as it
+ * is not in the dispatch table yet. Delete one when it is fixed, and the
+ * compiler names the cases to let run. */
+#define DUT_BUG_CROSS_ENTROPY                                                                      \
+    "nn/loss.c:226 reads a device's targets and scores on the host (loss.c:243, 257)"
+#define DUT_BUG_LAYER_NORM "nn/layers.c:346 runs the CPU's layer norm on device memory"
+#define DUT_BUG_OPTIMIZER  "optim/optimizer.c:514 steps parameters with the CPU's loops"
+
 static const ct_device dut = {DUT_TYPE, 0};
 
 #endif

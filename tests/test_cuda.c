@@ -116,8 +116,7 @@ TEST(backward_on_the_device_matches_the_cpu_on_its_own_thread) {
 /* The optimizers' device kernel computes rules.h's rules as the CPU loops
  * do, without contraction: the same bits after several steps. */
 TEST(optimizer_steps_on_the_device_give_the_cpus_bits) {
-    DUT_KNOWN_BUG("optim/optimizer.c:514 steps parameters on any device but CUDA with the CPU's "
-                  "loops (optimizer kernels not in the dispatch table yet)");
+    DUT_KNOWN_BUG(DUT_BUG_OPTIMIZER);
     ct_optim_kind kinds[] = {CT_OPTIM_SGD, CT_OPTIM_ADAM, CT_OPTIM_ADAMW};
     for (int k = 0; k < 3; k++) {
         for (int dt = 0; dt < 2; dt++) {
