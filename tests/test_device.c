@@ -9,6 +9,7 @@
 
 #include <ct/cuda.h>
 
+#include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -323,4 +324,29 @@ TEST(the_peak_counts_tensors_freed_before_the_queue_has_run) {
     ASSERT_EQ(ct_memory_peak(CT_DEVICE_TEST), before + 4000);
     ASSERT_EQ(ct_memory_allocated(CT_DEVICE_TEST), before);
     ASSERT_EQ(testdev_synchronize(), 0);
+}
+
+/* One thread's ops on the device, queued among the others' and waited for
+ * by whichever thread reads first: sum(k * ones(1000)). */
+static void *sum_on_the_device(void *arg) {
+    double *k = arg;
+    ct_scope_begin();
+    for (int i = 0; i < 20; i++) {
+        ct_tensor *x = ct_mul_scalar(ct_full_on(CT_SHAPE(1000), 1, CT_FLOAT64, CT_DEVICE_TEST), *k);
+        double got = ct_item(ct_sum(x, NULL, 0, false));
+        *k = got == 1000 * *k ? *k : -1;
+    }
+    ct_scope_end();
+    return NULL;
+}
+
+TEST(threads_share_the_compute_stream) {
+    pthread_t th[4];
+    double k[4] = {1, 2, 3, 4};
+    for (int i = 0; i < 4; i++)
+        ASSERT_EQ(pthread_create(&th[i], NULL, sum_on_the_device, &k[i]), 0);
+    for (int i = 0; i < 4; i++)
+        pthread_join(th[i], NULL);
+    for (int i = 0; i < 4; i++)
+        ASSERT_NEAR(k[i], i + 1, 0);
 }
