@@ -321,13 +321,15 @@ static void capture(call *c, void *field, size_t fsize, const void *arg, bool te
         const bool *: sizeof(bool),                                                                \
         default: (size_t)0)
 
-/* TD_EACH(m, sep, a, b, ...): m(a) sep() m(b) ..., for up to 12. */
-#define TD_N(...)                                                        TD_N_(__VA_ARGS__, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1)
+/* The 13th argument: the count, when TD_N appends 12 down to 1. */
 #define TD_N_(_1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11, _12, n, ...) n
-#define TD_CAT(a, b)                                                     TD_CAT_(a, b)
-#define TD_CAT_(a, b)                                                    a##b
-#define TD_UNPAREN(...)                                                  __VA_ARGS__
-#define TD_COMMA()                                                       ,
+/* TD_N(...): how many arguments, up to 12. */
+#define TD_N(...) TD_N_(__VA_ARGS__, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1)
+/* TD_EACH(m, sep, a, b, ...): m(a) sep() m(b) ..., for up to 12. */
+#define TD_CAT(a, b)    TD_CAT_(a, b)
+#define TD_CAT_(a, b)   a##b
+#define TD_UNPAREN(...) __VA_ARGS__
+#define TD_COMMA()      ,
 #define TD_NONE()
 #define TD_EACH(m, sep, ...)       TD_CAT(TD_EACH_, TD_N(__VA_ARGS__))(m, sep, __VA_ARGS__)
 #define TD_EACH_1(m, sep, x)       m(x)
