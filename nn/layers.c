@@ -8,7 +8,10 @@
 /* ------------------------------------------------------------- functions */
 
 ct_tensor *ct_linear(ct_tensor *x, ct_tensor *weight, ct_tensor *bias) {
-    if (CT__CHECK("linear", x, weight))
+    /* Ops only: on any device. */
+    ct_tensor *ins[] = {x, weight, bias};
+    int nins = bias ? 3 : 2;
+    if (ct__tensor_check_handles("linear", ins, nins) || ct__tensor_check_same_device("linear", ins, nins))
         return NULL;
     char dx[CT__DESC_STR], dw[CT__DESC_STR];
     if (weight->ndim != 2 || x->ndim < 1 || x->sizes[x->ndim - 1] != weight->sizes[1]) {

@@ -1,4 +1,5 @@
 /* Printing tensors readably: nested brackets, abbreviated when large. */
+#include "device_impl.h"
 #include "tensor_impl.h"
 
 #include <ct/cuda.h>

@@ -1,12 +1,15 @@
 /* The test device (testdev.h) runs every op that the dispatch table
  * carries, and each result equals the CPU's bit for bit; host code that
  * touches its memory faults; a kernel registered for the wrong op, or an
- * entry left out, is caught; its memory statistics follow its tensors. */
+ * entry left out, is caught; its memory statistics follow its tensors. Its
+ * streams are CUDA's: a missing synchronize, and a storage freed under a
+ * side stream's work without record_stream, each make a check fail. */
 #include "ct_test.h"
 #include "testdev.h"
 
 #include <ct/cuda.h>
 
+#include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -191,4 +194,159 @@ TEST(memory_statistics_follow_the_device_tensors) {
     ASSERT_EQ(ct_memory_allocated(CT_DEVICE_TEST), before);
     /* The host's figures do not count the device's memory. */
     ASSERT_TRUE(host_during - host < 8000);
+}
+
+/* Whether ct_to_async(x * 2) to the host holds x * 2 when read, after a
+ * synchronize (sync) or without one. */
+static bool async_copy_agrees(bool sync) {
+    ct_tensor *x = ct_arange(0, 64, 1, CT_FLOAT32);
+    ct_tensor *got = ct_to_async(ct_mul_scalar(on_dev(x), 2), CT_DEVICE_CPU);
+    if (!got || (sync && testdev_synchronize()))
+        return false;
+    return !memcmp(ct_data_ptr(got), ct_data_ptr(ct_mul_scalar(x, 2)), 64 * sizeof(float));
+}
+
+TEST(a_copy_to_the_host_without_a_wait_is_read_only_after_a_synchronize) {
+    ASSERT_TRUE(async_copy_agrees(true));
+    /* Without it the host reads what the device has not written yet. */
+    ASSERT_TRUE(!async_copy_agrees(false));
+    ct_tensor *early = ct_to_async(on_dev(ct_ones(CT_SHAPE(4), CT_FLOAT64)), CT_DEVICE_CPU);
+    ASSERT_TRUE(early != NULL);
+    ASSERT_TRUE(isnan(((const double *)ct_data_ptr(early))[0]));
+    /* A copy that waits, and a value read back, wait for the queue. */
+    ct_tensor *d = ct_add_scalar(on_dev(ct_zeros(CT_SHAPE(4), CT_FLOAT64)), 3);
+    ASSERT_NEAR(ct_item(ct_sum(d, NULL, 0, false)), 12, 0);
+    ASSERT_NEAR(((const double *)ct_data_ptr(ct_to(d, CT_DEVICE_CPU)))[3], 3, 0);
+}
+
+TEST(a_storage_is_freed_after_the_work_queued_before_it) {
+    int64_t held = testdev_memory_held(), allocated = ct_memory_allocated(CT_DEVICE_TEST);
+    ct_scope_begin();
+    ct_tensor *a = ct_full_on(CT_SHAPE(1000), 3, CT_FLOAT64, CT_DEVICE_TEST);
+    ct_tensor *b = ct_keep(ct_mul_scalar(a, 2));
+    ct_scope_end();
+    ASSERT_TRUE(b != NULL);
+    /* a is gone from the statistics, as from a caching allocator's, but its
+     * memory stays until the multiply that reads it has run. */
+    ASSERT_EQ(ct_memory_allocated(CT_DEVICE_TEST), allocated + 8000);
+    ASSERT_EQ(testdev_memory_held(), held + 16000);
+    ASSERT_NEAR(ct_get(b, (int64_t[]){999}), 6, 0);
+    ASSERT_EQ(testdev_memory_held(), held + 8000);
+}
+
+/* A collective standing in: dst = src + 1 on a side stream. */
+typedef struct side_job {
+    const float *src;
+    float *dst;
+    int n;
+} side_job;
+
+static void add_one(void *ctx) {
+    side_job *j = ctx;
+    for (int i = 0; i < j->n; i++)
+        j->dst[i] = j->src[i] + 1;
+}
+
+TEST(record_stream_holds_a_storage_until_the_side_stream_has_run) {
+    testdev_stream *s = testdev_stream_new();
+    ASSERT_TRUE(s != NULL);
+    int64_t held = testdev_memory_held();
+    ct_tensor *dst = on_dev(ct_zeros(CT_SHAPE(256), CT_FLOAT32));
+    ct_scope_begin();
+    ct_tensor *src = ct_full_on(CT_SHAPE(256), 1.5, CT_FLOAT32, CT_DEVICE_TEST);
+    side_job job = {ct_data_ptr(src), ct_data_ptr(dst), 256};
+    int launched = testdev_stream_launch(s, (ct_tensor *[]){src, dst}, 2, add_one, &job);
+    int recorded = testdev_ops.record_stream(src, s);
+    ct_scope_end();
+    ASSERT_EQ(launched, 0);
+    ASSERT_EQ(recorded, 0);
+    ASSERT_EQ(testdev_memory_held(), held + 2048);
+    /* The side stream runs after the fill queued before it, from memory
+     * that is still src's. */
+    ASSERT_EQ(testdev_stream_synchronize(s), 0);
+    ASSERT_CLOSE(ct_to(dst, CT_DEVICE_CPU), ct_full(CT_SHAPE(256), 2.5, CT_FLOAT32), 0, 0);
+    /* Both streams have run past src's free now. */
+    ASSERT_EQ(testdev_memory_held(), held + 1024);
+    testdev_stream_free(s);
+}
+
+TEST(a_storage_freed_under_a_side_streams_work_without_record_stream_aborts) {
+    testdev_stream *s = testdev_stream_new();
+    ASSERT_TRUE(s != NULL);
+    ct_tensor *dst = on_dev(ct_zeros(CT_SHAPE(256), CT_FLOAT32));
+    ct_scope_begin();
+    ct_tensor *src = ct_full_on(CT_SHAPE(256), 1.5, CT_FLOAT32, CT_DEVICE_TEST);
+    side_job job = {ct_data_ptr(src), ct_data_ptr(dst), 256};
+    int err[2];
+    if (testdev_stream_launch(s, (ct_tensor *[]){src, dst}, 2, add_one, &job) || pipe(err))
+        abort();
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(err[1], 2);
+        ct_scope_end(); /* frees src, which the side stream still reads */
+        _exit(0);
+    }
+    close(err[1]);
+    char msg[1024] = "";
+    size_t got = 0;
+    for (ssize_t n;
+         got < sizeof msg - 1 && (n = read(err[0], msg + got, sizeof msg - 1 - got)) > 0;)
+        got += (size_t)n;
+    close(err[0]);
+    int status = 0;
+    pid_t waited = waitpid(pid, &status, 0);
+    /* Here src lives until the side stream has run. */
+    int synced = testdev_stream_synchronize(s);
+    ct_scope_end();
+    ASSERT_EQ(waited, pid);
+    ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT);
+    ASSERT_STR_CONTAINS(msg, "freed while side stream");
+    ASSERT_STR_CONTAINS(msg, "no record_stream marked it");
+    ASSERT_EQ(synced, 0);
+    ASSERT_CLOSE(ct_to(dst, CT_DEVICE_CPU), ct_full(CT_SHAPE(256), 2.5, CT_FLOAT32), 0, 0);
+    testdev_stream_free(s);
+}
+
+TEST(the_peak_counts_tensors_freed_before_the_queue_has_run) {
+    ASSERT_EQ(testdev_synchronize(), 0);
+    int64_t before = ct_memory_allocated(CT_DEVICE_TEST);
+    ct_memory_reset_peak(CT_DEVICE_TEST);
+    int made = 0;
+    for (int i = 0; i < 4; i++) {
+        ct_scope_begin();
+        made += ct_full_on(CT_SHAPE(500), i, CT_FLOAT64, CT_DEVICE_TEST) != NULL;
+        ct_scope_end();
+    }
+    ASSERT_EQ(made, 4);
+    /* One at a time, whatever the queue still holds. */
+    ASSERT_EQ(ct_memory_peak(CT_DEVICE_TEST), before + 4000);
+    ASSERT_EQ(ct_memory_allocated(CT_DEVICE_TEST), before);
+    ASSERT_EQ(testdev_synchronize(), 0);
+}
+
+/* One thread's ops on the device, queued among the others' and waited for
+ * by whichever thread reads first: sum(k * ones(1000)). */
+static void *sum_on_the_device(void *arg) {
+    double *k = arg;
+    ct_scope_begin();
+    for (int i = 0; i < 20; i++) {
+        ct_tensor *x = ct_mul_scalar(ct_full_on(CT_SHAPE(1000), 1, CT_FLOAT64, CT_DEVICE_TEST), *k);
+        double got = ct_item(ct_sum(x, NULL, 0, false));
+        *k = got == 1000 * *k ? *k : -1;
+    }
+    ct_scope_end();
+    return NULL;
+}
+
+TEST(threads_share_the_compute_stream) {
+    pthread_t th[4];
+    double k[4] = {1, 2, 3, 4};
+    for (int i = 0; i < 4; i++)
+        ASSERT_EQ(pthread_create(&th[i], NULL, sum_on_the_device, &k[i]), 0);
+    for (int i = 0; i < 4; i++)
+        pthread_join(th[i], NULL);
+    for (int i = 0; i < 4; i++)
+        ASSERT_NEAR(k[i], i + 1, 0);
 }
