@@ -78,12 +78,16 @@ def check_symbol(module, name, public):
     return f"{name}: neither public (ct_) nor internal (ct__<prefix>_): a bare name in a library's namespace"
 
 
-def public_names(root):
-    names = set()
-    for header in glob.glob(os.path.join(root, "*", "include", "ct", "*.h")):
-        with open(header, encoding="utf-8") as f:
-            names.update(re.findall(r"\b(ct_[A-Za-z0-9_]+)\b", f.read()))
-    return names
+def public_names(root, build):
+    """The ct_ names the public headers declare, macro expansions included
+    (the op families are declared through X-macros): the preprocessed
+    umbrella header's identifiers."""
+    umbrella = os.path.join(build, "include", "ct", "ct.h")
+    includes = [f"-I{d}" for d in glob.glob(os.path.join(root, "*", "include"))]
+    includes.append(f"-I{os.path.join(build, 'include')}")
+    out = subprocess.run(["cc", "-E", "-P", *includes, umbrella], capture_output=True, text=True,
+                         check=True).stdout
+    return set(re.findall(r"\b(ct_[A-Za-z0-9_]+)\b", out))
 
 
 def objects(build):
@@ -91,10 +95,16 @@ def objects(build):
     found = []
     for path in glob.glob(os.path.join(build, "**", "*.o"), recursive=True):
         rel = os.path.relpath(path, build).split(os.sep)
-        # CMake puts a target's objects under CMakeFiles/<target>.dir/<source path>.o
-        if len(rel) < 3 or rel[0] != "CMakeFiles" or not rel[1].startswith("ct_"):
+        # CMake puts a target's objects in [<folder>/]CMakeFiles/<target>.dir/
+        # under the source's path from the folder: the library's targets
+        # are ct_*, and the first module folder named on the way is the
+        # object's module.
+        if "CMakeFiles" not in rel:
             continue
-        module = next((part for part in rel[2:] if part in PREFIXES), None)
+        target = rel[rel.index("CMakeFiles") + 1]
+        if not target.startswith("ct_") or not target.endswith(".dir"):
+            continue
+        module = next((part for part in rel if part in PREFIXES), None)
         if module:
             found.append((module, path))
     return found
@@ -113,7 +123,8 @@ def self_test():
     public = {"ct_add"}
     cases = [("tensor", "ct__err_set", None), ("tensor", "ct_add", None),
              ("autograd", "ct__engine_run", None), ("tensor", "ct_undeclared", "public header"),
-             ("checkpoint", "ct__agree", "no prefix of checkpoint"),
+             ("checkpoint", "ct__agree", "without a module prefix"),
+             ("checkpoint", "ct__json_parse", "no prefix of checkpoint"),
              ("dist_autograd", "ct__dist_enter", "dist's"), ("tensor", "ct__x", "without a module prefix"),
              ("checkpoint", "ck_type_names", "bare name"), ("tensor", "_ZN7ct_cuda3fooEv", None)]
     bad = 0
@@ -145,7 +156,7 @@ def main():
     if not objs:
         print(f"names: no object files of libct under {a.build}", file=sys.stderr)
         return 2
-    public = public_names(a.root)
+    public = public_names(a.root, a.build)
     violations = set()
     nsym = 0
     for module, path in objs:

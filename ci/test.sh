@@ -77,6 +77,9 @@ cmake --build "$build_dir" --parallel "$(nproc)"
 # nm on the objects just built. About a second.
 step "layers: ci/layers.py --build $build_dir"
 python3 ci/layers.py --build "$build_dir"
+# Every symbol of libct says whose it is: public, or its module's prefix.
+step "names: ci/names.py --build $build_dir"
+python3 ci/names.py --build "$build_dir"
 
 if [[ ${CT_BUILD_ONLY:-0} == 1 ]]; then
     step "built; CT_BUILD_ONLY=1, so no tests run"
