@@ -61,7 +61,9 @@ def owner_of(prefix):
 
 def check_symbol(module, name, public):
     """The violation for symbol name defined by module, or None."""
-    if name.startswith("_Z") or name.startswith("DW.ref."):
+    # C++ names, and what compilers and sanitizers add (__odr_asan_gen_*,
+    # DW.ref.__gxx_personality_v0): not ct's to name.
+    if name.startswith(("_Z", "__", "DW.ref.")):
         return None
     m = INTERNAL.match(name)
     if m:
