@@ -171,7 +171,7 @@ CT_API ct_dtype ct_promote_types(ct_dtype a, ct_dtype b);
 
 /* --------------------------------------------------------------- devices */
 
-/* CT_TEST: the test device that ct's tests register (tests/test_device.c):
+/* CT_TEST: the test device that ct's tests register (tests/tensor/test_device.c):
  * the CPU's kernels over a heap of its own that host code cannot touch.
  * Without it registered, a CT_TEST tensor is CT_EDEVICE. */
 typedef enum ct_device_type { CT_CPU = 0, CT_CUDA = 1, CT_TEST = 2 } ct_device_type;

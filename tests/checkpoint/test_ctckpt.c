@@ -36,7 +36,7 @@ static int ctckpt(const char *a, const char *b, const char *c, const char *d, co
 
 static const char *golden(void) {
     static char path[512];
-    snprintf(path, sizeof path, "%s/checkpoint/v1.0", CT_TEST_DATA_DIR);
+    snprintf(path, sizeof path, "%s/v1.0", CT_TEST_DATA_DIR);
     return path;
 }
 

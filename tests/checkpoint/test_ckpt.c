@@ -503,14 +503,14 @@ TEST(a_newer_minor_version_with_unknown_fields_still_loads) {
 
 /* -------------------------------------------------------------- golden */
 
-/* Every format version ct has written, as it wrote it (tests/data/checkpoint/
+/* Every format version ct has written, as it wrote it (tests/checkpoint/data/
  * README.md says what each holds). */
 static const char *const golden[] = {"v1.0", "v1.1"};
 
 TEST(every_golden_checkpoint_still_loads) {
     for (size_t g = 0; g < sizeof golden / sizeof *golden; g++) {
         char path[512];
-        snprintf(path, sizeof path, "%s/checkpoint/%s", CT_TEST_DATA_DIR, golden[g]);
+        snprintf(path, sizeof path, "%s/%s", CT_TEST_DATA_DIR, golden[g]);
         ct_checkpoint_reader *ck = NULL;
         ASSERT_EQ(ct_checkpoint_reader_open(path, &ck), 0);
         ASSERT_EQ(ct_checkpoint_reader_verify(ck, NULL, NULL), 0);
@@ -617,7 +617,7 @@ TEST(a_partial_read_of_a_damaged_chunk_fails_naming_the_block) {
 TEST(a_partial_read_of_a_damaged_version_1_0_chunk_fails) {
     char *dir = tmpdir(), path[400], cmd[1200], file[600];
     snprintf(path, sizeof path, "%s/v1.0", dir);
-    snprintf(cmd, sizeof cmd, "cp -r '%s/checkpoint/v1.0' '%s'", CT_TEST_DATA_DIR, path);
+    snprintf(cmd, sizeof cmd, "cp -r '%s/v1.0' '%s'", CT_TEST_DATA_DIR, path);
     ASSERT_EQ(system(cmd), 0);
     snprintf(file, sizeof file, "%s/data-00001.bin", path);
     ASSERT_TRUE(flip(file, 4)); /* w[3, 1], in rank 1's chunk */
