@@ -6,12 +6,19 @@
 
 It reads every .c, .h, .cu, .cuh and .cpp file under the module folders
 (a file belongs to the module of its top folder: tensor/cpu/ is tensor/)
-and checks two things against the layering below, which is
-ARCHITECTURE.md's ("Modules and the direction of dependencies") with the
-edges docs/decisions.md ("Layers, checked") adds:
+and the CMake files under them, and checks three things against the
+layering below, which is ARCHITECTURE.md's ("Modules and the direction of
+dependencies") with the edges docs/decisions.md ("Layers, checked") adds:
 
+  - every include directory a CMake file gives a target that lies in
+    another module's folder, other than its public include/: a grant of
+    that module's private headers. A module's object library may be
+    granted (ct_module's PRIVATE_FROM, or target_include_directories on
+    ct_<module>_obj) only the modules below it; examples/ and bench/
+    nothing; tests/ anything;
   - every #include "..." (resolved as the compiler would: the including
-    file's folder, then the include directories the CMake files add) and
+    file's folder, then the include directories of the target it is built
+    into: for a module, its object library's own and granted folders) and
     every #include <ct/...>: a module may include its own headers and those
     of the modules below it, public (include/ct/) or private; examples/
     and bench/ include public headers only, tests/ any header; the
@@ -74,7 +81,8 @@ HEADER_EXT = (".h", ".cuh")
 # Uses that point up a layer today, each with its reason. An entry is
 # (file, what, reason): the file that includes or uses, and what it uses as
 # its violation line names it: a public header ("ct/nn.h"), a private one
-# by its path ("dist/dist_impl.h"), or a function ("ct_gpt_new"). Keep it
+# by its path ("dist/dist_impl.h"), a folder granted ("dist/"), or a
+# function ("ct_gpt_new"). Keep it
 # short: an entry is a debt. Empty: the two uses the diagram did not draw
 # became arrows in DIRECT instead (docs/decisions.md, "Layers, checked").
 ALLOW = [
@@ -311,49 +319,91 @@ def walk(root):
 
 
 CMAKE_CALL = re.compile(
-    r"\b(target_include_directories|ct_add_internal_test|target_sources)\s*\(([^)]*)\)", re.S)
+    r"\b(target_include_directories|ct_add_internal_test|target_sources|ct_module)\s*\(([^)]*)\)",
+    re.S)
 KEYWORDS = ("PRIVATE", "PUBLIC", "INTERFACE", "SYSTEM", "BEFORE", "AFTER")
+MODULE_KEYWORDS = ("SOURCES", "PRIVATE_DIRS", "PRIVATE_FROM")
+OBJECT_LIB = re.compile(r"ct_(\w+)_obj$")
 
 
-def cmake_dirs(root):
-    """Include directories from the CMake files: (ct_obj's, {CMakeLists
-    folder: its other targets'}, {CMakeLists folder: adds to ct_obj?})."""
-    lib, other, into_lib = [], {}, {}
-    for top in MODULES:
-        for d, dirs, files in os.walk(os.path.join(root, top)):
-            dirs[:] = [x for x in dirs if not x.startswith(".") and not x.startswith("build")]
-            if "CMakeLists.txt" not in files:
+class Cmake:
+    """What the CMake files under the module folders say about include
+    directories. A module's object library (ct_module(), then
+    target_include_directories on ct_<module>_obj) has its own folder, its
+    PRIVATE_DIRS and the folder of each module PRIVATE_FROM grants; the
+    other targets of a CMake file (tests, programs) have the directories
+    they add, pooled per file."""
+
+    def __init__(self, root):
+        self.folders = {}  # CMakeLists folder -> the module whose library it makes, or None
+        self.lib_dirs = {}  # module -> its object library's include directories
+        self.other_dirs = {}  # CMakeLists folder -> its other targets' directories
+        self.grants = []  # (CMakeLists.txt, line, who, directory, how it was added)
+        for top in MODULES:
+            for d, dirs, files in os.walk(os.path.join(root, top)):
+                dirs[:] = [x for x in dirs if not x.startswith(".") and not x.startswith("build")]
+                if "CMakeLists.txt" in files:
+                    self.read(root, os.path.relpath(d, root).replace(os.sep, "/"))
+
+    def read(self, root, rel):
+        with open(os.path.join(root, rel, "CMakeLists.txt"), encoding="utf-8",
+                  errors="replace") as f:
+            text = re.sub(r"#[^\n]*", "", f.read())
+        self.folders.setdefault(rel, None)
+        for m in CMAKE_CALL.finditer(text):
+            call, args = m.group(1), m.group(2).split()
+            if not args:
                 continue
-            rel = os.path.relpath(d, root).replace(os.sep, "/")
-            with open(os.path.join(d, "CMakeLists.txt"), encoding="utf-8", errors="replace") as f:
-                text = re.sub(r"#[^\n]*", "", f.read())
-            into_lib[rel] = False
-            for m in CMAKE_CALL.finditer(text):
-                args = m.group(2).split()
-                if not args:
-                    continue
-                if m.group(1) == "target_sources":
-                    if args[0] == "ct_obj":
-                        into_lib[rel] = True
-                    continue
-                if m.group(1) == "ct_add_internal_test":
-                    dirs_ = ["${PROJECT_SOURCE_DIR}/" + a for a in args[2:]]
-                else:
-                    dirs_ = args[1:]
-                found = []
-                for a in dirs_:
-                    a = a.replace("${CMAKE_CURRENT_SOURCE_DIR}", rel)
-                    a = a.replace("${PROJECT_SOURCE_DIR}/", "")
-                    a = a.replace("${PROJECT_SOURCE_DIR}", ".")
-                    if a.startswith("${CMAKE_CURRENT_BINARY_DIR}"):
-                        found.append(rel)  # generated headers: their .in sits here
-                    elif "$" not in a and a not in KEYWORDS:
-                        found.append(os.path.normpath(a).replace(os.sep, "/"))
-                if args[0] == "ct_obj":
-                    lib.extend(found)
-                else:
-                    other.setdefault(rel, []).extend(found)
-    return lib, other, into_lib
+            line = text.count("\n", 0, m.start()) + 1
+            cm = rel + "/CMakeLists.txt"
+            lib = OBJECT_LIB.match(args[0])
+            if call == "ct_module":
+                module, part = args[0], None
+                self.folders[rel] = module
+                self.lib_dirs.setdefault(module, []).append(rel)
+                for a in args[1:]:
+                    if a in MODULE_KEYWORDS:
+                        part = a
+                        continue
+                    if part == "PRIVATE_DIRS":
+                        found, how = self.paths(rel, [a]), "PRIVATE_DIRS"
+                    elif part == "PRIVATE_FROM":
+                        found, how = [a], "PRIVATE_FROM " + a
+                    else:
+                        continue
+                    self.lib_dirs[module].extend(found)
+                    self.grants += [(cm, line, module, x, how) for x in found]
+                continue
+            if call == "target_sources":
+                continue
+            if call == "ct_add_internal_test":
+                found = self.paths(rel, ["${PROJECT_SOURCE_DIR}/" + a for a in args[2:]])
+            else:
+                found = self.paths(rel, args[1:])
+            who = lib.group(1) if lib else module_of(rel)
+            self.grants += [(cm, line, who, x, call) for x in found]
+            if lib:
+                self.lib_dirs.setdefault(lib.group(1), []).extend(found)
+            else:
+                self.other_dirs.setdefault(rel, []).extend(found)
+
+    @staticmethod
+    def paths(rel, args):
+        """The folders of the tree that args name, relative to the tree (a
+        relative path is CMake's, from rel); variables other than the
+        source and binary folders name something outside it."""
+        out = []
+        for a in args:
+            if not a.startswith("$") and not os.path.isabs(a) and a not in KEYWORDS:
+                a = rel + "/" + a
+            a = a.replace("${CMAKE_CURRENT_SOURCE_DIR}", rel)
+            a = a.replace("${PROJECT_SOURCE_DIR}/", "")
+            a = a.replace("${PROJECT_SOURCE_DIR}", ".")
+            if a.startswith("${CMAKE_CURRENT_BINARY_DIR}"):
+                out.append(rel)  # generated headers: their .in sits here
+            elif "$" not in a and a not in KEYWORDS:
+                out.append(os.path.normpath(a).replace(os.sep, "/"))
+        return out
 
 
 class Tree:
@@ -365,7 +415,7 @@ class Tree:
             with open(os.path.join(root, rel), encoding="utf-8", errors="replace") as f:
                 self.files[rel] = Source(rel, module_of(rel), f.read())
         self.expand_x_macros()
-        self.lib_dirs, self.other_dirs, self.into_lib = cmake_dirs(root)
+        self.cmake = Cmake(root)
         self.public = {}  # 'ct/x.h' -> rel
         self.by_name = {}  # basename -> [rel]
         for rel in self.files:
@@ -418,21 +468,24 @@ class Tree:
                             s.decls.add(name)
 
     def read_objects(self, build):
-        """Adds what nm sees in build's objects of ct_obj: the global
-        symbols each defines (also those a macro generates) and the ct_
-        symbols each references."""
-        objdir = os.path.join(build, "CMakeFiles", "ct_obj.dir")
+        """Adds what nm sees in build's objects of the modules' object
+        libraries: the global symbols each defines (also those a macro
+        generates) and the ct_ symbols each references."""
         objs = {}
-        for d, _, files in os.walk(objdir):
-            for f in files:
-                if f.endswith(".o"):
-                    p = os.path.join(d, f)
-                    src = os.path.relpath(p, objdir)[:-2].replace(os.sep, "/")
-                    if src in self.files:  # not the object of a deleted source
-                        objs[p] = src
+        for folder, module in self.cmake.folders.items():
+            if module is None:
+                continue
+            objdir = os.path.join(build, folder, "CMakeFiles", "ct_%s_obj.dir" % module)
+            for d, _, files in os.walk(objdir):
+                for f in files:
+                    if f.endswith(".o"):
+                        p = os.path.join(d, f)
+                        src = folder + "/" + os.path.relpath(p, objdir)[:-2].replace(os.sep, "/")
+                        if src in self.files:  # not the object of a deleted source
+                            objs[p] = src
         if not objs:
-            raise UsageError("--build %s: no object files under %s (build ct first)"
-                             % (build, objdir))
+            raise UsageError("--build %s: no object files of ct_<module>_obj under it (build ct "
+                             "first)" % build)
         try:
             out = subprocess.run(["nm", "-A", "-P"] + sorted(objs), capture_output=True,
                                  text=True, check=False).stdout
@@ -451,16 +504,19 @@ class Tree:
                 self.defined.setdefault(name, {}).setdefault(self.files[src].module, src + " (nm)")
 
     def search_path(self, rel):
+        """The file's folder, then the include directories of the target
+        its nearest CMake file builds it into."""
         folder = rel.rsplit("/", 1)[0] if "/" in rel else "."
         d, cm = folder, None
         while d and d != ".":
-            if d in self.into_lib:
+            if d in self.cmake.folders:
                 cm = d
                 break
             d = d.rsplit("/", 1)[0] if "/" in d else ""
         dirs = [folder]
         if cm is not None:
-            dirs += self.lib_dirs if self.into_lib[cm] else self.other_dirs.get(cm, [])
+            module = self.cmake.folders[cm]
+            dirs += self.cmake.lib_dirs[module] if module else self.cmake.other_dirs.get(cm, [])
         return dirs
 
     def resolve(self, rel, kind, name):
@@ -495,6 +551,16 @@ class Tree:
             out = allowed if self.allowed(rel, what) else bad
             out.append("%s:%d: %s" % (rel, line, msg))
 
+        for cm, line, a, folder, how in self.cmake.grants:
+            b = module_of(folder)
+            if a is None or b is None or b == a or folder == b + "/include":
+                continue  # its own, outside the modules, or public
+            if not may_use(a, b):
+                report(cm, line, folder + "/", "%s is granted %s's private headers (%s/, by %s), "
+                       "but %s is not above %s %s" % (a, b, folder, how, a, b, why))
+            elif a in PUBLIC_ONLY:
+                report(cm, line, folder + "/", "%s is granted %s's private headers (%s/, by %s), "
+                       "but %s/ uses the public API only %s" % (a, b, folder, how, a, why))
         for rel in sorted(self.files):
             s = self.files[rel]
             a = s.module
@@ -579,9 +645,8 @@ def run(root, build=None, verbose=False, allow=None, out=sys.stdout):
 
 # ------------------------------------------------------------- self-test
 
-SELF_TEST_DIRS = "target_include_directories(ct_obj PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})\n"
 SELF_TEST_TREE = {
-    "tensor/CMakeLists.txt": "target_sources(ct_obj PRIVATE good.c bad.c)\n" + SELF_TEST_DIRS,
+    "tensor/CMakeLists.txt": "ct_module(tensor SOURCES good.c bad.c)\n",
     "tensor/include/ct/tensor.h": "int ct_t_ok(void);\n#define ct_t_macro(x) ((x) + 1)\n",
     "tensor/tensor_impl.h": "int ct__t_inner(void);\n"
                             "static inline int ct__t_fast(void) { return 1; }\n",
@@ -592,7 +657,7 @@ SELF_TEST_TREE = {
                      "    return ct__t_inner() + ct__t_fast() + (s[0] == 0);\n}\n",
     "tensor/bad.c": '#include "tensor_impl.h"\n#include "dist_impl.h"\n'
                     "int ct__t_inner(void) {\n    return ct__d_up();\n}\n",
-    "dist/CMakeLists.txt": "target_sources(ct_obj PRIVATE d.c)\n" + SELF_TEST_DIRS,
+    "dist/CMakeLists.txt": "ct_module(dist SOURCES d.c\n          PRIVATE_FROM tensor)\n",
     "dist/include/ct/dist.h": "#include <ct/tensor.h>\nint ct_d_api(void);\n",
     "dist/dist_impl.h": "int ct__d_up(void);\n",
     "dist/d.c": '#include <ct/dist.h>\n#include "tensor_impl.h"\n#include "dist_impl.h"\n'
@@ -600,6 +665,8 @@ SELF_TEST_TREE = {
                 "int ct__d_up(void) {\n"
                 "    return ct_t_ok() + ct__t_fast() + ct_t_macro(1) + ct_d_local();\n}\n"
                 "int ct_d_api(void) { return ct__d_up(); }\n",
+    "examples/CMakeLists.txt": "add_executable(e e.c)\n"
+                               "target_include_directories(e PRIVATE ${PROJECT_SOURCE_DIR}/tensor)\n",
     "examples/e.c": '#include <ct/ct.h>\n#include "tensor_impl.h"\n'
                     "int main(void) {\n    return ct_t_ok() + ct_d_api() + ct__t_inner();\n}\n",
     "tests/t.c": '#include <ct/ct.h>\n#include "../tensor/tensor_impl.h"\n'
@@ -611,6 +678,8 @@ SELF_TEST_EXPECT = {
     "tensor/bad.c:4: tensor calls dist's ct__d_up, but tensor is not above dist (ARCHITECTURE.md)",
     "examples/e.c:2: examples includes tensor's private tensor/tensor_impl.h, but examples/ uses "
     "the public API only (ARCHITECTURE.md)",
+    "examples/CMakeLists.txt:2: examples is granted tensor's private headers (tensor/, by "
+    "target_include_directories), but examples/ uses the public API only (ARCHITECTURE.md)",
     "examples/e.c:4: examples calls tensor's internal ct__t_inner, but examples/ uses the public "
     "API only (ARCHITECTURE.md)",
 }
@@ -633,8 +702,19 @@ def self_test():
             allow = [("tensor/bad.c", "dist/dist_impl.h", "test"),
                      ("tensor/bad.c", "ct__d_up", "test")]
             bad, allowed = run(tmp, allow=allow, out=null)
-            if len(bad) != 2 or len(allowed) != 2:
+            if len(bad) != len(SELF_TEST_EXPECT) - 2 or len(allowed) != 2:
                 failures.append("the allowlist did not take exactly tensor/bad.c's two: %s" % bad)
+            # A grant of a private folder up a layer: the build would let
+            # tensor/bad.c include dist_impl.h.
+            with open(os.path.join(tmp, "tensor", "CMakeLists.txt"), "w", encoding="utf-8") as f:
+                f.write("ct_module(tensor SOURCES good.c bad.c PRIVATE_FROM dist)\n")
+            bad, _ = run(tmp, allow=[], out=null)
+            grant = ("tensor/CMakeLists.txt:1: tensor is granted dist's private headers (dist/, by "
+                     "PRIVATE_FROM dist), but tensor is not above dist (ARCHITECTURE.md)")
+            if set(bad) != SELF_TEST_EXPECT | {grant}:
+                failures.append("a grant up a layer: missing %s, unexpected %s"
+                                % (sorted(SELF_TEST_EXPECT | {grant} - set(bad)),
+                                   sorted(set(bad) - SELF_TEST_EXPECT - {grant})))
             # A module including the umbrella header.
             with open(os.path.join(tmp, "tensor", "bad.c"), "w", encoding="utf-8") as f:
                 f.write("#include <ct/ct.h>\n")
