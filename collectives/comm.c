@@ -1,6 +1,7 @@
 /* Communicators and work: what every backend shares.
  *
- * Issuing checks the arguments, stages non-contiguous tensors and appends a
+ * Issuing checks the arguments, stages non-contiguous tensors (and a host
+ * backend's device tensors, through host memory) and appends a
  * work to the communicator's queue. One thread at a time runs the executor,
  * which starts queued works in issue order and drives the started ones
  * through the backend's non-blocking functions: the progress thread when
@@ -764,13 +765,17 @@ static int check_rop(const char *op, ct_reduce_op rop, ct_dtype dtype) {
     return 0;
 }
 
-/* A contiguous tensor for t: t itself (a new reference), or a copy on t's
- * device. */
-static ct_tensor *contiguous_ref(const char *op, ct_tensor *t) {
-    if (ct_is_contiguous(t))
+/* The tensor the backend reads and writes for t: t itself (a new
+ * reference) when it is contiguous on the device the backend takes, else a
+ * contiguous copy there. A host backend (shm, mpi) so takes a device's
+ * tensors through host memory, as gloo takes CUDA tensors: the copy in
+ * waits for the device's queued work, and complete() copies the result
+ * back, queued on the device. */
+static ct_tensor *staged_ref(ct_comm *c, const char *op, ct_tensor *t) {
+    ct_device on = ct_comm_device(c);
+    if (ct_is_contiguous(t) && ct_device_equal(t->storage->device, on))
         return ct_tensor_retain(t);
-    ct_tensor *copy =
-        ct__tensor_own(ct__tensor_new_on(op, t->ndim, t->sizes, t->dtype, t->storage->device));
+    ct_tensor *copy = ct__tensor_own(ct__tensor_new_on(op, t->ndim, t->sizes, t->dtype, on));
     if (copy && ct__tensor_copy_any(copy, t)) {
         ct_tensor_free(copy);
         return NULL;
@@ -809,11 +814,11 @@ static int submit(ct_comm *c, request *r, ct_work **work) {
     w->heap = work != NULL;
     w->desc = r->desc;
     atomic_init(&w->state, CT__WORK_QUEUED);
-    if (r->in && !(w->in_ref = contiguous_ref(r->name, r->in)))
+    if (r->in && !(w->in_ref = staged_ref(c, r->name, r->in)))
         goto fail;
     if (r->out == r->in)
         w->out_ref = w->in_ref ? ct_tensor_retain(w->in_ref) : NULL;
-    else if (r->out && !(w->out_ref = contiguous_ref(r->name, r->out)))
+    else if (r->out && !(w->out_ref = staged_ref(c, r->name, r->out)))
         goto fail;
     if (r->out && !r->out_unchanged)
         w->out_user = ct_tensor_retain(r->out);

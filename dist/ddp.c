@@ -11,10 +11,11 @@
  * which parameters some rank did not use.
  *
  * The buffer lives where the parameters do: in host memory (shared memory
- * under shm), or on the parameters' CUDA device with the nccl backend,
- * where copies, zeroing and the usage map are device ops queued on the
- * compute stream, and a bucket's allreduce follows the gradients queued
- * before it. ddp's own small exchanges (model check, arrival order, uneven
+ * under shm), or on the parameters' device, where copies, zeroing and the
+ * usage map are device ops queued on the compute stream, and a bucket's
+ * allreduce follows the gradients queued before it: the nccl backend's on
+ * the device, a host backend's through host copies of the bucket
+ * (collectives/comm.c stages them). ddp's own small exchanges (model check, arrival order, uneven
  * inputs) go through the communicator's device as well. */
 #include "dist_impl.h"
 #include "tensor_impl.h"
@@ -94,8 +95,9 @@ typedef enum host_op { HOST_ALLGATHER, HOST_ALLREDUCE_SUM, HOST_BROADCAST_0 } ho
  * tensor but for allgather), through copies on the communicator's device
  * when it takes CUDA tensors. */
 static int on_host(ct_ddp *d, host_op kind, ct_tensor *out, ct_tensor *in) {
-    ct_tensor *dout = ct__tensor_own(ct_to(out, d->device));
-    ct_tensor *din = in != out ? ct__tensor_own(ct_to(in, d->device))
+    ct_device on = ct_comm_device(d->comm);
+    ct_tensor *dout = ct__tensor_own(ct_to(out, on));
+    ct_tensor *din = in != out ? ct__tensor_own(ct_to(in, on))
                      : dout    ? ct_tensor_retain(dout)
                                : NULL;
     int rc = !dout || !din                ? ct_errcode()
@@ -281,8 +283,11 @@ static int build_buckets(ct_ddp *d) {
         total += d->p[i].numel;
     /* In memory every rank maps, the buffer's allreduce reads the peers'
      * gradients where they lie (ct_comm_zeros). A collective: every rank
-     * builds its buckets at the same point. */
-    ct_tensor *flat = ct__tensor_own(ct_comm_zeros(d->comm, 1, &total, d->dtype));
+     * builds its buckets at the same point. Parameters on a device that a
+     * host backend stages keep their buffer on that device. */
+    bool staged = !ct_device_equal(d->device, ct_comm_device(d->comm));
+    ct_tensor *flat = ct__tensor_own(staged ? ct_full_on(1, &total, 0, d->dtype, d->device)
+                                            : ct_comm_zeros(d->comm, 1, &total, d->dtype));
     ddp_bucket *b = calloc((size_t)d->n, sizeof *b);
     if (!flat || !b) {
         ct_tensor_free(flat);
@@ -571,7 +576,11 @@ static int check_params(ct_ddp *d) {
     if (d->n == 0)
         return ct__err_set(CT_EINVAL, "%s: the model has no parameters", op);
     d->dtype = ct_tensor_dtype(d->params.tensors[0]);
-    d->device = ct_comm_device(d->comm);
+    /* A host backend takes any device's buckets through host memory
+     * (collectives stage them); a device's backend (nccl) takes its
+     * device's only. */
+    ct_device comm_device = ct_comm_device(d->comm);
+    d->device = ct_tensor_device(d->params.tensors[0]);
     for (int i = 0; i < d->n; i++) {
         ct_tensor *t = d->params.tensors[i];
         char desc[CT__DESC_STR];
@@ -579,12 +588,19 @@ static int check_params(ct_ddp *d) {
         char on[CT_DEVICE_STR], wants[CT_DEVICE_STR];
         if (!ct_device_equal(dev, d->device))
             return ct__err_set(CT_EDEVICE,
+                               "%s: parameter %s (%s) is on %s, but %s is on %s; a model's "
+                               "parameters must share one device",
+                               op, d->params.names[i], ct__tensor_desc(desc, t),
+                               ct_device_str(dev, on), d->params.names[0],
+                               ct_device_str(d->device, wants));
+        if (!ct__is_host(comm_device) && !ct_device_equal(dev, comm_device))
+            return ct__err_set(CT_EDEVICE,
                                "%s: parameter %s (%s) is on %s, but the communicator (%s) takes "
                                "tensors on %s; move the model there, or use a communicator for "
                                "its device",
                                op, d->params.names[i], ct__tensor_desc(desc, t),
                                ct_device_str(dev, on), ct_backend_name(ct_comm_backend(d->comm)),
-                               ct_device_str(d->device, wants));
+                               ct_device_str(comm_device, wants));
         if (ct_tensor_dtype(t) != d->dtype || (d->dtype != CT_FLOAT32 && d->dtype != CT_FLOAT64))
             return ct__err_set(CT_EDTYPE,
                                "%s: parameter %s is %s; every parameter must be float32, or every "
@@ -604,8 +620,9 @@ static int check_params(ct_ddp *d) {
  * at the end of backward (measured in docs/bench-ddp.md). */
 static int choose_progress(ct_ddp *d) {
     bool hooks = d->o.progress == CT_DDP_PROGRESS_END;
-    /* On a device, the thread only polls events: the device does the work. */
-    if (d->o.progress == CT_DDP_PROGRESS_AUTO && ct__is_host(d->device)) {
+    /* With a device's backend, the thread only polls events: the device
+     * does the work. */
+    if (d->o.progress == CT_DDP_PROGRESS_AUTO && ct__is_host(ct_comm_device(d->comm))) {
         const ct_world *w = ct_dist_world();
         long local = w && w->local_size > 0 ? w->local_size : ct_comm_size(d->comm);
         hooks = sysconf(_SC_NPROCESSORS_ONLN) < 2 * local;

@@ -893,12 +893,12 @@ static int shm_progress(ct_comm *c, ct_work *w) {
     return rc;
 }
 
+/* Any device's tensors: comm.c stages those off the host through host
+ * memory. */
 static int shm_check_tensor(ct_comm *c, const char *op, const ct_tensor *t) {
-    ct_device d = ct_tensor_device(t);
-    char dev[CT_DEVICE_STR];
-    if (!ct__is_host(d))
-        return ct__err_set(CT_EDEVICE, "%s: the shm backend takes CPU tensors; this one is on %s",
-                           op, ct_device_str(d, dev));
+    (void)c;
+    (void)op;
+    (void)t;
     return 0;
 }
 

@@ -3,14 +3,21 @@
  * CPU: backward through an MLP (linear, relu, gelu, dropout from one seed,
  * softmax), layer norm, cross-entropy and a tiny GPT; a module moved to the
  * device and flattened there; gradient clipping; SGD, Adam and AdamW steps;
- * a checkpoint of device parameters saved and loaded. */
+ * a checkpoint of device parameters saved and loaded; data-parallel
+ * training over a host backend, which stages the device's buckets. */
 #include "ct_test.h"
 #include "device_under_test.h"
 
 #include <ct/autograd.h>
 #include <ct/checkpoint.h>
+#include <ct/collectives.h>
+#include <ct/dist.h>
 #include <ct/nn.h>
 #include <ct/optim.h>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 typedef ct_tensor *(*loss_fn)(ct_module *m, ct_tensor *x, ct_tensor *target);
 
@@ -277,4 +284,104 @@ TEST(a_checkpoint_of_device_parameters_loads_into_another_module_on_the_device) 
     ct_param_list_free(&pb);
     ct_module_free(a);
     ct_module_free(b);
+}
+
+/* ------------------------------------------------ data parallel, staged */
+
+/* An MLP without dropout, whose draws would differ between the ranks. */
+static ct_module *mlp_plain(void) {
+    ct_module *seq = ct_sequential_new();
+    ct_sequential_append(seq, ct_linear_new(6, 16, true));
+    ct_sequential_append(seq, ct_gelu_new(false));
+    ct_sequential_append(seq, ct_linear_new(16, 4, true));
+    return seq;
+}
+
+#define DDP_RANKS 2
+
+/* A batch of rank's own, the same on every run. */
+static ct_tensor *rank_batch(int rank) { return tt_rand(CT_SHAPE(5, 6), CT_FLOAT32, 70 + rank); }
+
+/* One rank's step under ct_ddp, with the model on the device: 0 when its
+ * gradients are want (n of them), else 1 with the reason on stderr. */
+static int ddp_rank_step(const char *shm, int rank, ct_tensor *const *want, int n) {
+    ct_comm *comm = ct_comm_new(&(ct_comm_config){.backend = CT_BACKEND_SHM,
+                                                  .rank = rank,
+                                                  .size = DDP_RANKS,
+                                                  .timeout_s = 60,
+                                                  .shm_name = shm});
+    ct_module *m = comm ? made_on(mlp_plain, 1, true) : NULL;
+    ct_ddp_options o = ct_ddp_defaults();
+    o.first_bucket_bytes = o.bucket_bytes = 256; /* buckets that overlap backward */
+    ct_ddp *ddp = m ? ct_ddp_new(comm, m, &o) : NULL;
+    int rc = !ddp ? ct_errcode() : 0;
+    if (rc == 0 && ct_ddp_num_buckets(ddp) < 2)
+        rc = ct_seterr(CT_EINVAL, "expected buckets that overlap backward, got one");
+    if (rc == 0) {
+        ct_tensor *y = ct_module_forward(m, ct_to(rank_batch(rank), dut));
+        ct_tensor *loss = y ? ct_sum(ct_mul(y, y), NULL, 0, false) : NULL;
+        rc = !loss ? ct_errcode() : ct_tensor_backward(loss);
+    }
+    ct_param_list pl;
+    if (rc == 0 && !params_of(m, &pl))
+        rc = ct_errcode();
+    for (int i = 0; rc == 0 && i < n; i++) {
+        ct_tensor *got = ct_to(ct_tensor_grad(pl.tensors[i]), CT_DEVICE_CPU);
+        ct_tensor *err = got ? ct_amax(ct_abs(ct_sub(got, want[i])), NULL, 0, false) : NULL;
+        if (!err)
+            rc = ct_errcode();
+        else if (ct_item(err) > 1e-5)
+            rc = ct_seterr(CT_EINVAL, "gradient %s is off by %g", pl.names[i], ct_item(err));
+    }
+    if (rc)
+        fprintf(stderr, "rank %d: %s\n", rank, ct_errmsg());
+    ct_ddp_free(ddp);
+    ct_module_free(m);
+    ct_comm_free(comm);
+    return rc ? 1 : 0;
+}
+
+/* ct_ddp with parameters on the device and the shm backend, which stages
+ * every bucket through host memory: each rank's gradients are the mean of
+ * the ranks' local ones, computed here on the CPU. The ranks are processes
+ * forked from this one, as they would be under ctlaunch: a device has one
+ * backward thread per process, which ranks sharing a process would take
+ * turns on, each waiting in its allreduce for the other. */
+TEST(ddp_over_a_host_backend_averages_device_gradients) {
+    ct_tensor *want[8] = {NULL};
+    int n = 0;
+    for (int rank = 0; rank < DDP_RANKS; rank++) {
+        ct_module *m = made_on(mlp_plain, 0, false);
+        ct_tensor *y = ct_module_forward(m, rank_batch(rank));
+        ASSERT_EQ(ct_tensor_backward(ct_sum(ct_mul(y, y), NULL, 0, false)), 0);
+        ct_param_list pl;
+        ASSERT_TRUE(params_of(m, &pl) && pl.n <= 8);
+        n = pl.n;
+        for (int i = 0; i < n; i++) {
+            ct_tensor *g = ct_mul_scalar(ct_tensor_grad(pl.tensors[i]), 1.0 / DDP_RANKS);
+            want[i] = want[i] ? ct_add(want[i], g) : g;
+        }
+        ct_param_list_free(&pl);
+        ct_module_free(m);
+    }
+    char shm[64];
+    snprintf(shm, sizeof shm, "/ct-test-dut-ddp-%ld", (long)getpid());
+    pid_t pids[DDP_RANKS];
+    fflush(NULL);
+    for (int r = 0; r < DDP_RANKS; r++) {
+        pids[r] = fork();
+        ASSERT_TRUE(pids[r] >= 0);
+        if (pids[r] == 0) {
+            alarm(120); /* a rank that hangs dies, and its status says so */
+            _exit(ddp_rank_step(shm, r, want, n));
+        }
+    }
+    for (int r = 0; r < DDP_RANKS; r++) {
+        int status = 0;
+        ASSERT_EQ(waitpid(pids[r], &status, 0), pids[r]);
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+            tt_fail(__FILE__, __LINE__, "rank %d %s %d (its reason is above)", r,
+                    WIFEXITED(status) ? "exited with" : "was killed by signal",
+                    WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+    }
 }
