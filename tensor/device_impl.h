@@ -10,10 +10,8 @@
  * device, and the front end has nothing to branch on (docs/cuda-design.md,
  * "The dispatch table").
  *
- * The families move into the table one at a time; those not in it yet
- * (cross-entropy, layer norm,
- * matmul, the optimizer kernels) still call tensor/cuda/ directly from
- * their front ends.
+ * Code outside the table asks a device one question, ct__is_host()
+ * (tensor_impl.h); everything else is an entry here.
  *
  * Errors: entries return 0 or a negative CT_E* code with the message set,
  * as ct's functions do. Threads: the tables are immutable; every entry may

@@ -117,6 +117,27 @@ static inline ct_tensor ct__layout_view(const ct_tensor *t, int ndim, const int6
     return v;
 }
 
+/* t narrowed to [start, start + length) along dim, and t at index along
+ * dim (one dim fewer): ct__layout_view's, for the index ops' pieces. */
+static inline ct_tensor ct__tensor_narrow_view(const ct_tensor *t, int dim, int64_t start,
+                                               int64_t length) {
+    int64_t sizes[CT_MAX_DIMS];
+    memcpy(sizes, t->sizes, sizeof sizes);
+    sizes[dim] = length;
+    return ct__layout_view(t, t->ndim, sizes, t->strides, t->offset + start * t->strides[dim]);
+}
+
+static inline ct_tensor ct__tensor_select_view(const ct_tensor *t, int dim, int64_t index) {
+    int64_t sizes[CT_MAX_DIMS], strides[CT_MAX_DIMS];
+    for (int i = 0, j = 0; i < t->ndim; i++) {
+        if (i == dim)
+            continue;
+        sizes[j] = t->sizes[i];
+        strides[j++] = t->strides[i];
+    }
+    return ct__layout_view(t, t->ndim - 1, sizes, strides, t->offset + index * t->strides[dim]);
+}
+
 /* ct_dtype_size without the bounds check or the call: public functions are
  * interposable, so calls to them from inside libct go through the PLT. */
 extern const size_t ct__tensor_dtype_sizes[CT_NDTYPES];
