@@ -205,7 +205,7 @@ typedef struct ct__device_ops {
      * own, so any split gives the same bits, and the device's the CPU's. */
     int (*optim_step)(const ct__optim_step *s, int index);
 
-    /* ---- indexing (tensor/cpu/index.c's front ends; operands checked) */
+    /* ---- indexing (tensor/ops/index.c's front ends; operands checked) */
     /* Scans index (int64, int32 or uint8) in the element iterator's order:
      * *found says whether a value lies outside [0, bound) (bound < 0:
      * whether one is negative), *bad is the first such, *max the largest
@@ -223,13 +223,13 @@ typedef struct ct__device_ops {
      * upper. */
     int (*band)(ct_tensor *out, ct_tensor *t, int64_t k, bool upper);
 
-    /* ---- matmul (tensor/cpu/matmul.c plans it) */
+    /* ---- matmul (tensor/ops/matmul.c plans it) */
     /* p->c = p->a @ p->b on device index. */
     int (*matmul)(const ct__mm_plan *p, int index);
     bool mm_half;     /* multiplies the 16-bit floats itself (else in float32) */
     int64_t mm_limit; /* the largest matrix dim and leading dim it takes */
 
-    /* ---- random draws (tensor/random.c) */
+    /* ---- random draws (tensor/ops/random.c) */
     /* The draw d into out (contiguous, d->n elements of d->dtype at
      * d->out); the stream's blocks are claimed already. */
     int (*draw)(ct_tensor *out, const ct__draw *d);

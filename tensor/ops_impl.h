@@ -127,7 +127,7 @@ enum {
 };
 
 /* A Philox draw into n contiguous elements (tensor/philox.h defines the
- * stream); the CPU's draws (tensor/random.c) and the devices' use the same
+ * stream); the CPU's draws (tensor/cpu/random.c) and the devices' use the same
  * description. Uniform and
  * normal: out = a + b * value, where value is a uniform of `bits` bits or a
  * standard normal; bernoulli: 1 where the uniform < p, p = a or, with
@@ -158,7 +158,7 @@ typedef struct ct__mm_mat {
     int64_t ld;                         /*   with this leading dim */
 } ct__mm_mat;
 
-/* A matmul as its front end (tensor/cpu/matmul.c) plans it for any device:
+/* A matmul as its front end (tensor/ops/matmul.c) plans it for any device:
  * c (nb, m, n) = a (nb, m, k) @ b (nb, k, n). */
 typedef struct ct__mm_plan {
     int dtype; /* compute dtype (ct_dtype): the operands' and c's */

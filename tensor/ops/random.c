@@ -1,13 +1,12 @@
-/* Random draws on the Philox4x32-10 streams that philox.h defines, on the
- * CPU and on a CUDA device.
+/* Random draws on the Philox4x32-10 streams that philox.h defines: the
+ * front ends and the generators.
  *
  * A draw reserves its blocks of counters from the generator first, then
- * fills blocks in parallel: block b writes only its own elements, and its
+ * the device's draw entry fills blocks in parallel (tensor/cpu/random.c,
+ * tensor/cuda/index.cu): block b writes only its own elements, and its
  * values depend only on (seed, offset, b), so any split of the blocks over
- * threads, or over a device's threads (tensor/cuda/index.cu, which runs
- * philox.h's code), gives the same tensor. The generator lives on the host
- * either way and advances by the same blocks. */
-#include "cpu_impl.h"
+ * threads gives the same tensor. The generator lives on the host either
+ * way and advances by the same blocks. */
 #include "device_impl.h"
 #include "philox.h"
 
@@ -56,40 +55,6 @@ void ct__tensor_generator_claim(ct_generator *gen, uint64_t nblocks, uint64_t *s
     gen->offset += nblocks;
     if (shared)
         pthread_mutex_unlock(&default_lock);
-}
-
-/* The draw's description (ct__draw) is the device kernel's too. */
-static void draw_blocks(void *arg, int64_t lo, int64_t hi) {
-    const ct__draw *d = arg;
-    ct_dtype dtype = (ct_dtype)d->dtype;
-    int64_t esize = (int64_t)ct_dtype_size(dtype);
-    for (int64_t b = lo; b < hi; b++) {
-        double u[4];
-        ct__philox_draw(d->seed, d->offset, (uint64_t)b, d->per_block, d->bits,
-                        d->kind == CT__DRAW_NORMAL, u);
-        int64_t first = b * d->per_block;
-        for (int j = 0; j < d->per_block && first + j < d->n; j++) {
-            char *p = d->out + (first + j) * esize;
-            double x;
-            if (d->kind == CT__DRAW_BERNOULLI)
-                x = u[j] < (d->p_in_out ? ct__tensor_load_double(dtype, p) : d->a);
-            else
-                /* An fma, as on a device: both round alike, whatever the
-                 * compiler would contract. */
-                x = fma(d->b, u[j], d->a);
-            ct__tensor_store_double(dtype, p, x);
-        }
-    }
-}
-
-/* Reserves the blocks for n elements and fills out (contiguous) on its
- * device. */
-int ct__cpu_draw(ct_tensor *out, const ct__draw *d) {
-    (void)out;
-    int64_t nblocks = (d->n + d->per_block - 1) / d->per_block;
-    ct__draw copy = *d;
-    ct_parallel_for(0, nblocks, GRAIN_BLOCKS, draw_blocks, &copy);
-    return 0;
 }
 
 static int run_draw(ct__draw *d, ct_tensor *out, ct_generator *gen) {
@@ -212,53 +177,24 @@ ct_tensor *ct_bernoulli_(ct_tensor *t, double p, ct_generator *gen) {
     return fill_("bernoulli_", t, &d, gen, p, 0.0);
 }
 
-/* The first probability outside [0, 1], in iteration order. */
-typedef struct p_scan {
-    ct_dtype dtype;
-    bool found;
-    double bad;
-} p_scan;
-
-static void p_scan_loop(void *ctx, char **data, const int64_t *strides, int64_t n) {
-    p_scan *s = ctx;
-    for (int64_t i = 0; i < n && !s->found; i++) {
-        double p = ct__tensor_load_double(s->dtype, data[0] + i * strides[0]);
-        if (!(p >= 0 && p <= 1)) {
-            s->found = true;
-            s->bad = p;
-        }
-    }
-}
-
-/* On one thread, or on the device in the same order, so that the message
- * names the same value every run. */
-int ct__cpu_scan_probabilities(ct_tensor *p, bool *found, double *bad) {
-    p_scan s = {p->dtype, false, 0.0};
-    ct__iter it;
-    ct__iter_init(&it, &p, 1, p->ndim, p->sizes);
-    if (it.numel > 0)
-        ct__iter_run_range(&it, p_scan_loop, &s, 0, it.numel);
-    *found = s.found;
-    *bad = s.bad;
-    return 0;
-}
-
-static int scan_probabilities(ct_tensor *p, p_scan *s) {
-    *s = (p_scan){p->dtype, false, 0.0};
+/* Whether p holds a value outside [0, 1] (NaN too), and the first such in
+ * iteration order, from the device's scan, which the host waits for. */
+static int scan_probabilities(ct_tensor *p, bool *found, double *bad) {
     const ct__device_ops *dev = CT__DEVICE_GET("bernoulli", p->storage->device, scan_probabilities);
-    return dev ? dev->scan_probabilities(p, &s->found, &s->bad) : ct_errcode();
+    return dev ? dev->scan_probabilities(p, found, bad) : ct_errcode();
 }
 
 ct_tensor *ct_bernoulli(ct_tensor *p, ct_generator *gen) {
     if (CT__CHECK_ANY("bernoulli", p) || check_float("bernoulli", p->dtype))
         return NULL;
-    p_scan s;
-    if (scan_probabilities(p, &s))
+    bool found = false;
+    double bad = 0;
+    if (scan_probabilities(p, &found, &bad))
         return NULL;
-    if (s.found) {
+    if (found) {
         char desc[CT__DESC_STR];
         ct__err_set(CT_EINVAL, "bernoulli: p %s holds %g; expected probabilities in [0, 1]",
-                    ct__tensor_desc(desc, p), s.bad);
+                    ct__tensor_desc(desc, p), bad);
         return NULL;
     }
     ct_tensor *out =
