@@ -341,39 +341,68 @@ static int ddp_rank_step(const char *shm, int rank, ct_tensor *const *want, int 
     return rc ? 1 : 0;
 }
 
-/* ct_ddp with parameters on the device and the shm backend, which stages
- * every bucket through host memory: each rank's gradients are the mean of
- * the ranks' local ones, computed here on the CPU. The ranks are processes
- * forked from this one, as they would be under ctlaunch: a device has one
- * backward thread per process, which ranks sharing a process would take
- * turns on, each waiting in its allreduce for the other. */
-TEST(ddp_over_a_host_backend_averages_device_gradients) {
-    ct_tensor *want[8] = {NULL};
-    int n = 0;
+/* The gradients of the ranks' mean loss, computed here on the CPU: the
+ * mean of the ranks' local gradients. n gets their count. */
+static bool mean_gradients(ct_tensor **want, int *n) {
     for (int rank = 0; rank < DDP_RANKS; rank++) {
         ct_module *m = made_on(mlp_plain, 0, false);
-        ct_tensor *y = ct_module_forward(m, rank_batch(rank));
-        ASSERT_EQ(ct_tensor_backward(ct_sum(ct_mul(y, y), NULL, 0, false)), 0);
+        ct_tensor *y = m ? ct_module_forward(m, rank_batch(rank)) : NULL;
         ct_param_list pl;
-        ASSERT_TRUE(params_of(m, &pl) && pl.n <= 8);
-        n = pl.n;
-        for (int i = 0; i < n; i++) {
+        if (!y || ct_tensor_backward(ct_sum(ct_mul(y, y), NULL, 0, false)) || !params_of(m, &pl) ||
+            pl.n > 8)
+            return false;
+        *n = pl.n;
+        for (int i = 0; i < pl.n; i++) {
             ct_tensor *g = ct_mul_scalar(ct_tensor_grad(pl.tensors[i]), 1.0 / DDP_RANKS);
             want[i] = want[i] ? ct_add(want[i], g) : g;
         }
         ct_param_list_free(&pl);
         ct_module_free(m);
     }
-    char shm[64];
+    return true;
+}
+
+/* A rank of the case below: this program run again with CT_DUT_DDP_RANK
+ * and CT_DUT_DDP_SHM set; it exits with its rank's result. */
+static void ddp_rank_process(const char *rank, const char *shm) {
+    ct_tensor *want[8] = {NULL};
+    int n = 0;
+    if (!mean_gradients(want, &n)) {
+        fprintf(stderr, "rank %s: %s\n", rank, ct_errmsg());
+        _exit(1);
+    }
+    fflush(NULL);
+    _exit(ddp_rank_step(shm, atoi(rank), want, n));
+}
+
+/* ct_ddp with parameters on the device and the shm backend, which stages
+ * every bucket through host memory: each rank's gradients are the mean of
+ * the ranks' local ones. The ranks are processes, as they would be under
+ * ctlaunch (a device has one backward thread per process, which ranks
+ * sharing a process would take turns on, each waiting in its allreduce for
+ * the other), and fresh ones: this program run again, not forked, as TSan
+ * cannot follow a process that forks with threads and starts more. */
+TEST(ddp_over_a_host_backend_averages_device_gradients) {
+    if (getenv("CT_DUT_DDP_RANK") && getenv("CT_DUT_DDP_SHM"))
+        ddp_rank_process(getenv("CT_DUT_DDP_RANK"), getenv("CT_DUT_DDP_SHM"));
+    char shm[64], exe[4096];
     snprintf(shm, sizeof shm, "/ct-test-dut-ddp-%ld", (long)getpid());
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    ASSERT_TRUE(len > 0);
+    exe[len] = 0;
     pid_t pids[DDP_RANKS];
     fflush(NULL);
     for (int r = 0; r < DDP_RANKS; r++) {
         pids[r] = fork();
         ASSERT_TRUE(pids[r] >= 0);
         if (pids[r] == 0) {
+            char rank[16];
+            snprintf(rank, sizeof rank, "%d", r);
+            setenv("CT_DUT_DDP_RANK", rank, 1);
+            setenv("CT_DUT_DDP_SHM", shm, 1);
             alarm(120); /* a rank that hangs dies, and its status says so */
-            _exit(ddp_rank_step(shm, r, want, n));
+            execl(exe, exe, "ddp_over_a_host_backend_averages_device_gradients", (char *)NULL);
+            _exit(127);
         }
     }
     for (int r = 0; r < DDP_RANKS; r++) {
