@@ -64,19 +64,23 @@ def main():
               file=sys.stderr)
         return 0
     torch.set_num_threads(1)
-    others = []
+    # (impl, nodes) -> the line; with ci/bench.sh's baseline, the current
+    # build's last round.
+    others = {}
     if args.compare:
         with open(args.compare) as f:
-            others = [r for r in map(json.loads, f)
-                      if r.get("bench") == "autograd_overhead" and r.get("impl") != "torch"]
+            for r in map(json.loads, f):
+                if (r.get("bench") == "autograd_overhead" and r.get("impl") != "torch"
+                        and r.get("build") != "baseline"):
+                    others[r["impl"], r["nodes"]] = r
     for nodes, runs in RUNS.items():
         best = min(backward_seconds(torch, nodes) for _ in range(runs))
         us = best / nodes * 1e6
         print(json.dumps({"bench": "autograd_overhead", "impl": "torch",
                           "torch": torch.__version__, "threads": 1, "nodes": nodes,
                           "us_per_node": round(us, 4)}), flush=True)
-        for r in others:
-            if r.get("nodes") == nodes:
+        for r in others.values():
+            if r["nodes"] == nodes:
                 print("autograd_overhead nodes=%d: %s %.3f us/node, torch %s %.3f: %s/torch %.2f"
                       % (nodes, r["impl"], r["us_per_node"], torch.__version__, us, r["impl"],
                          r["us_per_node"] / us), file=sys.stderr)

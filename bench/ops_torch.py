@@ -119,7 +119,9 @@ def main():
         with open(args.compare) as f:
             for line in f:
                 r = json.loads(line)
-                if r.get("bench") == "ops" and r.get("impl") == "ct":
+                # With ci/bench.sh's baseline, the current build's last round.
+                if (r.get("bench") == "ops" and r.get("impl") == "ct"
+                        and r.get("build") != "baseline"):
                     ct[key(r)] = r
     threads = [int(t) for t in os.environ.get("CT_BENCH_THREADS", "1,2").split(",")]
     print("ops_torch.py: torch %s from %s" % (torch.__version__, os.path.dirname(torch.__file__)),

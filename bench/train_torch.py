@@ -93,7 +93,9 @@ def compare(path, mine):
     with open(path) as f:
         for line in f:
             r = json.loads(line)
-            if r.get("bench") == "train" and r.get("impl") != "torch":
+            # With ci/bench.sh's baseline, the current build's last round.
+            if (r.get("bench") == "train" and r.get("impl") != "torch"
+                    and r.get("build") != "baseline"):
                 others[r["impl"]] = r
     for impl, r in others.items():
         print("train threads=1: %s %.1f samples/s, torch %s %.1f: %s/torch %.2f" % (

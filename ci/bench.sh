@@ -44,17 +44,25 @@
 # out in a detached worktree beside the build, build-bench-baseline/src (with
 # CT_BENCH_BUILD_DIR=D, D-baseline/src; kept from run to run and moved to
 # REV's commit when it is at another), and built with the same options in
-# build-bench-baseline/build, incrementally. In every round of collectives,
-# ddp, checkpoint and rpc, each ct run (but checkpoint's async save loop) is
-# repeated beside it with the same arguments and the baseline's own
-# binaries (the two take turns going first, round by round), its ctlaunch too (an older ctlaunch and newer ranks need not
-# speak the same protocol). Those lines carry "build": "baseline" and "rev":
-# the short sha, the current ones (in such a run only) "build": "current".
-# After its own summary each of the four prints, per ct case, the ratio of
-# every round (above 1: the current is better) and their median, and the
-# target that no case is more than 3% slower. ops, train, cuda and gpt
-# measure the current build alone (docs/benchmarks.md, "Against an earlier
-# revision").
+# build-bench-baseline/build, incrementally. In every round of ops, train,
+# collectives, ddp, checkpoint, rpc and gpt, each ct run (but checkpoint's
+# async save loop) is repeated beside it with the same arguments and the
+# baseline's own binaries (the two take turns going first, round by round),
+# its ctlaunch too (an older ctlaunch and newer ranks need not speak the
+# same protocol). ops and train, run once otherwise, then run ct in
+# CT_BENCH_ROUNDS rounds (ops: bench_ops once per thread count and group;
+# train: fmnist_mlp and bench_autograd), their PyTorch peers once after
+# them, set beside the current's last round. Those lines carry "build":
+# "baseline" and "rev": the short sha, the current ones (in such a run only)
+# "build": "current". After its own summary each of the seven prints, per
+# ct case, the ratio of every round (above 1: the current is better; ops:
+# time per call, baseline / current; train: fmnist_mlp's samples/s, current
+# / baseline, and autograd's time per node; gpt: tokens/s per thread and
+# rank count) and their median, and the target that no case is more than 3%
+# slower. A baseline run that fails (an older program that lacks a group or
+# an option) is a note, not a failure; the cases one build alone measured
+# are named and left out. cuda measures the current build alone
+# (docs/benchmarks.md, "Against an earlier revision").
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -104,7 +112,7 @@ require_count CT_BENCH_EPOCHS "$epochs"
 require_count CT_BENCH_ROUNDS "$rounds"
 # The commit of CT_BENCH_BASELINE, resolved before the builds so that a
 # mistyped revision fails at once; compared: the benchmarks that run it.
-compared=(collectives ddp checkpoint rpc)
+compared=(ops train collectives ddp checkpoint rpc gpt)
 baseline_commit=
 if [[ -n ${CT_BENCH_BASELINE:-} ]]; then
     if ! baseline_commit=$(git -C "$root" rev-parse --verify --quiet \
@@ -282,12 +290,15 @@ report_load() {
 }
 
 # With a baseline, sets each of ct's cases in the rounds of the benchmark $1
-# beside the baseline's, round by round: $2 is "time" (the metric $3 is
-# better lower: the ratio is baseline / current) or "rate" (better higher:
-# current / baseline), so that above 1 the current is better; the rest are
-# the fields that name a case. The verdict goes by each case's median over
-# the rounds, each round's ratio printed beside it: on a shared machine one
-# round's noise can pass the 3% the target allows.
+# beside the baseline's, round by round. One or more pairs follow: "time"
+# (the metric after it is better lower: the ratio is baseline / current) or
+# "rate" (better higher: current / baseline), so that above 1 the current
+# is better; a line is compared on the first of those metrics it has. The
+# rest are the fields that name a case. The verdict goes by each case's
+# median over the rounds, each round's ratio printed beside it: on a shared
+# machine one round's noise can pass the 3% the target allows. A case that
+# one build alone measured (a program that gained or lost cases between the
+# two) is named as left out, and the others are compared.
 compare_baseline() {
     if [[ -z $baseline_rev ]]; then
         return 0
@@ -298,18 +309,31 @@ import json
 import statistics
 import sys
 
-path, rev, bench, kind, metric = sys.argv[1:6]
-fields = sys.argv[6:]
+path, rev, bench = sys.argv[1:4]
+args = sys.argv[4:]
+# metric -> "time" or "rate", in the order given
+kinds = {}
+while len(args) >= 2 and args[0] in ("time", "rate"):
+    kinds[args[1]] = args[0]
+    args = args[2:]
+fields = args
 # A case meets the target when its ratio is at least this: no more than 3% slower.
 TARGET = 0.97
 
-# case -> {"current" or "baseline": {round: value}}, in the order measured
+
+def hashable(v):
+    return tuple(v) if isinstance(v, list) else v
+
+
+# (metric,) + the case's fields -> {"current" or "baseline": {round: value}},
+# in the order measured
 values = {}
 with open(path) as f:
     for r in (json.loads(line) for line in f if line.startswith("{")):
+        metric = next((m for m in kinds if m in r), None)
         if (r.get("impl") == "ct" and r.get("build") in ("current", "baseline")
-                and "round" in r and metric in r):
-            case = tuple(r.get(field) for field in fields)
+                and "round" in r and metric):
+            case = (metric,) + tuple(hashable(r.get(field)) for field in fields)
             values.setdefault(case, {}).setdefault(r["build"], {})[r["round"]] = r[metric]
 
 
@@ -321,71 +345,148 @@ def emit(record):
     print(json.dumps(dict({"bench": bench}, **record)), flush=True)
 
 
+def shown(field, v):
+    """A field's value in a label: "65536 bytes", "1024x1024", "nn"."""
+    if isinstance(v, tuple):
+        return "x".join(map(str, v))
+    return "%d %s" % (v, field) if isinstance(v, int) else str(v)
+
+
 def label(case):
-    """The case's values, a count with its field's name: "allreduce 65536 bytes"."""
-    return " ".join("%d %s" % (v, f) if isinstance(v, int) else str(v)
-                    for f, v in zip(fields, case) if v is not None)
+    """The case's values, a count with its field's name: "allreduce 65536 bytes";
+    its metric first where there are several."""
+    words = [case[0]] if len(kinds) > 1 else []
+    return " ".join(words + [shown(f, v) for f, v in zip(fields, case[1:]) if v is not None])
 
 
 def fields_of(case):
-    return {f: v for f, v in zip(fields, case) if v is not None}
+    return {f: list(v) if isinstance(v, tuple) else v
+            for f, v in zip(fields, case[1:]) if v is not None}
 
 
-def ratio(current, baseline):
-    return baseline / current if kind == "time" else current / baseline
+def ratio(metric, current, baseline):
+    return baseline / current if kinds[metric] == "time" else current / baseline
 
 
-compared, held_by_round = [], {}
+def direction(metric):
+    return "%s, %s" % (metric, "baseline / current" if kinds[metric] == "time"
+                       else "current / baseline")
+
+
+compared, left_out, held_by_round = [], [], {}
 width = max((len(label(case)) for case in values), default=0)
-log("\nagainst the baseline %s: %s, %s per round, above 1 where the current is better; "
-    "the median of the rounds [each round's]"
-    % (rev, metric, "baseline / current" if kind == "time" else "current / baseline"))
+log("\nagainst the baseline %s: %s per round, above 1 where the current is better; "
+    "the median of the rounds [each round's]" % (rev, "; ".join(map(direction, kinds))))
 for case, by in values.items():
     current, baseline = by.get("current", {}), by.get("baseline", {})
     rounds = [n for n in sorted(current) if n in baseline and current[n] and baseline[n]]
     if not rounds:
-        log("  %-*s not measured by both builds in one round" % (width, label(case)))
+        log("  %-*s %s" % (width, label(case), "not measured by both builds in one round"
+                           if current and baseline else "left out: measured by the %s alone"
+                           % ("current build" if current else "baseline")))
+        left_out.append(case)
         continue
-    by_round = [ratio(current[n], baseline[n]) for n in rounds]
+    by_round = [ratio(case[0], current[n], baseline[n]) for n in rounds]
     median = statistics.median(by_round)
     compared.append((median, case))
     for n, x in zip(rounds, by_round):
         held_by_round[n] = held_by_round.get(n, True) and x >= TARGET
     log("  %-*s %6.3f [%s]" % (width, label(case), median,
                                " ".join("%.3f" % x for x in by_round)))
-    emit(dict({"summary": "baseline_ratio", "rev": rev}, **fields_of(case), metric=metric,
+    emit(dict({"summary": "baseline_ratio", "rev": rev}, **fields_of(case), metric=case[0],
               ratio=round(median, 4), round_ratios=[round(x, 4) for x in by_round]))
 
 what = "no case more than %.0f%% slower than %s" % (100 * (1 - TARGET), rev)
 if compared:
     worst, case = min(compared, key=lambda c: c[0])
     met = worst >= TARGET
-    log("target: %s: %s (worst: %s %.3f)" % (what, "met" if met else "missed", label(case), worst))
-    emit({"summary": "target", "target": "vs_baseline", "rev": rev, "metric": metric,
-          "ratio": round(worst, 4), "worst": fields_of(case), "target_ratio": TARGET,
-          "met": met, "cases": len(compared), "rounds": len(held_by_round),
-          "rounds_met": sum(held_by_round.values())})
+    log("target: %s: %s (worst: %s %.3f%s)"
+        % (what, "met" if met else "missed", label(case), worst,
+           "; %d case(s) left out" % len(left_out) if left_out else ""))
+    record = {"summary": "target", "target": "vs_baseline", "rev": rev, "metric": case[0],
+              "ratio": round(worst, 4), "worst": fields_of(case), "target_ratio": TARGET,
+              "met": met, "cases": len(compared), "rounds": len(held_by_round),
+              "rounds_met": sum(held_by_round.values())}
+    if left_out:
+        record["left_out"] = [dict(fields_of(c), metric=c[0]) for c in left_out]
+    emit(record)
 else:
     log("target: %s: not measured" % what)
 EOF
 }
 
+# bench_ops over CT_BENCH_THREADS, then ops_torch.py. With a baseline,
+# CT_BENCH_ROUNDS rounds instead, each of which runs bench_ops once per
+# thread count and group (the groups its usage line names), the baseline's
+# right beside it; the torch peer sets itself beside the current's last
+# round. Each bench_ops run times its peers (cblas_sgemm, memcpy) too.
 run_ops() {
-    "$build/bench/bench_ops" | tee "$tmp"
+    local bench=$build/bench/bench_ops round threads group list groups
+    if [[ -z $baseline_rev ]]; then
+        "$bench" | tee "$tmp"
+    else
+        IFS=, read -ra list <<<"${CT_BENCH_THREADS:-1,2}"
+        read -ra groups < <("$bench" --help 2>&1 |
+            sed -n 's/^usage: bench_ops \[\(.*\)\]\.\.\.$/\1/p' | tr '|' ' ') || true
+        if ((${#groups[@]} == 0)); then
+            groups=("")
+        fi
+        for ((round = 1; round <= rounds; round++)); do
+            echo "ci/bench.sh: ops round $round of $rounds" >&2
+            for threads in "${list[@]}"; do
+                for group in "${groups[@]}"; do
+                    ct_builds ops_ct "$round" env CT_BENCH_THREADS="$threads" "$bench" \
+                        ${group:+"$group"}
+                done
+            done
+        done
+    fi
     run_peer ops_torch.py --compare "$tmp"
+    compare_baseline ops time us op layout shape threads
+}
+
+# One round's run of bench_ops: the command in the rest of the arguments,
+# its lines tagged with "round": $1.
+ops_ct() {
+    local tag="\"round\": $1, "
+    shift
+    "$@" | json_lines "$tag" | tee -a "$tmp"
 }
 
 # The fmnist_mlp recipe at one thread, whatever CT_BENCH_THREADS says: the
-# hand-written floor, ct, then PyTorch, which sets both beside its own figure.
+# hand-written floor, ct, then PyTorch, which sets both beside its own
+# figure; ct's autograd chain (bench_autograd) and PyTorch's. With a
+# baseline, ct's two run in CT_BENCH_ROUNDS rounds, the baseline's right
+# beside them; the peers set themselves beside the current's last round.
 run_train() {
+    local n=1 tag='' round
     OPENBLAS_NUM_THREADS=1 "$build/bench/bench_train_floor" --epochs "$epochs" | tee "$tmp"
-    # fmnist_mlp prints its progress and per-epoch accuracy too; its last
-    # line is the JSON result.
-    "$build/examples/fmnist_mlp" --epochs "$epochs" --threads 1 --metrics "" |
-        tail -n 1 | tee -a "$tmp"
-    "$build/bench/bench_autograd" | tee -a "$tmp"
+    if [[ -n $baseline_rev ]]; then
+        n=$rounds
+    fi
+    for ((round = 1; round <= n; round++)); do
+        if [[ -n $baseline_rev ]]; then
+            echo "ci/bench.sh: train round $round of $rounds" >&2
+            tag="\"round\": $round, "
+        fi
+        # fmnist_mlp prints its progress and per-epoch accuracy too; its
+        # last line is the JSON result.
+        ct_builds train_ct "$tag" "$build/examples/fmnist_mlp" --epochs "$epochs" --threads 1 \
+            --metrics ""
+        ct_builds train_ct "$tag" "$build/bench/bench_autograd"
+    done
     run_peer train_torch.py --epochs "$epochs" --compare "$tmp"
     run_peer autograd_torch.py --compare "$tmp"
+    compare_baseline train rate samples_per_s time us_per_node nodes
+}
+
+# Runs ct's command in the rest of the arguments and keeps its JSON lines
+# (fmnist_mlp's last line; every line of bench_autograd), each tagged with
+# $1 (empty without a baseline: the lines as they were printed).
+train_ct() {
+    local tag=$1
+    shift
+    "$@" | grep '^{' | json_lines "$tag" | tee -a "$tmp"
 }
 
 # Takes ctlaunch's "[rank 0] " prefix off the JSON lines and inserts $1,
@@ -403,9 +504,12 @@ json_lines() {
 # take turns going first (by the caller's round; the current first where
 # there is none), since going second is no neutral place: a save then
 # meets the disk the first one left dirty, a run the caches it left. The
-# command tags its lines through json_lines, which adds build_fields.
+# command tags its lines through json_lines, which adds build_fields. A
+# failed baseline run (an older program without a case, an option or a
+# group the current one has) is a note, not a failed benchmark: its cases
+# are left out of the comparison, which names them.
 ct_builds() {
-    local build_fields= order=(current baseline) which
+    local build_fields= order=(current baseline) which status
     if [[ -z $baseline_rev ]]; then
         "$@"
         return
@@ -419,7 +523,12 @@ ct_builds() {
             "$@"
         else
             build_fields="\"build\": \"baseline\", \"rev\": \"$baseline_rev\", "
-            "${@/#"$build/"/"$baseline_dir/build/"}"
+            status=0
+            "${@/#"$build/"/"$baseline_dir/build/"}" || status=$?
+            if ((status)); then
+                echo "ci/bench.sh: the baseline's run failed (status $status):" \
+                    "${*/#"$build/"/"$baseline_dir/build/"}" >&2
+            fi
         fi
     done
 }
@@ -1229,6 +1338,15 @@ run_cuda() {
     run_peer cuda_torch.py "${quick[@]}" --compare "$tmp"
 }
 
+# One round's run of examples/gpt: the command in the rest of the arguments
+# (gpt, maybe under ctlaunch), its JSON result (rank 0's) tagged with
+# "round": $1; its progress on stderr is dropped.
+gpt_ct() {
+    local tag="\"round\": $1, "
+    shift
+    "$@" 2>/dev/null | grep '"bench": "gpt"' | json_lines "$tag" | tee -a "$tmp"
+}
+
 # examples/gpt beside its PyTorch reference (docs/gpt.md, "Benchmarks"):
 # training throughput of the default model, the best of the rounds; peak
 # memory; parity over 200 steps; and, with CT_BENCH_GPT_TIME, the race of
@@ -1240,13 +1358,12 @@ run_gpt() {
     for ((round = 1; round <= rounds; round++)); do
         echo "ci/bench.sh: gpt round $round of $rounds" >&2
         for threads in 1 2; do
-            "$gpt" "${common[@]}" --threads "$threads" 2>/dev/null | tail -n 1 |
-                json_lines "\"round\": $round, " | tee -a "$tmp"
+            ct_builds gpt_ct "$round" "$gpt" "${common[@]}" --threads "$threads"
             run_peer gpt_torch.py "${common[@]}" --threads "$threads" |
                 json_lines "\"round\": $round, " | tee -a "$tmp"
         done
-        "$build/launcher/ctlaunch" -np 2 "$gpt" "${common[@]}" --threads 1 2>/dev/null |
-            grep '"bench": "gpt"' | json_lines "\"round\": $round, " | tee -a "$tmp"
+        ct_builds gpt_ct "$round" "$build/launcher/ctlaunch" -np 2 "$gpt" "${common[@]}" \
+            --threads 1
     done
     for flag in --bench --checkpoint-activations; do
         "$gpt" --steps 5 --bench --metrics "" --threads 1 "$flag" 2>/dev/null | tail -n 1 |
@@ -1272,8 +1389,10 @@ run_gpt() {
     run_summary - "$tmp" "$race_dir" "$build/examples/ctplot" "$anchor" <<'EOF'
 import json, os, subprocess, sys
 path, race_dir, ctplot, anchor = sys.argv[1:]
+# The baseline's runs are set beside the current ones by compare_baseline alone.
 lines = [json.loads(l) for l in open(path) if l.startswith("{")]
-gpt = [r for r in lines if r.get("bench") == "gpt" and "tokens_per_s" in r]
+gpt = [r for r in lines if r.get("bench") == "gpt" and "tokens_per_s" in r
+       and r.get("build") != "baseline"]
 # The anchor first, then every other torch measured; ct's lines have no "torch".
 versions = [anchor] + sorted({r["torch"] for r in gpt if r.get("torch") not in (None, anchor)})
 def by_round(impl, threads, ranks=1, run=None, torch=None):
@@ -1337,6 +1456,7 @@ if ct and len(race) > 1:
                     os.path.join(race_dir, "race.png"), "--x", "time_s", "--title",
                     "ct and PyTorch given the same wall time"], check=False)
 EOF
+    compare_baseline gpt rate tokens_per_s threads ranks
     if ((parity == 1)); then
         echo "ci/bench.sh: gpt: parity with PyTorch failed (see the gpt_parity lines)" >&2
         return 1
