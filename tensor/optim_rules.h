@@ -40,19 +40,6 @@ typedef struct ct__optim_hyper {
     bool amsgrad;
 } ct__optim_hyper;
 
-#ifdef __cplusplus
-extern "C" {
-#endif
-/* cuda/optim.cu: h's update on n elements of device memory, queued on
- * stream; adam: 0 SGD, 1 Adam, 2 AdamW; f64: float64, else float32; bufs
- * the kind's state buffers at element 0 (CT__OPTIM_MAX_BUFS, unused ones
- * NULL). Returns a cudaError_t (0: queued). */
-int ct__cuda_optim_launch(const ct__optim_hyper *h, int adam, int f64, char *p, const char *g,
-                          char *const *bufs, int64_t n, void *stream);
-#ifdef __cplusplus
-}
-#endif
-
 /* NaN wins either way, as torch.maximum. */
 #define CT__MAX_NAN(a, b) ((a) >= (b) || (a) != (a) ? (a) : (b))
 

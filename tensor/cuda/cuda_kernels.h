@@ -9,6 +9,7 @@
 #define CT_CUDA_KERNELS_H
 
 #include "ops_impl.h"
+#include "optim_rules.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -196,6 +197,15 @@ int ct__cuda_launch_draw(const ct__draw *d, void *stream);
 /* p->c = p->a @ p->b in int64, wrapping, over any strides; every size of
  * p > 0. */
 int ct__cuda_launch_matmul_int(const ct__mm_plan *p, void *stream);
+
+/* ---------------------------------------------------------- optimizers */
+
+/* optim.cu: h's update (optim_rules.h) on n elements of device memory,
+ * queued on stream; adam: 0 SGD, 1 Adam, 2 AdamW; f64: float64, else
+ * float32; bufs the kind's state buffers at element 0 (CT__OPTIM_MAX_BUFS,
+ * unused ones NULL). */
+int ct__cuda_launch_optim(const ct__optim_hyper *h, int adam, int f64, char *p, const char *g,
+                          char *const *bufs, int64_t n, void *stream);
 
 #ifdef __cplusplus
 }

@@ -13,7 +13,7 @@ int ct__cuda_optim_step(const ct__optim_step *st, int device) {
         for (int j = 0; j < CT__OPTIM_MAX_BUFS; j++)
             bufs[j] = st->bufs[j] ? st->bufs[j] + (size_t)s->offset * es : NULL;
         /* The kinds are the launch's 0 SGD, 1 Adam, 2 AdamW. */
-        rc = ct__cuda_launched(ct__cuda_optim_launch(&s->h, s->h.kind, st->dtype == CT_FLOAT64,
+        rc = ct__cuda_launched(ct__cuda_launch_optim(&s->h, s->h.kind, st->dtype == CT_FLOAT64,
                                                      s->p, s->g, bufs, s->n, stream),
                                device, "the optimizer's update kernel");
     }

@@ -3,7 +3,6 @@
 // so that, with CUDA's correctly rounded division and square root, a step
 // gives the CPU loops' bits.
 #include "kernels_common.cuh"
-#include "optim_rules.h"
 
 using ct_cuda::blocks_for;
 using ct_cuda::first_of_thread;
@@ -61,7 +60,7 @@ int launch(const ct__optim_hyper &h, const Flags &f, char *p, const char *g, cha
 
 // adam: 0 SGD, 1 Adam, 2 AdamW; f64: float64 (else float32). Returns a
 // cudaError_t.
-extern "C" int ct__cuda_optim_launch(const ct__optim_hyper *h, int adam, int f64, char *p,
+extern "C" int ct__cuda_launch_optim(const ct__optim_hyper *h, int adam, int f64, char *p,
                                      const char *g, char *const *bufs, int64_t n, void *stream) {
     if (n == 0)
         return 0;
