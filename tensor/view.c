@@ -257,17 +257,10 @@ ct_tensor *ct_select(ct_tensor *t, int dim, int64_t index) {
     }
     if (index < 0)
         index += n;
-    int64_t sz[CT_MAX_DIMS], st[CT_MAX_DIMS];
-    for (int i = 0, j = 0; i < t->ndim; i++) {
-        if (i == d)
-            continue;
-        sz[j] = t->sizes[i];
-        st[j++] = t->strides[i];
-    }
+    ct_tensor v = ct__tensor_select_view(t, d, index);
     ct_op_args a = ints_args(2, (int64_t[]){d, index});
-    return record_view(
-        CT_OP_SELECT,
-        ct__tensor_make_view(t, t->ndim - 1, sz, st, t->offset + index * t->strides[d]), t, &a);
+    return record_view(CT_OP_SELECT, ct__tensor_make_view(t, v.ndim, v.sizes, v.strides, v.offset),
+                       t, &a);
 }
 
 ct_tensor *ct_expand(ct_tensor *t, int ndim, const int64_t *sizes) {

@@ -89,34 +89,33 @@ static void ce_backward_range(void *ctx, int64_t lo, int64_t hi) {
 
 static int64_t ce_grain(int64_t c) { return c >= 4096 ? 1 : 4096 / c; }
 
+/* The operands the forward and the backward share. */
+static ce_job ce_job_of(ct_tensor *x, ct_tensor *t, ct_tensor *lse, int64_t ignore,
+                        double smoothing) {
+    return (ce_job){.x = ct__data(x),
+                    .t = (const int64_t *)ct__data(t),
+                    .lse = ct__data(lse),
+                    .n = x->sizes[0],
+                    .c = x->sizes[1],
+                    .ignore = ignore,
+                    .smoothing = smoothing,
+                    .dbl = x->dtype == CT_FLOAT64};
+}
+
 int ct__cpu_cross_entropy(ct_tensor *loss, ct_tensor *lse, ct_tensor *x, ct_tensor *t,
                           int64_t ignore, double smoothing) {
-    ce_job j = {.x = ct__data(x),
-                .t = (const int64_t *)ct__data(t),
-                .lse = ct__data(lse),
-                .loss = (double *)ct__data(loss),
-                .n = x->sizes[0],
-                .c = x->sizes[1],
-                .ignore = ignore,
-                .smoothing = smoothing,
-                .dbl = x->dtype == CT_FLOAT64};
+    ce_job j = ce_job_of(x, t, lse, ignore, smoothing);
+    j.loss = (double *)ct__data(loss);
     ct_parallel_for(0, j.n, ce_grain(j.c), ce_forward_range, &j);
     return 0;
 }
 
 int ct__cpu_cross_entropy_backward(ct_tensor *grad, ct_tensor *x, ct_tensor *t, ct_tensor *lse,
                                    ct_tensor *scale, int64_t ignore, double smoothing) {
-    ce_job j = {.x = ct__data(x),
-                .t = (const int64_t *)ct__data(t),
-                .lse = ct__data(lse),
-                .grad = ct__data(grad),
-                .scale = ct__data(scale),
-                .scale_stride = scale->ndim > 0 ? 1 : 0,
-                .n = x->sizes[0],
-                .c = x->sizes[1],
-                .ignore = ignore,
-                .smoothing = smoothing,
-                .dbl = x->dtype == CT_FLOAT64};
+    ce_job j = ce_job_of(x, t, lse, ignore, smoothing);
+    j.grad = ct__data(grad);
+    j.scale = ct__data(scale);
+    j.scale_stride = scale->ndim > 0 ? 1 : 0;
     ct_parallel_for(0, j.n, ce_grain(j.c), ce_backward_range, &j);
     return 0;
 }
