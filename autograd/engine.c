@@ -299,7 +299,7 @@ ct_tensor *ct__autograd_validate_grad(ct_node *n, int i, ct_tensor *g) {
         g = r;
     }
     ct_device gd = g->storage->device;
-    if (!ct_device_equal(gd, s->device)) {
+    if (!ct__device_equal(gd, s->device)) {
         char on[CT_DEVICE_STR], wants[CT_DEVICE_STR];
         ct__err_set(CT_EDEVICE,
                     "backward: %s returned a gradient on %s for its input %d, which is on %s",

@@ -94,9 +94,7 @@ ct_device ct_device_current(ct_device_type type) {
     return (ct_device){type, ops && ops->current ? ops->current() : 0};
 }
 
-bool ct_device_equal(ct_device a, ct_device b) {
-    return a.type == b.type && (ct__is_host(a) || a.index == b.index);
-}
+bool ct_device_equal(ct_device a, ct_device b) { return ct__device_equal(a, b); }
 
 const char *ct_device_str(ct_device device, char buf[CT_DEVICE_STR]) {
     char name[32];

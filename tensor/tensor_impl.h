@@ -65,6 +65,10 @@ int ct__tensor_fill_any(ct_tensor *t, double value);
  * one question about a device that code outside the dispatch table
  * (device_impl.h) asks, for its fast paths and for copies to the host. */
 static inline bool ct__is_host(ct_device device) { return device.type == CT_CPU; }
+/* ct_device_equal, inline for the engine's check of every gradient. */
+static inline bool ct__device_equal(ct_device a, ct_device b) {
+    return a.type == b.type && (ct__is_host(a) || a.index == b.index);
+}
 #define CT__CHECK(op, ...)                                                                         \
     ct__tensor_check_inputs(                                                                       \
         op, (ct_tensor *const[]){__VA_ARGS__},                                                     \

@@ -3,7 +3,7 @@
  * (device_impl.h), which check, broadcast, allocate and record; the
  * kernels are the device's: tensor/cpu/binary.c, tensor/cuda/kernels.cu
  * and index.cu. */
-#include "device_impl.h"
+#include "prep.h"
 #include "ops_impl.h"
 #include "tensor_impl.h"
 

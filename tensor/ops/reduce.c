@@ -2,7 +2,7 @@
  * max/min along a dim and argmax/argmin. The front ends check the dims and
  * dtypes, pick the result dtype, allocate and record; the device computes
  * (device_impl.h: tensor/cpu/reduce.c, tensor/cuda/reduce.cu). */
-#include "device_impl.h"
+#include "prep.h"
 #include "ops_impl.h"
 #include "tensor_impl.h"
 

@@ -1,7 +1,7 @@
 /* Softmax and log-softmax along one dim: the front end. It checks the dim
  * and the dtype between the op-preparation steps (device_impl.h); the
  * device computes (tensor/cpu/softmax.c, tensor/cuda/reduce.cu). */
-#include "device_impl.h"
+#include "prep.h"
 #include "tensor_impl.h"
 
 static ct_tensor *softmax_op(const char *name, ct_op op, bool log, ct_tensor *t, int dim) {

@@ -1,7 +1,7 @@
 /* Unary elementwise ops: the front end. It picks the result dtype and
  * calls the kernel between the op-preparation steps (device_impl.h); the
  * kernels are the device's: tensor/cpu/unary.c, tensor/cuda/kernels.cu. */
-#include "device_impl.h"
+#include "prep.h"
 #include "ops_impl.h"
 #include "tensor_impl.h"
 
