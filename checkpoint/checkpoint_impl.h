@@ -4,8 +4,8 @@
 
 #include <ct/checkpoint.h>
 
+#include "base_impl.h"
 #include "file_impl.h"
-#include "tensor_impl.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "ct's checkpoint files are little-endian; this host is not"

@@ -4,11 +4,12 @@
  * duplicate check) stays linear. */
 #include <ct/checkpoint.h>
 
+#include "base_impl.h"
 #include "safetensors_impl.h"
-#include "tensor_impl.h"
 
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define SET_MAGIC 0x63745444u /* "ctTD" */
 #define SET_DEAD  0xdead5e75u
@@ -191,7 +192,7 @@ int ct_tensor_dict_add(ct_tensor_dict *set, const char *name, ct_tensor *t) {
             return ct_errcode();
         return ct__err_set(CT_EINVAL, "%s: tensor '%.200s' is NULL", fn, name);
     }
-    if (t->magic != CT__TENSOR_MAGIC)
+    if (CT__CHECK_ANY(fn, t))
         return ct__err_set(CT_EINVAL, "%s: tensor '%.200s' is not a live tensor (freed or foreign)",
                            fn, name);
     if (index_find(&set->by_name, name, tensor_name_at, set) >= 0)

@@ -17,8 +17,8 @@
  * the device, a host backend's through host copies of the bucket
  * (collectives/comm.c stages them). ddp's own small exchanges (model check, arrival order, uneven
  * inputs) go through the communicator's device as well. */
+#include "base_impl.h"
 #include "dist_impl.h"
-#include "tensor_impl.h"
 
 #include <ct/autograd.h>
 #include <ct/cuda.h>

@@ -15,7 +15,7 @@
  * limits. Only clients that prove the job's secret get in (auth.c). */
 #include "dist_impl.h"
 
-#include "tensor_impl.h"
+#include "base_impl.h"
 
 #include <errno.h>
 #include <inttypes.h>

@@ -123,7 +123,7 @@ static dctx *ctx_lookup(uint64_t id, bool create, int *rc, char why[RING_WHY]) {
     }
     if (c) {
         c->refs++;
-        c->last_used = ct__rpc_now();
+        c->last_used = ct__now();
     }
     pthread_mutex_unlock(&T.mu);
     return c;
