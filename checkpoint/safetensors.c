@@ -187,15 +187,8 @@ static int scan_header(st_header *h) {
             in_string = true;
             i++;
         } else if (c == '-' || (c >= '0' && c <= '9')) {
-            if (sc->n == sc->cap) {
-                size_t cap = sc->cap ? 2 * sc->cap : 64;
-                uint32_t *p = realloc(sc->nums, cap * sizeof *p);
-                if (!p)
-                    return ct__err_set(
-                        CT_ENOMEM, "safetensors: %s: out of memory scanning the header", h->what);
-                sc->nums = p;
-                sc->cap = cap;
-            }
+            if (CT__GROW(sc->nums, &sc->cap, sc->n + 1, 0, "scanning the header"))
+                return ct__err_set(ct_errcode(), "safetensors: %s: %s", h->what, ct_errmsg());
             sc->nums[sc->n++] = (uint32_t)i; /* the header is at most 100 MB */
             while (i < h->len && num_char(t[i]))
                 i++;

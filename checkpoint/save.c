@@ -862,15 +862,9 @@ static int scan(const char *dir, found **out, int *n) {
             ct__manifest_free(m);
             continue;
         }
-        if (*n == cap) {
-            cap = cap ? 2 * cap : 8;
-            found *f = realloc(*out, sizeof *f * (size_t)cap);
-            if (!f) {
-                ct__manifest_free(m);
-                rc = ct__err_set(CT_ENOMEM, "%s: out of memory", dir);
-                break;
-            }
-            *out = f;
+        if ((rc = CT__GROW(*out, &cap, *n + 1, 0, dir))) {
+            ct__manifest_free(m);
+            break;
         }
         (*out)[*n] = (found){strdup(de->d_name), m->step};
         ct__manifest_free(m);

@@ -102,16 +102,8 @@ static ck_entry *add_entry(ct_state *st, const char *fn, const char *name, ct_st
             ct__err_set(CT_EINVAL, "%s: the state already has an entry named '%s'", fn, name);
             return NULL;
         }
-    if (st->n == st->cap) {
-        int cap = st->cap ? 2 * st->cap : 16;
-        ck_entry *e = realloc(st->entries, sizeof *e * (size_t)cap);
-        if (!e) {
-            ct__err_set(CT_ENOMEM, "%s: out of memory", fn);
-            return NULL;
-        }
-        st->entries = e;
-        st->cap = cap;
-    }
+    if (CT__GROW(st->entries, &st->cap, st->n + 1, 0, fn))
+        return NULL;
     char *copy = strdup(name);
     if (!copy) {
         ct__err_set(CT_ENOMEM, "%s: out of memory", fn);
