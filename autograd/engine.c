@@ -90,26 +90,6 @@ static int lookup(const task *t, const ct_node *n) {
     return -1;
 }
 
-/* Grows the array whose pointer is at array_ptr (elements of size bytes,
- * *cap of them) to hold at least need, doubling. The pointer is read and
- * written with memcpy, so one helper serves arrays of every type. Returns 0
- * or CT_ENOMEM with a message (the array is then unchanged). */
-static int reserve(void *array_ptr, int *cap, int need, size_t size) {
-    if (need <= *cap)
-        return 0;
-    int c = *cap ? *cap : 64;
-    while (c < need)
-        c *= 2;
-    void *items;
-    memcpy(&items, array_ptr, sizeof items);
-    void *grown = realloc(items, (size_t)c * size);
-    if (!grown)
-        return ct__err_set(CT_ENOMEM, "backward: out of memory for the graph (%d items)", need);
-    memcpy(array_ptr, &grown, sizeof grown);
-    *cap = c;
-    return 0;
-}
-
 /* The slot of n, added if new. Returns its index or a negative CT_E*. */
 static int slot_of(task *t, ct_node *n) {
     int i = lookup(t, n);
@@ -117,7 +97,7 @@ static int slot_of(task *t, ct_node *n) {
         return i;
     if ((size_t)(t->nslots + 1) * 2 > t->table_mask + 1 && grow_table(t))
         return CT_ENOMEM;
-    if (reserve(&t->slots, &t->slots_cap, t->nslots + 1, sizeof *t->slots))
+    if (CT__GROW(t->slots, &t->slots_cap, t->nslots + 1, 0, "backward: the graph's nodes"))
         return CT_ENOMEM;
     i = t->nslots++;
     t->slots[i] = (slot){.node = ct__node_retain(n),
@@ -146,8 +126,8 @@ typedef struct walk {
  * pushes it on the walk. */
 static int visit(task *t, walk *w, int si) {
     int nnext = t->slots[si].nnext;
-    if (reserve(&t->edges, &t->edges_cap, t->nedges + nnext, sizeof *t->edges) ||
-        reserve(&w->stack, &w->cap, w->n + 1, sizeof *w->stack))
+    if (CT__GROW(t->edges, &t->edges_cap, t->nedges + nnext, 0, "backward: the graph's edges") ||
+        CT__GROW(w->stack, &w->cap, w->n + 1, 0, "backward: the graph walk"))
         return CT_ENOMEM;
     slot *s = &t->slots[si];
     s->discovered = true;
@@ -773,7 +753,7 @@ static int queue_on(task *t, ct_backward_callback_fn fn, void *ctx, const char *
                            "%s: no backward is running on this thread; queue callbacks from a "
                            "hook or a backward function",
                            op);
-    if (reserve(&t->callbacks, &t->callbacks_cap, t->ncallbacks + 1, sizeof *t->callbacks))
+    if (CT__GROW(t->callbacks, &t->callbacks_cap, t->ncallbacks + 1, 0, "backward: callbacks"))
         return CT_ENOMEM;
     t->callbacks[t->ncallbacks++] = (callback){fn, ctx};
     return 0;

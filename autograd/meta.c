@@ -177,13 +177,8 @@ static void node_destroy(ct_node *n) {
 void ct__node_release(ct_node *n) {
     if (!n || atomic_fetch_sub_explicit(&n->refcount, 1, memory_order_acq_rel) != 1)
         return;
-    if (ndoomed == doomed_cap) {
-        size_t cap = doomed_cap ? doomed_cap * 2 : 64;
-        ct_node **grown = realloc(doomed, cap * sizeof *grown);
-        CT_ASSERT(grown && "out of memory freeing an autograd graph");
-        doomed = grown;
-        doomed_cap = cap;
-    }
+    int rc = CT__GROW(doomed, &doomed_cap, ndoomed + 1, 0, "freeing an autograd graph");
+    CT_ASSERT(rc == 0 && "out of memory freeing an autograd graph");
     doomed[ndoomed++] = n;
     if (destroying)
         return;

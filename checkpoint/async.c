@@ -8,6 +8,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 
 #define CHECKPOINTER_MAGIC 0x63744173u /* "ctAs" */
@@ -97,7 +98,8 @@ int64_t ct_checkpointer_staging_bytes(const ct_checkpointer *ck) {
 static int64_t staging_need(const ck_plan *plan) {
     int64_t need = 0;
     for (int i = 0; i < plan->nsources; i++)
-        need += (ct_numel(plan->sources[i].t) * (int64_t)ct__esize(plan->sources[i].t->dtype) +
+        need += (ct_numel(plan->sources[i].t) *
+                     (int64_t)ct__esize(ct_tensor_dtype(plan->sources[i].t)) +
                  CK_ALIGN - 1) /
                 CK_ALIGN * CK_ALIGN;
     return need;
@@ -156,10 +158,10 @@ static int stage(ct_checkpointer *ck) {
     for (int i = 0; i < plan->nsources; i++) {
         ct_tensor *src = plan->sources[i].t;
         int64_t strides[CT_MAX_DIMS];
-        ct__tensor_contiguous_strides(src->ndim, src->sizes, strides);
-        ct_tensor *copy =
-            ct__tensor_own(ct_tensor_from_storage(ck->staging, at / (int64_t)ct__esize(src->dtype),
-                                                  src->ndim, src->sizes, strides, src->dtype));
+        ct__tensor_contiguous_strides(ct_ndim(src), ct_sizes(src), strides);
+        ct_tensor *copy = ct__tensor_own(
+            ct_tensor_from_storage(ck->staging, at / (int64_t)ct__esize(ct_tensor_dtype(src)),
+                                   ct_ndim(src), ct_sizes(src), strides, ct_tensor_dtype(src)));
         /* A device's chunk comes to the host now, at the call: the
          * snapshot holds the values of every op issued before it. */
         ct_tensor *host = copy ? ct__ckpt_on_host(src) : NULL;
@@ -171,8 +173,8 @@ static int stage(ct_checkpointer *ck) {
         ct_tensor_free(host);
         ct_tensor_free(src);
         plan->sources[i].t = copy;
-        at +=
-            (ct_numel(copy) * (int64_t)ct__esize(copy->dtype) + CK_ALIGN - 1) / CK_ALIGN * CK_ALIGN;
+        at += (ct_numel(copy) * (int64_t)ct__esize(ct_tensor_dtype(copy)) + CK_ALIGN - 1) /
+              CK_ALIGN * CK_ALIGN;
     }
     return 0;
 }

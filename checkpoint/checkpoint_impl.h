@@ -4,8 +4,8 @@
 
 #include <ct/checkpoint.h>
 
+#include "base_impl.h"
 #include "file_impl.h"
-#include "tensor_impl.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "ct's checkpoint files are little-endian; this host is not"
@@ -175,7 +175,7 @@ int ct__ckpt_remove_tree(const char *path);
 /* mkdir -p. */
 int ct__ckpt_make_dirs(const char *path);
 /* ct__file_fsync_dir, ct__file_parent_dir, ct__file_pread_all and ct__file_pwrite_all are in
- * tensor/file_impl.h, shared with data/. */
+ * tensor/base/file_impl.h, shared with data/. */
 
 /* ----------------------------------------------------- save, collectively */
 

@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -455,12 +456,12 @@ static int load_tensor(ck_reader *r, const ck_entry *e, int rank, int size) {
         return ct__err_set(CT_EINVAL, "%s: tensor '%s' was saved %s; the state asks for it %s",
                            r->path, e->name, ct_state_kind_name(t->kind),
                            ct_state_kind_name(e->kind));
-    if (t->dtype != e->t->dtype || t->ndim != e->ndim ||
+    if (t->dtype != ct_tensor_dtype(e->t) || t->ndim != e->ndim ||
         memcmp(t->sizes, e->global, sizeof(int64_t) * (size_t)e->ndim))
         return ct__err_set(
             CT_EINVAL, "%s: tensor '%s' is %s%s in the checkpoint; the state has %s%s", r->path,
             e->name, ct_dtype_name(t->dtype), ct__tensor_shape_str(a, t->ndim, t->sizes),
-            ct_dtype_name(e->t->dtype), ct__tensor_shape_str(b, e->ndim, e->global));
+            ct_dtype_name(ct_tensor_dtype(e->t)), ct__tensor_shape_str(b, e->ndim, e->global));
     if (per_rank && m->world_size != size)
         return ct__err_set(CT_EINVAL,
                            "%s: per-rank tensor '%s' was saved by %d ranks and is valid only in a "
@@ -469,14 +470,14 @@ static int load_tensor(ck_reader *r, const ck_entry *e, int rank, int size) {
     ct_tensor *dst = e->t, *tmp = NULL;
     /* The file is read into host memory: a view's, or a device tensor's,
      * elements land in a contiguous buffer first. */
-    if (!ct_is_contiguous(dst) || !ct__is_host(dst->storage->device)) {
-        tmp = ct__tensor_own(ct_empty(dst->ndim, dst->sizes, dst->dtype));
+    if (!ct_is_contiguous(dst) || !ct__is_host(ct_tensor_device(dst))) {
+        tmp = ct__tensor_own(ct_empty(ct_ndim(dst), ct_sizes(dst), ct_tensor_dtype(dst)));
         if (!tmp)
             return ct_errcode();
     }
-    char *p = ct__data(tmp ? tmp : dst);
+    char *p = ct_data_ptr(tmp ? tmp : dst);
     int rc = per_rank ? ct__reader_read_rank(r, i, rank, p)
-                      : ct__reader_read_box(r, i, e->offsets, e->t->sizes, p);
+                      : ct__reader_read_box(r, i, e->offsets, ct_sizes(e->t), p);
     /* tmp must not go while its bytes are being hashed. */
     if (tmp && !rc)
         rc = ct__reader_finish(r);

@@ -134,8 +134,8 @@ ct_tensor *ct_checkpoint_reader_read(ct_checkpoint_reader *ck, int i, int rank) 
     if (!out)
         return NULL;
     int64_t zeros[CT_MAX_DIMS] = {0};
-    int rc = per_rank ? ct__reader_read_rank(&ck->r, i, rank, ct__data(out))
-                      : ct__reader_read_box(&ck->r, i, zeros, t->sizes, ct__data(out));
+    int rc = per_rank ? ct__reader_read_rank(&ck->r, i, rank, ct_data_ptr(out))
+                      : ct__reader_read_box(&ck->r, i, zeros, t->sizes, ct_data_ptr(out));
     int checked = ct__reader_finish(&ck->r);
     rc = rc ? rc : checked;
     if (rc) {

@@ -29,6 +29,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 /* Tensor bytes are read into and written from ct's memory as they are. */
@@ -186,15 +187,8 @@ static int scan_header(st_header *h) {
             in_string = true;
             i++;
         } else if (c == '-' || (c >= '0' && c <= '9')) {
-            if (sc->n == sc->cap) {
-                size_t cap = sc->cap ? 2 * sc->cap : 64;
-                uint32_t *p = realloc(sc->nums, cap * sizeof *p);
-                if (!p)
-                    return ct__err_set(
-                        CT_ENOMEM, "safetensors: %s: out of memory scanning the header", h->what);
-                sc->nums = p;
-                sc->cap = cap;
-            }
+            if (CT__GROW(sc->nums, &sc->cap, sc->n + 1, 0, "scanning the header"))
+                return ct__err_set(ct_errcode(), "safetensors: %s: %s", h->what, ct_errmsg());
             sc->nums[sc->n++] = (uint32_t)i; /* the header is at most 100 MB */
             while (i < h->len && num_char(t[i]))
                 i++;
@@ -706,7 +700,7 @@ static bool add_int(cJSON *array, int64_t v) {
 }
 
 static int64_t tensor_nbytes(const ct_tensor *t) {
-    return ct__tensor_numel(t->ndim, t->sizes) * (int64_t)ct__esize(t->dtype);
+    return ct__tensor_numel(ct_ndim(t), ct_sizes(t)) * (int64_t)ct__esize(ct_tensor_dtype(t));
 }
 
 /* The header JSON for set, padded with spaces to a multiple of 8 bytes
@@ -728,10 +722,10 @@ static char *make_header(const char *path, const ct_tensor_dict *set, size_t *le
         const ct_tensor *t = ct_tensor_dict_tensor(set, i);
         int64_t end = offset + tensor_nbytes(t);
         cJSON *e = cJSON_AddObjectToObject(root, ct_tensor_dict_name(set, i)), *shape = NULL;
-        ok = e && cJSON_AddStringToObject(e, "dtype", st_dtype_name(t->dtype)) &&
+        ok = e && cJSON_AddStringToObject(e, "dtype", st_dtype_name(ct_tensor_dtype(t))) &&
              (shape = cJSON_AddArrayToObject(e, "shape")) != NULL;
-        for (int d = 0; ok && d < t->ndim; d++)
-            ok = add_int(shape, t->sizes[d]);
+        for (int d = 0; ok && d < ct_ndim(t); d++)
+            ok = add_int(shape, ct_sizes(t)[d]);
         cJSON *offs = ok ? cJSON_AddArrayToObject(e, "data_offsets") : NULL;
         ok = offs && add_int(offs, offset) && add_int(offs, end);
         offset = end;
@@ -771,10 +765,10 @@ int ct_safetensors_save(const char *path, const ct_tensor_dict *set) {
         return ct__err_set(count, "%s: %s: %s", fn, path, ct_errmsg());
     for (int i = 0; i < count; i++) {
         const ct_tensor *t = ct_tensor_dict_tensor(set, i);
-        if (!st_dtype_name(t->dtype))
+        if (!st_dtype_name(ct_tensor_dtype(t)))
             return ct__err_set(CT_EINVAL,
                                "%s: %s: tensor " NAME ": safetensors has no dtype for %s", fn, path,
-                               ct_tensor_dict_name(set, i), ct_dtype_name(t->dtype));
+                               ct_tensor_dict_name(set, i), ct_dtype_name(ct_tensor_dtype(t)));
     }
     size_t hlen;
     char *header = make_header(path, set, &hlen);

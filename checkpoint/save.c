@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -58,14 +59,14 @@ int ct__ckpt_exchange(ct_comm *comm, int status, const void *data, size_t len, c
     if (!mine || !heads)
         rc = ct_errcode();
     if (!rc) {
-        ((int64_t *)ct__data(mine))[0] = status;
-        ((int64_t *)ct__data(mine))[1] = (int64_t)len;
+        ((int64_t *)ct_data_ptr(mine))[0] = status;
+        ((int64_t *)ct_data_ptr(mine))[1] = (int64_t)len;
         rc = ct_comm_allgather(comm, heads, mine, NULL);
     }
     int64_t longest = 1;
     for (int r = 0; !rc && r < size; r++)
-        if (((int64_t *)ct__data(heads))[2 * r + 1] > longest)
-            longest = ((int64_t *)ct__data(heads))[2 * r + 1];
+        if (((int64_t *)ct_data_ptr(heads))[2 * r + 1] > longest)
+            longest = ((int64_t *)ct_data_ptr(heads))[2 * r + 1];
     if (!rc) {
         buf = ct__tensor_own(ct_zeros(CT_SHAPE(longest), CT_UINT8));
         bufs = ct__tensor_own(ct_empty(CT_SHAPE((int64_t)size * longest), CT_UINT8));
@@ -74,18 +75,18 @@ int ct__ckpt_exchange(ct_comm *comm, int status, const void *data, size_t len, c
     }
     if (!rc) {
         if (len)
-            memcpy(ct__data(buf), data, len);
+            memcpy(ct_data_ptr(buf), data, len);
         rc = ct_comm_allgather(comm, bufs, buf, NULL);
     }
     for (int r = 0; !rc && r < size; r++) {
-        int64_t n = ((int64_t *)ct__data(heads))[2 * r + 1];
-        out[r] =
-            (ck_blob){(int)((int64_t *)ct__data(heads))[2 * r], malloc((size_t)n + 1), (size_t)n};
+        int64_t n = ((int64_t *)ct_data_ptr(heads))[2 * r + 1];
+        out[r] = (ck_blob){(int)((int64_t *)ct_data_ptr(heads))[2 * r], malloc((size_t)n + 1),
+                           (size_t)n};
         if (!out[r].data) {
             rc = ct__err_set(CT_ENOMEM, "checkpoint: out of memory");
             break;
         }
-        memcpy(out[r].data, (char *)ct__data(bufs) + r * longest, (size_t)n);
+        memcpy(out[r].data, (char *)ct_data_ptr(bufs) + r * longest, (size_t)n);
         out[r].data[n] = '\0';
     }
     ct_tensor_free(mine);
@@ -177,7 +178,7 @@ static int describe(const ct_state *st, int rank, int size, int64_t step, ck_man
         ck_tensor *t = &m->tensors[m->ntensors++];
         *t = (ck_tensor){.name = strdup(e->name),
                          .kind = e->kind,
-                         .dtype = e->t->dtype,
+                         .dtype = ct_tensor_dtype(e->t),
                          .ndim = e->ndim,
                          .chunks = calloc(1, sizeof(ck_chunk)),
                          .nchunks = 1};
@@ -185,7 +186,7 @@ static int describe(const ct_state *st, int rank, int size, int64_t step, ck_man
             return ct__err_set(CT_ENOMEM, "checkpoint save: out of memory");
         memcpy(t->sizes, e->global, sizeof(int64_t) * (size_t)e->ndim);
         memcpy(t->chunks[0].offsets, e->offsets, sizeof(int64_t) * (size_t)e->ndim);
-        memcpy(t->chunks[0].sizes, e->t->sizes, sizeof(int64_t) * (size_t)e->ndim);
+        memcpy(t->chunks[0].sizes, ct_sizes(e->t), sizeof(int64_t) * (size_t)e->ndim);
         t->chunks[0].rank = rank;
         t->chunks[0].file = -1;
     }
@@ -696,7 +697,8 @@ static int write_source(int fd, const char *file, const ck_manifest *m, const ck
     const ck_chunk *c = &m->tensors[s->tensor].chunks[s->chunk];
     ct_tensor *src = ct__ckpt_on_host(s->t);
     if (src && !ct_is_contiguous(src)) {
-        ct_tensor *packed = ct__tensor_own(ct_empty(src->ndim, src->sizes, src->dtype));
+        ct_tensor *packed =
+            ct__tensor_own(ct_empty(ct_ndim(src), ct_sizes(src), ct_tensor_dtype(src)));
         if (packed)
             ct__cpu_copy_into(packed, src);
         ct_tensor_free(src);
@@ -704,7 +706,7 @@ static int write_source(int fd, const char *file, const ck_manifest *m, const ck
     }
     if (!src)
         return ct_errcode();
-    const char *data = ct__data(src);
+    const char *data = ct_data_ptr(src);
     XXH3_state_t *hs = XXH3_createState();
     int rc = hs && XXH3_64bits_reset(hs) == XXH_OK
                  ? 0
@@ -860,15 +862,9 @@ static int scan(const char *dir, found **out, int *n) {
             ct__manifest_free(m);
             continue;
         }
-        if (*n == cap) {
-            cap = cap ? 2 * cap : 8;
-            found *f = realloc(*out, sizeof *f * (size_t)cap);
-            if (!f) {
-                ct__manifest_free(m);
-                rc = ct__err_set(CT_ENOMEM, "%s: out of memory", dir);
-                break;
-            }
-            *out = f;
+        if ((rc = CT__GROW(*out, &cap, *n + 1, 0, dir))) {
+            ct__manifest_free(m);
+            break;
         }
         (*out)[*n] = (found){strdup(de->d_name), m->step};
         ct__manifest_free(m);

@@ -5,6 +5,7 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define STATE_MAGIC 0x63745374u /* "ctSt" */
 
@@ -101,16 +102,8 @@ static ck_entry *add_entry(ct_state *st, const char *fn, const char *name, ct_st
             ct__err_set(CT_EINVAL, "%s: the state already has an entry named '%s'", fn, name);
             return NULL;
         }
-    if (st->n == st->cap) {
-        int cap = st->cap ? 2 * st->cap : 16;
-        ck_entry *e = realloc(st->entries, sizeof *e * (size_t)cap);
-        if (!e) {
-            ct__err_set(CT_ENOMEM, "%s: out of memory", fn);
-            return NULL;
-        }
-        st->entries = e;
-        st->cap = cap;
-    }
+    if (CT__GROW(st->entries, &st->cap, st->n + 1, 0, fn))
+        return NULL;
     char *copy = strdup(name);
     if (!copy) {
         ct__err_set(CT_ENOMEM, "%s: out of memory", fn);
@@ -142,7 +135,7 @@ int ct_state_add_tensor(ct_state *st, const char *name, ct_tensor *t, ct_state_k
     if (!t)
         return ct__err_set(CT_EINVAL, "ct_state_add_tensor: '%s': the tensor is NULL",
                            name ? name : "(null)");
-    return add_tensor(st, "ct_state_add_tensor", name, t, kind, t->ndim, t->sizes, NULL);
+    return add_tensor(st, "ct_state_add_tensor", name, t, kind, ct_ndim(t), ct_sizes(t), NULL);
 }
 
 int ct_state_add_shard(ct_state *st, const char *name, ct_tensor *local, int ndim,
@@ -152,19 +145,19 @@ int ct_state_add_shard(ct_state *st, const char *name, ct_tensor *local, int ndi
     if (!local || !global_sizes || !offsets)
         return ct__err_set(CT_EINVAL, "%s: '%s': the tensor, global_sizes or offsets is NULL", fn,
                            nm);
-    if (ndim < 0 || ndim > CT_MAX_DIMS || ndim != local->ndim)
+    if (ndim < 0 || ndim > CT_MAX_DIMS || ndim != ct_ndim(local))
         return ct__err_set(CT_ESHAPE, "%s: '%s': ndim %d, but the local tensor has %d dims", fn, nm,
-                           ndim, local->ndim);
-    int rc = ct__tensor_check_shape(fn, ndim, global_sizes, local->dtype);
+                           ndim, ct_ndim(local));
+    int rc = ct__tensor_check_shape(fn, ndim, global_sizes, ct_tensor_dtype(local));
     if (rc)
         return rc;
     for (int d = 0; d < ndim; d++)
-        if (offsets[d] < 0 || offsets[d] > global_sizes[d] - local->sizes[d]) {
+        if (offsets[d] < 0 || offsets[d] > global_sizes[d] - ct_sizes(local)[d]) {
             char g[CT__SHAPE_STR], o[CT__SHAPE_STR], l[CT__SHAPE_STR];
             return ct__err_set(CT_ESHAPE,
                                "%s: '%s': a block of shape %s at offsets %s does not fit in the "
                                "global shape %s (dim %d)",
-                               fn, nm, ct__tensor_shape_str(l, ndim, local->sizes),
+                               fn, nm, ct__tensor_shape_str(l, ndim, ct_sizes(local)),
                                ct__tensor_shape_str(o, ndim, offsets),
                                ct__tensor_shape_str(g, ndim, global_sizes), d);
         }

@@ -4,11 +4,12 @@
  * duplicate check) stays linear. */
 #include <ct/checkpoint.h>
 
+#include "base_impl.h"
 #include "safetensors_impl.h"
-#include "tensor_impl.h"
 
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define SET_MAGIC 0x63745444u /* "ctTD" */
 #define SET_DEAD  0xdead5e75u
@@ -124,21 +125,6 @@ static int check_text(const char *fn, const char *what, const char *s) {
     return 0;
 }
 
-/* arr (of *cap elements of size elem), grown if needed to hold one more
- * than n; NULL when out of memory (arr is untouched). Capacities stay below
- * INT32_MAX / 2, so that doubling cannot overflow an int. */
-static void *grow(void *arr, int *cap, int n, size_t elem) {
-    if (n < *cap)
-        return arr;
-    if (*cap >= INT32_MAX / 4)
-        return NULL;
-    int ncap = *cap ? 2 * *cap : 8;
-    void *p = realloc(arr, (size_t)ncap * elem);
-    if (p)
-        *cap = ncap;
-    return p;
-}
-
 ct_tensor_dict *ct_tensor_dict_new(void) {
     ct_tensor_dict *set = calloc(1, sizeof *set);
     if (!set) {
@@ -191,16 +177,14 @@ int ct_tensor_dict_add(ct_tensor_dict *set, const char *name, ct_tensor *t) {
             return ct_errcode();
         return ct__err_set(CT_EINVAL, "%s: tensor '%.200s' is NULL", fn, name);
     }
-    if (t->magic != CT__TENSOR_MAGIC)
+    if (CT__CHECK_ANY(fn, t))
         return ct__err_set(CT_EINVAL, "%s: tensor '%.200s' is not a live tensor (freed or foreign)",
                            fn, name);
     if (index_find(&set->by_name, name, tensor_name_at, set) >= 0)
         return ct__err_set(CT_EINVAL, "%s: the dict already has a tensor named '%.200s'", fn, name);
     char *copy = strdup(name);
-    entry *e = copy ? grow(set->entries, &set->cap, set->n, sizeof *e) : NULL;
-    if (e)
-        set->entries = e;
-    if (!e || !index_reserve(&set->by_name, set->n, tensor_name_at, set)) {
+    if (!copy || CT__GROW(set->entries, &set->cap, set->n + 1, 0, fn) ||
+        !index_reserve(&set->by_name, set->n, tensor_name_at, set)) {
         free(copy);
         return ct__err_set(CT_ENOMEM, "%s: out of memory adding tensor '%.200s'", fn, name);
     }
@@ -283,10 +267,8 @@ int ct_tensor_dict_set_meta(ct_tensor_dict *set, const char *key, const char *va
         return 0;
     }
     char *k = strdup(key);
-    meta_entry *m = k ? grow(set->meta, &set->metacap, set->nmeta, sizeof *m) : NULL;
-    if (m)
-        set->meta = m;
-    if (!m || !index_reserve(&set->by_key, set->nmeta, meta_key_at, set)) {
+    if (!k || CT__GROW(set->meta, &set->metacap, set->nmeta + 1, 0, fn) ||
+        !index_reserve(&set->by_key, set->nmeta, meta_key_at, set)) {
         free(k);
         free(v);
         return ct__err_set(CT_ENOMEM, "%s: out of memory adding key '%.200s'", fn, key);

@@ -33,6 +33,16 @@ dependencies") with the edges docs/decisions.md ("Layers, checked") adds:
     references the compiler saw. examples/ and bench/ may use only what a
     public header declares; tests/ may use anything.
 
+Within tensor/ it tells two layers apart (docs/decisions.md, "The base
+layer"): the base layer, tensor/base/, which the top-level CMakeLists.txt
+puts on every module's path (ct_module_common) and which holds what needs
+no struct layout; and the rest of tensor/'s private headers (tensor_impl.h
+with the layouts of ct_tensor and ct_storage, device_impl.h, ...), which
+only the modules in LAYOUT may be granted or include. It fails on a grant
+of tensor/ or an include of its private headers outside the base layer
+from any other module, on a base file that includes them, and on
+ct_module_common carrying any private folder but the base layer's.
+
 It prints one line per violation and a summary, and exits 1 on any
 violation, 0 when there is none, 2 on a usage error. It reads the tree
 only; it never builds.
@@ -75,6 +85,27 @@ USERS = {
 }
 PUBLIC_ONLY = {"examples", "bench"}
 MODULES = list(DIRECT) + list(USERS)
+
+# The base layer: part of tensor/, on every module's path, with what every
+# module needs and that needs no struct layout (docs/decisions.md, "The
+# base layer").
+BASE = "tensor/base"
+# The modules that may have the rest of tensor/'s private headers, and why:
+# the layouts in tensor_impl.h, and device_impl.h's dispatch table, which
+# includes it. Every other module gets what it needs from the base layer and
+# the public accessors.
+LAYOUT = {
+    "autograd": "it fills in the tensors' autograd slot (meta), reads reference counts to steal "
+                "a gradient and makes saved outputs as aliases",
+    "nn": "its fused kernels (attention, layer norm, cross-entropy) call the device table and "
+          "run rows over raw pointers",
+    "optim": "its flat update calls the device table's optimizer kernels",
+    "collectives": "its reductions are stamped per dtype with tensor_impl.h's element types and "
+                   "conversions, and nccl reaches the device's stream through the device table",
+    "dist_autograd": "its rpc_impl.h includes autograd_impl.h, whose inline functions read the "
+                     "layouts",
+}
+
 SOURCE_EXT = (".c", ".h", ".cu", ".cuh", ".cpp")
 HEADER_EXT = (".h", ".cuh")
 
@@ -306,6 +337,17 @@ def module_of(rel):
     return top if top in MODULES else None
 
 
+def in_base(rel):
+    return rel == BASE or rel.startswith(BASE + "/")
+
+
+def layout_private(rel):
+    """Whether rel (a file or folder of the tree) is tensor/'s and private,
+    outside the base layer: what only LAYOUT's modules may have."""
+    return (module_of(rel) == "tensor" and not in_base(rel) and rel != "tensor/include"
+            and not rel.startswith("tensor/include/"))
+
+
 def walk(root):
     out = []
     for top in MODULES:
@@ -339,11 +381,30 @@ class Cmake:
         self.lib_dirs = {}  # module -> its object library's include directories
         self.other_dirs = {}  # CMakeLists folder -> its other targets' directories
         self.grants = []  # (CMakeLists.txt, line, who, directory, how it was added)
+        self.common = []  # (line, directory): ct_module_common's, on every module's path
         for top in MODULES:
             for d, dirs, files in os.walk(os.path.join(root, top)):
                 dirs[:] = [x for x in dirs if not x.startswith(".") and not x.startswith("build")]
                 if "CMakeLists.txt" in files:
                     self.read(root, os.path.relpath(d, root).replace(os.sep, "/"))
+        self.read_common(root)
+
+    def read_common(self, root):
+        """The include directories the top-level CMakeLists.txt gives
+        ct_module_common, which every module's object library links: the
+        base layer (and nothing private else, which check() sees to)."""
+        top = os.path.join(root, "CMakeLists.txt")
+        if not os.path.exists(top):
+            return
+        with open(top, encoding="utf-8", errors="replace") as f:
+            text = re.sub(r"#[^\n]*", "", f.read())
+        for m in CMAKE_CALL.finditer(text):
+            args = m.group(2).split()
+            if m.group(1) == "target_include_directories" and args[:1] == ["ct_module_common"]:
+                line = text.count("\n", 0, m.start()) + 1
+                self.common += [(line, x) for x in self.paths(".", args[1:])]
+        for dirs in self.lib_dirs.values():
+            dirs.extend(x for _, x in self.common)
 
     def read(self, root, rel):
         with open(os.path.join(root, rel, "CMakeLists.txt"), encoding="utf-8",
@@ -551,6 +612,17 @@ class Tree:
             out = allowed if self.allowed(rel, what) else bad
             out.append("%s:%d: %s" % (rel, line, msg))
 
+        base_why = '(docs/decisions.md, "The base layer")'
+
+        def needs_layout(a):
+            return a not in LAYOUT and a != "tensor" and a not in USERS
+
+        for line, folder in self.cmake.common:
+            b = module_of(folder)
+            if b is not None and folder != b + "/include" and not in_base(folder):
+                report("CMakeLists.txt", line, folder + "/", "every module is granted %s's "
+                       "private headers (%s/, by ct_module_common), but only the base layer (%s/) "
+                       "is every module's %s" % (b, folder, BASE, base_why))
         for cm, line, a, folder, how in self.cmake.grants:
             b = module_of(folder)
             if a is None or b is None or b == a or folder == b + "/include":
@@ -561,6 +633,10 @@ class Tree:
             elif a in PUBLIC_ONLY:
                 report(cm, line, folder + "/", "%s is granted %s's private headers (%s/, by %s), "
                        "but %s/ uses the public API only %s" % (a, b, folder, how, a, why))
+            elif layout_private(folder) and needs_layout(a):
+                report(cm, line, folder + "/", "%s is granted tensor's layouts (%s/, by %s: "
+                       "tensor_impl.h), but %s is not in LAYOUT; what needs no layout is in the "
+                       "base layer, %s/ %s" % (a, folder, how, a, BASE, base_why))
         for rel in sorted(self.files):
             s = self.files[rel]
             a = s.module
@@ -577,6 +653,9 @@ class Tree:
                     continue
                 b = module_of(hdr)
                 if b == a:
+                    if in_base(rel) and layout_private(hdr):
+                        report(rel, line, hdr, "the base layer includes %s, but the base layer "
+                               "holds what needs no struct layout %s" % (hdr, base_why))
                     continue
                 public = "/include/ct/" in "/" + hdr
                 what = name if public else hdr
@@ -586,6 +665,10 @@ class Tree:
                 elif a in PUBLIC_ONLY and not public:
                     report(rel, line, what, "%s includes %s's private %s, but %s/ uses the public "
                            "API only %s" % (a, b, hdr, a, why))
+                elif layout_private(hdr) and needs_layout(a):
+                    report(rel, line, what, "%s includes %s, which has tensor's struct layouts, "
+                           "but %s is not in LAYOUT; what needs no layout is in the base layer, "
+                           "%s/ %s" % (a, hdr, a, BASE, base_why))
             seen = set()
             uses = list(s.uses)
             named = {u for _, u in s.uses}
@@ -646,7 +729,11 @@ def run(root, build=None, verbose=False, allow=None, out=sys.stdout):
 # ------------------------------------------------------------- self-test
 
 SELF_TEST_TREE = {
+    "CMakeLists.txt": "target_include_directories(ct_module_common INTERFACE\n"
+                      "                           ${CMAKE_CURRENT_SOURCE_DIR}/tensor/base)\n",
     "tensor/CMakeLists.txt": "ct_module(tensor SOURCES good.c bad.c)\n",
+    "tensor/base/base_impl.h": "#include <ct/tensor.h>\n"
+                               "static inline int ct__b_now(void) { return 3; }\n",
     "tensor/include/ct/tensor.h": "int ct_t_ok(void);\n#define ct_t_macro(x) ((x) + 1)\n",
     "tensor/tensor_impl.h": "int ct__t_inner(void);\n"
                             "static inline int ct__t_fast(void) { return 1; }\n",
@@ -657,13 +744,16 @@ SELF_TEST_TREE = {
                      "    return ct__t_inner() + ct__t_fast() + (s[0] == 0);\n}\n",
     "tensor/bad.c": '#include "tensor_impl.h"\n#include "dist_impl.h"\n'
                     "int ct__t_inner(void) {\n    return ct__d_up();\n}\n",
-    "dist/CMakeLists.txt": "ct_module(dist SOURCES d.c\n          PRIVATE_FROM tensor)\n",
+    "autograd/CMakeLists.txt": "ct_module(autograd SOURCES a.c PRIVATE_FROM tensor)\n",
+    "autograd/a.c": '#include "tensor_impl.h"\n'
+                    "int ct__a_x(void) { return ct__t_fast() + ct__b_now(); }\n",
+    "dist/CMakeLists.txt": "ct_module(dist SOURCES d.c)\n",
     "dist/include/ct/dist.h": "#include <ct/tensor.h>\nint ct_d_api(void);\n",
     "dist/dist_impl.h": "int ct__d_up(void);\n",
-    "dist/d.c": '#include <ct/dist.h>\n#include "tensor_impl.h"\n#include "dist_impl.h"\n'
+    "dist/d.c": '#include <ct/dist.h>\n#include "base_impl.h"\n#include "dist_impl.h"\n'
                 "static int ct_d_local(void) { return 2; }\n"
                 "int ct__d_up(void) {\n"
-                "    return ct_t_ok() + ct__t_fast() + ct_t_macro(1) + ct_d_local();\n}\n"
+                "    return ct_t_ok() + ct__b_now() + ct_t_macro(1) + ct_d_local();\n}\n"
                 "int ct_d_api(void) { return ct__d_up(); }\n",
     "examples/CMakeLists.txt": "add_executable(e e.c)\n"
                                "target_include_directories(e PRIVATE ${PROJECT_SOURCE_DIR}/tensor)\n",
@@ -683,15 +773,42 @@ SELF_TEST_EXPECT = {
     "examples/e.c:4: examples calls tensor's internal ct__t_inner, but examples/ uses the public "
     "API only (ARCHITECTURE.md)",
 }
+# Variants of the tree that break the base layer's rules (files replaced),
+# each with the violations it adds to SELF_TEST_EXPECT.
+BASE_WHY = '(docs/decisions.md, "The base layer")'
+SELF_TEST_VARIANTS = [
+    ("a module not in LAYOUT granted tensor/ and including tensor_impl.h",
+     {"dist/CMakeLists.txt": "ct_module(dist SOURCES d.c PRIVATE_FROM tensor)\n",
+      "dist/d.c": SELF_TEST_TREE["dist/d.c"].replace("base_impl.h", "tensor_impl.h")},
+     {"dist/CMakeLists.txt:1: dist is granted tensor's layouts (tensor/, by PRIVATE_FROM tensor: "
+      "tensor_impl.h), but dist is not in LAYOUT; what needs no layout is in the base layer, "
+      "tensor/base/ " + BASE_WHY,
+      "dist/d.c:2: dist includes tensor/tensor_impl.h, which has tensor's struct layouts, but dist "
+      "is not in LAYOUT; what needs no layout is in the base layer, tensor/base/ " + BASE_WHY}),
+    ("the base layer including tensor_impl.h",
+     {"tensor/base/base_impl.h": '#include "tensor_impl.h"\n'},
+     {"tensor/base/base_impl.h:1: the base layer includes tensor/tensor_impl.h, but the base layer "
+      "holds what needs no struct layout " + BASE_WHY}),
+    ("tensor/ on every module's path",
+     {"CMakeLists.txt": "target_include_directories(ct_module_common INTERFACE\n"
+                        "    ${CMAKE_CURRENT_SOURCE_DIR}/tensor/base\n"
+                        "    ${CMAKE_CURRENT_SOURCE_DIR}/tensor)\n"},
+     {"CMakeLists.txt:1: every module is granted tensor's private headers (tensor/, by "
+      "ct_module_common), but only the base layer (tensor/base/) is every module's " + BASE_WHY}),
+]
+
+
+def write(root, files):
+    for rel, text in files.items():
+        os.makedirs(os.path.join(root, os.path.dirname(rel)), exist_ok=True)
+        with open(os.path.join(root, rel), "w", encoding="utf-8") as f:
+            f.write(text)
 
 
 def self_test():
     tmp = tempfile.mkdtemp(prefix="ct-layers.")
     try:
-        for rel, text in SELF_TEST_TREE.items():
-            os.makedirs(os.path.join(tmp, os.path.dirname(rel)), exist_ok=True)
-            with open(os.path.join(tmp, rel), "w", encoding="utf-8") as f:
-                f.write(text)
+        write(tmp, SELF_TEST_TREE)
         failures = []
         with open(os.devnull, "w") as null:
             bad, _ = run(tmp, allow=[], out=null)
@@ -699,6 +816,14 @@ def self_test():
                 failures.append("verdicts differ:\n  missing: %s\n  unexpected: %s"
                                 % (sorted(SELF_TEST_EXPECT - set(bad)),
                                    sorted(set(bad) - SELF_TEST_EXPECT)))
+            for name, files, added in SELF_TEST_VARIANTS:
+                write(tmp, files)
+                bad, _ = run(tmp, allow=[], out=null)
+                write(tmp, {rel: SELF_TEST_TREE[rel] for rel in files})
+                if set(bad) != SELF_TEST_EXPECT | added:
+                    failures.append("%s: missing %s, unexpected %s"
+                                    % (name, sorted((SELF_TEST_EXPECT | added) - set(bad)),
+                                       sorted(set(bad) - SELF_TEST_EXPECT - added)))
             allow = [("tensor/bad.c", "dist/dist_impl.h", "test"),
                      ("tensor/bad.c", "ct__d_up", "test")]
             bad, allowed = run(tmp, allow=allow, out=null)
@@ -713,7 +838,7 @@ def self_test():
                      "PRIVATE_FROM dist), but tensor is not above dist (ARCHITECTURE.md)")
             if set(bad) != SELF_TEST_EXPECT | {grant}:
                 failures.append("a grant up a layer: missing %s, unexpected %s"
-                                % (sorted(SELF_TEST_EXPECT | {grant} - set(bad)),
+                                % (sorted((SELF_TEST_EXPECT | {grant}) - set(bad)),
                                    sorted(set(bad) - SELF_TEST_EXPECT - {grant})))
             # A module including the umbrella header.
             with open(os.path.join(tmp, "tensor", "bad.c"), "w", encoding="utf-8") as f:

@@ -36,7 +36,7 @@ import sys
 # its parts (a device folder, a backend, a file format). No prefix is in
 # two modules.
 PREFIXES = {
-    "tensor": {"tensor", "err", "cpu", "cuda", "device", "op", "iter", "file", "red"},
+    "tensor": {"tensor", "err", "cpu", "cuda", "device", "op", "iter", "file", "red", "array"},
     "autograd": {"autograd", "engine", "node"},
     "nn": {"nn"},
     "optim": {"optim"},

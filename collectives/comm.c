@@ -401,16 +401,6 @@ static void fail_group(ct_comm *c, int code, const char *msg) {
     }
 }
 
-static bool grow_active(ct_comm *c) {
-    int cap = c->cap_active ? 2 * c->cap_active : 16;
-    ct_work **a = realloc(c->active, (size_t)cap * sizeof *a);
-    if (!a)
-        return false;
-    c->active = a;
-    c->cap_active = cap;
-    return true;
-}
-
 /* Starts what it can of the queue, in issue order. A work the backend
  * cannot start yet (CT__AGAIN) stays queued without holding up the ones
  * behind it: the backend keeps the order that matters (collectives among
@@ -427,7 +417,7 @@ static bool start_queued(ct_comm *c) {
     ct_work *prev = NULL;
     for (ct_work *w = c->queue_head, *next; w; w = next) {
         next = w->next;
-        if (c->nactive == c->cap_active && !grow_active(c))
+        if (CT__GROW(c->active, &c->cap_active, c->nactive + 1, 0, "comm: the active works"))
             break; /* retried on the next pass */
         int failed = atomic_load(&c->failed);
         int rc = failed ? failed : c->be->start(c, w);

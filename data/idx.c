@@ -10,12 +10,13 @@
  * memory is taken for it. */
 #include <ct/data.h>
 
-#include "tensor_impl.h"
+#include "base_impl.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>

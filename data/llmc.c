@@ -12,14 +12,15 @@
 
 #include <ct/cuda.h>
 
+#include "base_impl.h"
 #include "file_impl.h"
-#include "tensor_impl.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <glob.h>
 #include <limits.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>

@@ -20,10 +20,11 @@
  * the caller's thread, in the caller's scope. */
 #include <ct/data.h>
 
-#include "tensor_impl.h"
+#include "base_impl.h"
 
 #include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define LOADER_MAGIC     0x63744c31u /* "ctL1" */
 #define LOADER_DEAD      0xdeadc7c8u

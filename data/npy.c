@@ -21,8 +21,8 @@
 #include <ct/cuda.h>
 #include <ct/npy.h>
 
+#include "base_impl.h"
 #include "file_impl.h"
-#include "tensor_impl.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -32,6 +32,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -573,7 +574,7 @@ static int append(void *ctx, const void *p, size_t n) {
 /* A row-major copy of the Fortran-order view v, bit for bit (ct_contiguous
  * would quiet 16-bit NaN payloads). */
 static ct_tensor *row_major(const char *what, ct_tensor *v) {
-    ct_tensor *t = ct_empty(v->ndim, v->sizes, v->dtype);
+    ct_tensor *t = ct_empty(ct_ndim(v), ct_sizes(v), ct_tensor_dtype(v));
     if (!t) {
         ct__err_set(ct_errcode(), "npy: %s: %s", what, ct_errmsg());
         return NULL;
@@ -717,12 +718,12 @@ int ct_npy_save_at(int dirfd, const char *name, const ct_tensor *t) {
     ct_tensor *src = (ct_tensor *)t;
     if (CT__CHECK_ANY("npy_save", src))
         return ct__err_set(ct_errcode(), "npy_save: %s: %s", name, ct_errmsg());
-    const char *descr = descr_of(t->dtype);
+    const char *dtype = ct_dtype_name(ct_tensor_dtype(t)), *descr = descr_of(ct_tensor_dtype(t));
     if (!descr)
         return ct__err_set(CT_ENOTSUP,
                            "npy_save: %s: numpy has no %s dtype; save ct_to_dtype(t, CT_FLOAT32), "
                            "which holds every %s value exactly",
-                           name, ct_dtype_name(t->dtype), ct_dtype_name(t->dtype));
+                           name, dtype, dtype);
     const char *slash = strrchr(name, '/');
     const char *base = slash ? slash + 1 : name;
     if (!base[0])
@@ -744,7 +745,7 @@ int ct_npy_save_at(int dirfd, const char *name, const ct_tensor *t) {
                          ct_errmsg());
     if (rc == 0) {
         char header[HEADER_CAP];
-        size_t hlen = make_header(header, descr, t->ndim, t->sizes);
+        size_t hlen = make_header(header, descr, ct_ndim(t), ct_sizes(t));
         rc = write_file(dir, name, base, host ? host : t, header, hlen);
     }
     ct_tensor_free(host);

@@ -4,7 +4,7 @@
  * recomputed from (seed, epoch, size) when asked for. */
 #include <ct/data.h>
 
-#include "tensor_impl.h"
+#include "base_impl.h"
 
 #define SAMPLER_MAGIC 0x63745331u /* "ctS1" */
 

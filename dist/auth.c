@@ -15,7 +15,7 @@
  * protects against and what it does not. */
 #include "dist_impl.h"
 
-#include "tensor_impl.h"
+#include "base_impl.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -17,8 +17,8 @@
  * the device, a host backend's through host copies of the bucket
  * (collectives/comm.c stages them). ddp's own small exchanges (model check, arrival order, uneven
  * inputs) go through the communicator's device as well. */
+#include "base_impl.h"
 #include "dist_impl.h"
-#include "tensor_impl.h"
 
 #include <ct/autograd.h>
 #include <ct/cuda.h>
@@ -125,14 +125,9 @@ static char *describe(const ct_param_list *pl, size_t *len) {
         char desc[CT__DESC_STR];
         ct__tensor_desc(desc, pl->tensors[i]);
         size_t need = strlen(pl->names[i]) + strlen(desc) + 3;
-        if (n + need >= cap) {
-            cap = 2 * (n + need);
-            char *bigger = realloc(s, cap);
-            if (!bigger) {
-                free(s);
-                return NULL;
-            }
-            s = bigger;
+        if (CT__GROW(s, &cap, n + need + 1, 0, "ddp: describing the parameters")) {
+            free(s);
+            return NULL;
         }
         n += (size_t)snprintf(s + n, cap - n, "%s %s\n", pl->names[i], desc);
     }

@@ -11,7 +11,7 @@
  * docs/dist.md describes the choices; this file keeps one process-wide
  * state, touched only by the thread that calls init and finalize, except
  * for the atomics ct_dist_heartbeat() and the heartbeat thread use. */
-#include "device_impl.h"
+#include "base_impl.h"
 #include "dist_impl.h"
 #include "init_mpi.h"
 

@@ -10,7 +10,7 @@
 
 #include <ct/dist.h>
 
-#include "tensor_impl.h"
+#include "base_impl.h"
 
 #ifdef CT_HAVE_MPI
 

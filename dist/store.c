@@ -7,7 +7,7 @@
  * server is gone, and whether the server refused the job's secret. */
 #include "dist_impl.h"
 
-#include "tensor_impl.h"
+#include "base_impl.h"
 
 #include <errno.h>
 #include <math.h>

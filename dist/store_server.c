@@ -15,7 +15,7 @@
  * limits. Only clients that prove the job's secret get in (auth.c). */
 #include "dist_impl.h"
 
-#include "tensor_impl.h"
+#include "base_impl.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -369,14 +369,8 @@ static void drop_waiters_of(ct_store_server *s, const void *route, size_t rlen) 
 /* Parks a get/wait until its keys exist; false when out of memory. */
 static bool add_waiter(ct_store_server *s, const void *route, size_t rlen, const ct__store_hdr *h,
                        zmq_msg_t *keys, int nkeys) {
-    if (s->nwaiters == s->capwaiters) {
-        size_t cap = s->capwaiters ? 2 * s->capwaiters : 16;
-        waiter *w = realloc(s->waiters, cap * sizeof *w);
-        if (!w)
-            return false;
-        s->waiters = w;
-        s->capwaiters = cap;
-    }
+    if (CT__GROW(s->waiters, &s->capwaiters, s->nwaiters + 1, 0, "store server: waiters"))
+        return false;
     waiter w = {.route = malloc(rlen),
                 .route_len = rlen,
                 .id = h->id,

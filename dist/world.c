@@ -3,7 +3,7 @@
  * them is a world of one. */
 #include "dist_impl.h"
 
-#include "tensor_impl.h"
+#include "base_impl.h"
 
 #include <arpa/inet.h>
 #include <errno.h>

@@ -25,12 +25,6 @@
 /* Tensors in one message. */
 #define MAX_TENSOR_FRAMES 256
 
-double ct__rpc_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* -------------------------------------------------------------- futures */
 
 typedef struct then_cb {
@@ -758,7 +752,7 @@ static void *io_main(void *arg) {
                 on_reply(&g.peers[who[k]], who[k]);
             else if (items[k].revents)
                 on_monitor(&g.peers[-1 - who[k]], -1 - who[k]);
-        double now = ct__rpc_now();
+        double now = ct__now();
         expire(now);
         ct__dautograd_tick(now);
     }
@@ -1137,9 +1131,9 @@ int ct_rpc_shutdown(void) {
     if (rc)
         return rc;
     /* This worker's own calls and handlers first. */
-    double deadline = ct__rpc_now() + g.o.timeout_s;
+    double deadline = ct__now() + g.o.timeout_s;
     pthread_mutex_lock(&g.mu);
-    while ((g.npending || g.busy || g.jobs_head) && ct__rpc_now() < deadline) {
+    while ((g.npending || g.busy || g.jobs_head) && ct__now() < deadline) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_nsec += 20000000;
@@ -1161,7 +1155,7 @@ int ct_rpc_shutdown(void) {
     if (!rc && g.n > 1)
         rc = ct_store_add(ct_dist_store(), key, 1, &arrived, g.o.timeout_s);
     while (!rc && arrived < g.n) {
-        if (ct__rpc_now() > deadline) {
+        if (ct__now() > deadline) {
             rc = ct__err_set(CT_ETIMEDOUT, "%s: %lld of %d workers arrived in %g s", fn,
                              (long long)arrived, g.n, g.o.timeout_s);
             break;
@@ -1239,7 +1233,7 @@ static ct_future *call(int to, const char *fn, const char *label, const ct_rpc_a
     f->context = context;
     ct__str_copy(f->fn, sizeof f->fn, label);
     f->timeout_s = timeout_s > 0 ? timeout_s : g.o.timeout_s;
-    f->deadline = ct__rpc_now() + f->timeout_s;
+    f->deadline = ct__now() + f->timeout_s;
     o->msg.h = (rpc_header){.magic = RPC_MAGIC,
                             .version = RPC_VERSION,
                             .kind = RPC_REQUEST,

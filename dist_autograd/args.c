@@ -43,16 +43,8 @@ void ct_rpc_args_free(ct_rpc_args *a) {
 static rpc_value *push(ct_rpc_args *a, const char *fn) {
     if (ct__rpc_args_check(a, fn))
         return NULL;
-    if (a->n == a->cap) {
-        int cap = a->cap ? 2 * a->cap : 8;
-        rpc_value *v = realloc(a->v, sizeof *v * (size_t)cap);
-        if (!v) {
-            ct__err_set(CT_ENOMEM, "%s: out of memory", fn);
-            return NULL;
-        }
-        a->v = v;
-        a->cap = cap;
-    }
+    if (CT__GROW(a->v, &a->cap, a->n + 1, 0, fn))
+        return NULL;
     return &a->v[a->n];
 }
 

@@ -123,7 +123,7 @@ static dctx *ctx_lookup(uint64_t id, bool create, int *rc, char why[RING_WHY]) {
     }
     if (c) {
         c->refs++;
-        c->last_used = ct__rpc_now();
+        c->last_used = ct__now();
     }
     pthread_mutex_unlock(&T.mu);
     return c;
@@ -381,17 +381,14 @@ static int sink(void *ctx, ct_tensor *leaf, ct_tensor *g) {
                          c->why);
     } else if (i < c->ngrads) {
         rc = ct_add_(c->grads[i], g) ? 0 : ct_errcode();
-    } else if (c->ngrads == c->cap) {
-        int cap = c->cap ? 2 * c->cap : 16;
-        ct_tensor **l = realloc(c->leaves, (size_t)cap * sizeof *l);
-        if (l)
-            c->leaves = l;
-        ct_tensor **gr = l ? realloc(c->grads, (size_t)cap * sizeof *gr) : NULL;
-        if (gr) {
-            c->grads = gr;
-            c->cap = cap;
-        }
-        rc = gr ? 0 : ct__err_set(CT_ENOMEM, "dist autograd: out of memory");
+    } else {
+        /* Both arrays hold c->cap; each grows to the same new capacity. */
+        int leaves_cap = c->cap, grads_cap = c->cap;
+        rc = CT__GROW(c->leaves, &leaves_cap, c->ngrads + 1, 0, "dist autograd: leaves");
+        if (!rc)
+            rc = CT__GROW(c->grads, &grads_cap, c->ngrads + 1, 0, "dist autograd: gradients");
+        if (!rc)
+            c->cap = grads_cap;
     }
     if (!rc && i == c->ngrads && !c->released) {
         ct_tensor *copy = ct__tensor_own(ct_clone(g));

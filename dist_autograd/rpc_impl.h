@@ -153,7 +153,6 @@ double ct__rpc_context_timeout(void);
 /* Whether worker id has been seen to die. */
 bool ct__rpc_peer_dead(int id);
 uint64_t ct__rpc_next_id(void);
-double ct__rpc_now(void);
 
 /* -------------------------------------------- distributed autograd hooks */
 

@@ -26,17 +26,9 @@ typedef struct buf {
 static void put(buf *b, const void *data, size_t n) {
     if (b->failed || n == 0)
         return;
-    if (b->len + n > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + n)
-            cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) {
-            b->failed = true;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
+    if (b->len > SIZE_MAX - n || CT__GROW(b->p, &b->cap, b->len + n, 0, "rpc: encoding")) {
+        b->failed = true;
+        return;
     }
     memcpy(b->p + b->len, data, n);
     b->len += n;

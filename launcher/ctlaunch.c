@@ -24,6 +24,7 @@
 #include <ct/cli.h>
 #include <ct/dist.h>
 
+#include "base_impl.h"
 #include "tail.h"
 
 #include <arpa/inet.h>
@@ -137,12 +138,6 @@ static void on_signal(int sig) {
         /* The pipe is full: a wake-up is already pending. */
     }
     errno = saved;
-}
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 static void die_usage(const char *fmt, ...) {
@@ -706,8 +701,8 @@ static void *watcher_main(void *arg) {
         if (w->store) {
             for (int r = 0; r < o->np; r++)
                 if (!w->gone[r])
-                    watcher_poll_rank(w, generation, r, now());
-            report = watcher_judge(w, now());
+                    watcher_poll_rank(w, generation, r, ct__now());
+            report = watcher_judge(w, ct__now());
         }
         pthread_mutex_lock(&w->mu);
         if (report && w->generation == generation) {
@@ -922,7 +917,7 @@ static void stop_leftovers(const options *o, rank *ranks, double kill_at) {
             return;
         if (!termed) {
             signal_all(ranks, o->np, SIGTERM);
-            kill_at = now() + o->grace;
+            kill_at = ct__now() + o->grace;
             termed = true;
         }
         /* Orphans get SIGTERM once each, when first seen: those in process
@@ -936,15 +931,15 @@ static void stop_leftovers(const options *o, rank *ranks, double kill_at) {
                 kill(orphans[i], SIGTERM);
             }
         }
-        if (now() >= kill_at) {
+        if (ct__now() >= kill_at) {
             signal_all(ranks, o->np, SIGKILL);
             for (size_t i = 0; i < norphans; i++)
                 kill(orphans[i], SIGKILL);
             if (!killed)
-                give_up = now() + KILL_WAIT_S;
+                give_up = ct__now() + KILL_WAIT_S;
             killed = true;
         }
-        if (killed && now() >= give_up) {
+        if (killed && ct__now() >= give_up) {
             fprintf(stderr,
                     "ctlaunch: %d process group%s and %zu other process%s of the job did not end "
                     "%d s after SIGKILL; giving up on them\n",
@@ -991,9 +986,9 @@ static outcome supervise(const options *o, rank *ranks, watcher *watch) {
     if (!fds) {
         perror("ctlaunch");
         signal_all(ranks, np, SIGKILL);
-        return (outcome){.how = ENDED_SIGNAL, .signal = SIGKILL, .kill_at = now()};
+        return (outcome){.how = ENDED_SIGNAL, .signal = SIGKILL, .kill_at = ct__now()};
     }
-    double pruned = now(); /* when empty process groups were last forgotten */
+    double pruned = ct__now(); /* when empty process groups were last forgotten */
     for (;;) {
         int open_streams = 0, n = 0;
         fds[n++] = (struct pollfd){.fd = signal_pipe[0], .events = POLLIN};
@@ -1004,10 +999,10 @@ static outcome supervise(const options *o, rank *ranks, watcher *watch) {
         }
         /* A rank's own children may hold its pipes open after it exits. */
         if (alive == 0 && drain_by == 0)
-            drain_by = now() + 1;
-        if (alive == 0 && (open_streams == 0 || now() >= drain_by))
+            drain_by = ct__now() + 1;
+        if (alive == 0 && (open_streams == 0 || ct__now() >= drain_by))
             break;
-        int timeout = kill_at > 0 ? (int)((kill_at - now()) * 1000) + 1 : 1000;
+        int timeout = kill_at > 0 ? (int)((kill_at - ct__now()) * 1000) + 1 : 1000;
         poll(fds, (nfds_t)n, timeout < 0 ? 0 : timeout);
         for (int r = 0; r < np; r++) {
             if (fds[1 + 2 * r].revents)
@@ -1024,7 +1019,7 @@ static outcome supervise(const options *o, rank *ranks, watcher *watch) {
                     fputs(hang, stderr);
                     hung = true;
                     signal_all(ranks, np, SIGTERM);
-                    kill_at = now() + o->grace;
+                    kill_at = ct__now() + o->grace;
                 }
                 free(hang);
                 continue;
@@ -1036,7 +1031,7 @@ static outcome supervise(const options *o, rank *ranks, watcher *watch) {
                 stop_signal = sigs[i];
                 fprintf(stderr, "ctlaunch: got %s; stopping the ranks\n", strsignal(sigs[i]));
                 if (kill_at == 0)
-                    kill_at = now() + o->grace;
+                    kill_at = ct__now() + o->grace;
             }
         }
         int status;
@@ -1056,23 +1051,23 @@ static outcome supervise(const options *o, rank *ranks, watcher *watch) {
                 if (failed(status) && first < 0 && !stop_signal && !hung) {
                     first = r;
                     signal_all(ranks, np, SIGTERM);
-                    kill_at = now() + o->grace;
+                    kill_at = ct__now() + o->grace;
                 }
             }
         }
-        if (reaped || now() - pruned >= 1) {
+        if (reaped || ct__now() - pruned >= 1) {
             signal_all(ranks, np, 0);
-            pruned = now();
+            pruned = ct__now();
         }
-        if (kill_at > 0 && now() >= kill_at && alive > 0) {
+        if (kill_at > 0 && ct__now() >= kill_at && alive > 0) {
             signal_all(ranks, np, SIGKILL);
-            kill_at = now() + 3600;
+            kill_at = ct__now() + 3600;
         }
     }
     free(fds);
     /* SIGKILL may already have been sent (kill_at pushed an hour on);
      * stop_leftovers then sends it again at once. */
-    double due = kill_at > now() + 3000 ? now() : kill_at;
+    double due = kill_at > ct__now() + 3000 ? ct__now() : kill_at;
     if (stop_signal)
         return (outcome){.how = ENDED_SIGNAL, .signal = stop_signal, .kill_at = due};
     if (hung)
@@ -1263,7 +1258,7 @@ int main(int argc, char **argv) {
         watcher_watch(&watch, restart);
         if (spawn(&o, ranks, logs, restart)) {
             signal_all(ranks, o.np, SIGKILL);
-            stop_leftovers(&o, ranks, now());
+            stop_leftovers(&o, ranks, ct__now());
             close_streams(&o, ranks);
             code = 1;
             break;

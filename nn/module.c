@@ -47,17 +47,11 @@ int ct_param_list_add(ct_param_list *pl, const char *name, ct_tensor *t) {
                            : ct_errcode() ? ct_errcode()
                                           : CT_EINVAL,
                            "param_list_add: %s", !t ? "NULL tensor" : "NULL list or name");
-    if (pl->n == pl->cap) {
-        int cap = pl->cap ? pl->cap * 2 : 8;
-        char **names = realloc(pl->names, (size_t)cap * sizeof *names);
-        if (names)
-            pl->names = names;
-        ct_tensor **tensors = names ? realloc(pl->tensors, (size_t)cap * sizeof *tensors) : NULL;
-        if (!tensors)
-            return ct__err_set(CT_ENOMEM, "param_list_add: out of memory");
-        pl->tensors = tensors;
-        pl->cap = cap;
-    }
+    /* Both arrays hold pl->cap; each grows to the same new capacity. */
+    int names_cap = pl->cap, tensors_cap = pl->cap;
+    CT_TRY(CT__GROW(pl->names, &names_cap, pl->n + 1, 0, "param_list_add: names"));
+    CT_TRY(CT__GROW(pl->tensors, &tensors_cap, pl->n + 1, 0, "param_list_add: tensors"));
+    pl->cap = tensors_cap;
     char *copy = strdup(name);
     if (!copy)
         return ct__err_set(CT_ENOMEM, "param_list_add: out of memory");
@@ -230,16 +224,9 @@ int ct_module_add_child(ct_module *m, const char *name, ct_module *child) {
         rc = ct__err_set(CT_EINVAL, "module_add_child: the module is already a child of another");
     if (!rc)
         rc = check_name(m, "module_add_child", name);
-    if (!rc && m->nchildren == m->children_cap) {
-        int cap = m->children_cap ? m->children_cap * 2 : 4;
-        ct_module **grown = realloc(m->children, (size_t)cap * sizeof *grown);
-        if (grown) {
-            m->children = grown;
-            m->children_cap = cap;
-        } else {
-            rc = ct__err_set(CT_ENOMEM, "module_add_child: out of memory");
-        }
-    }
+    if (!rc)
+        rc = CT__GROW(m->children, &m->children_cap, m->nchildren + 1, 0,
+                      "module_add_child: children");
     char *copy = rc ? NULL : strdup(name);
     if (!rc && !copy)
         rc = ct__err_set(CT_ENOMEM, "module_add_child: out of memory");
@@ -330,14 +317,7 @@ static int tree_slots(ct_module *m, slot_list *s, bool buffers) {
     for (int k = 0; k < (buffers ? 2 : 1); k++) {
         ct_param_list *own = k ? &m->buffers : &m->params;
         for (int i = 0; i < own->n; i++) {
-            if (s->n == s->cap) {
-                int cap = s->cap ? s->cap * 2 : 16;
-                ct_tensor ***grown = realloc(s->at, (size_t)cap * sizeof *grown);
-                if (!grown)
-                    return ct__err_set(CT_ENOMEM, "module: out of memory listing tensors");
-                s->at = grown;
-                s->cap = cap;
-            }
+            CT_TRY(CT__GROW(s->at, &s->cap, s->n + 1, 0, "module: listing tensors"));
             s->at[s->n++] = &own->tensors[i];
         }
     }

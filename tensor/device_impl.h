@@ -11,7 +11,7 @@
  * "The dispatch table").
  *
  * Code outside the table asks a device one question, ct__is_host()
- * (tensor_impl.h); everything else is an entry here.
+ * (base_impl.h); everything else is an entry here.
  *
  * Errors: entries return 0 or a negative CT_E* code with the message set,
  * as ct's functions do. Threads: the tables are immutable; every entry may
@@ -255,11 +255,6 @@ const ct__device_ops *ct__device_get(const char *op, ct_device device, size_t of
                                      const char *entry);
 #define CT__DEVICE_GET(op, device, entry)                                                          \
     ct__device_get(op, device, offsetof(ct__device_ops, entry), #entry)
-
-/* Makes device local_rank % count, of each accelerator type this build has
- * with count > 0, the default of threads that chose none (dist_init: each
- * rank on a machine takes its own). */
-void ct__device_take_local(int local_rank);
 
 /* "cpu", "cuda": device's type as its table names it ("device 7" for one
  * this build lacks). In static storage, or in buf (32 bytes). */

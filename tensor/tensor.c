@@ -161,19 +161,16 @@ static _Thread_local scope_stack scopes;
 
 static void tensor_drop(ct_tensor *t);
 
-static void *grow(void *p, size_t *cap, size_t elem) {
-    size_t ncap = *cap ? *cap * 2 : 64;
-    void *np = realloc(p, ncap * elem);
-    /* A scope cannot report failure to its caller; running out of memory
-     * here leaves no consistent ownership, so it is fatal. */
-    CT_ASSERT(np != NULL);
-    *cap = ncap;
-    return np;
-}
+/* A scope cannot report failure to its caller; running out of memory here
+ * leaves no consistent ownership, so it is fatal. */
+#define SCOPE_GROW(items, cap, need)                                                               \
+    do {                                                                                           \
+        int grown_ = CT__GROW(items, cap, need, 0, "scope");                                       \
+        CT_ASSERT(grown_ == 0 && "out of memory in a scope");                                      \
+    } while (0)
 
 void ct_scope_begin(void) {
-    if (scopes.depth == scopes.starts_cap)
-        scopes.starts = grow(scopes.starts, &scopes.starts_cap, sizeof(size_t));
+    SCOPE_GROW(scopes.starts, &scopes.starts_cap, scopes.depth + 1);
     scopes.starts[scopes.depth++] = scopes.len;
 }
 
@@ -193,8 +190,7 @@ void ct_scope_end(void) {
 
 ct_tensor *ct__tensor_scope_own(ct_tensor *t) {
     if (t && scopes.depth > 0) {
-        if (scopes.len == scopes.cap)
-            scopes.owned = grow(scopes.owned, &scopes.cap, sizeof(ct_tensor *));
+        SCOPE_GROW(scopes.owned, &scopes.cap, scopes.len + 1);
         scopes.owned[scopes.len++] = t;
     }
     return t;

@@ -1,78 +1,21 @@
-/* ct tensor internal header: not installed, not part of the API. */
+/* ct tensor internal header: not installed, not part of the API.
+ *
+ * The layouts of ct_tensor and ct_storage and what works on them: views
+ * made on the stack, raw data pointers, the element iterator, the dtypes'
+ * element types and conversions, op recording. Only the modules that work
+ * on the layouts are granted it (ci/layers.py's LAYOUT: autograd, nn,
+ * optim, collectives, dist_autograd); everything else a module needs from
+ * tensor/ is in the base layer (base/base_impl.h, included below), on every
+ * module's path (docs/decisions.md, "The base layer"). */
 #ifndef CT_TENSOR_IMPL_H
 #define CT_TENSOR_IMPL_H
 
 #include <ct/tensor.h>
 
-#include "error_impl.h"
+#include "base/base_impl.h"
 
 #include <stdatomic.h>
 #include <string.h>
-#include <time.h>
-
-/* ------------------------------------------------------------------ time */
-
-/* Seconds on the monotonic clock: every module's timeouts and rates. */
-static inline double ct__now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* ---------------------------------------------------------------- asserts */
-
-#define CT_ASSERT(expr) ((expr) ? (void)0 : ct__err_assert_fail(#expr, __FILE__, __LINE__))
-_Noreturn void ct__err_assert_fail(const char *expr, const char *file, int line);
-
-/* ----------------------------------------------------------------- errors */
-
-/* Formats "[2, 3]" into buf (at least CT__SHAPE_STR bytes). */
-#define CT__SHAPE_STR 96
-const char *ct__tensor_shape_str(char *buf, int ndim, const int64_t *sizes);
-/* "float32[2, 3]" into buf (at least CT__DESC_STR bytes). */
-#define CT__DESC_STR 112
-const char *ct__tensor_desc(char *buf, const ct_tensor *t);
-
-/* Validates op inputs: NULL (keeping any earlier message), a freed or foreign
- * handle, a non-CPU device. Returns 0 or a CT_E* code with the message
- * set. */
-int ct__tensor_check_inputs(const char *op, ct_tensor *const *ts, int n);
-/* The same, on any device: views and copies, which need no kernel of the
- * device's, or the CUDA ones that have one. */
-int ct__tensor_check_handles(const char *op, ct_tensor *const *ts, int n);
-#define CT__CHECK_ANY(op, ...)                                                                     \
-    ct__tensor_check_handles(                                                                      \
-        op, (ct_tensor *const[]){__VA_ARGS__},                                                     \
-        (int)(sizeof((ct_tensor *const[]){__VA_ARGS__}) / sizeof(ct_tensor *)))
-/* CT_EDEVICE unless every input is on one device. */
-int ct__tensor_check_same_device(const char *op, ct_tensor *const *ts, int n);
-/* [*lo, *hi): the bytes t's elements span in its storage (lo == hi when
- * it has none). */
-void ct__tensor_memory_extent(const ct_tensor *t, char **lo, char **hi);
-/* Whether a's and b's spans in one storage intersect (views that interleave
- * without sharing an element count too: the conservative answer). */
-bool ct__tensor_memory_overlaps(const ct_tensor *a, const ct_tensor *b);
-/* A new contiguous tensor on device, owned like ct__tensor_new's. */
-ct_tensor *ct__tensor_new_on(const char *op, int ndim, const int64_t *sizes, ct_dtype dtype,
-                             ct_device device);
-/* dst = src (broadcast, converted) on whichever device they share, or
- * between the host and a device. Returns 0 or a CT_E* code. */
-int ct__tensor_copy_any(ct_tensor *dst, ct_tensor *src);
-/* t = value (converted) on t's device, any layout. Returns 0 or a CT_E*
- * code. */
-int ct__tensor_fill_any(ct_tensor *t, double value);
-/* Whether device's memory is the host's, which the CPU reads directly: the
- * one question about a device that code outside the dispatch table
- * (device_impl.h) asks, for its fast paths and for copies to the host. */
-static inline bool ct__is_host(ct_device device) { return device.type == CT_CPU; }
-/* ct_device_equal, inline for the engine's check of every gradient. */
-static inline bool ct__device_equal(ct_device a, ct_device b) {
-    return a.type == b.type && (ct__is_host(a) || a.index == b.index);
-}
-#define CT__CHECK(op, ...)                                                                         \
-    ct__tensor_check_inputs(                                                                       \
-        op, (ct_tensor *const[]){__VA_ARGS__},                                                     \
-        (int)(sizeof((ct_tensor *const[]){__VA_ARGS__}) / sizeof(ct_tensor *)))
 
 /* --------------------------------------------------------------- objects */
 
@@ -142,20 +85,10 @@ static inline ct_tensor ct__tensor_select_view(const ct_tensor *t, int dim, int6
     return ct__layout_view(t, t->ndim - 1, sizes, strides, t->offset + index * t->strides[dim]);
 }
 
-/* ct_dtype_size without the bounds check or the call: public functions are
- * interposable, so calls to them from inside libct go through the PLT. */
-extern const size_t ct__tensor_dtype_sizes[CT_NDTYPES];
-static inline size_t ct__esize(ct_dtype dtype) { return ct__tensor_dtype_sizes[dtype]; }
-
 static inline char *ct__data(const ct_tensor *t) {
     return (char *)t->storage->data + t->offset * (int64_t)ct__esize(t->dtype);
 }
 
-int64_t ct__tensor_numel(int ndim, const int64_t *sizes);
-/* 0 when (ndim, sizes, dtype) can make a tensor; otherwise CT_EINVAL with
- * a message naming op (a bad dtype or ndim, NULL sizes, a negative size, a
- * shape whose bytes overflow). */
-int ct__tensor_check_shape(const char *op, int ndim, const int64_t *sizes, ct_dtype dtype);
 static inline bool ct__same_shape(const ct_tensor *a, const ct_tensor *b) {
     return a->ndim == b->ndim && memcmp(a->sizes, b->sizes, sizeof(int64_t) * (size_t)a->ndim) == 0;
 }
@@ -165,11 +98,6 @@ int ct__tensor_wrap_dim(const char *op, int dim, int ndim);
  * scope. */
 ct_tensor *ct__tensor_make_view(ct_tensor *base, int ndim, const int64_t *sizes,
                                 const int64_t *strides, int64_t offset);
-/* New contiguous tensor registered in the current scope. Errors (bad shape,
- * out of memory) are reported under op's name. The tensor object, its
- * storage header and (for small tensors) its data share one heap block,
- * released when the storage goes. */
-ct_tensor *ct__tensor_new(const char *op, int ndim, const int64_t *sizes, ct_dtype dtype);
 
 /* A 0-d tensor in caller storage holding one value: how scalar operands
  * reach the element iterator without a heap allocation. It is for the
@@ -185,17 +113,6 @@ typedef struct ct__scalar_operand {
 } ct__scalar_operand;
 /* Initialises op with value converted to dtype; returns &op->tensor. */
 ct_tensor *ct__cpu_scalar_operand_init(ct__scalar_operand *op, double value, ct_dtype dtype);
-/* Hands a new reference to the current scope (if any); returns t. */
-ct_tensor *ct__tensor_scope_own(ct_tensor *t);
-/* Drops a result the current op made but will not return: takes it out of
- * the current scope if the scope owns it, then frees it. */
-void ct__tensor_release(ct_tensor *t);
-/* A reference the caller owns whether or not a scope is open: takes an op's
- * result t out of the current scope, for modules whose tensors outlive the
- * caller's scope (a collective's staging, data parallel's buckets). NULL
- * stays NULL. */
-ct_tensor *ct__tensor_own(ct_tensor *t);
-void ct__tensor_contiguous_strides(int ndim, const int64_t *sizes, int64_t *strides);
 
 /* Reports an op to the autograd recorder. On failure the outputs are
  * released (not in-place ones) and NULL is returned; otherwise outputs[0]. */
@@ -213,7 +130,6 @@ static inline ct_tensor *ct__tensor_record1(ct_op op, ct_tensor *out, ct_tensor 
  * success. */
 int ct__tensor_check_inplace(ct_op op, const char *name, ct_tensor *out, ct_tensor *const *ins,
                              int nins);
-void ct__tensor_bump_version(ct_tensor *t);
 
 /* Broadcasts shapes a and b into out; CT_ESHAPE message names op. */
 int ct__tensor_broadcast_shapes(const char *op, int na, const int64_t *a, int nb, const int64_t *b,
@@ -313,13 +229,6 @@ void ct__iter_run(const ct__iter *it, ct__loop_fn loop, void *ctx, int64_t grain
 /* Runs loop sequentially over the linear range [lo, hi) of the iterator. */
 void ct__iter_run_range(const ct__iter *it, ct__loop_fn loop, void *ctx, int64_t lo, int64_t hi);
 
-/* Calls fn on each stretch of t's elements that is contiguous in memory, in
- * row-major order: how a view is written out as a row-major file. ct__iter
- * does not serve here, as it reorders dims for speed. Returns fn's first
- * nonzero result, or 0. */
-typedef int (*ct__run_fn)(void *ctx, const void *p, size_t n);
-int ct__tensor_for_each_run(const ct_tensor *t, ct__run_fn fn, void *ctx);
-
 /* Grain sizes: below these, work runs on one thread. */
 #define CT__GRAIN_ELEMENTWISE 32768
 #define CT__GRAIN_REDUCE      32768
@@ -343,10 +252,6 @@ void ct__tensor_generator_claim(ct_generator *gen, uint64_t nblocks, uint64_t *s
 /* Reads element i of dtype at p as double / writes v converted. */
 double ct__tensor_load_double(ct_dtype dtype, const void *p);
 void ct__tensor_store_double(ct_dtype dtype, void *p, double v);
-
-/* Copies src (already broadcastable to dst's shape) into dst, converting
- * dtype; no checks, no autograd record. */
-void ct__cpu_copy_into(ct_tensor *dst, ct_tensor *src);
 
 /* The loop that converts an (out, in) operand pair from one dtype to
  * another; ctx is unused. */

@@ -10,6 +10,8 @@
 #include <ct/checkpoint.h>
 #include <ct/cli.h>
 
+#include "base_impl.h"
+
 #include <inttypes.h>
 #include <math.h>
 #include <pthread.h>
@@ -17,7 +19,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 static const char usage[] =
@@ -168,16 +169,10 @@ typedef struct meter {
     double start, last;
 } meter;
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* A progress line on a terminal, at most a few times a second. */
 static void progress(int64_t done, int64_t total, void *ctx) {
     meter *m = ctx;
-    double t = now();
+    double t = ct__now();
     if (!isatty(STDERR_FILENO) || (t - m->last < 0.25 && done < total))
         return;
     m->last = t;
@@ -195,7 +190,7 @@ static int verify(const char *path) {
         fprintf(stderr, "ctckpt: verify: %s\n", ct_errmsg());
         return 1;
     }
-    meter m = {now(), 0};
+    meter m = {ct__now(), 0};
     int rc = ct_checkpoint_reader_verify(ck, progress, &m);
     int64_t bytes = 0;
     int chunks = 0;
@@ -212,7 +207,7 @@ static int verify(const char *path) {
         fprintf(stderr, "ctckpt: verify: %s\n", ct_errmsg());
     else
         printf("%s: ok: %d tensors, %d chunks, %" PRId64 " bytes checked in %.2f s\n", path,
-               ct_checkpoint_reader_num_tensors(ck), chunks, bytes, now() - m.start);
+               ct_checkpoint_reader_num_tensors(ck), chunks, bytes, ct__now() - m.start);
     ct_checkpoint_reader_close(ck);
     return rc ? 1 : 0;
 }

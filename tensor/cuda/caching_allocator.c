@@ -84,14 +84,7 @@ static int lower_bound(const pool *p, void *stream, size_t size, const char *ptr
 }
 
 static int pool_insert(pool *p, block *b) {
-    if (p->n == p->cap) {
-        int cap = p->cap ? 2 * p->cap : 64;
-        block **v = realloc(p->v, (size_t)cap * sizeof *v);
-        if (!v)
-            return ct__err_set(CT_ENOMEM, "caching allocator: out of host memory");
-        p->v = v;
-        p->cap = cap;
-    }
+    CT_TRY(CT__GROW(p->v, &p->cap, p->n + 1, 0, "caching allocator: free blocks"));
     int at = lower_bound(p, b->stream, b->size, b->ptr);
     memmove(&p->v[at + 1], &p->v[at], (size_t)(p->n - at) * sizeof *p->v);
     p->v[at] = b;
@@ -443,16 +436,9 @@ int ct__cuda_calloc_release(ct__calloc *a, void *ptr) {
     }
     /* Other streams that used it: it waits for their work. */
     for (int i = 0; b && i < b->nuses && !rc; i++) {
-        if (a->nevents == a->cap_events) {
-            int cap = a->cap_events ? 2 * a->cap_events : 16;
-            pending_event *e = realloc(a->events, (size_t)cap * sizeof *e);
-            if (!e) {
-                rc = ct__err_set(CT_ENOMEM, "caching allocator: out of host memory");
-                break;
-            }
-            a->events = e;
-            a->cap_events = cap;
-        }
+        if ((rc = CT__GROW(a->events, &a->cap_events, a->nevents + 1, 0,
+                           "caching allocator: pending events")))
+            break;
         void *event = NULL;
         rc = a->mem.event_record(a->mem.ctx, b->uses[i], &event);
         if (!rc) {
@@ -484,16 +470,9 @@ int ct__cuda_calloc_record_stream(ct__calloc *a, void *ptr, void *stream) {
     bool known = !b || b->stream == stream;
     for (int i = 0; b && i < b->nuses && !known; i++)
         known = b->uses[i] == stream;
-    if (!rc && !known && b->nuses == b->cap_uses) {
-        int cap = b->cap_uses ? 2 * b->cap_uses : 4;
-        void **u = realloc(b->uses, (size_t)cap * sizeof *u);
-        if (!u)
-            rc = ct__err_set(CT_ENOMEM, "caching allocator: out of host memory");
-        else {
-            b->uses = u;
-            b->cap_uses = cap;
-        }
-    }
+    if (!rc && !known)
+        rc = CT__GROW(b->uses, &b->cap_uses, b->nuses + 1, 0,
+                      "caching allocator: a block's streams");
     if (!rc && !known)
         b->uses[b->nuses++] = stream;
     pthread_mutex_unlock(&a->lock);

@@ -239,16 +239,10 @@ static int pin_record(pin_block *b, int device) {
         i++;
     if (i < b->nevents) {
         mem.event_free(mem.ctx, b->events[i].event);
-    } else if (b->nevents == b->cap) {
-        int cap = b->cap ? 2 * b->cap : 2;
-        pin_event *grown = realloc(b->events, sizeof *grown * (size_t)cap);
-        if (!grown) {
-            pthread_mutex_unlock(&P.lock);
-            mem.event_free(mem.ctx, event);
-            return ct__err_set(CT_ENOMEM, "ct_to_async: out of memory");
-        }
-        b->events = grown;
-        b->cap = cap;
+    } else if (CT__GROW(b->events, &b->cap, b->nevents + 1, 0, "ct_to_async: events")) {
+        pthread_mutex_unlock(&P.lock);
+        mem.event_free(mem.ctx, event);
+        return ct_errcode();
     }
     b->events[i] = (pin_event){device, event};
     if (i == b->nevents)

@@ -1,4 +1,4 @@
-/* The error-reporting macros (tensor/error_impl.h, CT_TRY in ct/tensor.h):
+/* The error-reporting macros (tensor/base/error_impl.h, CT_TRY in ct/tensor.h):
  * what each records, what it returns, and that nothing runs after it
  * returns. */
 #include "ct_test.h"

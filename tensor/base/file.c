@@ -1,9 +1,10 @@
-/* The file steps ct's file formats share (tensor/file_impl.h). */
+/* The file steps ct's file formats share (tensor/base/file_impl.h). */
 #include "file_impl.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 

@@ -1,4 +1,5 @@
-/* ct file internal header: not installed, not part of the API. */
+/* ct file internal header: not installed, not part of the API. Part of the
+ * base layer (base_impl.h), on every module's include path. */
 #ifndef CT_FILE_IMPL_H
 #define CT_FILE_IMPL_H
 
@@ -9,7 +10,7 @@
  * caller that wants its own prefix wraps ct_errmsg(). Thread-safe: they
  * share no state. */
 
-#include "tensor_impl.h"
+#include "base_impl.h"
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -1,4 +1,5 @@
 /* ct error-reporting internal header: not installed, not part of the API.
+ * Part of the base layer (base_impl.h), on every module's include path.
  *
  * Library code reports a failure where it finds it, in one statement that
  * sets this thread's error and returns its code:
@@ -23,6 +24,12 @@
 #define CT_ERROR_IMPL_H
 
 #include <ct/tensor.h>
+
+/* A bug: prints the expression, the file and the line, and aborts. Only a
+ * bug aborts; bad input, a failed peer or a full disk is an error that is
+ * returned (ARCHITECTURE.md, "Errors"). */
+#define CT_ASSERT(expr) ((expr) ? (void)0 : ct__err_assert_fail(#expr, __FILE__, __LINE__))
+_Noreturn void ct__err_assert_fail(const char *expr, const char *file, int line);
 
 /* Bytes of an error message, its NUL included; longer ones are cut. */
 #define CT__ERRMSG_MAX 1024
