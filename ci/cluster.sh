@@ -40,7 +40,7 @@ term_grace=5
 kill_grace=5
 
 usage() {
-    sed -n '9,32s/^# \{0,1\}//p' "$self"
+    sed -n '9,33s/^# \{0,1\}//p' "$self"
 }
 
 die() {
@@ -319,6 +319,10 @@ run() {
     usage >&2
     exit 2
 }
+if [[ $1 == -h || $1 == --help ]]; then
+    usage
+    exit 0
+fi
 cmd=$1
 shift
 nhosts=2 subnet=10.77.0 delay="" rate="" name=ctc$$ state="" timeout_s=600
