@@ -30,6 +30,7 @@ packages=(
     fortunes                             # the GPT example's corpus, /usr/share/games/fortunes
     debhelper help2man                   # ci/test.sh builds the Debian packages (debian/)
     python3                              # ci/figures.py checks the figures the docs quote
+    iproute2                             # ip and tc: the test cluster (ci/cluster.sh)
 )
 
 bench=false

@@ -16,6 +16,9 @@
  *   loopback        every TCP listener of each rank (rank 0's store under an
  *                   MPI launcher) binds 127.0.0.1, every rank being on one
  *                   machine
+ *   across_hosts    one rank per host (mpirun on the test cluster): auto
+ *                   picks mpi, each rank is alone on its machine, and a
+ *                   large allreduce crosses the hosts' links
  *
  * Every rank's input is a deterministic function of (rank, index), so each
  * rank computes the reference itself and nothing travels except through the
@@ -1033,6 +1036,25 @@ TEST(loopback) {
     if (hosts_store && listeners == 0)
         tt_fail(__FILE__, __LINE__, "rank 0 hosts the store but no listener of its was found");
     check_allreduce_of(c, 100, CT_FLOAT32, CT_REDUCE_SUM);
+    ct_dist_finalize();
+}
+
+/* Under mpirun with one rank on each host of the test cluster
+ * (tests/ci/test_mpirun_cluster.sh), auto picks mpi, MPI counts each rank
+ * alone on its machine, and the large allreduce (12 MiB each way) crosses
+ * the links, where the driver counts the bytes. */
+TEST(across_hosts) {
+    ct_comm *c = join(30);
+    if (!c)
+        return;
+    const ct_world *w = ct_dist_world();
+    if (ct_comm_backend(c) != CT_BACKEND_MPI)
+        tt_fail(__FILE__, __LINE__, "auto picked %s with one rank per host, not mpi",
+                ct_backend_name(ct_comm_backend(c)));
+    if (w->local_size != 1 || w->local_rank != 0)
+        tt_fail(__FILE__, __LINE__, "local rank %d of %d: MPI sees ranks sharing a host",
+                w->local_rank, w->local_size);
+    check_allreduce_of(c, LARGE, CT_FLOAT32, CT_REDUCE_SUM);
     ct_dist_finalize();
 }
 
