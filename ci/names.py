@@ -41,7 +41,7 @@ PREFIXES = {
     "nn": {"nn"},
     "optim": {"optim"},
     "data": {"data"},
-    "collectives": {"coll", "comm", "work", "shm", "mpi", "nccl"},
+    "collectives": {"coll", "comm", "work", "shm", "mpi", "nccl", "gloo"},
     "dist": {"dist", "store", "auth"},
     "dist_autograd": {"dautograd", "rpc", "rref"},
     "checkpoint": {"ckpt", "manifest", "reader", "safetensors"},

@@ -22,6 +22,7 @@ packages=(
     libopenblas-dev                      # matmul (cblas)
     libzmq3-dev                          # store and RPC (dist/, dist_autograd/)
     libopenmpi-dev openmpi-bin           # mpi collectives backend, mpirun
+    libgloo-dev                          # gloo collectives backend (TCP, across machines)
     libcjson-dev                         # checkpoint metadata
     libxxhash-dev                        # checkpoint checksums
     zlib1g-dev                           # examples read the gzipped data sets

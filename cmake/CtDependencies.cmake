@@ -97,6 +97,31 @@ else()
   ct_summary("CUDA: disabled (CT_CUDA=OFF); CUDA tensors and NCCL are turned off")
 endif()
 
+# gloo (Debian's libgloo-dev, PyTorch's CPU engine): its TCP transport
+# carries the gloo backend, through a C++ shim, so it needs a C++ compiler.
+# Debian installs the library in /usr/lib, not the multiarch directory, and
+# its CMake config names no dependencies to export: a plain path, as for
+# MPI.
+set(CT_HAVE_GLOO OFF)
+if(NOT CT_GLOO STREQUAL "OFF")
+  include(CheckLanguage)
+  check_language(CXX)
+  find_path(GLOO_INCLUDE_DIR gloo/transport/tcp/device.h)
+  find_library(GLOO_LIBRARY gloo)
+  if(GLOO_INCLUDE_DIR AND GLOO_LIBRARY AND CMAKE_CXX_COMPILER)
+    enable_language(CXX)
+    set(CT_HAVE_GLOO ON)
+    ct_summary("gloo: found (${GLOO_LIBRARY}); the gloo collectives backend is built")
+  elseif(CT_GLOO STREQUAL "ON")
+    message(FATAL_ERROR "CT_GLOO=ON but libgloo (gloo/transport/tcp/device.h, libgloo) or a C++ "
+                        "compiler was not found (install libgloo-dev and g++)")
+  else()
+    ct_summary("gloo: NOT found; the gloo backend is turned off (install libgloo-dev)")
+  endif()
+else()
+  ct_summary("gloo: disabled (CT_GLOO=OFF); the gloo backend is turned off")
+endif()
+
 # NCCL: needs CUDA.
 set(CT_HAVE_NCCL OFF)
 if(CT_HAVE_CUDA AND NOT CT_NCCL STREQUAL "OFF")

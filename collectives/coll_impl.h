@@ -170,6 +170,9 @@ int ct__shm_layout_bytes(int n, size_t *bytes);
 #ifdef CT_HAVE_MPI
 extern const ct__backend ct__mpi_backend;
 #endif
+#ifdef CT_HAVE_GLOO
+extern const ct__backend ct__gloo_backend;
+#endif
 #ifdef CT_HAVE_NCCL
 extern const ct__backend ct__nccl_backend;
 /* ncclGetUniqueId into id (CT_NCCL_ID_BYTES bytes), for ct_comm_nccl_id. */

@@ -134,6 +134,7 @@ const char *ct_backend_name(ct_backend backend) {
     case CT_BACKEND_SHM: return "shm";
     case CT_BACKEND_MPI: return "mpi";
     case CT_BACKEND_NCCL: return "nccl";
+    case CT_BACKEND_GLOO: return "gloo";
     }
     return "?";
 }
@@ -146,6 +147,9 @@ static const ct__backend *backend_table(ct_backend backend) {
 #endif
 #ifdef CT_HAVE_NCCL
     case CT_BACKEND_NCCL: return &ct__nccl_backend;
+#endif
+#ifdef CT_HAVE_GLOO
+    case CT_BACKEND_GLOO: return &ct__gloo_backend;
 #endif
     default: return NULL;
     }
@@ -268,6 +272,7 @@ ct_comm *ct_comm_new(const ct_comm_config *cfg) {
                     ct_backend_name(cfg->backend),
                     cfg->backend == CT_BACKEND_MPI    ? "configure found no MPI"
                     : cfg->backend == CT_BACKEND_NCCL ? "configure found no CUDA with NCCL"
+                    : cfg->backend == CT_BACKEND_GLOO ? "configure found no libgloo-dev"
                                                       : "unknown backend");
         return NULL;
     }

@@ -121,6 +121,16 @@ const char *ct__store_op_name(int op);
 int ct__dist_listen_address(const ct_world *w, const char *name, char bind[CT__BIND_LEN],
                             char host[256]);
 
+/* The store as the gloo backend takes it (comm_store.c): a ct_comm_store
+ * over a client of its own, connected to host:port within timeout_s,
+ * thread-safe. It must outlive every communicator made with it. Errors as
+ * ct_store_connect's; *out is NULL on failure. Free accepts NULL. */
+typedef struct ct__dist_comm_store ct__dist_comm_store;
+int ct__dist_comm_store_new(const char *host, int port, double timeout_s,
+                            ct__dist_comm_store **out);
+const ct_comm_store *ct__dist_comm_store_fns(const ct__dist_comm_store *s);
+void ct__dist_comm_store_free(ct__dist_comm_store *s);
+
 /* A limit from the environment: variable name, a whole number >= 1, or def
  * when unset. Errors: CT_EINVAL naming the variable and its value. */
 int ct__dist_env_limit(const char *name, size_t def, size_t *out);

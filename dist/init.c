@@ -57,6 +57,9 @@ static struct dist {
     bool mpi;                /* init_mpi.c is in use */
     ct_store_server *server; /* rank 0's, under an MPI launcher */
     ct_store *store;
+    char store_host[256]; /* where store is: the gloo backend's own client connects there */
+    int store_port;
+    ct__dist_comm_store *gloo_store;
     ct_comm *comm;
     heartbeat hb;
 } g;
@@ -93,7 +96,8 @@ static bool parse_backend(const char *name, int *out) {
         *out = BACKEND_AUTO;
         return true;
     }
-    static const ct_backend all[] = {CT_BACKEND_SHM, CT_BACKEND_MPI, CT_BACKEND_NCCL};
+    static const ct_backend all[] = {CT_BACKEND_SHM, CT_BACKEND_MPI, CT_BACKEND_NCCL,
+                                     CT_BACKEND_GLOO};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)
         if (!strcmp(name, ct_backend_name(all[i]))) {
             *out = (int)all[i];
@@ -112,7 +116,7 @@ static int check_backend(ct_backend b, const ct_world *w) {
             return ct__err_set(CT_EINVAL,
                                "dist_init: backend shm needs every rank on one machine, but this "
                                "job has %d ranks with %d on this machine (CT_WORLD_SIZE, "
-                               "CT_LOCAL_WORLD_SIZE); use the mpi backend under mpirun",
+                               "CT_LOCAL_WORLD_SIZE); use the gloo backend (or mpi under mpirun)",
                                w->size, w->local_size);
         return 0;
     case CT_BACKEND_MPI:
@@ -133,6 +137,12 @@ static int check_backend(ct_backend b, const ct_world *w) {
                                                         : "; ctlaunch across machines needs an MPI "
                                                           "launcher (mpirun) for the mpi backend");
         return 0;
+    case CT_BACKEND_GLOO:
+        if (!ct_backend_available(CT_BACKEND_GLOO))
+            return ct__err_set(CT_ENOTSUP,
+                               "dist_init: backend gloo: this build of ct has no gloo (configure "
+                               "did not find it; install libgloo-dev and rebuild)");
+        return 0;
     case CT_BACKEND_NCCL:
         if (!ct_backend_available(CT_BACKEND_NCCL))
             return ct__err_set(CT_ENOTSUP, "dist_init: backend nccl: this build of ct has no "
@@ -146,7 +156,9 @@ static int check_backend(ct_backend b, const ct_world *w) {
 }
 
 /* The backend: the option, else CT_BACKEND, else the launcher decides: shm
- * for a world of one and for ctlaunch on one machine, mpi across machines.
+ * for a world of one and for ctlaunch on one machine, gloo for ctlaunch
+ * across machines (which starts no MPI) when the build has it, mpi
+ * otherwise.
  * Under an MPI launcher auto picks mpi for now (*auto_mpi), and join()
  * turns it into shm once MPI shows every rank on this machine. */
 static int choose_backend(const ct_dist_options *opts, const ct_world *w, ct_backend *out,
@@ -154,17 +166,19 @@ static int choose_backend(const ct_dist_options *opts, const ct_world *w, ct_bac
     int b = BACKEND_AUTO;
     if (opts && opts->backend && !parse_backend(opts->backend, &b))
         return ct__err_set(CT_EINVAL,
-                           "dist_init: backend \"%s\" is not one of auto, shm, mpi and nccl",
+                           "dist_init: backend \"%s\" is not one of auto, shm, mpi, nccl and gloo",
                            opts->backend);
     const char *env = getenv("CT_BACKEND");
     if (b == BACKEND_AUTO && env && !parse_backend(env, &b))
         return ct__err_set(
-            CT_EINVAL, "dist_init: CT_BACKEND=\"%s\" is not one of auto, shm, mpi and nccl", env);
+            CT_EINVAL, "dist_init: CT_BACKEND=\"%s\" is not one of auto, shm, mpi, nccl and gloo",
+            env);
     *auto_mpi = false;
     if (b == BACKEND_AUTO) {
         bool one_machine = w->source == CT_WORLD_SINGLE ||
                            (w->source == CT_WORLD_CTLAUNCH && w->local_size == w->size);
-        b = one_machine ? CT_BACKEND_SHM : CT_BACKEND_MPI;
+        bool gloo = w->source == CT_WORLD_CTLAUNCH && ct_backend_available(CT_BACKEND_GLOO);
+        b = one_machine ? CT_BACKEND_SHM : gloo ? CT_BACKEND_GLOO : CT_BACKEND_MPI;
         *auto_mpi = is_mpi_launcher(w->source);
     }
     *out = (ct_backend)b;
@@ -229,6 +243,8 @@ static int share(char *buf, const char *what, const char *name) {
 }
 
 static int connect_store(const char *host, int port) {
+    snprintf(g.store_host, sizeof g.store_host, "%s", host);
+    g.store_port = port;
     g.store = ct_store_connect(host, port, g.timeout);
     return g.store ? 0 : with_context("dist_init: rank %d cannot reach the store", g.world.rank);
 }
@@ -293,6 +309,31 @@ static int share_nccl_id(unsigned char id[CT_NCCL_ID_BYTES]) {
 
 #include <sys/random.h> /* make_world_comm's segment name */
 
+/* What the gloo backend needs: the store, as functions over a client of
+ * its own (collectives/ does not know ct_store), a key prefix of this
+ * restart and init, and the address its connections bind to
+ * (ct__dist_listen_address: loopback on one machine, else this host's,
+ * CT_BIND_ADDR overriding). A world of one meets nobody. */
+static int gloo_config(ct_comm_config *cfg) {
+    static char prefix[64], host[256];
+    static char bind[CT__BIND_LEN];
+    if (!g.store)
+        return 0;
+    int rc = ct__dist_listen_address(&g.world, NULL, bind, host);
+    if (!rc)
+        rc = ct__dist_comm_store_new(g.store_host, g.store_port, g.timeout, &g.gloo_store);
+    if (rc)
+        return with_context("dist_init: rank %d: the gloo backend's store and address",
+                            g.world.rank);
+    snprintf(prefix, sizeof prefix, "ct/gloo/%d/%u/", g.world.restart_count, generation);
+    cfg->store = ct__dist_comm_store_fns(g.gloo_store);
+    cfg->store_prefix = prefix;
+    /* "*" (every interface) is for listeners that take any address; a
+     * gloo pair binds one, and tells the peers that one. */
+    cfg->gloo_addr = strcmp(bind, "*") ? bind : host;
+    return 0;
+}
+
 static int make_world_comm(void) {
     ct_comm_config cfg = {
         .backend = g.backend, .rank = g.world.rank, .size = g.world.size, .timeout_s = g.timeout};
@@ -324,6 +365,10 @@ static int make_world_comm(void) {
             return rc;
         cfg.nccl_id = id;
         cfg.device = ct_cuda_current_device();
+    } else if (g.backend == CT_BACKEND_GLOO) {
+        int rc = gloo_config(&cfg);
+        if (rc)
+            return rc;
     } else {
         cfg.mpi_comm = ct__dist_mpi_world_comm();
     }
@@ -425,6 +470,7 @@ static void teardown(bool orderly) {
     if (orderly && is_mpi_launcher(g.world.source))
         ct_comm_barrier(g.comm, NULL);
     ct_comm_free(g.comm);
+    ct__dist_comm_store_free(g.gloo_store);
     ct_store_free(g.store);
     ct_store_server_free(g.server);
     if (g.mpi)

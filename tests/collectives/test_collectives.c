@@ -1,13 +1,14 @@
 /* Collectives across real processes: coll_rank checks every operation
  * against a serial reference under ctlaunch (2, 3 and 4 ranks, the shm
- * backend) and under mpirun (the mpi backend, shm once, and the default
- * choice, shm on one machine), and the failures a job meets: a rank killed
- * mid-operation, ranks that disagree, a rank that arrives too late. Each run has a deadline, and
- * every rank (each prints pid=N) is checked to be gone afterwards.
+ * backend; 2 and 3 ranks, the gloo backend) and under mpirun (the mpi backend, shm once, and the
+ * default choice, shm on one machine), and the failures a job meets: a rank killed mid-operation,
+ * ranks that disagree, a rank that arrives too late. Each run has a deadline, and every rank (each
+ * prints pid=N) is checked to be gone afterwards.
  *
- * Two ctest entries run this program: test_collectives names the ctlaunch
- * tests, test_collectives_mpi the mpirun ones, which exit 77 where Open MPI
- * is missing. */
+ * Three ctest entries run this program: test_collectives names the
+ * ctlaunch tests, test_collectives_gloo the gloo ones (exit 77 in a build
+ * without gloo), test_collectives_mpi the mpirun ones, which exit 77 where
+ * Open MPI is missing. */
 #include "ct_test.h"
 
 #include <ct/collectives.h>
@@ -22,31 +23,39 @@
 #define CORRECTNESS_DEADLINE 45
 #define SCENARIO_DEADLINE    30
 
-/* Under ctlaunch the ranks run its default backend, shm, whatever the
- * caller's CT_BACKEND says. */
-static const char *const ctlaunch_env[] = {"CT_BACKEND", NULL};
-
-static void run_ctlaunch(tt_job *j, int np, const char *scenario, double deadline) {
-    char npstr[16];
+/* Under ctlaunch the ranks run backend (CT_BACKEND), or with NULL its
+ * default, shm, whatever the caller's CT_BACKEND says. */
+static void run_ctlaunch(tt_job *j, int np, const char *backend, const char *scenario,
+                         double deadline) {
+    char npstr[16], backend_var[64] = "CT_BACKEND";
     snprintf(npstr, sizeof npstr, "%d", np);
+    if (backend)
+        snprintf(backend_var, sizeof backend_var, "CT_BACKEND=%s", backend);
     /* A long --grace: the peer_killed survivors ignore SIGTERM to report
      * what they saw (coll_rank.c says why). */
     tt_run_job(j,
                (const char *const[]){CTLAUNCH_PATH, "-np", npstr, "--grace", "20", COLL_RANK_PATH,
                                      scenario, NULL},
-               ctlaunch_env, deadline);
+               (const char *const[]){backend_var, NULL}, deadline);
 }
 
-/* Runs scenario under ctlaunch on np ranks: no rank may be left behind, the
- * job must end with code, and every rank but skip (-1: none) must pass. */
-static void passes_under_ctlaunch(int np, const char *scenario, double deadline, int code,
-                                  int skip) {
+/* Runs scenario under ctlaunch on np ranks with backend (NULL: ctlaunch's
+ * default): no rank may be left behind, the job must end with code, and
+ * every rank but skip (-1: none) must pass. */
+static void passes_with(const char *backend, int np, const char *scenario, double deadline,
+                        int code, int skip) {
     static tt_job j;
-    run_ctlaunch(&j, np, scenario, deadline);
+    run_ctlaunch(&j, np, backend, scenario, deadline);
     TT_ASSERT_JOB(&j, tt_job_no_rank_left(&j));
     TT_ASSERT_JOB(&j, tt_job_exit_code(&j) == code);
     TT_ASSERT_JOB(&j, tt_job_ranks_passed(&j, scenario, np, skip, true));
-    printf("  %s on %d ranks under ctlaunch: %.1f s\n", scenario, np, j.seconds);
+    printf("  %s on %d ranks under ctlaunch (%s): %.1f s\n", scenario, np,
+           backend ? backend : "default backend", j.seconds);
+}
+
+static void passes_under_ctlaunch(int np, const char *scenario, double deadline, int code,
+                                  int skip) {
+    passes_with(NULL, np, scenario, deadline, code, skip);
 }
 
 TEST(every_operation_is_correct_on_2_ranks_under_ctlaunch) {
@@ -85,6 +94,42 @@ TEST(ranks_disagreeing_on_the_dtype_all_fail_naming_both) {
 
 TEST(a_late_rank_times_the_others_out_and_fails_itself) {
     passes_under_ctlaunch(3, "late_rank", SCENARIO_DEADLINE, 0, -1);
+}
+
+/* ------------------------------------------------------------------ gloo */
+
+static void passes_with_gloo(int np, const char *scenario, double deadline, int code, int skip) {
+    if (!ct_backend_available(CT_BACKEND_GLOO)) {
+        printf("skipped: this build has no gloo backend (libgloo-dev was not found)\n");
+        exit(77);
+    }
+    passes_with("gloo", np, scenario, deadline, code, skip);
+}
+
+/* 3 ranks: the reference's 256 among small terms tells a float32
+ * accumulation of float16 and bfloat16 from one in 16 bits. */
+TEST(every_operation_is_correct_on_2_ranks_with_gloo) {
+    passes_with_gloo(2, "correctness", CORRECTNESS_DEADLINE, 0, -1);
+}
+TEST(every_operation_is_correct_on_3_ranks_with_gloo) {
+    passes_with_gloo(3, "correctness", CORRECTNESS_DEADLINE, 0, -1);
+}
+/* The survivors, one of them with no connection of its operation to the
+ * victim, report CT_EPEER naming rank 2, within half the timeout. */
+TEST(a_rank_killed_mid_allreduce_with_gloo_fails_the_others_with_its_name) {
+    passes_with_gloo(3, "peer_killed", SCENARIO_DEADLINE, 128 + SIGKILL, 2);
+}
+TEST(ranks_disagreeing_on_the_count_with_gloo_all_fail_naming_both) {
+    passes_with_gloo(3, "count_mismatch", SCENARIO_DEADLINE, 0, -1);
+}
+TEST(ranks_disagreeing_on_the_dtype_with_gloo_all_fail_naming_both) {
+    passes_with_gloo(2, "dtype_mismatch", SCENARIO_DEADLINE, 0, -1);
+}
+TEST(ranks_calling_different_operations_with_gloo_all_fail_naming_both) {
+    passes_with_gloo(3, "op_mismatch", SCENARIO_DEADLINE, 0, -1);
+}
+TEST(a_late_rank_with_gloo_times_the_others_out_and_fails_itself) {
+    passes_with_gloo(3, "late_rank", SCENARIO_DEADLINE, 0, -1);
 }
 
 /* ---------------------------------------------------------------- mpirun */

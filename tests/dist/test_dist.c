@@ -77,10 +77,10 @@ TEST(init_twice_is_a_state_error) {
 
 TEST(bad_backends_and_timeouts_are_named) {
     tt_launch_env(NULL);
-    ASSERT_RC(ct_dist_init(&(ct_dist_options){.backend = "gloo"}), CT_EINVAL, "backend \"gloo\"",
-              "auto, shm, mpi and nccl");
+    ASSERT_RC(ct_dist_init(&(ct_dist_options){.backend = "ucc"}), CT_EINVAL, "backend \"ucc\"",
+              "auto, shm, mpi, nccl and gloo");
     tt_launch_env((const char *[]){"CT_BACKEND", "tcp", NULL});
-    ASSERT_RC(ct_dist_init(NULL), CT_EINVAL, "CT_BACKEND=\"tcp\"", "auto, shm, mpi and nccl");
+    ASSERT_RC(ct_dist_init(NULL), CT_EINVAL, "CT_BACKEND=\"tcp\"", "auto, shm, mpi, nccl and gloo");
     /* An explicit option wins over the variable, and "auto" defers to it. */
     ASSERT_EQ(ct_dist_init(&(ct_dist_options){.backend = "shm"}), 0);
     ct_dist_finalize();
@@ -102,6 +102,22 @@ TEST(bad_backends_and_timeouts_are_named) {
     tt_launch_env(NULL);
 }
 
+/* gloo in a world of one meets nobody and needs no store; without the
+ * library it says what to install. */
+TEST(gloo_runs_a_world_of_one) {
+    tt_launch_env(NULL);
+    if (!ct_backend_available(CT_BACKEND_GLOO)) {
+        ASSERT_RC(ct_dist_init(&(ct_dist_options){.backend = "gloo"}), CT_ENOTSUP, "libgloo-dev");
+        return;
+    }
+    ASSERT_EQ(ct_dist_init(&(ct_dist_options){.backend = "gloo"}), 0);
+    ASSERT_EQ(ct_comm_backend(ct_dist_comm()), CT_BACKEND_GLOO);
+    ct_tensor *t = ct_full(CT_SHAPE(3), 1.5, CT_BFLOAT16);
+    ASSERT_EQ(ct_comm_allreduce(ct_dist_comm(), t, CT_REDUCE_AVG, NULL), 0);
+    ASSERT_NEAR(ct_item(ct_sum(t, NULL, 0, false)), 4.5, 0);
+    ct_dist_finalize();
+}
+
 TEST(backends_this_job_cannot_use_say_why) {
     tt_launch_env(NULL);
     /* nccl needs the build's NCCL and a device for this rank (with one,
@@ -115,10 +131,14 @@ TEST(backends_this_job_cannot_use_say_why) {
     if (!ct_backend_available(CT_BACKEND_MPI))
         ASSERT_RC(ct_dist_init(&(ct_dist_options){.backend = "mpi"}), CT_ENOTSUP,
                   "this build of ct has no MPI");
-    /* ctlaunch on two machines: auto picks mpi, which ctlaunch cannot
-     * start; shm cannot span machines. Neither touches the store. */
+    /* ctlaunch on two machines: mpi (auto's choice in a build without
+     * gloo), which ctlaunch cannot start; shm cannot span machines.
+     * Neither touches the store. */
     tt_launch_env((const char *[]){"CT_RANK", "0", "CT_WORLD_SIZE", "4", "CT_LOCAL_WORLD_SIZE", "2",
                                    "CT_MASTER_ADDR", "127.0.0.1", "CT_MASTER_PORT", "9", NULL});
+    if (!ct_backend_available(CT_BACKEND_GLOO))
+        ASSERT_RC(ct_dist_init(NULL), CT_ENOTSUP, "backend mpi");
+    setenv("CT_BACKEND", "mpi", 1);
     ASSERT_RC(ct_dist_init(NULL), CT_ENOTSUP, "backend mpi");
     if (ct_backend_available(CT_BACKEND_MPI))
         ASSERT_RC(ct_dist_init(NULL), CT_ENOTSUP,

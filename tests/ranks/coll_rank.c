@@ -11,6 +11,7 @@
  *   count_mismatch  rank 1 passes another element count than the others
  *   count_mismatch_shared  the same, all in one ct_comm_zeros allocation
  *   dtype_mismatch  rank 1 passes another dtype than the others
+ *   op_mismatch     rank 1 broadcasts while the others allreduce
  *   late_rank       the last rank arrives after the timeout
  *   auto_backend    the default backend is shm (every rank on one machine)
  *   loopback        every TCP listener of each rank (rank 0's store under an
@@ -1093,6 +1094,26 @@ TEST(count_mismatch_shared) {
 }
 
 TEST(dtype_mismatch) { run_mismatch(false, 100, CT_FLOAT64, 100, CT_INT32, "float64", "int32"); }
+
+TEST(op_mismatch) {
+    const double timeout = 10;
+    ct_comm *c = join(timeout);
+    if (!c)
+        return;
+    ct_tensor *t = ct_zeros(1, (int64_t[]){100}, CT_FLOAT32);
+    double t0 = tt_now();
+    int rc = rank_ == 1 ? ct_comm_broadcast(c, t, 0, NULL)
+                        : ct_comm_allreduce(c, t, CT_REDUCE_SUM, NULL);
+    double took = tt_now() - t0;
+    printf("rank %d: after %.2f s: %s\n", rank_, took, ct_errmsg());
+    if (check_fails("allreduce against a broadcast", rc, CT_EMISMATCH, "allreduce", "broadcast",
+                    "operation")) {
+        if (took > timeout / 2)
+            tt_fail(__FILE__, __LINE__, "the mismatch was noticed after %.2f s", took);
+        check_later_calls_fail(c, CT_EMISMATCH, (const char *const[]){"broadcast", NULL}, -1);
+    }
+    ct_dist_finalize();
+}
 
 TEST(late_rank) {
     const double timeout = 2, late_by = 3.5;

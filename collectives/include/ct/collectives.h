@@ -13,8 +13,11 @@
  *   - mpi: Open MPI's non-blocking collectives, for mpirun and several
  *     machines.
  *   - nccl: CUDA tensors, on a communication stream.
+ *   - gloo: Debian's libgloo (PyTorch's CPU engine) over TCP, for CPU
+ *     tensors across machines without an MPI launcher.
  * collectives/ is handed its bootstrap (a segment name, an MPI_Comm, an
- * NCCL unique id); it never reads the environment. ct_dist_init() (ct/dist.h)
+ * NCCL unique id, a store's functions for gloo); it never reads the
+ * environment. ct_dist_init() (ct/dist.h)
  * does the bootstrapping for a launched job.
  *
  * The example runs a communicator of one rank, which needs no launcher.
@@ -77,11 +80,11 @@
  * that is still alive, whether or not it had reached the operation. Create
  * a new communicator to continue.
  *
- * Tensors. CPU tensors of any dtype for shm and mpi, CUDA tensors on the
+ * Tensors. CPU tensors of any dtype for shm, mpi and gloo, CUDA tensors on the
  * communicator's device for nccl (ct_comm_device); non-contiguous ones are
  * staged through a contiguous copy on their device (contiguous tensors take
  * a path with no allocation per call). float16 and bfloat16 reduce in
- * float32 on the CPU backends, in their own type in NCCL. Reductions are
+ * float32 on the CPU backends (shm, mpi, gloo), in their own type in NCCL. Reductions are
  * bitwise identical on every rank. A queued operation holds references to
  * its tensors; do not read or write them until it completes.
  *
@@ -127,11 +130,12 @@ typedef enum ct_backend {
     CT_BACKEND_SHM,
     CT_BACKEND_MPI,
     CT_BACKEND_NCCL,
+    CT_BACKEND_GLOO,
 } ct_backend;
 
-/* "shm", "mpi", "nccl"; "?" for others. */
+/* "shm", "mpi", "nccl", "gloo"; "?" for others. */
 CT_API const char *ct_backend_name(ct_backend backend);
-/* Whether this build has the backend (mpi and nccl are optional). */
+/* Whether this build has the backend (mpi, nccl and gloo are optional). */
 CT_API bool ct_backend_available(ct_backend backend);
 
 /* The bytes of an NCCL unique id (NCCL_UNIQUE_ID_BYTES). */
@@ -142,6 +146,21 @@ CT_API bool ct_backend_available(ct_backend backend);
  * Errors: CT_EINVAL for NULL, CT_ENOTSUP in a build without NCCL,
  * CT_EFOREIGN with NCCL's text. Thread-safe. */
 CT_API int ct_comm_nccl_id(void *id);
+
+/* A key-value store the gloo backend meets its peers through (ct_store,
+ * ct/dist.h, in ct_dist_init), as functions, since collectives/ does not
+ * know the store: set stores a copy of value under key; get waits up to
+ * timeout_s (0: not at all) for key and returns a malloc'd copy the caller
+ * free()s, or CT_ETIMEDOUT when it is absent. Both return 0 or a CT_E*
+ * code with the message recorded. The communicator calls them from its
+ * own threads, one call at a time per communicator but from several
+ * communicators (those split from it) at once: they must be thread-safe.
+ * The store must outlive the communicator and every one split from it. */
+typedef struct ct_comm_store {
+    void *ctx;
+    int (*set)(void *ctx, const char *key, const void *value, size_t len);
+    int (*get)(void *ctx, const char *key, double timeout_s, void **value, size_t *len);
+} ct_comm_store;
 
 /* The default timeout of every operation, in seconds. */
 #define CT_COMM_DEFAULT_TIMEOUT 300.0
@@ -163,6 +182,14 @@ typedef struct ct_comm_config {
      * and this rank's CUDA device. */
     const void *nccl_id;
     int device;
+    /* gloo: the store the ranks meet through, a prefix of at most 200
+     * bytes for every key the communicator uses (the same on every rank,
+     * unique to this communicator, so that its keys meet no one else's),
+     * and the IPv4 address or host name its TCP connections bind to and
+     * the peers reach it at (NULL: 127.0.0.1, one machine only). */
+    const ct_comm_store *store;
+    const char *store_prefix;
+    const char *gloo_addr;
 } ct_comm_config;
 
 typedef struct ct_comm ct_comm;
@@ -183,7 +210,7 @@ CT_API void ct_comm_free(ct_comm *comm);
 CT_API int ct_comm_rank(const ct_comm *comm);
 CT_API int ct_comm_size(const ct_comm *comm);
 CT_API ct_backend ct_comm_backend(const ct_comm *comm);
-/* The device of the tensors the communicator takes: CT_DEVICE_CPU for shm
+/* The device of the tensors the communicator takes: CT_DEVICE_CPU for shm, gloo
  * and mpi, (ct_device){CT_CUDA, config.device} for nccl. Thread-safe. */
 CT_API ct_device ct_comm_device(const ct_comm *comm);
 /* Changes the timeout of operations issued from now on; seconds > 0. */
@@ -256,7 +283,7 @@ CT_API ct_tensor *ct_comm_zeros(ct_comm *comm, int ndim, const int64_t *sizes, c
 
 /* Each operation returns 0 once issued (work != NULL: *work receives a new
  * handle the caller owns) or completed (work == NULL), or a CT_E* code, in
- * which case *work is NULL. Tensors are CPU tensors for shm and mpi, CUDA
+ * which case *work is NULL. Tensors are CPU tensors for shm, mpi and gloo, CUDA
  * tensors for nccl. */
 
 /* t := reduction of t over all ranks, on every rank. */

@@ -216,9 +216,10 @@ CT_API int ct_store_delete(ct_store *store, const char *key, bool *existed, doub
 /* ------------------------------------------------------------------ init */
 
 typedef struct ct_dist_options {
-    /* "auto" (or NULL), "shm", "mpi" or "nccl". auto: shm when every rank is
-     * on one machine (ctlaunch with one node), mpi under mpirun or across
-     * machines. The environment variable CT_BACKEND, when set, overrides
+    /* "auto" (or NULL), "shm", "mpi", "nccl" or "gloo". auto: shm when every
+     * rank is on one machine (ctlaunch with one node), gloo under ctlaunch
+     * across machines (mpi in a build without gloo), mpi under mpirun
+     * across machines. The environment variable CT_BACKEND, when set, overrides
      * auto. nccl gives CT_ENOTSUP until ct has CUDA tensors. */
     const char *backend;
     /* Seconds for rendezvous and for every collective; 0 takes CT_TIMEOUT
