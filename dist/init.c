@@ -467,8 +467,14 @@ static void stop_heartbeat(void) {
 static void teardown(bool orderly) {
     atomic_store(&live, false);
     stop_heartbeat();
-    if (orderly && is_mpi_launcher(g.world.source))
+    /* After a failure (ct_comm_progress returns it) nothing here waits for
+     * the peers, which may be stuck: finalize returns at once on every
+     * backend, and under MPI the process ends without MPI_Finalize. */
+    bool failed = g.comm && ct_comm_progress(g.comm) != 0;
+    if (orderly && !failed && is_mpi_launcher(g.world.source))
         ct_comm_barrier(g.comm, NULL);
+    if (failed && g.mpi)
+        ct__dist_mpi_abandon();
     ct_comm_free(g.comm);
     ct__dist_comm_store_free(g.gloo_store);
     ct_store_free(g.store);

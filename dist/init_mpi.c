@@ -13,9 +13,10 @@
 static struct {
     bool initialized_here; /* MPI_Init_thread was ours, so MPI_Finalize is too */
     bool active;           /* between a successful init and finalize */
-    /* A broadcast was abandoned at its deadline: MPI_Finalize could wait for
-     * it forever, so the process is left to exit without it (the launcher
-     * then ends the job, which is broken anyway). */
+    /* A broadcast was abandoned at its deadline, or a collective failed:
+     * MPI_Finalize could wait for it forever, so the process is left to
+     * exit without it (the launcher then ends the job, which is broken
+     * anyway). */
     bool abandoned;
     MPI_Comm comm;  /* dist's duplicate of MPI_COMM_WORLD */
     MPI_Comm world; /* MPI_COMM_WORLD as an lvalue, for ct_comm_config.mpi_comm */
@@ -134,6 +135,8 @@ int ct__dist_mpi_share(void *buf, size_t len, const char *what, double timeout_s
 }
 
 const void *ct__dist_mpi_world_comm(void) { return &mpi.world; }
+
+void ct__dist_mpi_abandon(void) { mpi.abandoned = true; }
 
 void ct__dist_mpi_finalize(void) {
     if (!mpi.active)

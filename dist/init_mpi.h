@@ -29,6 +29,12 @@ const void *ct__dist_mpi_world_comm(void);
 /* Frees what ct__dist_mpi_init made and finalizes MPI if it initialized
  * it. A no-op if ct__dist_mpi_init was not called or failed. */
 void ct__dist_mpi_finalize(void);
+/* Leaves MPI_Finalize out of ct__dist_mpi_finalize: a collective failed
+ * (timed out, a peer died), and MPI_Finalize, which waits for every rank
+ * (Open MPI's ends in a fence of the whole job), would wait for a peer that
+ * may never come. MPI's state after an error is undefined anyway; the
+ * process exits without it and the launcher ends the job. */
+void ct__dist_mpi_abandon(void);
 
 #else
 
@@ -44,6 +50,7 @@ static inline int ct__dist_mpi_share(void *buf, size_t len, const char *what, do
 }
 static inline const void *ct__dist_mpi_world_comm(void) { return NULL; }
 static inline void ct__dist_mpi_finalize(void) {}
+static inline void ct__dist_mpi_abandon(void) {}
 
 #endif
 

@@ -96,6 +96,10 @@ TEST(a_late_rank_times_the_others_out_and_fails_itself) {
     passes_under_ctlaunch(3, "late_rank", SCENARIO_DEADLINE, 0, -1);
 }
 
+TEST(finalize_after_a_timeout_does_not_wait_for_a_stuck_rank) {
+    passes_under_ctlaunch(3, "stuck_peer", SCENARIO_DEADLINE, 0, -1);
+}
+
 /* ------------------------------------------------------------------ gloo */
 
 static void passes_with_gloo(int np, const char *scenario, double deadline, int code, int skip) {
@@ -130,6 +134,9 @@ TEST(ranks_calling_different_operations_with_gloo_all_fail_naming_both) {
 }
 TEST(a_late_rank_with_gloo_times_the_others_out_and_fails_itself) {
     passes_with_gloo(3, "late_rank", SCENARIO_DEADLINE, 0, -1);
+}
+TEST(finalize_after_a_timeout_with_gloo_does_not_wait_for_a_stuck_rank) {
+    passes_with_gloo(3, "stuck_peer", SCENARIO_DEADLINE, 0, -1);
 }
 
 /* ---------------------------------------------------------------- mpirun */
@@ -199,4 +206,18 @@ TEST(ranks_disagreeing_under_mpirun_all_fail_naming_both) {
 }
 TEST(a_late_rank_under_mpirun_times_the_others_out_and_fails_itself) {
     passes_under_mpirun(3, "mpi", "late_rank", SCENARIO_DEADLINE);
+}
+
+/* Under MPI the ranks whose allreduce timed out end without MPI_Finalize,
+ * which would wait for the stuck rank (init_mpi.h); mpirun then reports
+ * their abnormal end and kills the stuck rank, long before its 10 s sleep
+ * is over: the job fails, and nobody waited. */
+TEST(finalize_after_a_timeout_under_mpirun_does_not_wait_for_a_stuck_rank) {
+    static tt_job j;
+    run_mpirun(&j, 3, "mpi", "stuck_peer", SCENARIO_DEADLINE);
+    TT_ASSERT_JOB(&j, tt_job_no_rank_left(&j));
+    TT_ASSERT_JOB(&j, tt_job_exit_code(&j) != 0);
+    TT_ASSERT_JOB(&j, tt_job_ranks_passed(&j, "stuck_peer", 3, 2, false));
+    TT_ASSERT_JOB(&j, j.seconds < 8);
+    printf("  stuck_peer on 3 ranks under mpirun: the job ended after %.1f s\n", j.seconds);
 }

@@ -13,6 +13,9 @@
  *   dtype_mismatch  rank 1 passes another dtype than the others
  *   op_mismatch     rank 1 broadcasts while the others allreduce
  *   late_rank       the last rank arrives after the timeout
+ *   stuck_peer      the last rank never calls the allreduce the others
+ *                   time out in, and ct_dist_finalize returns on them
+ *                   within the timeout while it still sleeps
  *   auto_backend    the default backend is shm (every rank on one machine)
  *   loopback        every TCP listener of each rank (rank 0's store under an
  *                   MPI launcher) binds 127.0.0.1, every rank being on one
@@ -1113,6 +1116,37 @@ TEST(op_mismatch) {
         check_later_calls_fail(c, CT_EMISMATCH, (const char *const[]){"broadcast", NULL}, -1);
     }
     ct_dist_finalize();
+}
+
+/* The README's error path (print, finalize, return) must not hang on a
+ * peer that hangs: after their allreduce times out, the others' finalize
+ * returns within the timeout, while the stuck rank sleeps on, well past
+ * it, before it finalizes too. */
+TEST(stuck_peer) {
+    const double timeout = 2, stuck_for = 4 * timeout + 2;
+    ct_comm *c = join(20);
+    if (!c || !check_rc("ct_comm_set_timeout", ct_comm_set_timeout(c, timeout)))
+        return;
+    const int stuck = size_ - 1;
+    check_rc("barrier", ct_comm_barrier(c, NULL));
+    if (rank_ == stuck) {
+        nanosleep(&(struct timespec){(time_t)stuck_for, 0}, NULL);
+        ct_dist_finalize();
+        return;
+    }
+    ct_tensor *t = ct_zeros(1, (int64_t[]){100}, CT_FLOAT32);
+    double took;
+    int rc = timed_allreduce(c, t, &took);
+    check_fails("allreduce with a stuck peer", rc, CT_ETIMEDOUT, "allreduce");
+    double t0 = tt_now();
+    ct_dist_finalize();
+    double fin = tt_now() - t0;
+    printf("rank %d: ct_dist_finalize returned after %.2f s\n", rank_, fin);
+    if (fin > timeout + 1)
+        tt_fail(__FILE__, __LINE__,
+                "ct_dist_finalize took %.2f s after a timed-out allreduce, with a timeout of "
+                "%.1f s: it waited for the stuck rank",
+                fin, timeout);
 }
 
 TEST(late_rank) {
