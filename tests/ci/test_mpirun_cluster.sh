@@ -28,21 +28,8 @@ mpirun=${1?usage: test_mpirun_cluster.sh MPIRUN COLL_RANK [FMNIST_MLP]}
 coll_rank=${2:?usage: test_mpirun_cluster.sh MPIRUN COLL_RANK [FMNIST_MLP]}
 fmnist=${3:-}
 data=/usr/share/datasets/fashion-mnist
-# Bytes that node1's eth0 must count each way in a run: the large allreduce
-# alone moves 12 MiB each way, fmnist_mlp's gradients far more.
-min_bytes=10000000
-
-fail() {
-    echo "  FAIL: $*" >&2
-    return 1
-}
-
-on() { "$cluster" exec "$@"; }
-
-eth0_bytes() {
-    on node1 cat /sys/class/net/eth0/statistics/rx_bytes /sys/class/net/eth0/statistics/tx_bytes |
-        paste -sd' '
-}
+# shellcheck source=tests/ci/cluster_checks.sh
+source "$here/cluster_checks.sh"
 
 # Runs the rank program (argv) on node0 and node1 under mpirun (from node0,
 # as a user on the head node would), within 120 s; its output goes to
@@ -54,49 +41,18 @@ mpi() {
     for v in ASAN_OPTIONS UBSAN_OPTIONS TSAN_OPTIONS; do
         [[ -z ${!v:-} ]] || vars+=(-x "$v")
     done
-    local before after rc=0
+    local before rc=0
     before=$(eth0_bytes)
     on node0 timeout -k 5 120 "$mpirun" --allow-run-as-root --hostfile "$tmp/hostfile" -np 2 --map-by node \
         --mca plm_rsh_agent "$rsh" --mca btl tcp,self \
         --mca btl_tcp_if_include "$CT_CLUSTER_SUBNET" --mca oob_tcp_if_include "$CT_CLUSTER_SUBNET" \
         "${vars[@]}" "$here/whereami.sh" "$@" >"$tmp/out" 2>&1 || rc=$?
-    after=$(eth0_bytes)
     if ((rc != 0)); then
         tail -n 40 "$tmp/out" >&2
         fail "mpirun ${*##*/} exited $rc"
     fi
     ranks_ran_on_both_hosts
-    local rx0 tx0 rx1 tx1
-    read -r rx0 tx0 <<<"$before"
-    read -r rx1 tx1 <<<"$after"
-    echo "  node1's eth0: $(((rx1 - rx0) / 1000000)) MB in, $(((tx1 - tx0) / 1000000)) MB out"
-    ((rx1 - rx0 >= min_bytes && tx1 - tx0 >= min_bytes)) ||
-        fail "node1's eth0 carried $((rx1 - rx0)) bytes in and $((tx1 - tx0)) out, not $min_bytes each way"
-}
-
-ranks_ran_on_both_hosts() {
-    local hosts addrs r line ns
-    read -r -a hosts <<<"$CT_CLUSTER_HOSTS"
-    read -r -a addrs <<<"$CT_CLUSTER_ADDRS"
-    for r in 0 1; do
-        line=$(grep "^whereami rank=$r " "$tmp/out") || fail "rank $r did not say where it ran: $(cat "$tmp/out")"
-        ns=$(on "${hosts[r]}" readlink /proc/self/ns/net)
-        [[ $line == *" netns=$ns "* ]] || fail "rank $r was not in ${hosts[r]}'s namespace $ns: $line"
-        [[ $line == *" host=${hosts[r]} "* && $line == *" addr=${addrs[r]}/24" ]] ||
-            fail "rank $r is not ${hosts[r]} at ${addrs[r]}: $line"
-        echo "  $line"
-    done
-    [[ $(on node0 readlink /proc/self/ns/net) != $(on node1 readlink /proc/self/ns/net) ]] ||
-        fail "node0 and node1 share a namespace"
-}
-
-# Both ranks printed the rank harness's "ok   SCENARIO", and none FAIL.
-ranks_passed() {
-    local n
-    n=$(grep -c "^ok   $1\$" "$tmp/out" || true)
-    if ((n != 2)) || grep -q FAIL "$tmp/out"; then
-        fail "$1: $n of 2 ranks passed: $(grep -E 'FAIL|ok   ' "$tmp/out" | head -n 20)"
-    fi
+    crossed_the_link "$before"
 }
 
 inside() {

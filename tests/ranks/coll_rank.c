@@ -20,8 +20,9 @@
  *   loopback        every TCP listener of each rank (rank 0's store under an
  *                   MPI launcher) binds 127.0.0.1, every rank being on one
  *                   machine
- *   across_hosts    one rank per host (mpirun on the test cluster): auto
- *                   picks mpi, each rank is alone on its machine, and a
+ *   across_hosts    one rank per host (mpirun or ctlaunch on the test
+ *                   cluster): auto picks mpi under mpirun, gloo under
+ *                   ctlaunch, each rank is alone on its machine, and a
  *                   large allreduce crosses the hosts' links
  *
  * Every rank's input is a deterministic function of (rank, index), so each
@@ -1052,9 +1053,11 @@ TEST(across_hosts) {
     if (!c)
         return;
     const ct_world *w = ct_dist_world();
-    if (ct_comm_backend(c) != CT_BACKEND_MPI)
-        tt_fail(__FILE__, __LINE__, "auto picked %s with one rank per host, not mpi",
-                ct_backend_name(ct_comm_backend(c)));
+    ct_backend want = w->source == CT_WORLD_CTLAUNCH ? CT_BACKEND_GLOO : CT_BACKEND_MPI;
+    if (ct_comm_backend(c) != want)
+        tt_fail(__FILE__, __LINE__, "auto picked %s with one rank per host under %s, not %s",
+                ct_backend_name(ct_comm_backend(c)), ct_world_source_name(w->source),
+                ct_backend_name(want));
     if (w->local_size != 1 || w->local_rank != 0)
         tt_fail(__FILE__, __LINE__, "local rank %d of %d: MPI sees ranks sharing a host",
                 w->local_rank, w->local_size);

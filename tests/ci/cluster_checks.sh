@@ -1,0 +1,60 @@
+# What the cluster tests (test_mpirun_cluster.sh, test_ctlaunch_cluster.sh)
+# check about a job across node0 and node1 of the test cluster, sourced by
+# them: where each rank ran (its own process's report, tests/ci/whereami.sh)
+# and what crossed node1's link. The caller sets $cluster (ci/cluster.sh),
+# $tmp (the job's output is $tmp/out) and runs inside `cluster.sh run`.
+
+# Bytes that node1's eth0 must count each way in a run: the large allreduce
+# alone moves 12 MiB each way, fmnist_mlp's gradients far more (a caller
+# sets less for a smaller job).
+min_bytes=10000000
+
+fail() {
+    echo "  FAIL: $*" >&2
+    return 1
+}
+
+on() { "$cluster" exec "$@"; }
+
+eth0_bytes() {
+    on node1 cat /sys/class/net/eth0/statistics/rx_bytes /sys/class/net/eth0/statistics/tx_bytes |
+        paste -sd' '
+}
+
+# node1's eth0 counters before a job (one argument: "RX TX") and after
+# it: the job's traffic crossed the link both ways, at least min_bytes.
+crossed_the_link() {
+    local rx0 tx0 rx1 tx1
+    read -r rx0 tx0 <<<"$1"
+    read -r rx1 tx1 <<<"$(eth0_bytes)"
+    echo "  node1's eth0: $(((rx1 - rx0) / 1000000)) MB in, $(((tx1 - tx0) / 1000000)) MB out"
+    ((rx1 - rx0 >= min_bytes && tx1 - tx0 >= min_bytes)) ||
+        fail "node1's eth0 carried $((rx1 - rx0)) bytes in and $((tx1 - tx0)) out, not $min_bytes each way"
+}
+
+ranks_ran_on_both_hosts() {
+    local hosts addrs r line ns
+    read -r -a hosts <<<"$CT_CLUSTER_HOSTS"
+    read -r -a addrs <<<"$CT_CLUSTER_ADDRS"
+    for r in 0 1; do
+        line=$(grep -E "^(\[rank $r\] )?whereami rank=$r " "$tmp/out") ||
+            fail "rank $r did not say where it ran: $(cat "$tmp/out")"
+        ns=$(on "${hosts[r]}" readlink /proc/self/ns/net)
+        [[ $line == *" netns=$ns "* ]] || fail "rank $r was not in ${hosts[r]}'s namespace $ns: $line"
+        [[ $line == *" host=${hosts[r]} "* && $line == *" addr=${addrs[r]}/24" ]] ||
+            fail "rank $r is not ${hosts[r]} at ${addrs[r]}: $line"
+        echo "  $line"
+    done
+    [[ $(on node0 readlink /proc/self/ns/net) != $(on node1 readlink /proc/self/ns/net) ]] ||
+        fail "node0 and node1 share a namespace"
+}
+
+# Both ranks printed the rank harness's "ok   SCENARIO" (at a line's start,
+# or after ctlaunch's "[rank R] "), and none FAIL.
+ranks_passed() {
+    local n
+    n=$(grep -cE "^(\[rank [01]\] )?ok   $1\$" "$tmp/out" || true)
+    if ((n != 2)) || grep -q FAIL "$tmp/out"; then
+        fail "$1: $n of 2 ranks passed: $(grep -E 'FAIL|ok   ' "$tmp/out" | head -n 20)"
+    fi
+}

@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# test_ctlaunch_cluster: ctlaunch on two hosts of the test cluster
+# (ci/cluster.sh), `--nnodes 2 --node-rank K --master node0:PORT`, one rank
+# on each, with a shared secret file, as docs/launcher.md shows. It runs,
+# for real:
+#
+#   coll_rank across_hosts  auto picks gloo, each rank is alone on its
+#                           machine, a 12 MiB allreduce is right
+#   coll_rank correctness   every operation, dtype and size over gloo
+#   fmnist_mlp, gpt         100 and 12 steps data-parallel across the hosts:
+#                           the same losses, to the last digit printed, as
+#                           `ctlaunch -np 2` on one machine at the same
+#                           global batch (two ranks' sums are exact in any
+#                           order, so the backends agree bit for bit)
+#
+# and proves each time where the ranks ran and that node1's link carried
+# the job (tests/ci/cluster_checks.sh).
+#
+#   test_ctlaunch_cluster.sh CTLAUNCH COLL_RANK [FMNIST_MLP GPT]
+#
+# Exits 77 (skipped) where the cluster cannot be made, or when CT_TEST_GLOO
+# is not ON (a build without gloo); without Fashion-MNIST or fortunes that
+# run is left out.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+cluster=$here/../../ci/cluster.sh
+usage="usage: test_ctlaunch_cluster.sh CTLAUNCH COLL_RANK [FMNIST_MLP GPT]"
+ctlaunch=${1:?$usage}
+coll_rank=${2:?$usage}
+fmnist=${3:-}
+gpt=${4:-}
+data=/usr/share/datasets/fashion-mnist
+fortunes=/usr/share/games/fortunes
+port=29512
+# shellcheck source=tests/ci/cluster_checks.sh
+source "$here/cluster_checks.sh"
+
+# Runs argv on node0 and node1, each under its own ctlaunch (node 0 hosts
+# the store), within 120 s; both launchers' output goes to $tmp/out, and
+# the checks of where the ranks ran are made.
+across() {
+    local before rc0=0 rc1=0 pid
+    before=$(eth0_bytes)
+    on node1 timeout -k 5 120 "$ctlaunch" -np 1 --nnodes 2 --node-rank 1 --master "node0:$port" \
+        --secret-file "$tmp/secret" "$here/whereami.sh" "$@" >"$tmp/out1" 2>&1 &
+    pid=$!
+    on node0 timeout -k 5 120 "$ctlaunch" -np 1 --nnodes 2 --node-rank 0 --master "node0:$port" \
+        --secret-file "$tmp/secret" "$here/whereami.sh" "$@" >"$tmp/out" 2>&1 || rc0=$?
+    wait "$pid" || rc1=$?
+    cat "$tmp/out1" >>"$tmp/out"
+    if ((rc0 != 0 || rc1 != 0)); then
+        tail -n 40 "$tmp/out" >&2
+        fail "ctlaunch ${*##*/} exited $rc0 on node0 and $rc1 on node1"
+    fi
+    ranks_ran_on_both_hosts
+    crossed_the_link "$before"
+}
+
+# argv's output on one machine, two ranks under one ctlaunch, into $tmp/one.
+alone() {
+    "$ctlaunch" -np 2 "$@" >"$tmp/one" 2>&1 || fail "ctlaunch -np 2 ${*##*/} exited $?: $(tail -n 20 "$tmp/one")"
+}
+
+# The metrics file of the run across the hosts ($1) and of the one on one
+# machine ($2) hold the same losses; $3 names the run.
+same_losses() {
+    local a b
+    a=$(grep -oE '"(loss|train_loss|val_loss)": ?[-0-9.e]+' "$1") || true
+    b=$(grep -oE '"(loss|train_loss|val_loss)": ?[-0-9.e]+' "$2") || true
+    [[ -n $a ]] || fail "$3: no loss in $1: $(head -c 400 "$1")"
+    [[ $a == "$b" ]] || fail "$3: the losses across the hosts differ from one machine's:
+$(diff <(echo "$a") <(echo "$b") | head -n 10)"
+    echo "  $3: $(echo "$a" | wc -l) losses equal to one machine's, the last $(echo "$a" | tail -n 1)"
+}
+
+inside() {
+    head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$tmp/secret"
+    chmod 600 "$tmp/secret"
+
+    across "$coll_rank" across_hosts
+    ranks_passed across_hosts
+    echo "ok   coll_rank across_hosts"
+
+    across "$coll_rank" correctness
+    ranks_passed correctness
+    echo "ok   coll_rank correctness"
+
+    if [[ -z $fmnist ]]; then
+        echo "  no fmnist_mlp in this build: its run is left out"
+    elif [[ ! -r $data/train-images-idx3-ubyte.gz ]]; then
+        echo "  Fashion-MNIST is not installed (dataset-fashion-mnist): the fmnist_mlp run is left out"
+    else
+        local args=(--epochs 1 --max-steps 100 --threads 1 --data "$data")
+        across "$fmnist" "${args[@]}" --metrics "$tmp/fmnist.jsonl"
+        alone "$fmnist" "${args[@]}" --metrics "$tmp/fmnist1.jsonl"
+        same_losses "$tmp/fmnist.jsonl" "$tmp/fmnist1.jsonl" fmnist_mlp
+        echo "ok   fmnist_mlp"
+    fi
+
+    if [[ -z $gpt ]]; then
+        echo "  no gpt in this build: its run is left out"
+    elif [[ ! -d $fortunes ]]; then
+        echo "  fortunes is not installed: the gpt run is left out"
+    else
+        local args=(--layers 2 --heads 2 --width 32 --context 32 --batch 8 --steps 12 --eval-every 0
+            --sample-tokens 0 --log-every 1 --threads 1)
+        # The tiny model's 12 steps of gradients: about 1.6 MB each way.
+        min_bytes=1000000 across "$gpt" "${args[@]}" --metrics "$tmp/gpt.jsonl"
+        alone "$gpt" "${args[@]}" --metrics "$tmp/gpt1.jsonl"
+        same_losses "$tmp/gpt.jsonl" "$tmp/gpt1.jsonl" gpt
+        echo "ok   gpt"
+    fi
+}
+
+if [[ ${5:-} == --inside ]]; then
+    tmp=$6
+    inside
+    exit
+fi
+
+if [[ ${CT_TEST_GLOO:-ON} != ON ]]; then
+    echo "skipped: this build has no gloo backend (libgloo-dev was not found), which ranks across hosts need"
+    exit 77
+fi
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/test_ctlaunch_cluster.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+rc=0
+"$cluster" run --hosts 2 --timeout 400 -- bash "$0" "$ctlaunch" "$coll_rank" "$fmnist" "$gpt" --inside "$tmp" || rc=$?
+if ((rc == 77)); then
+    echo "skipped: the test cluster cannot be made here (above)"
+fi
+exit "$rc"
