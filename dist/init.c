@@ -468,13 +468,15 @@ static void teardown(bool orderly) {
     atomic_store(&live, false);
     stop_heartbeat();
     /* After a failure (ct_comm_progress returns it) nothing here waits for
-     * the peers, which may be stuck: finalize returns at once on every
-     * backend, and under MPI the process ends without MPI_Finalize. */
+     * the peers, which may be stuck, longer than the timeout: the failed
+     * communicator's barrier is skipped, and under MPI the ranks meet in one
+     * bounded by the communicator's timeout before MPI_Finalize, or leave
+     * MPI_Finalize out. */
     bool failed = g.comm && ct_comm_progress(g.comm) != 0;
     if (orderly && !failed && is_mpi_launcher(g.world.source))
         ct_comm_barrier(g.comm, NULL);
     if (failed && g.mpi)
-        ct__dist_mpi_abandon();
+        ct__dist_mpi_meet(ct_comm_timeout(g.comm));
     ct_comm_free(g.comm);
     ct__dist_comm_store_free(g.gloo_store);
     ct_store_free(g.store);

@@ -103,30 +103,23 @@ int ct__dist_mpi_init(ct_world *w) {
     return rc;
 }
 
-int ct__dist_mpi_share(void *buf, size_t len, const char *what, double timeout_s) {
-    CT_ASSERT(mpi.active && len <= (size_t)INT_MAX);
-    MPI_Request req;
-    int rc = MPI_Ibcast(buf, (int)len, MPI_BYTE, 0, mpi.comm, &req);
-    if (rc)
-        return mpi_error(rc, "MPI_Ibcast");
-    /* A bounded wait: a rank 0 that never gets here must not hang the
-     * others. The backoff keeps the test loop cheap while it lasts. */
+/* Waits at most timeout_s for req: 0, CT_ETIMEDOUT (no message; the
+ * request is abandoned, and with it MPI_Finalize) or an MPI error. A
+ * bounded wait, so that a rank that never comes does not hang the others;
+ * the backoff keeps the test loop cheap while it lasts. */
+static int wait_bounded(MPI_Request *req, double timeout_s, const char *what) {
     struct timespec pause = {0, 1000};
     double start = ct__now();
     for (;;) {
         int done = 0;
-        if ((rc = MPI_Test(&req, &done, MPI_STATUS_IGNORE)))
-            return mpi_error(rc, "MPI_Test of the broadcast");
+        int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
+        if (rc)
+            return mpi_error(rc, what);
         if (done)
             return 0;
-        double waited = ct__now() - start;
-        if (waited > timeout_s) {
+        if (ct__now() - start > timeout_s) {
             mpi.abandoned = true;
-            return ct__err_set(
-                CT_ETIMEDOUT,
-                "dist_init: waited %.1f s for rank 0 to share %s over MPI; is rank 0 "
-                "running and calling ct_dist_init?",
-                timeout_s, what);
+            return CT_ETIMEDOUT;
         }
         nanosleep(&pause, NULL);
         if (pause.tv_nsec < 10000000)
@@ -134,9 +127,31 @@ int ct__dist_mpi_share(void *buf, size_t len, const char *what, double timeout_s
     }
 }
 
-const void *ct__dist_mpi_world_comm(void) { return &mpi.world; }
+int ct__dist_mpi_share(void *buf, size_t len, const char *what, double timeout_s) {
+    CT_ASSERT(mpi.active && len <= (size_t)INT_MAX);
+    MPI_Request req;
+    int rc = MPI_Ibcast(buf, (int)len, MPI_BYTE, 0, mpi.comm, &req);
+    if (rc)
+        return mpi_error(rc, "MPI_Ibcast");
+    rc = wait_bounded(&req, timeout_s, "MPI_Test of the broadcast");
+    if (rc == CT_ETIMEDOUT)
+        return ct__err_set(CT_ETIMEDOUT,
+                           "dist_init: waited %.1f s for rank 0 to share %s over MPI; is rank 0 "
+                           "running and calling ct_dist_init?",
+                           timeout_s, what);
+    return rc;
+}
 
-void ct__dist_mpi_abandon(void) { mpi.abandoned = true; }
+void ct__dist_mpi_meet(double timeout_s) {
+    if (!mpi.active)
+        return;
+    MPI_Request req;
+    if (MPI_Ibarrier(mpi.comm, &req) != MPI_SUCCESS ||
+        wait_bounded(&req, timeout_s, "MPI_Test of the barrier before MPI_Finalize"))
+        mpi.abandoned = true;
+}
+
+const void *ct__dist_mpi_world_comm(void) { return &mpi.world; }
 
 void ct__dist_mpi_finalize(void) {
     if (!mpi.active)

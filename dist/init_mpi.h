@@ -29,12 +29,14 @@ const void *ct__dist_mpi_world_comm(void);
 /* Frees what ct__dist_mpi_init made and finalizes MPI if it initialized
  * it. A no-op if ct__dist_mpi_init was not called or failed. */
 void ct__dist_mpi_finalize(void);
-/* Leaves MPI_Finalize out of ct__dist_mpi_finalize: a collective failed
- * (timed out, a peer died), and MPI_Finalize, which waits for every rank
- * (Open MPI's ends in a fence of the whole job), would wait for a peer that
- * may never come. MPI's state after an error is undefined anyway; the
- * process exits without it and the launcher ends the job. */
-void ct__dist_mpi_abandon(void);
+/* After a failed collective (a timeout, a dead peer, a mismatch): meets
+ * the other ranks in a barrier of at most timeout_s, and if one does not
+ * come, leaves MPI_Finalize out of ct__dist_mpi_finalize. MPI_Finalize
+ * waits for every rank (Open MPI's ends in a fence of the whole job), so
+ * it would wait for a stuck peer forever; where every rank failed alike
+ * (a mismatch) they all meet and finalize cleanly. Without MPI_Finalize
+ * the process exits and the launcher ends the job, which has failed. */
+void ct__dist_mpi_meet(double timeout_s);
 
 #else
 
@@ -50,7 +52,7 @@ static inline int ct__dist_mpi_share(void *buf, size_t len, const char *what, do
 }
 static inline const void *ct__dist_mpi_world_comm(void) { return NULL; }
 static inline void ct__dist_mpi_finalize(void) {}
-static inline void ct__dist_mpi_abandon(void) {}
+static inline void ct__dist_mpi_meet(double timeout_s) { (void)timeout_s; }
 
 #endif
 

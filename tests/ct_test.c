@@ -323,12 +323,30 @@ int tt_job_exit_code(const tt_job *j) {
     return WIFEXITED(j->status) ? WEXITSTATUS(j->status) : 128 + WTERMSIG(j->status);
 }
 
+/* Whether pid is a process that has not exited: a zombie has, and waits
+ * only for its parent to reap it. Ranks orphaned by a launcher that exited
+ * first are reaped by init, which may take a while. */
+static bool running(pid_t pid) {
+    if (kill(pid, 0) != 0)
+        return false;
+    char path[64], stat[256] = "";
+    snprintf(path, sizeof path, "/proc/%ld/stat", (long)pid);
+    FILE *f = fopen(path, "r");
+    size_t n = f ? fread(stat, 1, sizeof stat - 1, f) : 0;
+    if (f)
+        fclose(f);
+    stat[n] = '\0';
+    /* "PID (COMM) STATE ...": COMM may hold spaces and parentheses. */
+    const char *close = strrchr(stat, ')');
+    return !(close && close[1] == ' ' && close[2] == 'Z');
+}
+
 bool tt_job_no_rank_left(const tt_job *j) {
     for (const char *p = j->out; (p = strstr(p, "pid=")); p += 4) {
         pid_t pid = (pid_t)atol(p + 4);
-        for (int tries = 0; kill(pid, 0) == 0 && tries < 100; tries++)
+        for (int tries = 0; running(pid) && tries < 100; tries++)
             usleep(10000);
-        if (kill(pid, 0) == 0)
+        if (running(pid))
             return false;
     }
     return true;
