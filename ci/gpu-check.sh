@@ -166,7 +166,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>
     echo "(nvidia-smi: no GPU visible)"
 results=()
 gpu_tests=(test_cuda_allocator test_cuda test_cuda_reduce test_cuda_index test_cuda_matmul
-           test_cuda_checkpoint test_nccl
+           test_cuda_checkpoint test_nccl test_coll_device
            example_cuda_h test_core)
 for t in "${gpu_tests[@]}"; do
     if (($(left) < 30)); then
