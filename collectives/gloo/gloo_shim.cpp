@@ -120,6 +120,8 @@ std::string addr_key(const std::string &prefix, int rank) {
 
 // Every peer's end of its connection to this rank, from what the peers
 // published at connect time: read once, on the first broken connection.
+// The keys are there since the connect, but the store client is shared
+// with the other thread's calls (a slow machine, a sanitizer): 5 s for each.
 void load_peers(ct__gloo_ctx *ctx) {
     if (!ctx->peers.empty())
         return;
@@ -128,7 +130,7 @@ void load_peers(ct__gloo_ctx *ctx) {
         void *value = nullptr;
         size_t len = 0;
         if (r == ctx->rank ||
-            ctx->store_get(ctx->store_ctx, addr_key(ctx->prefix, r).c_str(), 1.0, &value, &len)) {
+            ctx->store_get(ctx->store_ctx, addr_key(ctx->prefix, r).c_str(), 5.0, &value, &len)) {
             free(value);
             continue;
         }
