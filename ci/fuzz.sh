@@ -17,6 +17,7 @@
 # Environment:
 #   FUZZ_BUILD_DIR    build directory (default: build-fuzz)
 #   CC                the clang to build with (default: clang)
+#   CXX               the clang++ to link with (default: clang++)
 #   CT_FUZZ_SECONDS   seconds per target when no argument is given
 set -euo pipefail
 
@@ -32,21 +33,28 @@ if ! [[ $seconds =~ ^[0-9]+$ ]] || ((seconds < 1)); then
 fi
 build_dir=${FUZZ_BUILD_DIR:-build-fuzz}
 cc=${CC:-clang}
+# The gloo shim is C++, so the fuzzers link with the C++ driver: it must be
+# clang's too, since only clang knows -fsanitize=fuzzer.
+cxx=${CXX:-clang++}
 
 # CMake reads the compiler only when it first configures a build directory.
 fresh=()
 if [[ -f $build_dir/CMakeCache.txt ]]; then
-    cached=$(sed -n 's/^CMAKE_C_COMPILER:[A-Z]*=//p' "$build_dir/CMakeCache.txt")
-    wanted=$(command -v "$cc" || true)
-    if [[ -z $wanted || $(realpath -m "$cached") != $(realpath -m "$wanted") ]]; then
-        echo "ci/fuzz.sh: $build_dir was configured with $cached; configuring afresh for $cc"
-        fresh=(--fresh)
-    fi
+    for pair in "C:$cc" "CXX:$cxx"; do
+        lang=${pair%%:*}
+        cached=$(sed -n "s/^CMAKE_${lang}_COMPILER:[A-Z]*=//p" "$build_dir/CMakeCache.txt")
+        wanted=$(command -v "${pair#*:}" || true)
+        if [[ -z $wanted || $(realpath -m "$cached") != $(realpath -m "$wanted") ]]; then
+            echo "ci/fuzz.sh: $build_dir was configured with ${cached:-no $lang compiler}; configuring afresh for ${pair#*:}"
+            fresh=(--fresh)
+        fi
+    done
 fi
 
-step "configure $build_dir (CC=$cc, CT_FUZZ=ON)"
+step "configure $build_dir (CC=$cc, CXX=$cxx, CT_FUZZ=ON)"
 cmake -S . -B "$build_dir" "${fresh[@]}" \
     -DCMAKE_C_COMPILER="$cc" \
+    -DCMAKE_CXX_COMPILER="$cxx" \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DCT_FUZZ=ON \
     -DCT_SANITIZE= \
