@@ -38,6 +38,7 @@ static pthread_mutex_t secret_mu = PTHREAD_MUTEX_INITIALIZER;
 static char secret[CT_SECRET_MAX + 1];
 static size_t secret_len;
 static const char *secret_origin; /* NULL until the secret is known */
+#define RANDOM_ORIGIN "this process's random secret"
 
 static int check_secret(const char *s, size_t len, const char *what) {
     if (len < CT_SECRET_MIN || len > CT_SECRET_MAX)
@@ -87,11 +88,11 @@ int ct_secret_generate(char out[CT_SECRET_HEX_LEN + 1]) {
     return 0;
 }
 
-int ct_secret_read_file(const char *path, char out[CT_SECRET_MAX + 1]) {
+int ct__auth_read_secret_at(int dir, const char *path, char out[CT_SECRET_MAX + 1]) {
     if (!path || !*path)
         return ct__err_set(CT_EINVAL, "secret file: the path is %s", path ? "empty" : "NULL");
     /* O_NONBLOCK: a FIFO in its place must not hang the reader. */
-    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    int fd = openat(dir, path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (fd < 0)
         return ct__err_set(errno == ELOOP ? CT_EINVAL : CT_EIO, "secret file %s: %s", path,
                            errno == ELOOP ? "is a symbolic link; name the file itself"
@@ -134,6 +135,18 @@ int ct_secret_read_file(const char *path, char out[CT_SECRET_MAX + 1]) {
     return rc;
 }
 
+int ct_secret_read_file(const char *path, char out[CT_SECRET_MAX + 1]) {
+    return ct__auth_read_secret_at(AT_FDCWD, path, out);
+}
+
+bool ct__auth_secret_given(void) {
+    pthread_mutex_lock(&secret_mu);
+    bool given = secret_origin ? strcmp(secret_origin, RANDOM_ORIGIN) != 0
+                               : getenv("CT_JOB_SECRET") || getenv("CT_SECRET_FILE");
+    pthread_mutex_unlock(&secret_mu);
+    return given;
+}
+
 /* Fills in the secret when nothing has yet; under secret_mu. */
 static int find_secret(void) {
     if (secret_origin)
@@ -148,7 +161,7 @@ static int find_secret(void) {
         return rc ? rc : store_secret(buf, strlen(buf), "CT_SECRET_FILE");
     }
     int rc = ct_secret_generate(buf);
-    return rc ? rc : store_secret(buf, strlen(buf), "this process's random secret");
+    return rc ? rc : store_secret(buf, strlen(buf), RANDOM_ORIGIN);
 }
 
 int ct__auth_secret_copy(char out[CT_SECRET_MAX + 1]) {

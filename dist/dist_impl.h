@@ -135,6 +135,28 @@ void ct__dist_comm_store_free(ct__dist_comm_store *s);
  * when unset. Errors: CT_EINVAL naming the variable and its value. */
 int ct__dist_env_limit(const char *name, size_t def, size_t *out);
 
+/* ------------------------------------------------ rendezvous (rendezvous.c) */
+
+/* For a world that meets in a store rank 0 hosts (env://, a Slurm step
+ * without PMI), gives this process the job's secret (docs/multinode.md):
+ * the one it has, else, when every rank is on this machine, rank 0's from a
+ * private file (*file is then true: ct__rdzv_reread_secret reads it again,
+ * ct__rdzv_secret_remove removes it). Errors: CT_EAUTH for ranks across
+ * machines without a secret; CT_ETIMEDOUT when rank 0's file does not come
+ * within timeout_s; CT_EINVAL or CT_EIO for a directory or file that is not
+ * private. Called by ct_dist_init's thread only. */
+int ct__rdzv_secret(const ct_world *w, double timeout_s, bool *file);
+int ct__rdzv_reread_secret(const ct_world *w);
+void ct__rdzv_secret_remove(const ct_world *w);
+/* Every rank checks in to the store under prefix: a rank that another
+ * process already claims is refused (CT_EINVAL naming both processes; the
+ * ranks waiting are told, CT_EPEER), and the ranks counted on this machine
+ * give w's local size, and its local rank where the launcher did not, or
+ * must equal the local size it gave (CT_EINVAL naming both). Waits for all
+ * w->size ranks within the store client's timeout (CT_ETIMEDOUT saying how
+ * many came). */
+int ct__rdzv_check_in(ct_store *s, ct_world *w, const char *prefix);
+
 /* ------------------------------------------------------------- auth (auth.c) */
 
 /* A listener's authentication: the ZAP handler's socket, served by the
@@ -167,6 +189,13 @@ void ct__auth_close(ct__auth *a);
 int ct__auth_client(void *sock, const char *user);
 /* Copies the process's secret, finding it first if needed. */
 int ct__auth_secret_copy(char out[CT_SECRET_MAX + 1]);
+/* Whether the process has a secret from outside (ct_secret_set,
+ * CT_JOB_SECRET, CT_SECRET_FILE) rather than a random one of its own.
+ * Thread-safe. */
+bool ct__auth_secret_given(void);
+/* ct_secret_read_file of path relative to the directory dir (AT_FDCWD for
+ * the working directory), with its checks. */
+int ct__auth_read_secret_at(int dir, const char *path, char out[CT_SECRET_MAX + 1]);
 
 /* zmq_msg_recv, with a signal (EINTR) retried. Every read of a message's
  * later parts goes through it: zmq delivers a message whole, so those parts

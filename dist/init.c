@@ -4,7 +4,10 @@
  *   1. the world from the environment, the backend and the timeout;
  *   2. MPI, under an MPI launcher or when the mpi backend is asked for
  *      (init_mpi.c; rank, size and the local ranks then come from MPI);
- *   3. the store: ctlaunch's, or one rank 0 hosts under an MPI launcher;
+ *   3. the store: ctlaunch's; or one rank 0 hosts, at MASTER_ADDR:PORT for
+ *      env:// and a Slurm step without PMI (after the job's secret and
+ *      before a check-in that finds the ranks on each machine,
+ *      rendezvous.c), on a free port under an MPI launcher;
  *   4. the world communicator, with what its backend needs from rank 0
  *      (the shared-memory segment's name) shared through the store or MPI;
  *   5. under ctlaunch, a heartbeat thread for ctlaunch's --hang-timeout.
@@ -52,10 +55,13 @@ static struct dist {
     bool initialized;
     ct_world world;
     ct_backend backend;
-    bool auto_mpi; /* auto chose mpi before MPI could say where the ranks are */
+    /* auto chose before the ranks' machines were known (mpi under an MPI
+     * launcher, gloo for env:// or Slurm): all on one, it becomes shm */
+    bool auto_deferred;
     double timeout;
     bool mpi;                /* init_mpi.c is in use */
-    ct_store_server *server; /* rank 0's, under an MPI launcher */
+    ct_store_server *server; /* rank 0's, where no ctlaunch hosts the store */
+    bool secret_file;        /* the job's secret came in rank 0's file (rendezvous.c) */
     ct_store *store;
     char store_host[256]; /* where store is: the gloo backend's own client connects there */
     int store_port;
@@ -86,8 +92,17 @@ static int CT_PRINTF(1, 2) with_context(const char *fmt, ...) {
 
 /* -------------------------------------------------------------- choices */
 
-static bool is_mpi_launcher(ct_world_source s) {
-    return s == CT_WORLD_OPENMPI || s == CT_WORLD_PMI || s == CT_WORLD_SLURM;
+/* Whether an MPI launcher brought the ranks together (a Slurm step with
+ * PMI included), rather than ct's own rendezvous at a master address. */
+static bool is_mpi_world(const ct_world *w) {
+    return w->source == CT_WORLD_OPENMPI || w->source == CT_WORLD_PMI ||
+           (w->source == CT_WORLD_SLURM && w->master_port < 0);
+}
+
+/* ctlaunch, env:// and a Slurm step without PMI, which meet in ct's store. */
+static bool is_own_rendezvous(const ct_world *w) {
+    return w->source == CT_WORLD_CTLAUNCH ||
+           ((w->source == CT_WORLD_ENV || w->source == CT_WORLD_SLURM) && w->master_port > 0);
 }
 
 /* "auto" or a backend's name into *out (BACKEND_AUTO for auto). */
@@ -109,15 +124,15 @@ static bool parse_backend(const char *name, int *out) {
 /* Whether backend b can carry this world's collectives, as far as can be
  * told before MPI tells where the ranks are. */
 static int check_backend(ct_backend b, const ct_world *w) {
-    bool ctlaunch = w->source == CT_WORLD_CTLAUNCH;
+    bool own = is_own_rendezvous(w);
     switch (b) {
     case CT_BACKEND_SHM:
-        if (ctlaunch && w->local_size != w->size)
+        if (own && w->local_size > 0 && w->local_size != w->size)
             return ct__err_set(CT_EINVAL,
                                "dist_init: backend shm needs every rank on one machine, but this "
-                               "job has %d ranks with %d on this machine (CT_WORLD_SIZE, "
-                               "CT_LOCAL_WORLD_SIZE); use the gloo backend (or mpi under mpirun)",
-                               w->size, w->local_size);
+                               "job has %d ranks with %d on this machine (%s); use the gloo "
+                               "backend (or mpi under mpirun)",
+                               w->size, w->local_size, ct_world_source_name(w->source));
         return 0;
     case CT_BACKEND_MPI:
         if (!ct_backend_available(CT_BACKEND_MPI))
@@ -126,16 +141,13 @@ static int check_backend(ct_backend b, const ct_world *w) {
                                "not find it; install libopenmpi-dev and rebuild)%s",
                                w->local_size == w->size ? "; on one machine, use the shm backend"
                                                         : "");
-        if (ctlaunch && w->size > 1)
+        if (own && w->size > 1)
             return ct__err_set(CT_ENOTSUP,
-                               "dist_init: backend mpi under ctlaunch (%d ranks, %d on this "
-                               "machine): ctlaunch does not start MPI, so the mpi backend needs an "
-                               "MPI launcher: mpirun -np %d ./prog%s",
-                               w->size, w->local_size, w->size,
-                               w->local_size == w->size ? "; on one machine, ctlaunch runs the shm "
-                                                          "backend"
-                                                        : "; ctlaunch across machines needs an MPI "
-                                                          "launcher (mpirun) for the mpi backend");
+                               "dist_init: backend mpi under %s (%d ranks): it does not start "
+                               "MPI, so the mpi backend needs an MPI launcher: mpirun -np %d "
+                               "./prog; ct's own rendezvous runs shm on one machine and gloo "
+                               "across machines",
+                               ct_world_source_name(w->source), w->size, w->size);
         return 0;
     case CT_BACKEND_GLOO:
         if (!ct_backend_available(CT_BACKEND_GLOO))
@@ -156,13 +168,14 @@ static int check_backend(ct_backend b, const ct_world *w) {
 }
 
 /* The backend: the option, else CT_BACKEND, else the launcher decides: shm
- * for a world of one and for ctlaunch on one machine, gloo for ctlaunch
- * across machines (which starts no MPI) when the build has it, mpi
- * otherwise.
- * Under an MPI launcher auto picks mpi for now (*auto_mpi), and join()
- * turns it into shm once MPI shows every rank on this machine. */
+ * for a world of one and for ranks all on one machine, gloo across
+ * machines for ct's own rendezvous (which starts no MPI) when the build has
+ * it, mpi otherwise.
+ * Where the machines are not known yet (an MPI launcher, env:// without
+ * LOCAL_WORLD_SIZE, Slurm) auto picks for now (*deferred), and join() turns
+ * it into shm once MPI or the check-in shows every rank on this machine. */
 static int choose_backend(const ct_dist_options *opts, const ct_world *w, ct_backend *out,
-                          bool *auto_mpi) {
+                          bool *deferred) {
     int b = BACKEND_AUTO;
     if (opts && opts->backend && !parse_backend(opts->backend, &b))
         return ct__err_set(CT_EINVAL,
@@ -173,13 +186,13 @@ static int choose_backend(const ct_dist_options *opts, const ct_world *w, ct_bac
         return ct__err_set(
             CT_EINVAL, "dist_init: CT_BACKEND=\"%s\" is not one of auto, shm, mpi, nccl and gloo",
             env);
-    *auto_mpi = false;
+    *deferred = false;
     if (b == BACKEND_AUTO) {
-        bool one_machine = w->source == CT_WORLD_SINGLE ||
-                           (w->source == CT_WORLD_CTLAUNCH && w->local_size == w->size);
-        bool gloo = w->source == CT_WORLD_CTLAUNCH && ct_backend_available(CT_BACKEND_GLOO);
+        bool own = is_own_rendezvous(w);
+        bool one_machine = w->size == 1 || (own && w->local_size == w->size);
+        bool gloo = own && ct_backend_available(CT_BACKEND_GLOO);
         b = one_machine ? CT_BACKEND_SHM : gloo ? CT_BACKEND_GLOO : CT_BACKEND_MPI;
-        *auto_mpi = is_mpi_launcher(w->source);
+        *deferred = !one_machine && (is_mpi_world(w) || w->local_size == 0);
     }
     *out = (ct_backend)b;
     return check_backend(*out, w);
@@ -246,7 +259,40 @@ static int connect_store(const char *host, int port) {
     snprintf(g.store_host, sizeof g.store_host, "%s", host);
     g.store_port = port;
     g.store = ct_store_connect(host, port, g.timeout);
+    /* A secret file left by a crashed job on this port is replaced by rank
+     * 0's new one: a rank that read the old one reads again. */
+    double start = ct__now();
+    while (!g.store && g.secret_file && ct_errcode() == CT_EAUTH && ct__now() - start < g.timeout) {
+        nanosleep(&(struct timespec){0, 50000000}, NULL);
+        if (ct__rdzv_reread_secret(&g.world) == 0)
+            g.store = ct_store_connect(host, port, g.timeout);
+    }
     return g.store ? 0 : with_context("dist_init: rank %d cannot reach the store", g.world.rank);
+}
+
+/* env:// and a Slurm step without PMI: rank 0 hosts the store at the
+ * master address (MASTER_ADDR, the first host of the step), which must be
+ * its own, and every rank, after the job's secret, connects and checks in. */
+static int meet_at_master(void) {
+    int rc = ct__rdzv_secret(&g.world, g.timeout, &g.secret_file);
+    if (rc)
+        return with_context("dist_init: rank %d", g.world.rank);
+    if (g.world.rank == 0) {
+        char bind[CT__BIND_LEN], host[256];
+        rc = ct__dist_listen_address(&g.world, g.world.master_addr, bind, host);
+        if (!rc && !(g.server = ct_store_server_new(bind, g.world.master_port)))
+            rc = with_context("dist_init: rank 0 cannot host the store at %s:%d (%s's master "
+                              "address, which must be rank 0's host)",
+                              g.world.master_addr, g.world.master_port,
+                              ct_world_source_name(g.world.source));
+    }
+    if (!rc)
+        rc = connect_store(g.world.master_addr, g.world.master_port);
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "ct/init/%d/%u/", g.world.restart_count, generation);
+    if (!rc && (rc = ct__rdzv_check_in(g.store, &g.world, prefix)))
+        rc = with_context("dist_init: rank %d checking in", g.world.rank);
+    return rc;
 }
 
 /* Under an MPI launcher there is no ctlaunch: rank 0 hosts the store on a
@@ -473,7 +519,8 @@ static void teardown(bool orderly) {
      * bounded by the communicator's timeout before MPI_Finalize, or leave
      * MPI_Finalize out. */
     bool failed = g.comm && ct_comm_progress(g.comm) != 0;
-    if (orderly && !failed && is_mpi_launcher(g.world.source))
+    bool rank0_store = g.world.size > 1 && g.world.source != CT_WORLD_CTLAUNCH;
+    if (orderly && !failed && rank0_store)
         ct_comm_barrier(g.comm, NULL);
     if (failed && g.mpi)
         ct__dist_mpi_meet(ct_comm_timeout(g.comm));
@@ -481,6 +528,8 @@ static void teardown(bool orderly) {
     ct__dist_comm_store_free(g.gloo_store);
     ct_store_free(g.store);
     ct_store_server_free(g.server);
+    if (g.secret_file && g.world.rank == 0)
+        ct__rdzv_secret_remove(&g.world);
     if (g.mpi)
         ct__dist_mpi_finalize();
     g = (struct dist){0};
@@ -513,38 +562,48 @@ static int share_secret(void) {
     return rc ? rc : shared;
 }
 
+/* The store every rank uses: ctlaunch's, rank 0's at the master address,
+ * or rank 0's on a free port under an MPI launcher. */
+static int meet(void) {
+    if (g.world.source == CT_WORLD_CTLAUNCH && g.world.master_port > 0)
+        return connect_store(g.world.master_addr, g.world.master_port);
+    if (g.world.source != CT_WORLD_CTLAUNCH && is_own_rendezvous(&g.world) && g.world.size > 1)
+        return meet_at_master();
+    if (g.mpi)
+        return host_store();
+    if (g.world.size > 1)
+        return ct__err_set(CT_EINVAL,
+                           "dist_init: CT_WORLD_SIZE is %d but CT_MASTER_ADDR and CT_MASTER_PORT "
+                           "are unset, so the ranks have nowhere to meet; start the job with "
+                           "ctlaunch -np %d ./prog",
+                           g.world.size, g.world.size);
+    return 0;
+}
+
 static int join(void) {
     int rc;
     if (g.mpi && (rc = ct__dist_mpi_init(&g.world)))
         return rc;
     if (g.mpi && (rc = share_secret()))
         return rc;
+    if ((rc = meet()))
+        return rc;
     /* On one machine ct's shm collectives beat the MPI library's (the fmnist
      * recipe on 2 ranks: 46,600-55,200 samples/s against 28,700-35,400,
      * docs/bench-ddp.md), so mpirun on one machine gets shm too. */
-    if (g.auto_mpi && g.world.local_size == g.world.size)
+    if (g.auto_deferred && g.world.local_size == g.world.size)
         g.backend = CT_BACKEND_SHM;
     if (g.backend == CT_BACKEND_SHM && g.world.local_size != g.world.size)
         return ct__err_set(CT_EINVAL,
-                           "dist_init: backend shm needs every rank on one machine, but MPI puts "
-                           "%d of the %d ranks on this one; use the mpi backend",
-                           g.world.local_size, g.world.size);
+                           "dist_init: backend shm needs every rank on one machine, but %s puts "
+                           "%d of the %d ranks on this one; use the %s backend",
+                           g.mpi ? "MPI" : "the check-in", g.world.local_size, g.world.size,
+                           g.mpi ? "mpi" : "gloo");
     /* Each rank on a machine takes its own accelerator, as a PyTorch
      * program does with set_device(local_rank) by hand; the nccl
      * communicator is made on it. */
     ct__device_take_local(g.world.local_rank);
-    if (g.world.source == CT_WORLD_CTLAUNCH && g.world.master_port > 0)
-        rc = connect_store(g.world.master_addr, g.world.master_port);
-    else if (is_mpi_launcher(g.world.source))
-        rc = host_store();
-    else if (g.world.size > 1)
-        rc = ct__err_set(CT_EINVAL,
-                         "dist_init: CT_WORLD_SIZE is %d but CT_MASTER_ADDR and CT_MASTER_PORT "
-                         "are unset, so the ranks have nowhere to meet; start the job with "
-                         "ctlaunch -np %d ./prog",
-                         g.world.size, g.world.size);
-    if (!rc)
-        rc = make_world_comm();
+    rc = make_world_comm();
     if (!rc && g.world.source == CT_WORLD_CTLAUNCH && g.store)
         rc = start_heartbeat();
     return rc;
@@ -560,18 +619,18 @@ int ct_dist_init(const ct_dist_options *opts) {
     if (ct_world_from_env(&w))
         return with_context("dist_init");
     ct_backend backend = CT_BACKEND_SHM;
-    bool auto_mpi = false;
+    bool deferred = false;
     double timeout = 0;
-    int rc = choose_backend(opts, &w, &backend, &auto_mpi);
+    int rc = choose_backend(opts, &w, &backend, &deferred);
     if (!rc)
         rc = choose_timeout(opts, &timeout);
     if (rc)
         return rc;
     g = (struct dist){.world = w,
                       .backend = backend,
-                      .auto_mpi = auto_mpi,
+                      .auto_deferred = deferred,
                       .timeout = timeout,
-                      .mpi = is_mpi_launcher(w.source) || backend == CT_BACKEND_MPI};
+                      .mpi = is_mpi_world(&w) || backend == CT_BACKEND_MPI};
     generation++;
     atomic_store(&beats, 0);
     if ((rc = join())) {

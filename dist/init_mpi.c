@@ -56,6 +56,15 @@ static int read_world(ct_world *w) {
     MPI_Comm_free(&node);
     if (rc)
         return mpi_error(rc, "MPI_Comm_rank/size of the node's communicator");
+    /* A launcher's ranks that MPI did not join (srun without PMI, an MPI
+     * built without the launcher's PMI) each come up as a world of one. */
+    if (w->source != CT_WORLD_SINGLE && (size != w->size || rank != w->rank))
+        return ct__err_set(CT_EINVAL,
+                           "dist_init: %s says rank %d of %d, but MPI's world has this process "
+                           "as rank %d of %d: the launcher and MPI disagree; under srun, choose "
+                           "a PMI MPI supports (srun --mpi=pmix; srun --mpi=list), or run "
+                           "without PMI, where ct meets at the step's first host",
+                           ct_world_source_name(w->source), w->rank, w->size, rank, size);
     w->rank = rank;
     w->size = size;
     w->local_rank = local_rank;

@@ -252,6 +252,23 @@ void tt_launch_env(const char *const *pairs) {
         "SLURM_PROCID",
         "SLURM_NTASKS",
         "SLURM_LOCALID",
+        "SLURM_STEP_ID",
+        "SLURM_STEPID",
+        "SLURM_JOB_ID",
+        "SLURM_STEP_NODELIST",
+        "SLURM_JOB_NODELIST",
+        "SLURM_STEP_NUM_NODES",
+        "PMIX_RANK",
+        "PMI_FD",
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "TORCHELASTIC_RUN_ID",
+        "TORCHELASTIC_RESTART_COUNT",
+        "TORCHELASTIC_USE_AGENT_STORE",
     };
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++)
         unsetenv(vars[i]);

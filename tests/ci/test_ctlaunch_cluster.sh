@@ -13,10 +13,13 @@
 #                           global batch (two ranks' sums are exact in any
 #                           order, so the backends agree bit for bit)
 #
-# and proves each time where the ranks ran and that node1's link carried
-# the job (tests/ci/cluster_checks.sh).
+# and, where torchrun is installed, `torchrun --nnodes 2 --node_rank K
+# --master_addr node0 --no_python` on each host, coll_rank across_hosts
+# again (one world of 2 on gloo, the secret in CT_SECRET_FILE); it proves
+# each time where the ranks ran and that node1's link carried the job
+# (tests/ci/cluster_checks.sh).
 #
-#   test_ctlaunch_cluster.sh CTLAUNCH COLL_RANK [FMNIST_MLP GPT]
+#   test_ctlaunch_cluster.sh CTLAUNCH COLL_RANK [FMNIST_MLP GPT TORCHRUN]
 #
 # Exits 77 (skipped) where the cluster cannot be made, or when CT_TEST_GLOO
 # is not ON (a build without gloo); without Fashion-MNIST or fortunes that
@@ -25,11 +28,12 @@ set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cluster=$here/../../ci/cluster.sh
-usage="usage: test_ctlaunch_cluster.sh CTLAUNCH COLL_RANK [FMNIST_MLP GPT]"
+usage="usage: test_ctlaunch_cluster.sh CTLAUNCH COLL_RANK [FMNIST_MLP GPT TORCHRUN]"
 ctlaunch=${1:?$usage}
 coll_rank=${2:?$usage}
 fmnist=${3:-}
 gpt=${4:-}
+torchrun=${5:-}
 data=/usr/share/datasets/fashion-mnist
 fortunes=/usr/share/games/fortunes
 port=29512
@@ -52,6 +56,29 @@ across() {
     if ((rc0 != 0 || rc1 != 0)); then
         tail -n 40 "$tmp/out" >&2
         fail "ctlaunch ${*##*/} exited $rc0 on node0 and $rc1 on node1"
+    fi
+    ranks_ran_on_both_hosts
+    crossed_the_link "$before"
+}
+
+# As across, under a torchrun on each of node0 and node1 (static
+# rendezvous: node0's agent serves torchrun's store on the port, ct's store
+# takes the next one).
+across_torchrun() {
+    local before rc0=0 rc1=0 pid k
+    before=$(eth0_bytes)
+    for k in 1 0; do
+        on "node$k" env CT_SECRET_FILE="$tmp/secret" timeout -k 5 120 "$torchrun" --nnodes 2 \
+            --node_rank "$k" --nproc_per_node 1 --master_addr node0 --master_port "$((port + 10))" \
+            --no_python "$here/whereami.sh" "$@" >"$tmp/out$k" 2>&1 &
+        pid[k]=$!
+    done
+    wait "${pid[0]}" || rc0=$?
+    wait "${pid[1]}" || rc1=$?
+    cat "$tmp/out0" "$tmp/out1" >"$tmp/out"
+    if ((rc0 != 0 || rc1 != 0)); then
+        tail -n 40 "$tmp/out" >&2
+        fail "torchrun ${*##*/} exited $rc0 on node0 and $rc1 on node1"
     fi
     ranks_ran_on_both_hosts
     crossed_the_link "$before"
@@ -111,10 +138,18 @@ inside() {
         same_losses "$tmp/gpt.jsonl" "$tmp/gpt1.jsonl" gpt
         echo "ok   gpt"
     fi
+
+    if [[ -z $torchrun ]]; then
+        echo "  no torchrun (python3-torch): its run is left out"
+    else
+        across_torchrun "$coll_rank" across_hosts
+        ranks_passed across_hosts
+        echo "ok   torchrun: coll_rank across_hosts"
+    fi
 }
 
-if [[ ${5:-} == --inside ]]; then
-    tmp=$6
+if [[ ${6:-} == --inside ]]; then
+    tmp=$7
     inside
     exit
 fi
@@ -126,7 +161,7 @@ fi
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/test_ctlaunch_cluster.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 rc=0
-"$cluster" run --hosts 2 --timeout 400 -- bash "$0" "$ctlaunch" "$coll_rank" "$fmnist" "$gpt" --inside "$tmp" || rc=$?
+"$cluster" run --hosts 2 --timeout 400 -- bash "$0" "$ctlaunch" "$coll_rank" "$fmnist" "$gpt" "$torchrun" --inside "$tmp" || rc=$?
 if ((rc == 77)); then
     echo "skipped: the test cluster cannot be made here (above)"
 fi

@@ -141,11 +141,17 @@ TEST(backends_this_job_cannot_use_say_why) {
     setenv("CT_BACKEND", "mpi", 1);
     ASSERT_RC(ct_dist_init(NULL), CT_ENOTSUP, "backend mpi");
     if (ct_backend_available(CT_BACKEND_MPI))
-        ASSERT_RC(ct_dist_init(NULL), CT_ENOTSUP,
-                  "ctlaunch across machines needs an MPI launcher (mpirun)");
+        ASSERT_RC(ct_dist_init(NULL), CT_ENOTSUP, "backend mpi under ctlaunch (4 ranks)",
+                  "needs an MPI launcher: mpirun -np 4");
     setenv("CT_BACKEND", "shm", 1);
     ASSERT_RC(ct_dist_init(NULL), CT_EINVAL, "backend shm needs every rank on one machine",
-              "4 ranks with 2 on this machine");
+              "4 ranks with 2 on this machine (ctlaunch)");
+    /* torchrun's env:// is ct's own rendezvous too. */
+    tt_launch_env((const char *[]){"RANK", "0", "WORLD_SIZE", "2", "LOCAL_WORLD_SIZE", "1",
+                                   "MASTER_ADDR", "127.0.0.1", "MASTER_PORT", "9", "CT_BACKEND",
+                                   "mpi", NULL});
+    if (ct_backend_available(CT_BACKEND_MPI))
+        ASSERT_RC(ct_dist_init(NULL), CT_ENOTSUP, "backend mpi under env:// (2 ranks)");
     /* Several ranks without a store to meet at. */
     tt_launch_env((const char *[]){"CT_RANK", "0", "CT_WORLD_SIZE", "2", NULL});
     ASSERT_RC(ct_dist_init(NULL), CT_EINVAL, "CT_MASTER_ADDR and CT_MASTER_PORT are unset");

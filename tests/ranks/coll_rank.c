@@ -1045,21 +1045,23 @@ TEST(loopback) {
 }
 
 /* Under mpirun with one rank on each host of the test cluster
- * (tests/ci/test_mpirun_cluster.sh), auto picks mpi, MPI counts each rank
- * alone on its machine, and the large allreduce (12 MiB each way) crosses
+ * (tests/ci/test_mpirun_cluster.sh), auto picks mpi, and under ctlaunch or
+ * torchrun gloo (test_ctlaunch_cluster.sh); each rank is alone on its
+ * machine, and the large allreduce (12 MiB each way) crosses
  * the links, where the driver counts the bytes. */
 TEST(across_hosts) {
     ct_comm *c = join(30);
     if (!c)
         return;
     const ct_world *w = ct_dist_world();
-    ct_backend want = w->source == CT_WORLD_CTLAUNCH ? CT_BACKEND_GLOO : CT_BACKEND_MPI;
+    /* ct's own rendezvous (ctlaunch, torchrun) runs gloo, MPI's mpi. */
+    ct_backend want = w->master_port > 0 ? CT_BACKEND_GLOO : CT_BACKEND_MPI;
     if (ct_comm_backend(c) != want)
         tt_fail(__FILE__, __LINE__, "auto picked %s with one rank per host under %s, not %s",
                 ct_backend_name(ct_comm_backend(c)), ct_world_source_name(w->source),
                 ct_backend_name(want));
     if (w->local_size != 1 || w->local_rank != 0)
-        tt_fail(__FILE__, __LINE__, "local rank %d of %d: MPI sees ranks sharing a host",
+        tt_fail(__FILE__, __LINE__, "local rank %d of %d: the world has ranks sharing a host",
                 w->local_rank, w->local_size);
     check_allreduce_of(c, LARGE, CT_FLOAT32, CT_REDUCE_SUM);
     ct_dist_finalize();

@@ -81,27 +81,42 @@ typedef enum ct_world_source {
     CT_WORLD_CTLAUNCH, /* CT_RANK, CT_WORLD_SIZE, CT_LOCAL_*, CT_MASTER_*, CT_RESTART_COUNT */
     CT_WORLD_OPENMPI,  /* OMPI_COMM_WORLD_{RANK,SIZE,LOCAL_RANK,LOCAL_SIZE} */
     CT_WORLD_PMI,      /* PMI_RANK, PMI_SIZE, MPI_LOCALRANKID, MPI_LOCALNRANKS */
-    CT_WORLD_SLURM,    /* SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID */
+    CT_WORLD_SLURM,    /* SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, in a job step */
+    /* torchrun's and Kubernetes' PyTorchJob's: RANK, WORLD_SIZE, LOCAL_RANK,
+     * LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT (docs/multinode.md) */
+    CT_WORLD_ENV,
 } ct_world_source;
 
 typedef struct ct_world {
     int rank, size;
-    /* The rank among the processes on this machine, and their number; 0
-     * when the launcher does not say (Slurm), and the backend must find
-     * out. Without local variables, every rank is taken to be local. */
+    /* The rank among the processes on this machine, and their number.
+     * local_size is 0 when the launcher does not say (Slurm across nodes;
+     * env:// without LOCAL_WORLD_SIZE), local_rank then -1 unless it says
+     * that, and ct_dist_init finds both out. Without local variables under
+     * PMI, every rank is taken to be local. */
     int local_rank, local_size;
-    int restart_count;     /* ctlaunch's CT_RESTART_COUNT, else 0 */
-    char master_addr[256]; /* the store's host from ctlaunch, "" if none */
-    int master_port;       /* -1 if none */
+    int restart_count; /* CT_RESTART_COUNT or TORCHELASTIC_RESTART_COUNT, else 0 */
+    /* Where the ranks meet in ct's store, for ct's own rendezvous
+     * (ctlaunch, env://, Slurm without PMI: under the last two rank 0
+     * hosts the store there); "" and -1 where an MPI launcher brings the
+     * ranks together. */
+    char master_addr[256];
+    int master_port;
     ct_world_source source;
 } ct_world;
 
-/* Fills *w from the environment, trying ctlaunch's variables, then Open
- * MPI's, PMI's and Slurm's; the first launcher with a rank or size variable
- * set wins, and its variables must then be complete and consistent. With
- * none, *w is a world of one. Errors: CT_EINVAL naming the variable, its
- * value and the valid range (*w is then a world of one). Thread-safe as
- * long as nothing changes the environment meanwhile. */
+/* Fills *w from the environment, trying ctlaunch's variables, then env://
+ * (torchrun's), Open MPI's, PMI's and Slurm's (only inside a job step: a
+ * batch script is one process); the first launcher with a rank or size
+ * variable set wins, and its variables must then be complete and
+ * consistent. A launcher nests others (ctlaunch or torchrun inside a Slurm
+ * step, mpirun inside an allocation), so the outer job's variables are
+ * left alone, except that env:// set by other means than torchrun (by hand,
+ * by an operator) must agree with an MPI or Slurm world that is also set.
+ * With none, *w is a world of one. Errors: CT_EINVAL naming the variable,
+ * its value and the valid range, or both sources of two worlds that
+ * disagree (*w is then a world of one). Thread-safe as long as nothing
+ * changes the environment meanwhile. */
 CT_API int ct_world_from_env(ct_world *w);
 /* "ctlaunch", "Open MPI", ... */
 CT_API const char *ct_world_source_name(ct_world_source source);
