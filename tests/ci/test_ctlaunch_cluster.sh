@@ -63,19 +63,21 @@ across() {
 
 # As across, under a torchrun on each of node0 and node1 (static
 # rendezvous: node0's agent serves torchrun's store on the port, ct's store
-# takes the next one).
+# takes the next one). Debian's torchrun (torch 1.13 on Python 3.11) fails
+# to parse its own default for --redirects, which is therefore given.
 across_torchrun() {
     local before rc0=0 rc1=0 pid k
     before=$(eth0_bytes)
     for k in 1 0; do
         on "node$k" env CT_SECRET_FILE="$tmp/secret" timeout -k 5 120 "$torchrun" --nnodes 2 \
             --node_rank "$k" --nproc_per_node 1 --master_addr node0 --master_port "$((port + 10))" \
-            --no_python "$here/whereami.sh" "$@" >"$tmp/out$k" 2>&1 &
+            --redirects 1 --tee 1 --no_python "$here/whereami.sh" "$@" >"$tmp/out$k" 2>&1 &
         pid[k]=$!
     done
     wait "${pid[0]}" || rc0=$?
     wait "${pid[1]}" || rc1=$?
-    cat "$tmp/out0" "$tmp/out1" >"$tmp/out"
+    # torchrun's tee prefixes each line of local rank N with "[defaultN]:".
+    sed -E 's/^\[default[0-9]+\]://' "$tmp/out0" "$tmp/out1" >"$tmp/out"
     if ((rc0 != 0 || rc1 != 0)); then
         tail -n 40 "$tmp/out" >&2
         fail "torchrun ${*##*/} exited $rc0 on node0 and $rc1 on node1"
