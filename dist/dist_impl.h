@@ -140,14 +140,14 @@ int ct__dist_env_limit(const char *name, size_t def, size_t *out);
 /* For a world that meets in a store rank 0 hosts (env://, a Slurm step
  * without PMI), gives this process the job's secret (docs/multinode.md):
  * the one it has, else, when every rank is on this machine, rank 0's from a
- * private file (*file is then true: ct__rdzv_reread_secret reads it again,
- * ct__rdzv_secret_remove removes it). Errors: CT_EAUTH for ranks across
+ * private file (*file is then true: ct__dist_rdzv_reread_secret reads it again,
+ * ct__dist_rdzv_secret_remove removes it). Errors: CT_EAUTH for ranks across
  * machines without a secret; CT_ETIMEDOUT when rank 0's file does not come
  * within timeout_s; CT_EINVAL or CT_EIO for a directory or file that is not
  * private. Called by ct_dist_init's thread only. */
-int ct__rdzv_secret(const ct_world *w, double timeout_s, bool *file);
-int ct__rdzv_reread_secret(const ct_world *w);
-void ct__rdzv_secret_remove(const ct_world *w);
+int ct__dist_rdzv_secret(const ct_world *w, double timeout_s, bool *file);
+int ct__dist_rdzv_reread_secret(const ct_world *w);
+void ct__dist_rdzv_secret_remove(const ct_world *w);
 /* Every rank checks in to the store under prefix: a rank that another
  * process already claims is refused (CT_EINVAL naming both processes; the
  * ranks waiting are told, CT_EPEER), and the ranks counted on this machine
@@ -155,7 +155,7 @@ void ct__rdzv_secret_remove(const ct_world *w);
  * must equal the local size it gave (CT_EINVAL naming both). Waits for all
  * w->size ranks within the store client's timeout (CT_ETIMEDOUT saying how
  * many came). */
-int ct__rdzv_check_in(ct_store *s, ct_world *w, const char *prefix);
+int ct__dist_rdzv_check_in(ct_store *s, ct_world *w, const char *prefix);
 
 /* ------------------------------------------------------------- auth (auth.c) */
 

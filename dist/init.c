@@ -264,7 +264,7 @@ static int connect_store(const char *host, int port) {
     double start = ct__now();
     while (!g.store && g.secret_file && ct_errcode() == CT_EAUTH && ct__now() - start < g.timeout) {
         nanosleep(&(struct timespec){0, 50000000}, NULL);
-        if (ct__rdzv_reread_secret(&g.world) == 0)
+        if (ct__dist_rdzv_reread_secret(&g.world) == 0)
             g.store = ct_store_connect(host, port, g.timeout);
     }
     return g.store ? 0 : with_context("dist_init: rank %d cannot reach the store", g.world.rank);
@@ -274,7 +274,7 @@ static int connect_store(const char *host, int port) {
  * master address (MASTER_ADDR, the first host of the step), which must be
  * its own, and every rank, after the job's secret, connects and checks in. */
 static int meet_at_master(void) {
-    int rc = ct__rdzv_secret(&g.world, g.timeout, &g.secret_file);
+    int rc = ct__dist_rdzv_secret(&g.world, g.timeout, &g.secret_file);
     if (rc)
         return with_context("dist_init: rank %d", g.world.rank);
     if (g.world.rank == 0) {
@@ -290,7 +290,7 @@ static int meet_at_master(void) {
         rc = connect_store(g.world.master_addr, g.world.master_port);
     char prefix[64];
     snprintf(prefix, sizeof prefix, "ct/init/%d/%u/", g.world.restart_count, generation);
-    if (!rc && (rc = ct__rdzv_check_in(g.store, &g.world, prefix)))
+    if (!rc && (rc = ct__dist_rdzv_check_in(g.store, &g.world, prefix)))
         rc = with_context("dist_init: rank %d checking in", g.world.rank);
     return rc;
 }
@@ -529,7 +529,7 @@ static void teardown(bool orderly) {
     ct_store_free(g.store);
     ct_store_server_free(g.server);
     if (g.secret_file && g.world.rank == 0)
-        ct__rdzv_secret_remove(&g.world);
+        ct__dist_rdzv_secret_remove(&g.world);
     if (g.mpi)
         ct__dist_mpi_finalize();
     g = (struct dist){0};

@@ -112,7 +112,7 @@ static bool one_machine(const ct_world *w) {
     return strncmp(w->master_addr, "127.", 4) == 0 || !strcmp(w->master_addr, "localhost");
 }
 
-int ct__rdzv_secret(const ct_world *w, double timeout_s, bool *file) {
+int ct__dist_rdzv_secret(const ct_world *w, double timeout_s, bool *file) {
     *file = false;
     if (ct__auth_secret_given())
         return 0;
@@ -140,7 +140,7 @@ int ct__rdzv_secret(const ct_world *w, double timeout_s, bool *file) {
     return rc;
 }
 
-int ct__rdzv_reread_secret(const ct_world *w) {
+int ct__dist_rdzv_reread_secret(const ct_world *w) {
     int dir;
     char path[256], name[64], secret[CT_SECRET_MAX + 1];
     int rc = secret_dir(&dir, path);
@@ -155,7 +155,7 @@ int ct__rdzv_reread_secret(const ct_world *w) {
     return rc;
 }
 
-void ct__rdzv_secret_remove(const ct_world *w) {
+void ct__dist_rdzv_secret_remove(const ct_world *w) {
     int dir;
     char path[256], name[64];
     if (secret_dir(&dir, path) != 0) {
@@ -194,7 +194,7 @@ static int fail_all(ct_store *s, const char *key, int code) {
     return ct__err_set(code, "%s", text + 7);
 }
 
-int ct__rdzv_check_in(ct_store *s, ct_world *w, const char *prefix) {
+int ct__dist_rdzv_check_in(ct_store *s, ct_world *w, const char *prefix) {
     char machine[192], me[256], key[512], all[256];
     machine_id(machine);
     snprintf(me, sizeof me, "%s pid %ld", machine, (long)getpid());
