@@ -112,6 +112,24 @@ static bool one_machine(const ct_world *w) {
     return strncmp(w->master_addr, "127.", 4) == 0 || !strcmp(w->master_addr, "localhost");
 }
 
+/* Rank 0 (make) writes a new secret into the job's file, the others read
+ * it there within timeout_s; either way it becomes this process's. */
+static int file_secret(const ct_world *w, bool make, double timeout_s) {
+    int dir;
+    char path[256], name[64], secret[CT_SECRET_MAX + 1];
+    int rc = secret_dir(&dir, path);
+    if (rc)
+        return rc;
+    secret_name(w, name);
+    rc = make ? write_secret(dir, path, name, secret)
+              : read_secret(dir, path, name, timeout_s, secret);
+    close(dir);
+    if (!rc)
+        rc = ct_secret_set(secret);
+    memset(secret, 0, sizeof secret);
+    return rc;
+}
+
 int ct__dist_rdzv_secret(const ct_world *w, double timeout_s, bool *file) {
     *file = false;
     if (ct__auth_secret_given())
@@ -124,36 +142,12 @@ int ct__dist_rdzv_secret(const ct_world *w, double timeout_s, bool *file) {
                            "this user can read; docs/multinode.md)",
                            w->size, ct_world_source_name(w->source), w->master_addr,
                            w->master_port);
-    int dir;
-    char path[256], name[64], secret[CT_SECRET_MAX + 1];
-    int rc = secret_dir(&dir, path);
-    if (rc)
-        return rc;
-    secret_name(w, name);
-    rc = w->rank == 0 ? write_secret(dir, path, name, secret)
-                      : read_secret(dir, path, name, timeout_s, secret);
-    close(dir);
-    if (!rc)
-        rc = ct_secret_set(secret);
-    memset(secret, 0, sizeof secret);
+    int rc = file_secret(w, w->rank == 0, timeout_s);
     *file = rc == 0;
     return rc;
 }
 
-int ct__dist_rdzv_reread_secret(const ct_world *w) {
-    int dir;
-    char path[256], name[64], secret[CT_SECRET_MAX + 1];
-    int rc = secret_dir(&dir, path);
-    if (rc)
-        return rc;
-    secret_name(w, name);
-    rc = ct__auth_read_secret_at(dir, name, secret);
-    close(dir);
-    if (!rc)
-        rc = ct_secret_set(secret);
-    memset(secret, 0, sizeof secret);
-    return rc;
-}
+int ct__dist_rdzv_reread_secret(const ct_world *w) { return file_secret(w, false, 0); }
 
 void ct__dist_rdzv_secret_remove(const ct_world *w) {
     int dir;
