@@ -8,12 +8,16 @@
 #   bash ci/setup.sh --bench    also the benchmarks' PyTorch peers: Debian's
 #                               python3-torch (1.13) and, in bench/.venv, the
 #                               current torch from PyPI (a 5 GB download)
+#   bash ci/setup.sh --torchrun also Debian's python3-torch, for the tests
+#                               that run torchrun (206 MB to download, 870
+#                               MB installed: left out of the default set,
+#                               which CI's 15 minutes hold)
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 usage() {
-    sed -n '2,10s/^# \{0,1\}//p' "$0"
+    sed -n '2,14s/^# \{0,1\}//p' "$0"
 }
 
 packages=(
@@ -40,6 +44,9 @@ for arg in "$@"; do
     --bench)
         packages+=(python3-torch python3-venv)
         bench=true
+        ;;
+    --torchrun)
+        packages+=(python3-torch)
         ;;
     -h | --help)
         usage

@@ -18,6 +18,8 @@
 #   CT_BUILD_ONLY      1: stop after the build (the CUDA job: no GPU there)
 #   CI                 true: warnings are errors (-DCT_WERROR=ON)
 #   CT_DEB_CHECK       0: skip the Debian packages' check (it needs root)
+#   CT_TORCHRUN        1: also install python3-torch (ci/setup.sh --torchrun),
+#                      so that the tests that run torchrun are not skipped
 #   CT_FUZZ_SECONDS    seconds each fuzz target runs after the tests
 #                      (ci/fuzz.sh, a separate clang build); default 20
 #                      when CI is true, else 0 (no fuzzing)
@@ -47,8 +49,8 @@ thread) san_flags="-fsanitize=thread" ;;
     ;;
 esac
 
-step "ci/setup.sh"
-bash ci/setup.sh
+step "ci/setup.sh${CT_TORCHRUN:+ --torchrun}"
+bash ci/setup.sh ${CT_TORCHRUN:+--torchrun}
 
 # CMake reads CC only when it first configures a build directory. When CC
 # names another compiler than the cached one, configure afresh.
