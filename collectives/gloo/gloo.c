@@ -220,6 +220,12 @@ static void lane_stop(lane *l) {
 
 /* ---------------------------------------------------------- the errors */
 
+/* How long a rank that saw a connection break without knowing whose
+ * waits for the note of a rank that knows: the rank next to a dead one
+ * writes it within milliseconds, and the loser of that race used to report
+ * no rank at all. */
+#define UNNAMED_PEER_WAIT_S 1.0
+
 /* Records a failed gloo call in j: with the failure a peer wrote to the
  * store when there is one (the cause, where this rank only saw its
  * effect), else with what gloo said. */
@@ -228,8 +234,9 @@ static void job_fail(gloo_impl *g, job *j, int rc, int peer, const char *err) {
     ct__coll_desc_str(d, sizeof d, &j->desc);
     void *note = NULL;
     size_t len = 0;
+    double wait = rc == CT_EPEER && peer < 0 ? UNNAMED_PEER_WAIT_S : 0;
     if ((rc == CT_EPEER || rc == CT_ETIMEDOUT) && !atomic_load(&g->failed) &&
-        g->store.get(g->store.ctx, key_of(g, key, "fail"), 0, &note, &len) == 0) {
+        g->store.get(g->store.ctx, key_of(g, key, "fail"), wait, &note, &len) == 0) {
         atomic_store(&g->noticed, true);
         j->err = CT_EPEER;
         snprintf(j->msg, sizeof j->msg, "%s: the group failed on %.*s", d, (int)len,
