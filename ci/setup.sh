@@ -36,6 +36,7 @@ packages=(
     debhelper help2man                   # ci/test.sh builds the Debian packages (debian/)
     python3                              # ci/figures.py checks the figures the docs quote
     iproute2                             # ip and tc: the test cluster (ci/cluster.sh)
+    slurmd slurmctld slurm-client        # test_slurm: srun and sbatch on daemons of its own
 )
 
 bench=false

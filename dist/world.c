@@ -163,9 +163,10 @@ static int env_master(ct_world *w) {
     const char *addr = getenv("CT_MASTER_ADDR"), *addr_var = "CT_MASTER_ADDR";
     if (!addr)
         addr = getenv(addr_var = "MASTER_ADDR");
-    const char *port_var = getenv("CT_MASTER_PORT") ? "CT_MASTER_PORT" : "MASTER_PORT";
+    int own_port = getenv("CT_MASTER_PORT") != NULL;
+    const char *port_var = own_port ? "CT_MASTER_PORT" : "MASTER_PORT";
     const char *agent = getenv("TORCHELASTIC_USE_AGENT_STORE");
-    int offset = port_var[0] == 'M' && agent && !strcmp(agent, "True");
+    int offset = !own_port && agent && !strcmp(agent, "True");
     if (w->size == 1)
         return 0;
     if (!addr)

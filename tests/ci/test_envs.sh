@@ -38,9 +38,11 @@ launcher_vars=(CT_RANK CT_WORLD_SIZE CT_LOCAL_RANK CT_LOCAL_WORLD_SIZE CT_MASTER
 for v in "${launcher_vars[@]}"; do
     unset "$v"
 done
-# A port of this run's own, clear of the one above it (torchrun's agent
-# store takes one, ct's the next).
-port=$((20000 + $$ % 10000 * 2))
+# shellcheck source=tests/ci/ports.sh
+source "$(dirname "$0")/ports.sh"
+# Each part takes free ports of its own: two, as torchrun's agent store
+# takes one and ct's the next.
+port=$(free_ports 2)
 
 fail() {
     echo "FAIL: $*" >&2
@@ -103,7 +105,7 @@ echo "ok   env:// over a crashed job's secret file"
 
 # --- torchrun, whose agent serves its own store on MASTER_PORT
 if [[ -n $torchrun ]]; then
-    port=$((port + 2))
+    port=$(free_ports 2)
     timeout 120 "$torchrun" --nnodes 1 --nproc_per_node 2 --master_addr 127.0.0.1 \
         --master_port "$port" --redirects 1 --tee 1 --no_python "$rank_program" dist \
         >"$tmp/torchrun.out" 2>&1 || fail "torchrun: failed"
@@ -117,7 +119,11 @@ else
 fi
 
 # --- a Slurm step without PMI: the step's first host, a port from the ids
-job=$((port % 1000 + 1000))
+# A job id whose derived port (ct's rule, docs/multinode.md) is free.
+used=$(ports_in_use)
+for ((job = 1000 + $$ % 1000, tries = 0; tries < 1000; job++, tries++)); do
+    [[ $used == *" $((15000 + job % 1000 * 10 + 1)) "* ]] || break
+done
 slurm_vars=(SLURM_JOB_ID=$job SLURM_STEP_ID=1 SLURM_PROCID=@R@ SLURM_LOCALID=@R@ SLURM_NTASKS=2
     SLURM_STEP_NODELIST=localhost SLURM_STEP_NUM_NODES=1)
 run_ranks slurm 2 "${slurm_vars[@]}" || fail "Slurm without PMI: a rank failed"
@@ -127,7 +133,7 @@ echo "ok   Slurm step without PMI: one world of 2 at port $((15000 + job % 1000 
 # --- refusals
 # Ranks 0, 1 and 1 of 3: the second claim of rank 1 fails, and the two
 # others, whose world cannot form, are told at once.
-port=$((port + 2))
+port=$(free_ports 2)
 start=$SECONDS
 twice_failed=0
 run_ranks twice 2 RANK=@R@ WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port &

@@ -56,13 +56,11 @@ fail() {
     exit 1
 }
 
-# Free TCP ports for the two daemons: the kernel's choice for a listener
-# that is closed at once.
-free_port() {
-    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
-ctld_port=$(free_port)
-slurmd_port=$(free_port)
+# Free TCP ports for the two daemons.
+# shellcheck source=tests/ci/ports.sh
+source "$(dirname "$0")/ports.sh"
+ctld_port=$(free_ports 2)
+slurmd_port=$((ctld_port + 1))
 # The node is this host, under a name that resolves, as the ranks need
 # for the step's first host.
 node=$(hostname -s)
