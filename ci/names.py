@@ -41,7 +41,7 @@ PREFIXES = {
     "nn": {"nn"},
     "optim": {"optim"},
     "data": {"data"},
-    "collectives": {"coll", "comm", "work", "shm", "mpi", "nccl", "gloo"},
+    "collectives": {"coll", "comm", "work", "shm", "mpi", "nccl", "gloo", "hier"},
     "dist": {"dist", "store", "auth"},
     "dist_autograd": {"dautograd", "rpc", "rref"},
     "checkpoint": {"ckpt", "manifest", "reader", "safetensors"},

@@ -98,6 +98,10 @@ enum { CT__PENDING = 0, CT__DONE = 1, CT__AGAIN = 2 };
 
 typedef struct ct__backend {
     ct_backend kind;
+    /* Seconds a work may run past the communicator's timeout before comm.c
+     * times it out: for a backend whose parts time out first and know
+     * better whom they waited for (hier). Usually 0. */
+    double deadline_margin;
     /* Sets c->impl; every rank of the group calls it. May block up to
      * c->timeout while peers join (the one place a backend may wait).
      * Returns 0 or a CT_E* code with the message recorded. */
@@ -167,6 +171,7 @@ extern const ct__backend ct__shm_backend;
 /* The bytes of a shm communicator's segment for n ranks, into *bytes: 0,
  * or CT_EINVAL (recorded) when n is not in [1, CT__SHM_MAX_RANKS]. */
 int ct__shm_layout_bytes(int n, size_t *bytes);
+extern const ct__backend ct__hier_backend;
 #ifdef CT_HAVE_MPI
 extern const ct__backend ct__mpi_backend;
 #endif
@@ -240,6 +245,16 @@ void ct__comm_discard(ct_comm *c);
  * returns it; on failure frees it (impl included) and returns NULL with the
  * error recorded. */
 ct_comm *ct__comm_activate(ct_comm *c);
+
+/* Fails c's group with code and msg, as its own executor would (its
+ * backend tells the peers; every queued and active work fails), waiting
+ * for a thread that executes c to leave first. For a communicator that
+ * another one drives (the hierarchical one's parts). */
+void ct__comm_fail(ct_comm *c, int code, const char *msg);
+/* Where no thread executes c: checks its works' deadlines and its peers
+ * (the backend's poll), as an idle executor does. Returns c's failure (its
+ * code, with its message copied into msg, CT__MSG_LEN bytes) or 0. */
+int ct__comm_check(ct_comm *c, char *msg);
 
 /* Whether a step went well on every rank: *first_failed is the lowest rank
  * whose ok was false, or -1. Returns 0, or the CT_E* code of the

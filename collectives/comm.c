@@ -135,6 +135,7 @@ const char *ct_backend_name(ct_backend backend) {
     case CT_BACKEND_MPI: return "mpi";
     case CT_BACKEND_NCCL: return "nccl";
     case CT_BACKEND_GLOO: return "gloo";
+    case CT_BACKEND_HIER: return "hier";
     }
     return "?";
 }
@@ -155,7 +156,10 @@ static const ct__backend *backend_table(ct_backend backend) {
     }
 }
 
-bool ct_backend_available(ct_backend backend) { return backend_table(backend) != NULL; }
+/* hier is made from a flat communicator of any backend here. */
+bool ct_backend_available(ct_backend backend) {
+    return backend == CT_BACKEND_HIER || backend_table(backend) != NULL;
+}
 
 int ct_comm_nccl_id(void *id) {
     if (!id)
@@ -273,7 +277,9 @@ ct_comm *ct_comm_new(const ct_comm_config *cfg) {
                     cfg->backend == CT_BACKEND_MPI    ? "configure found no MPI"
                     : cfg->backend == CT_BACKEND_NCCL ? "configure found no CUDA with NCCL"
                     : cfg->backend == CT_BACKEND_GLOO ? "configure found no libgloo-dev"
-                                                      : "unknown backend");
+                    : cfg->backend == CT_BACKEND_HIER
+                        ? "hier is made from a flat communicator by ct_comm_hierarchical"
+                        : "unknown backend");
         return NULL;
     }
     ct_comm *c = ct__comm_alloc(be, cfg->rank, cfg->size, cfg->timeout_s);
@@ -438,7 +444,7 @@ static bool start_queued(ct_comm *c) {
             c->queue_tail = prev;
         w->next = NULL;
         started = true;
-        w->deadline = ct__now() + c->timeout;
+        w->deadline = ct__now() + c->timeout + c->be->deadline_margin;
         atomic_store_explicit(&w->state, CT__WORK_STARTED, memory_order_relaxed);
         if (rc == CT__PENDING) {
             c->active[c->nactive++] = w;
@@ -700,6 +706,44 @@ int ct_comm_progress(ct_comm *c) {
     if (failed)
         return ct__err_set(failed, "comm_progress: the communicator failed: %s", c->fail_msg);
     return 0;
+}
+
+/* Makes this thread c's executor, waiting while another thread is; the
+ * caller then runs the executor's functions and leaves it. */
+static void enter_executor(ct_comm *c) {
+    pthread_mutex_lock(&c->mu);
+    while (c->executing)
+        pthread_cond_wait(&c->cv_done, &c->mu);
+    c->executing = true;
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void exit_executor(ct_comm *c) {
+    pthread_mutex_lock(&c->mu);
+    leave_executor(c);
+    pthread_mutex_unlock(&c->mu);
+}
+
+void ct__comm_fail(ct_comm *c, int code, const char *msg) {
+    enter_executor(c);
+    fail_group(c, code, msg);
+    exit_executor(c);
+}
+
+int ct__comm_check(ct_comm *c, char *msg) {
+    pthread_mutex_lock(&c->mu);
+    bool mine = !c->executing;
+    if (mine)
+        c->executing = true;
+    pthread_mutex_unlock(&c->mu);
+    if (mine) {
+        check_health(c, ct__now());
+        exit_executor(c);
+    }
+    int failed = atomic_load(&c->failed);
+    if (failed)
+        snprintf(msg, CT__MSG_LEN, "%s", c->fail_msg);
+    return failed;
 }
 
 int ct_work_test(ct_work *w) {

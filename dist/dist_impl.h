@@ -156,6 +156,10 @@ void ct__dist_rdzv_secret_remove(const ct_world *w);
  * w->size ranks within the store client's timeout (CT_ETIMEDOUT saying how
  * many came). */
 int ct__dist_rdzv_check_in(ct_store *s, ct_world *w, const char *prefix);
+/* This machine's key for the hierarchical communicator: a hash of the
+ * machine's identity the check-in counts by (its host name and boot id),
+ * equal on the ranks of one machine. Thread-safe. */
+uint64_t ct__dist_rdzv_machine_key(void);
 
 /* ------------------------------------------------------------- auth (auth.c) */
 

@@ -58,6 +58,7 @@ static struct dist {
     /* auto chose before the ranks' machines were known (mpi under an MPI
      * launcher, gloo for env:// or Slurm): all on one, it becomes shm */
     bool auto_deferred;
+    bool auto_chosen; /* no option or CT_BACKEND named the backend */
     double timeout;
     bool mpi;                /* init_mpi.c is in use */
     ct_store_server *server; /* rank 0's, where no ctlaunch hosts the store */
@@ -105,6 +106,12 @@ static bool is_own_rendezvous(const ct_world *w) {
            ((w->source == CT_WORLD_ENV || w->source == CT_WORLD_SLURM) && w->master_port > 0);
 }
 
+/* What carries a hierarchical world across machines: gloo for ct's own
+ * rendezvous, mpi under an MPI launcher. */
+static ct_backend flat_backend(const ct_world *w) {
+    return is_own_rendezvous(w) ? CT_BACKEND_GLOO : CT_BACKEND_MPI;
+}
+
 /* "auto" or a backend's name into *out (BACKEND_AUTO for auto). */
 static bool parse_backend(const char *name, int *out) {
     if (!strcmp(name, "auto")) {
@@ -112,7 +119,7 @@ static bool parse_backend(const char *name, int *out) {
         return true;
     }
     static const ct_backend all[] = {CT_BACKEND_SHM, CT_BACKEND_MPI, CT_BACKEND_NCCL,
-                                     CT_BACKEND_GLOO};
+                                     CT_BACKEND_GLOO, CT_BACKEND_HIER};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)
         if (!strcmp(name, ct_backend_name(all[i]))) {
             *out = (int)all[i];
@@ -155,6 +162,9 @@ static int check_backend(ct_backend b, const ct_world *w) {
                                "dist_init: backend gloo: this build of ct has no gloo (configure "
                                "did not find it; install libgloo-dev and rebuild)");
         return 0;
+    case CT_BACKEND_HIER:
+        /* Across machines on the backend the flat world would take. */
+        return check_backend(flat_backend(w), w);
     case CT_BACKEND_NCCL:
         if (!ct_backend_available(CT_BACKEND_NCCL))
             return ct__err_set(CT_ENOTSUP, "dist_init: backend nccl: this build of ct has no "
@@ -175,18 +185,20 @@ static int check_backend(ct_backend b, const ct_world *w) {
  * LOCAL_WORLD_SIZE, Slurm) auto picks for now (*deferred), and join() turns
  * it into shm once MPI or the check-in shows every rank on this machine. */
 static int choose_backend(const ct_dist_options *opts, const ct_world *w, ct_backend *out,
-                          bool *deferred) {
+                          bool *deferred, bool *automatic) {
     int b = BACKEND_AUTO;
     if (opts && opts->backend && !parse_backend(opts->backend, &b))
         return ct__err_set(CT_EINVAL,
-                           "dist_init: backend \"%s\" is not one of auto, shm, mpi, nccl and gloo",
+                           "dist_init: backend \"%s\" is not one of auto, shm, mpi, nccl, gloo "
+                           "and hier",
                            opts->backend);
     const char *env = getenv("CT_BACKEND");
     if (b == BACKEND_AUTO && env && !parse_backend(env, &b))
         return ct__err_set(
-            CT_EINVAL, "dist_init: CT_BACKEND=\"%s\" is not one of auto, shm, mpi, nccl and gloo",
-            env);
+            CT_EINVAL,
+            "dist_init: CT_BACKEND=\"%s\" is not one of auto, shm, mpi, nccl, gloo and hier", env);
     *deferred = false;
+    *automatic = b == BACKEND_AUTO;
     if (b == BACKEND_AUTO) {
         bool own = is_own_rendezvous(w);
         bool one_machine = w->size == 1 || (own && w->local_size == w->size);
@@ -380,12 +392,45 @@ static int gloo_config(ct_comm_config *cfg) {
     return 0;
 }
 
+/* Several ranks on each of several machines: hierarchical, when asked for
+ * or when auto chose gloo. */
+static bool wants_hier(void) {
+    const ct_world *w = &g.world;
+    return g.backend == CT_BACKEND_HIER || (g.auto_chosen && g.backend == CT_BACKEND_GLOO &&
+                                            w->local_size > 1 && w->local_size < w->size);
+}
+
+/* Makes the world communicator g.comm (of flat's backend) hierarchical.
+ * Under ctlaunch a machine is a node of its command line (ranks are
+ * numbered node by node), else a host name and boot id. When auto chose
+ * it, machines of different sizes keep the flat communicator. */
+static int make_hier(void) {
+    const ct_world *w = &g.world;
+    uint64_t machine = w->source == CT_WORLD_CTLAUNCH ? (uint64_t)(w->rank / w->local_size)
+                                                      : ct__dist_rdzv_machine_key();
+    ct_comm *h = NULL;
+    int rc = ct_comm_hierarchical(g.comm, machine, &h);
+    if (!rc) {
+        g.comm = h;
+        g.backend = CT_BACKEND_HIER;
+        return 0;
+    }
+    if (g.backend != CT_BACKEND_HIER && rc == CT_EINVAL) {
+        ct_errclear();
+        return 0;
+    }
+    return with_context("dist_init: rank %d of %d: the hierarchical communicator", w->rank,
+                        w->size);
+}
+
 static int make_world_comm(void) {
+    bool hier = wants_hier();
+    ct_backend flat = g.backend == CT_BACKEND_HIER ? flat_backend(&g.world) : g.backend;
     ct_comm_config cfg = {
-        .backend = g.backend, .rank = g.world.rank, .size = g.world.size, .timeout_s = g.timeout};
+        .backend = flat, .rank = g.world.rank, .size = g.world.size, .timeout_s = g.timeout};
     char name[SHARED_LEN] = "";
     unsigned char id[CT_NCCL_ID_BYTES];
-    if (g.backend == CT_BACKEND_SHM) {
+    if (flat == CT_BACKEND_SHM) {
         /* Unique among the jobs on this machine (rank 0's pid) and across
          * restarts and inits; the port and restart count help a reader of
          * /dev/shm tell jobs apart. The random part keeps another user
@@ -405,13 +450,13 @@ static int make_world_comm(void) {
         if (rc)
             return rc;
         cfg.shm_name = name;
-    } else if (g.backend == CT_BACKEND_NCCL) {
+    } else if (flat == CT_BACKEND_NCCL) {
         int rc = share_nccl_id(id);
         if (rc)
             return rc;
         cfg.nccl_id = id;
         cfg.device = ct_cuda_current_device();
-    } else if (g.backend == CT_BACKEND_GLOO) {
+    } else if (flat == CT_BACKEND_GLOO) {
         int rc = gloo_config(&cfg);
         if (rc)
             return rc;
@@ -419,9 +464,10 @@ static int make_world_comm(void) {
         cfg.mpi_comm = ct__dist_mpi_world_comm();
     }
     g.comm = ct_comm_new(&cfg);
-    return g.comm ? 0
-                  : with_context("dist_init: rank %d of %d: the world communicator (%s)",
-                                 g.world.rank, g.world.size, ct_backend_name(g.backend));
+    if (!g.comm)
+        return with_context("dist_init: rank %d of %d: the world communicator (%s)", g.world.rank,
+                            g.world.size, ct_backend_name(flat));
+    return hier ? make_hier() : 0;
 }
 
 /* ---------------------------------------------------------------- heartbeat */
@@ -619,9 +665,9 @@ int ct_dist_init(const ct_dist_options *opts) {
     if (ct_world_from_env(&w))
         return with_context("dist_init");
     ct_backend backend = CT_BACKEND_SHM;
-    bool deferred = false;
+    bool deferred = false, automatic = false;
     double timeout = 0;
-    int rc = choose_backend(opts, &w, &backend, &deferred);
+    int rc = choose_backend(opts, &w, &backend, &deferred, &automatic);
     if (!rc)
         rc = choose_timeout(opts, &timeout);
     if (rc)
@@ -629,6 +675,7 @@ int ct_dist_init(const ct_dist_options *opts) {
     g = (struct dist){.world = w,
                       .backend = backend,
                       .auto_deferred = deferred,
+                      .auto_chosen = automatic,
                       .timeout = timeout,
                       .mpi = is_mpi_world(&w) || backend == CT_BACKEND_MPI};
     generation++;

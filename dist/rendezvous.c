@@ -180,6 +180,15 @@ static void machine_id(char out[192]) {
     snprintf(out, 192, "%s/%s", host, boot);
 }
 
+uint64_t ct__dist_rdzv_machine_key(void) {
+    char machine[192];
+    machine_id(machine);
+    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
+    for (const char *p = machine; *p; p++)
+        h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
+    return h;
+}
+
 /* Tells every rank that waits for key that the world cannot form. */
 static int fail_all(ct_store *s, const char *key, int code) {
     char text[600];

@@ -78,9 +78,10 @@ TEST(init_twice_is_a_state_error) {
 TEST(bad_backends_and_timeouts_are_named) {
     tt_launch_env(NULL);
     ASSERT_RC(ct_dist_init(&(ct_dist_options){.backend = "ucc"}), CT_EINVAL, "backend \"ucc\"",
-              "auto, shm, mpi, nccl and gloo");
+              "auto, shm, mpi, nccl, gloo and hier");
     tt_launch_env((const char *[]){"CT_BACKEND", "tcp", NULL});
-    ASSERT_RC(ct_dist_init(NULL), CT_EINVAL, "CT_BACKEND=\"tcp\"", "auto, shm, mpi, nccl and gloo");
+    ASSERT_RC(ct_dist_init(NULL), CT_EINVAL, "CT_BACKEND=\"tcp\"",
+              "auto, shm, mpi, nccl, gloo and hier");
     /* An explicit option wins over the variable, and "auto" defers to it. */
     ASSERT_EQ(ct_dist_init(&(ct_dist_options){.backend = "shm"}), 0);
     ct_dist_finalize();

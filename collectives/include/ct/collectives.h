@@ -131,6 +131,9 @@ typedef enum ct_backend {
     CT_BACKEND_MPI,
     CT_BACKEND_NCCL,
     CT_BACKEND_GLOO,
+    /* shm within each machine and the flat communicator's backend across
+     * machines: made by ct_comm_hierarchical, never by ct_comm_new */
+    CT_BACKEND_HIER,
 } ct_backend;
 
 /* "shm", "mpi", "nccl", "gloo"; "?" for others. */
@@ -238,6 +241,30 @@ CT_API int ct_comm_progress(ct_comm *comm);
  * backend with comm's timeout. *out is NULL for CT_COMM_SPLIT_NONE. Errors
  * as for a collective, and as for ct_comm_new. */
 CT_API int ct_comm_split(ct_comm *comm, int color, int key, ct_comm **out);
+
+/* Hierarchical collectives (Horovod's hierarchical allreduce, NCCL's
+ * trees across nodes): a communicator over the ranks of flat (gloo or mpi,
+ * across machines) whose allreduce, broadcast, allgather and
+ * reduce_scatter run as shm among the ranks of each machine and flat's
+ * backend among one rank per machine, every local rank carrying its 1/L
+ * share of the data across (L ranks per machine), so that a machine's
+ * link carries 1/L of the bytes a flat ring puts on it. Other operations,
+ * and allgather and reduce_scatter where the ranks are not numbered
+ * machine by machine, run on flat. Reductions sum within the machine
+ * first: results equal flat's up to float reassociation (bit for bit for
+ * integers); docs/multinode.md says more.
+ *
+ * machine identifies this rank's machine: equal on the ranks of one
+ * machine, different across machines. Every machine must hold the same
+ * number of ranks. A collective over flat: every rank calls it. On success
+ * *out owns flat (ct_comm_free(*out) frees it; do not use flat directly
+ * any more), ct_comm_rank and ct_comm_size are flat's, ct_comm_backend
+ * is CT_BACKEND_HIER, and ct_comm_split splits flat. On failure the
+ * caller keeps flat, and *out is NULL. Errors, on every rank: CT_EINVAL
+ * for NULL arguments, a device backend, or machines with different
+ * numbers of ranks (the message names them); the errors of
+ * ct_comm_split and of the shm communicator's ct_comm_new. */
+CT_API int ct_comm_hierarchical(ct_comm *flat, uint64_t machine, ct_comm **out);
 
 /* What the communicator is doing, for hang reports. Thread-safe. */
 typedef struct ct_comm_stats {
