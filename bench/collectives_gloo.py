@@ -2,6 +2,7 @@
 """gloo peer of bench_collectives, and the summary of the collectives benchmark.
 
     collectives_gloo.py [-b BYTES] [-e BYTES] [-f FACTOR] [--seconds S] [--ranks N]
+                        [--nodes H --node-rank K --store FILE --iface IF]
     collectives_gloo.py --compare JSONL [--anchor-torch VERSION]
 
 Times torch.distributed's all_reduce on the gloo backend (float32 sum, in
@@ -12,8 +13,11 @@ calibrates the batch by doubling untimed ones); a repetition's time is the
 slowest rank's average per call, the result the median of the passes. The ranks
 are processes started by torch.multiprocessing, meeting through a FileStore in
 a fresh temporary folder, talking over the loopback interface, one intra-op
-thread each. Rank 0 prints one JSON line per size, "impl": "gloo", "torch":
-the version. Without torch the sweep is skipped with a note (exit 0); a
+thread each. With --nodes H, this is node K of H (each node runs this
+with the same --ranks, --store and sizes): its ranks are K x N .. K x N + N
+- 1 of a world of H x N, meeting in --store, a file on a file system every
+node sees, over interface IF (bench/multinode.sh). Rank 0 prints one JSON
+line per size, "impl": "gloo", "torch": the version. Without torch the sweep is skipped with a note (exit 0); a
 failed sweep exits 1.
 
 With --compare nothing is measured: the summary of JSONL, every
@@ -111,10 +115,12 @@ class Timer:
         return self.batch(run, iters) / iters, iters
 
 
-def gloo_rank(rank, nranks, args, store_path):
-    """One rank of the gloo sweep; rank 0 reports."""
+def gloo_rank(local, nranks, args, store_path):
+    """One rank of the gloo sweep (local: its index on this node); rank 0
+    reports."""
     import torch
     import torch.distributed as dist
+    rank = args.node_rank * args.ranks + local
     torch.set_num_threads(1)
     # A rank that dies makes spawn stop the others; the timeout covers a
     # rank that hangs.
@@ -164,15 +170,16 @@ def run_gloo(args):
               "(bash ci/setup.sh --bench installs it)" % sys.executable,
               file=sys.stderr)
         return True
-    print("collectives_gloo.py: torch %s, gloo over loopback, %d ranks"
-          % (torch.__version__, args.ranks), file=sys.stderr)
+    nranks = args.ranks * args.nodes
+    print("collectives_gloo.py: torch %s, gloo over %s, %d ranks"
+          % (torch.__version__, args.iface, nranks), file=sys.stderr)
     # gloo binds to the address the host name resolves to unless told an
     # interface; on a machine without a resolvable name that fails.
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", args.iface)
     with tempfile.TemporaryDirectory(prefix="ct-bench-gloo-") as tmp:
+        store = args.store or os.path.join(tmp, "store")
         try:
-            torch.multiprocessing.spawn(gloo_rank, args=(args.ranks, args,
-                                                         os.path.join(tmp, "store")),
+            torch.multiprocessing.spawn(gloo_rank, args=(nranks, args, store),
                                         nprocs=args.ranks, join=True)
         except Exception as e:  # a rank's failure, re-raised by spawn with its traceback
             print("collectives_gloo.py: the gloo sweep failed: %s" % e, file=sys.stderr)
@@ -386,7 +393,12 @@ def main():
     parser.add_argument("-f", type=int, default=2, help="size factor between steps (default 2)")
     parser.add_argument("--seconds", type=float, default=0.2,
                         help="time aimed at per size (default 0.2)")
-    parser.add_argument("--ranks", type=int, default=2, help="gloo ranks (default 2)")
+    parser.add_argument("--ranks", type=int, default=2,
+                        help="gloo ranks (on this node; default 2)")
+    parser.add_argument("--nodes", type=int, default=1, help="nodes of the world (default 1)")
+    parser.add_argument("--node-rank", type=int, default=0, help="this node's index (default 0)")
+    parser.add_argument("--store", help="the file store every node sees (with --nodes > 1)")
+    parser.add_argument("--iface", default="lo", help="gloo's interface (default lo)")
     parser.add_argument("--compare", metavar="JSONL",
                         help="summarize these lines, every implementation's of every round, "
                              "instead of measuring")
@@ -396,6 +408,8 @@ def main():
     args = parser.parse_args()
     if args.f < 2 or args.ranks < 1 or not 0 < args.seconds < 3600 or args.b > args.e:
         parser.error("need -f >= 2, --ranks >= 1, 0 < --seconds < 3600 and -b <= -e")
+    if not 0 <= args.node_rank < args.nodes or (args.nodes > 1 and not args.store):
+        parser.error("need 0 <= --node-rank < --nodes, and --store with --nodes > 1")
     if args.compare:
         results = load(args.compare)
         anchor = args.anchor_torch

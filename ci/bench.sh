@@ -3,7 +3,8 @@
 # peers in the same run.
 #
 #   ci/bench.sh [NAME...]     NAME: ops, train, collectives, ddp, checkpoint,
-#                             rpc, cuda, gpt; with none, every benchmark
+#                             rpc, cuda, gpt, multinode; with none, every
+#                             benchmark
 #
 # stdout: one JSON object per result. stderr: build output, notes, and a
 # ratio line per comparison. CT_BENCH_THREADS (default "1,2") lists the thread
@@ -27,7 +28,12 @@
 # 2 ranks, in as many rounds of CT_BENCH_GPT_STEPS steps (default 30), then
 # peak memory with and without activation checkpointing and the 200-step
 # parity run, and with CT_BENCH_GPT_TIME=S both trained for S seconds on
-# all cores, their validation losses compared and charted (docs/gpt.md).
+# all cores, their validation losses compared and charted (docs/gpt.md);
+# multinode runs allreduce on 2 hosts x 2 ranks of the test cluster, over
+# veth and over a 10 Gbit/s link, for ct's flat gloo and hierarchical
+# communicators, its mpi backend, MPI_Allreduce and torch's gloo, in as
+# many rounds (as root; skipped where namespaces cannot be made;
+# docs/multinode.md).
 #
 # Every PyTorch peer runs twice in its place of the run, under the current
 # release (CT_BENCH_TORCH_PYTHON, default bench/.venv/bin/python: PyPI's
@@ -76,7 +82,7 @@ torch_pythons=("${CT_BENCH_TORCH_PYTHON:-$root/bench/.venv/bin/python}"
     "${CT_BENCH_OLD_TORCH_PYTHON:-/usr/bin/python3}")
 epochs=${CT_BENCH_EPOCHS:-1}
 rounds=${CT_BENCH_ROUNDS:-3}
-all=(ops train collectives ddp checkpoint rpc cuda gpt)
+all=(ops train collectives ddp checkpoint rpc cuda gpt multinode)
 
 # The comment at the top of this file, up to its first line of code.
 usage() {
@@ -171,6 +177,12 @@ for name in "${names[@]}"; do
     rpc) named=(bench_rpc ctlaunch) ;;
     gpt) named=(gpt ctlaunch ctplot) ;;
     checkpoint) named=(bench_checkpoint ctlaunch) ;;
+    multinode)
+        named=(bench_collectives ctlaunch)
+        if $have_mpi; then
+            named+=(bench_mpi_allreduce)
+        fi
+        ;;
     *) named=("bench_$name") ;;
     esac
     targets+=("${named[@]}")
@@ -1328,7 +1340,7 @@ run_cuda() {
         return 0
     fi
     # fmnist_mlp prints its progress too; its last line is the JSON result.
-    if "$build/examples/fmnist_mlp" --help 2>&1 | grep -q -- '--device'; then
+    if "$build/examples/fmnist_mlp" --help 2>&1 | grep -- '--device' >/dev/null; then
         "$build/examples/fmnist_mlp" --device cuda --epochs "$epochs" --metrics "" |
             tail -n 1 | tee -a "$tmp"
     else
@@ -1461,6 +1473,43 @@ EOF
         echo "ci/bench.sh: gpt: parity with PyTorch failed (see the gpt_parity lines)" >&2
         return 1
     fi
+}
+
+# Two hosts of the test cluster (ci/cluster.sh), 2 ranks each, over veth as
+# it is and shaped to 10 Gbit/s with 50 us each way (rate alone where the
+# kernel has no netem): bench/multinode.sh's allreduce sweeps of ct's flat
+# gloo, ct's hierarchical communicator, ct's mpi backend, Open MPI's
+# MPI_Allreduce and torch's gloo, in CT_BENCH_ROUNDS rounds each, then
+# bench/multinode.py's summary and targets (docs/multinode.md). Skipped,
+# with a note, where the cluster cannot be made (not root, a container).
+run_multinode() {
+    local shape rc args
+    for shape in veth 10gbit-50us; do
+        args=()
+        [[ $shape == veth ]] || args=(--rate 10gbit --delay 50us)
+        rc=0
+        "$root/ci/cluster.sh" run --hosts 2 "${args[@]}" --timeout 3600 -- bash \
+            "$root/bench/multinode.sh" "$build" "$rounds" "$shape" 0.1 "${torch_pythons[@]}" |
+            tee -a "$tmp" || rc=$?
+        if ((rc == 77)) && [[ $shape != veth ]]; then
+            echo "ci/bench.sh: multinode: no netem here; the shaped link is 10 Gbit/s without" \
+                "the delay" >&2
+            shape=10gbit
+            rc=0
+            "$root/ci/cluster.sh" run --hosts 2 --rate 10gbit --timeout 3600 -- bash \
+                "$root/bench/multinode.sh" "$build" "$rounds" "$shape" 0.1 \
+                "${torch_pythons[@]}" | tee -a "$tmp" || rc=$?
+        fi
+        if ((rc == 77)); then
+            echo "ci/bench.sh: multinode: the test cluster cannot be made here; skipped" >&2
+            return 0
+        fi
+        if ((rc)); then
+            echo "ci/bench.sh: multinode: a sweep failed ($shape, status $rc)" >&2
+        fi
+    done
+    run_summary "$root/bench/multinode.py" "$tmp" --anchor-torch "$anchor" \
+        --link-gbit 10gbit-50us=10 --link-gbit 10gbit=10
 }
 
 tmp=$(mktemp)

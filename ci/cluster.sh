@@ -192,7 +192,7 @@ up() {
     # A veth reports carrier once both ends are up; wait for it, bounded.
     for ((i = 0; i < nhosts; i++)); do
         local tries=0
-        until ip -n "$(ns_of "${hosts[i]}")" -o link show eth0 | grep -q 'LOWER_UP'; do
+        until ip -n "$(ns_of "${hosts[i]}")" -o link show eth0 | grep 'LOWER_UP' >/dev/null; do
             ((++tries <= 50)) || die "${hosts[i]}'s eth0 has no carrier after 5 s"
             sleep 0.1
         done

@@ -53,7 +53,7 @@ check_passed() {
     local name=$1 n=$2 scenario=$3 skip=$4 r
     for ((r = 0; r < n; r++)); do
         ((r == skip)) && continue
-        cat "$tmp/$name".*.out | grep -q "^\[rank $r\] ok   $scenario" ||
+        grep -q "^\[rank $r\] ok   $scenario" "$tmp/$name".*.out ||
             fail "$name: rank $r did not pass $scenario"
     done
 }
@@ -64,7 +64,7 @@ if grep -q "no gloo\|has no gloo" "$tmp"/dist.*.out; then
     exit 77
 fi
 for r in 0 1 2 3; do
-    cat "$tmp"/dist.*.out | grep -q "dist rank=$r size=4 local=$((r % 2))/2 backend=hier sum=10 " ||
+    grep -q "dist rank=$r size=4 local=$((r % 2))/2 backend=hier sum=10 " "$tmp"/dist.*.out ||
         fail "dist: rank $r did not join one world of 4 on the hierarchical backend"
 done
 echo "ok   2 nodes x 2 ranks: auto picks the hierarchical backend"

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# The multinode benchmark's measurements, run by ci/bench.sh multinode
+# inside a test cluster of two hosts (ci/cluster.sh run, which sets
+# CT_CLUSTER_STATE and CT_CLUSTER_SUBNET):
+#
+#   bench/multinode.sh BUILD ROUNDS SHAPE SECONDS PYTHON...
+#
+# In each of ROUNDS rounds, 2 hosts x 2 ranks sweep a float32 sum allreduce
+# from 64 KiB to 64 MiB, in turn: ct's flat gloo communicator and its
+# hierarchical one (each host under its own ctlaunch), ct's mpi backend
+# and Open MPI's own MPI_Allreduce (one mpirun over both hosts, through
+# ci/cluster-rsh.sh), and torch.distributed's gloo under each PYTHON that
+# has torch (two processes per host, meeting in a file store). SECONDS is
+# the time aimed at per size. stdout: the sweeps' JSON lines, each tagged
+# with "round", "shape" (SHAPE, the link's description) and "hosts": 2;
+# stderr: their tables and notes.
+set -euo pipefail
+
+build=${1:?usage: multinode.sh BUILD ROUNDS SHAPE SECONDS PYTHON...}
+rounds=${2:?}
+shape=${3:?}
+seconds=${4:?}
+shift 4
+pythons=("$@")
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cluster=$root/ci/cluster.sh
+bench=$build/bench/bench_collectives
+sweep=(--ops allreduce -b 64K -e 64M -f 2 --seconds "$seconds")
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+(umask 077 && od -An -tx1 -N32 /dev/urandom | tr -d ' \n' >"$tmp/secret")
+printf 'node0 slots=2\nnode1 slots=2\n' >"$tmp/hostfile"
+port=29600
+
+# Tags the JSON lines of rank 0 (ctlaunch prefixes them) with the round
+# and the shape.
+tag() {
+    sed -u -n -e 's/^\[rank 0\] //' \
+        -e "s/^{\"bench\": \"collectives\", /&\"round\": $1, \"shape\": \"$shape\", \"hosts\": 2, /p"
+}
+
+# ct on both hosts, each under its own ctlaunch (2 ranks), with VAR=VALUE
+# words first.
+ct_nodes() {
+    local k pids=() rc=0
+    port=$((port + 1))
+    for k in 1 0; do
+        "$cluster" exec "node$k" env CT_NUM_THREADS=1 "$@" timeout -k 5 300 \
+            "$build/launcher/ctlaunch" -np 2 --nnodes 2 --node-rank "$k" --master "node0:$port" \
+            --secret-file "$tmp/secret" "$bench" "${sweep[@]}" >"$tmp/node$k.out" 2>"$tmp/node$k.err" &
+        pids+=($!)
+    done
+    for k in "${pids[@]}"; do
+        wait "$k" || rc=$?
+    done
+    cat "$tmp/node0.out"
+    if ((rc)); then
+        echo "multinode.sh: ct ($*) failed ($rc):" >&2
+        tail -n 20 "$tmp/node0.err" "$tmp/node1.err" >&2
+        return 1
+    fi
+}
+
+mpi() {
+    "$cluster" exec node0 timeout -k 5 300 mpirun --allow-run-as-root --hostfile "$tmp/hostfile" \
+        -np 4 --mca plm_rsh_agent "$root/ci/cluster-rsh.sh" --mca btl tcp,vader,self \
+        --mca btl_tcp_if_include "$CT_CLUSTER_SUBNET" --mca oob_tcp_if_include "$CT_CLUSTER_SUBNET" \
+        -x CT_NUM_THREADS=1 "$@"
+}
+
+# torch.distributed's gloo: two processes on each host, one world of 4.
+torch_gloo() {
+    local python=$1 k pids=() rc=0
+    rm -rf "$tmp/store"
+    mkdir "$tmp/store"
+    for k in 1 0; do
+        "$cluster" exec "node$k" timeout -k 5 300 "$python" "$root/bench/collectives_gloo.py" \
+            -b 64K -e 64M -f 2 --seconds "$seconds" --ranks 2 --nodes 2 --node-rank "$k" \
+            --store "$tmp/store/file" --iface eth0 >"$tmp/gloo$k.out" 2>"$tmp/gloo$k.err" &
+        pids+=($!)
+    done
+    for k in "${pids[@]}"; do
+        wait "$k" || rc=$?
+    done
+    cat "$tmp/gloo0.out"
+    cat "$tmp/gloo0.err" >&2
+    return "$rc"
+}
+
+failed=0
+for ((round = 1; round <= rounds; round++)); do
+    echo "multinode.sh: $shape, round $round of $rounds" >&2
+    ct_nodes CT_BACKEND=gloo | tag "$round" || failed=1
+    ct_nodes CT_BACKEND=auto | tag "$round" || failed=1
+    if command -v mpirun >/dev/null && [[ -x $build/bench/bench_mpi_allreduce ]]; then
+        mpi -x CT_BACKEND=mpi "$bench" "${sweep[@]}" | tag "$round" || failed=1
+        mpi "$build/bench/bench_mpi_allreduce" -b 64K -e 64M -f 2 --seconds "$seconds" |
+            tag "$round" || failed=1
+    fi
+    for python in "${pythons[@]}"; do
+        if "$python" -c 'import torch' 2>/dev/null; then
+            torch_gloo "$python" | tag "$round" || failed=1
+        fi
+    done
+done
+exit "$failed"
