@@ -57,9 +57,9 @@ def summarize(lines, anchor, links):
         hier = impls.get("ct hier", {})
         names = sorted(impls)
         print("multinode, %s: allreduce busbw (GB/s), best of the rounds" % shape, file=sys.stderr)
-        print("%10s" % "bytes" + "".join("%18s" % n for n in names), file=sys.stderr)
+        print("%10s" % "bytes" + "".join("%24s" % n for n in names), file=sys.stderr)
         for nbytes in sorted(hier):
-            print("%10d" % nbytes + "".join("%18.3f" % impls[n].get(nbytes, float("nan"))
+            print("%10d" % nbytes + "".join("%24.3f" % impls[n].get(nbytes, float("nan"))
                                             for n in names), file=sys.stderr)
             row = {"bench": "multinode", "shape": shape, "bytes": nbytes,
                    "hier_busbw_gbps": hier[nbytes]}

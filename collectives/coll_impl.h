@@ -128,8 +128,10 @@ typedef struct ct__backend {
      * first; the executor retries it and keeps collectives in issue order),
      * or a CT_E* code with w->msg set. */
     int (*start)(ct_comm *c, ct_work *w);
-    /* Advances a started w without blocking: CT__DONE, CT__PENDING, or a
-     * CT_E* code with w->msg set. */
+    /* Advances a started w without blocking: CT__DONE, CT__PENDING,
+     * CT__AGAIN (still pending, but a part of it moved: the executor polls
+     * on instead of backing off, as after a completion), or a CT_E* code
+     * with w->msg set. */
     int (*progress)(ct_comm *c, ct_work *w);
     /* Called when a pass over the active works made no progress, at most
      * every few milliseconds: notices peers that died or failed the group.

@@ -477,7 +477,8 @@ static bool progress_active(ct_comm *c) {
     for (int i = 0; i < c->nactive;) {
         ct_work *w = c->active[i];
         int rc = c->be->progress(c, w);
-        if (rc == CT__PENDING) {
+        if (rc == CT__PENDING || rc == CT__AGAIN) {
+            moved |= rc == CT__AGAIN;
             i++;
             continue;
         }

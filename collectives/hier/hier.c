@@ -102,6 +102,7 @@ struct plan {
     int err; /* 0, or the CT_E* code of the first failed step (w->msg set) */
     step steps[MAX_STEPS];
     ct_tensor *scratch;
+    bool spare; /* scratch is the communicator's spare */
     /* Reductions run their steps as sums where the op is avg, and in
      * float32 for float16 and bfloat16; when finish is set, the result's
      * acc_n elements in acc then go to w->out, divided and rounded once.
@@ -126,6 +127,11 @@ typedef struct hier {
     bool machine_major; /* flat rank == host x L + local for every rank */
     step *head[NSUB], *tail[NSUB];
     plan *live;
+    /* The largest scratch so far, lent to one plan at a time (spare_busy):
+     * a training loop's allreduces of the same buckets reuse memory that is
+     * already mapped instead of faulting in a new buffer each call. */
+    ct_storage *spare;
+    bool spare_busy;
 } hier;
 
 static hier *impl(const ct_comm *c) { return c->impl; }
@@ -164,7 +170,25 @@ static int add(plan *p, int sub, int op, int arg, int dep, ct_tensor *out, ct_te
     return p->nsteps - 1;
 }
 
-static void plan_free(plan *p) {
+/* A scratch tensor of n elements of dt for p: on the spare storage when no
+ * plan holds it (grown first if it is too small), else a new one. NULL
+ * with the error recorded. */
+static ct_tensor *scratch_of(hier *h, plan *p, int64_t n, ct_dtype dt) {
+    size_t bytes = (size_t)n * ct_dtype_size(dt);
+    if (h->spare_busy || n == 0)
+        return ct__tensor_own(ct_empty(1, &n, dt));
+    if (!h->spare || ct_storage_nbytes(h->spare) < bytes) {
+        ct_storage_free(h->spare);
+        if (!(h->spare = ct_storage_new(bytes, CT_DEVICE_CPU)))
+            return NULL;
+    }
+    h->spare_busy = p->spare = true;
+    return ct__tensor_own(ct_tensor_from_storage(h->spare, 0, 1, &n, NULL, dt));
+}
+
+static void plan_free(hier *h, plan *p) {
+    if (p->spare)
+        h->spare_busy = false;
     for (int i = 0; i < p->nsteps; i++) {
         step *s = &p->steps[i];
         ct_work_free(s->work);
@@ -250,7 +274,7 @@ static int plan_allreduce(hier *h, plan *p, ct_work *w) {
     if (!t)
         return -1;
     if (q > 0) {
-        p->scratch = ct__tensor_own(ct_empty(1, &q, t->dtype));
+        p->scratch = scratch_of(h, p, q, t->dtype);
         if (!p->scratch)
             return -1;
         int rs = add(p, LOCAL, CT__REDUCE_SCATTER, rop, -1, ct_tensor_retain(p->scratch),
@@ -309,7 +333,7 @@ static int plan_broadcast(hier *h, plan *p, ct_work *w) {
  * m, a permuted view that comm.c stages. */
 static int plan_allgather(hier *h, plan *p, ct_work *w) {
     int64_t m = w->desc.count, hm = (int64_t)h->H * m;
-    p->scratch = ct__tensor_own(ct_empty(1, &hm, w->in_ref->dtype));
+    p->scratch = scratch_of(h, p, hm, w->in_ref->dtype);
     if (!p->scratch)
         return -1;
     int ag = add(p, CROSS, CT__ALLGATHER, 0, -1, ct_tensor_retain(p->scratch),
@@ -331,7 +355,7 @@ static int plan_reduce_scatter(hier *h, plan *p, ct_work *w) {
     p->acc_in = reduction_buffer(w->in_ref, hm * h->L, true);
     p->acc = reduction_buffer(w->out_ref, m, false);
     p->acc_n = m;
-    if (!p->acc_in || !p->acc || !(p->scratch = ct__tensor_own(ct_empty(1, &hm, p->acc->dtype))))
+    if (!p->acc_in || !p->acc || !(p->scratch = scratch_of(h, p, hm, p->acc->dtype)))
         return -1;
     int64_t sizes[3] = {h->L, h->H, m}, strides[3] = {m, (int64_t)h->L * m, 1};
     int rs = add(p, LOCAL, CT__REDUCE_SCATTER, rop, -1, ct_tensor_retain(p->scratch),
@@ -377,7 +401,7 @@ static int plan_new(ct_comm *c, ct_work *w) {
         default: rc = plan_flat(p, w); break;
         }
     if (rc) {
-        plan_free(p);
+        plan_free(h, p);
         return ct__work_fail(w, ct_errcode(), "hierarchical %s: %s", ct__coll_op_name(w->desc.op),
                              ct_errmsg());
     }
@@ -460,9 +484,11 @@ static int issue(hier *h, step *s) {
 }
 
 /* Issues what the queues allow, advances the three communicators and
- * notes the steps that completed, until nothing moves. */
-static void pump(hier *h) {
-    for (bool moved = true; moved;) {
+ * notes the steps that completed, until nothing moves. Returns whether
+ * anything did. */
+static bool pump(hier *h) {
+    bool any = false;
+    for (bool moved = true; moved; any |= moved) {
         moved = false;
         for (int k = 0; k < NSUB; k++) {
             step *s;
@@ -498,6 +524,7 @@ static void pump(hier *h) {
                     p->ndone++;
             }
     }
+    return any;
 }
 
 /* Where w stands: CT__DONE (its plan freed), CT__PENDING, or its error. */
@@ -512,7 +539,7 @@ static int settle(hier *h, ct_work *w) {
         ct__coll_acc_store(w->out, ct__data(p->acc), p->acc_n, (ct_dtype)w->desc.dtype,
                            (ct_reduce_op)w->desc.rop, w->comm->size);
     plan_unlink(h, p);
-    plan_free(p);
+    plan_free(h, p);
     return CT__DONE;
 }
 
@@ -530,8 +557,9 @@ static int hier_start(ct_comm *c, ct_work *w) {
 
 static int hier_progress(ct_comm *c, ct_work *w) {
     hier *h = impl(c);
-    pump(h);
-    return settle(h, w);
+    bool moved = pump(h);
+    int rc = settle(h, w);
+    return rc == CT__PENDING && moved ? CT__AGAIN : rc;
 }
 
 static int hier_poll(ct_comm *c, char *msg) {
@@ -590,7 +618,7 @@ static void hier_abort(ct_comm *c, int code, const char *msg) {
     while (h->live) {
         plan *p = h->live;
         plan_unlink(h, p);
-        plan_free(p);
+        plan_free(h, p);
     }
 }
 
@@ -599,10 +627,11 @@ static void hier_destroy(ct_comm *c) {
     while (h->live) {
         plan *p = h->live;
         plan_unlink(h, p);
-        plan_free(p);
+        plan_free(h, p);
     }
     for (int k = 0; k < NSUB; k++)
         ct_comm_free(h->sub[k]);
+    ct_storage_free(h->spare);
     free(h->host);
     free(h->local);
     free(h);
