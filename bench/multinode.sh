@@ -39,26 +39,34 @@ tag() {
         -e "s/^{\"bench\": \"collectives\", /&\"round\": $1, \"shape\": \"$shape\", \"hosts\": 2, /p"
 }
 
-# ct on both hosts, each under its own ctlaunch (2 ranks), with VAR=VALUE
-# words first.
-ct_nodes() {
-    local k pids=() rc=0
-    port=$((port + 1))
+# Runs the command on node1 and node0 at once, @K@ in its words becoming
+# the node's index, with outputs in $tmp/NAME<K>.out and .err; the status
+# of the last that failed.
+both() {
+    local name=$1 k pids=() rc=0
+    shift
     for k in 1 0; do
-        "$cluster" exec "node$k" env CT_NUM_THREADS=1 "$@" timeout -k 5 300 \
-            "$build/launcher/ctlaunch" -np 2 --nnodes 2 --node-rank "$k" --master "node0:$port" \
-            --secret-file "$tmp/secret" "$bench" "${sweep[@]}" >"$tmp/node$k.out" 2>"$tmp/node$k.err" &
+        "$cluster" exec "node$k" "${@//@K@/$k}" >"$tmp/$name$k.out" 2>"$tmp/$name$k.err" &
         pids+=($!)
     done
     for k in "${pids[@]}"; do
         wait "$k" || rc=$?
     done
-    cat "$tmp/node0.out"
-    if ((rc)); then
-        echo "multinode.sh: ct ($*) failed ($rc):" >&2
-        tail -n 20 "$tmp/node0.err" "$tmp/node1.err" >&2
+    return "$rc"
+}
+
+# ct on both hosts, each under its own ctlaunch (2 ranks), with VAR=VALUE
+# words first.
+ct_nodes() {
+    port=$((port + 1))
+    if ! both ct env CT_NUM_THREADS=1 "$@" timeout -k 5 300 "$build/launcher/ctlaunch" -np 2 \
+        --nnodes 2 --node-rank @K@ --master "node0:$port" --secret-file "$tmp/secret" "$bench" \
+        "${sweep[@]}"; then
+        echo "multinode.sh: ct ($*) failed:" >&2
+        tail -n 20 "$tmp/ct0.err" "$tmp/ct1.err" >&2
         return 1
     fi
+    cat "$tmp/ct0.out"
 }
 
 mpi() {
@@ -70,18 +78,12 @@ mpi() {
 
 # torch.distributed's gloo: two processes on each host, one world of 4.
 torch_gloo() {
-    local python=$1 k pids=() rc=0
+    local rc=0
     rm -rf "$tmp/store"
     mkdir "$tmp/store"
-    for k in 1 0; do
-        "$cluster" exec "node$k" timeout -k 5 300 "$python" "$root/bench/collectives_gloo.py" \
-            -b 64K -e 64M -f 2 --seconds "$seconds" --ranks 2 --nodes 2 --node-rank "$k" \
-            --store "$tmp/store/file" --iface eth0 >"$tmp/gloo$k.out" 2>"$tmp/gloo$k.err" &
-        pids+=($!)
-    done
-    for k in "${pids[@]}"; do
-        wait "$k" || rc=$?
-    done
+    both gloo timeout -k 5 300 "$1" "$root/bench/collectives_gloo.py" -b 64K -e 64M -f 2 \
+        --seconds "$seconds" --ranks 2 --nodes 2 --node-rank @K@ --store "$tmp/store/file" \
+        --iface eth0 || rc=$?
     cat "$tmp/gloo0.out"
     cat "$tmp/gloo0.err" >&2
     return "$rc"

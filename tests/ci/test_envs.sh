@@ -38,19 +38,11 @@ launcher_vars=(CT_RANK CT_WORLD_SIZE CT_LOCAL_RANK CT_LOCAL_WORLD_SIZE CT_MASTER
 for v in "${launcher_vars[@]}"; do
     unset "$v"
 done
-# shellcheck source=tests/ci/ports.sh
-source "$(dirname "$0")/ports.sh"
+# shellcheck source=tests/ci/common.sh
+source "$(dirname "$0")/common.sh"
 # Each part takes free ports of its own: two, as torchrun's agent store
 # takes one and ct's the next.
 port=$(free_ports 2)
-
-fail() {
-    echo "FAIL: $*" >&2
-    for f in "$tmp"/*.out; do
-        [[ -e $f ]] && { echo "--- $(basename "$f")"; cat "$f"; } >&2
-    done
-    exit 1
-}
 
 # Runs the rank program's dist mode as N processes, rank R with the
 # variables "$R" expands in the arguments ("VAR=value" words, @R@ becoming

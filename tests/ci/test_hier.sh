@@ -15,8 +15,8 @@ coll_rank=${2:?}
 dist_rank=${3:?}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-# shellcheck source=tests/ci/ports.sh
-source "$(dirname "$0")/ports.sh"
+# shellcheck source=tests/ci/common.sh
+source "$(dirname "$0")/common.sh"
 for v in CT_BACKEND CT_RANK CT_WORLD_SIZE RANK WORLD_SIZE MASTER_ADDR MASTER_PORT SLURM_PROCID \
     SLURM_STEP_ID OMPI_COMM_WORLD_RANK PMI_RANK PMIX_RANK; do
     unset "$v"
@@ -25,16 +25,9 @@ done
 # connections may bind loopback only because both nodes are here.
 export CT_JOB_SECRET=test-hier-secret-0123456789abcdef CT_BIND_ADDR=127.0.0.1
 
-fail() {
-    echo "FAIL: $*" >&2
-    for f in "$tmp"/*.out; do
-        [[ -e $f ]] && { echo "--- $(basename "$f")"; cat "$f"; } >&2
-    done
-    exit 1
-}
-
 # Runs PROGRAM ARG on 2 nodes of NP ranks each, within 90 s; the nodes'
-# outputs go to $tmp/NAME.K.out.
+# outputs go to $tmp/NAME.K.out, their launchers' exit codes to codes.
+codes=()
 run_nodes() {
     local name=$1 np=$2 program=$3 arg=$4 port k pids=()
     port=$(free_ports 1)
@@ -44,13 +37,19 @@ run_nodes() {
         pids+=($!)
     done
     for k in 0 1; do
-        wait "${pids[k]}" || true
+        codes[k]=0
+        wait "${pids[k]}" || codes[k]=$?
     done
 }
 
-# Every rank of the job but SKIP (-1: none) passed SCENARIO.
+# Every rank of the job but SKIP (-1: none) passed SCENARIO, and without a
+# SKIP (a rank that dies) both launchers exited 0: a sanitizer's report at
+# a rank's exit fails it.
 check_passed() {
     local name=$1 n=$2 scenario=$3 skip=$4 r
+    if ((skip < 0 && (codes[0] || codes[1]))); then
+        fail "$name: the launchers exited ${codes[0]} and ${codes[1]}"
+    fi
     for ((r = 0; r < n; r++)); do
         ((r == skip)) && continue
         grep -q "^\[rank $r\] ok   $scenario" "$tmp/$name".*.out ||

@@ -48,6 +48,11 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# free_ports; this test's own fail, below, replaces the shared one, to show
+# the daemons' logs too.
+# shellcheck source=tests/ci/common.sh
+source "$(dirname "$0")/common.sh"
+
 fail() {
     echo "FAIL: $*" >&2
     for f in "$tmp"/*.out "$tmp"/*.log; do
@@ -57,8 +62,6 @@ fail() {
 }
 
 # Free TCP ports for the two daemons.
-# shellcheck source=tests/ci/ports.sh
-source "$(dirname "$0")/ports.sh"
 ctld_port=$(free_ports 2)
 slurmd_port=$((ctld_port + 1))
 # The node is this host, under a name that resolves, as the ranks need

@@ -1,5 +1,16 @@
-# Sourced by the tests that must name a TCP port before anything listens on
-# it (torchrun's agent, env://, Slurm's derived port, slurmctld).
+# Sourced by the tests of tests/ci: free TCP ports, for those that must name
+# a port before anything listens on it (torchrun's agent, env://, Slurm's
+# derived port, slurmctld), and the failure report of those that keep the
+# outputs of their processes in $tmp/*.out.
+
+# Prints FAIL: and the message, then every $tmp/*.out, and exits 1.
+fail() {
+    echo "FAIL: $*" >&2
+    for f in "$tmp"/*.out; do
+        [[ -e $f ]] && { echo "--- $(basename "$f")"; cat "$f"; } >&2
+    done
+    exit 1
+}
 
 # The local ports in use on this host now, in any state (listening,
 # connected, TIME_WAIT), as " P1 P2 ... ".
