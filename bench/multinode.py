@@ -7,7 +7,8 @@ JSONL holds bench/multinode.sh's lines: allreduce sweeps on 2 hosts x 2
 ranks, each tagged with its "round" and "shape" (the link). Per shape,
 implementation and size it takes the best bus bandwidth over the rounds
 (the one least disturbed by the machine's other work), prints them side
-by side on stderr, and prints one JSON line per shape and size on stdout
+by side on stderr (and fmnist_mlp's and gpt's training rates on 2 x 2
+ranks, flat gloo and hierarchical), and prints one JSON line per shape and size on stdout
 with ct's hierarchical figure and its ratios to ct's flat gloo, ct's mpi
 backend, Open MPI's MPI_Allreduce and torch's gloo (that of
 --anchor-torch, the current release; other torches' by ratio alone).
@@ -49,6 +50,29 @@ def best(lines):
         per = out.setdefault(r["shape"], {}).setdefault(impl_name(r), {})
         per[r["bytes"]] = max(per.get(r["bytes"], 0.0), r["busbw_gbps"])
     return out
+
+
+def training(lines):
+    """fmnist_mlp's samples/s and gpt's tokens/s on 2 x 2 ranks, flat gloo
+    and hierarchical, the best round of each, and their ratio."""
+    rates = {}
+    for r in lines:
+        run = r.get("run", "")
+        rate = r.get("samples_per_s", r.get("tokens_per_s"))
+        if run[:4] in ("fmni", "gpt_") and rate is not None and "shape" in r:
+            key = (r["shape"], run.rsplit("_", 1)[0], run.rsplit("_", 1)[1])
+            rates[key] = max(rates.get(key, 0.0), rate)
+    for shape, model in sorted({(k[0], k[1]) for k in rates}):
+        flat, hier = rates.get((shape, model, "gloo")), rates.get((shape, model, "auto"))
+        unit = "samples/s" if model == "fmnist" else "tokens/s"
+        row = {"bench": "multinode", "shape": shape, "model": model, "unit": unit,
+               "flat_gloo": flat, "hier": hier}
+        if flat and hier:
+            row["ratio"] = round(hier / flat, 3)
+        print(json.dumps(row))
+        print("multinode, %s: %s on 2 x 2 ranks: %s %s hierarchical, %s flat gloo%s" % (
+            shape, model, hier, unit, flat,
+            " (%.2fx)" % (hier / flat) if flat and hier else ""), file=sys.stderr)
 
 
 def summarize(lines, anchor, links):
@@ -110,6 +134,7 @@ def main():
     with open(args.jsonl) as f:
         lines = [json.loads(line) for line in f if line.startswith("{")]
     summarize(lines, args.anchor_torch, links)
+    training(lines)
     return 0
 
 

@@ -7,7 +7,9 @@
 #
 # In each of ROUNDS rounds, 2 hosts x 2 ranks sweep a float32 sum allreduce
 # from 64 KiB to 64 MiB, in turn: ct's flat gloo communicator and its
-# hierarchical one (each host under its own ctlaunch), ct's mpi backend
+# hierarchical one (each host under its own ctlaunch; then fmnist_mlp for
+# 500 steps and gpt for 30 on each, "run": "fmnist_gloo", "gpt_auto"...,
+# where their data is installed), ct's mpi backend
 # and Open MPI's own MPI_Allreduce (one mpirun over both hosts, through
 # ci/cluster-rsh.sh), and torch.distributed's gloo under each PYTHON that
 # has torch (two processes per host, meeting in a file store). SECONDS is
@@ -31,6 +33,8 @@ trap 'rm -rf "$tmp"' EXIT
 (umask 077 && od -An -tx1 -N32 /dev/urandom | tr -d ' \n' >"$tmp/secret")
 printf 'node0 slots=2\nnode1 slots=2\n' >"$tmp/hostfile"
 port=29600
+fmnist_data=/usr/share/datasets/fashion-mnist
+fortunes=/usr/share/games/fortunes
 
 # Tags the JSON lines of rank 0 (ctlaunch prefixes them) with the round
 # and the shape.
@@ -55,18 +59,29 @@ both() {
     return "$rc"
 }
 
-# ct on both hosts, each under its own ctlaunch (2 ranks), with VAR=VALUE
-# words first.
+# ct on both hosts, each under its own ctlaunch (2 ranks): CT_BACKEND=$1,
+# the program and its arguments after it; node0's output on stdout.
 ct_nodes() {
+    local backend=$1
+    shift
     port=$((port + 1))
-    if ! both ct env CT_NUM_THREADS=1 "$@" timeout -k 5 300 "$build/launcher/ctlaunch" -np 2 \
-        --nnodes 2 --node-rank @K@ --master "node0:$port" --secret-file "$tmp/secret" "$bench" \
-        "${sweep[@]}"; then
-        echo "multinode.sh: ct ($*) failed:" >&2
+    if ! both ct env CT_NUM_THREADS=1 CT_BACKEND="$backend" timeout -k 5 300 \
+        "$build/launcher/ctlaunch" -np 2 --nnodes 2 --node-rank @K@ --master "node0:$port" \
+        --secret-file "$tmp/secret" "$@"; then
+        echo "multinode.sh: ct ($backend, ${1##*/}) failed:" >&2
         tail -n 20 "$tmp/ct0.err" "$tmp/ct1.err" >&2
         return 1
     fi
     cat "$tmp/ct0.out"
+}
+
+# Training on 2 x 2 ranks: rank 0's summary line (the last JSON line),
+# tagged with the run's name, the round and the shape.
+train() {
+    local run=$1 round=$2
+    shift 2
+    ct_nodes "$@" | sed -n 's/^\[rank 0\] {/{/p' | tail -n 1 |
+        sed -u "s/^{\"bench\": \"[a-z_]*\", /&\"run\": \"$run\", \"round\": $round, \"shape\": \"$shape\", \"hosts\": 2, /"
 }
 
 mpi() {
@@ -92,8 +107,19 @@ torch_gloo() {
 failed=0
 for ((round = 1; round <= rounds; round++)); do
     echo "multinode.sh: $shape, round $round of $rounds" >&2
-    ct_nodes CT_BACKEND=gloo | tag "$round" || failed=1
-    ct_nodes CT_BACKEND=auto | tag "$round" || failed=1
+    ct_nodes gloo "$bench" "${sweep[@]}" | tag "$round" || failed=1
+    ct_nodes auto "$bench" "${sweep[@]}" | tag "$round" || failed=1
+    for backend in gloo auto; do
+        if [[ -r $fmnist_data/train-images-idx3-ubyte.gz ]]; then
+            train "fmnist_$backend" "$round" "$backend" "$build/examples/fmnist_mlp" \
+                --max-steps 520 --warmup-steps 20 --metrics "" --threads 1 --data "$fmnist_data" ||
+                failed=1
+        fi
+        if [[ -d $fortunes ]]; then
+            train "gpt_$backend" "$round" "$backend" "$build/examples/gpt" --steps 30 --bench \
+                --metrics "" --eval-every 0 --threads 1 || failed=1
+        fi
+    done
     if command -v mpirun >/dev/null && [[ -x $build/bench/bench_mpi_allreduce ]]; then
         mpi -x CT_BACKEND=mpi "$bench" "${sweep[@]}" | tag "$round" || failed=1
         mpi "$build/bench/bench_mpi_allreduce" -b 64K -e 64M -f 2 --seconds "$seconds" |
