@@ -37,9 +37,14 @@
  * machines: the same on every rank, but not the flat backend's order, so
  * floating-point results may differ from the flat communicator's within
  * reassociation (integers, and floats whose sums are exact, agree bit for
- * bit). avg divides at each stage (by L, then by H): exact for integers,
- * one more rounding for floats. float16 and bfloat16 round to their dtype
- * after each stage.
+ * bit). The steps of an avg sum, and the result is divided once at the
+ * end, as on the other backends; float16 and bfloat16 reduce in a float32
+ * copy and round to their dtype once.
+ *
+ * Agreement. Before the data steps, every rank's descriptor goes to every
+ * rank (an allgather within the machine, then one across), and every rank
+ * compares them all: ranks that disagree fail together with CT_EMISMATCH
+ * naming both, before any data moves.
  *
  * Order. Every operation is a plan of steps on the three communicators,
  * each step waiting for at most one earlier step of its plan. Each
@@ -51,7 +56,8 @@
  *
  * Threads. The three communicators advance only on this communicator's
  * executor (their progress threads are off), which pumps them from
- * progress; plans and queues are the executor's own.
+ * progress and is told, by CT__AGAIN, to keep polling while steps move;
+ * plans, queues and the spare scratch are the executor's own.
  *
  * Failure. A failed step fails the plan with the step's error, prefixed
  * with where it ran and a legend of that communicator's ranks in global
