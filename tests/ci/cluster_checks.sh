@@ -8,6 +8,9 @@
 # alone moves 12 MiB each way, fmnist_mlp's gradients far more (a caller
 # sets less for a smaller job).
 min_bytes=10000000
+# Ranks on each of node0 and node1, numbered host by host (a caller sets
+# more for a job of several ranks per host).
+ranks_per_host=1
 
 fail() {
     echo "  FAIL: $*" >&2
@@ -36,25 +39,27 @@ ranks_ran_on_both_hosts() {
     local hosts addrs r line ns
     read -r -a hosts <<<"$CT_CLUSTER_HOSTS"
     read -r -a addrs <<<"$CT_CLUSTER_ADDRS"
-    for r in 0 1; do
+    local r h
+    for ((r = 0; r < 2 * ranks_per_host; r++)); do
+        h=$((r / ranks_per_host))
         line=$(grep -E "^(\[rank $r\] )?whereami rank=$r " "$tmp/out") ||
             fail "rank $r did not say where it ran: $(cat "$tmp/out")"
-        ns=$(on "${hosts[r]}" readlink /proc/self/ns/net)
-        [[ $line == *" netns=$ns "* ]] || fail "rank $r was not in ${hosts[r]}'s namespace $ns: $line"
-        [[ $line == *" host=${hosts[r]} "* && $line == *" addr=${addrs[r]}/24" ]] ||
-            fail "rank $r is not ${hosts[r]} at ${addrs[r]}: $line"
+        ns=$(on "${hosts[h]}" readlink /proc/self/ns/net)
+        [[ $line == *" netns=$ns "* ]] || fail "rank $r was not in ${hosts[h]}'s namespace $ns: $line"
+        [[ $line == *" host=${hosts[h]} "* && $line == *" addr=${addrs[h]}/24" ]] ||
+            fail "rank $r is not ${hosts[h]} at ${addrs[h]}: $line"
         echo "  $line"
     done
     [[ $(on node0 readlink /proc/self/ns/net) != $(on node1 readlink /proc/self/ns/net) ]] ||
         fail "node0 and node1 share a namespace"
 }
 
-# Both ranks printed the rank harness's "ok   SCENARIO" (at a line's start,
+# Every rank printed the rank harness's "ok   SCENARIO" (at a line's start,
 # or after ctlaunch's "[rank R] "), and none FAIL.
 ranks_passed() {
-    local n
-    n=$(grep -cE "^(\[rank [01]\] )?ok   $1\$" "$tmp/out" || true)
-    if ((n != 2)) || grep -q FAIL "$tmp/out"; then
-        fail "$1: $n of 2 ranks passed: $(grep -E 'FAIL|ok   ' "$tmp/out" | head -n 20)"
+    local n want=$((2 * ranks_per_host))
+    n=$(grep -cE "^(\[rank [0-9]+\] )?ok   $1\$" "$tmp/out" || true)
+    if ((n != want)) || grep -q FAIL "$tmp/out"; then
+        fail "$1: $n of $want ranks passed: $(grep -E 'FAIL|ok   ' "$tmp/out" | head -n 20)"
     fi
 }

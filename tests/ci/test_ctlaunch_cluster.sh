@@ -6,7 +6,8 @@
 #
 #   coll_rank across_hosts  auto picks gloo, each rank is alone on its
 #                           machine, a 12 MiB allreduce is right
-#   coll_rank correctness   every operation, dtype and size over gloo
+#   coll_rank correctness   every operation, dtype and size over gloo, and
+#                           again with 2 ranks on each host (hierarchical)
 #   fmnist_mlp, gpt         100 and 12 steps data-parallel across the hosts:
 #                           the same losses, to the last digit printed, as
 #                           `ctlaunch -np 2` on one machine at the same
@@ -46,10 +47,10 @@ source "$here/cluster_checks.sh"
 across() {
     local before rc0=0 rc1=0 pid
     before=$(eth0_bytes)
-    on node1 timeout -k 5 120 "$ctlaunch" -np 1 --nnodes 2 --node-rank 1 --master "node0:$port" \
+    on node1 timeout -k 5 120 "$ctlaunch" -np "$ranks_per_host" --nnodes 2 --node-rank 1 --master "node0:$port" \
         --secret-file "$tmp/secret" "$here/whereami.sh" "$@" >"$tmp/out1" 2>&1 &
     pid=$!
-    on node0 timeout -k 5 120 "$ctlaunch" -np 1 --nnodes 2 --node-rank 0 --master "node0:$port" \
+    on node0 timeout -k 5 120 "$ctlaunch" -np "$ranks_per_host" --nnodes 2 --node-rank 0 --master "node0:$port" \
         --secret-file "$tmp/secret" "$here/whereami.sh" "$@" >"$tmp/out" 2>&1 || rc0=$?
     wait "$pid" || rc1=$?
     cat "$tmp/out1" >>"$tmp/out"
@@ -114,6 +115,13 @@ inside() {
     across "$coll_rank" correctness
     ranks_passed correctness
     echo "ok   coll_rank correctness"
+
+    # Two ranks on each host: auto picks the hierarchical communicator
+    # (shm within each host, gloo across; test_hier checks the choice),
+    # every operation again.
+    ranks_per_host=2 across "$coll_rank" correctness
+    ranks_per_host=2 ranks_passed correctness
+    echo "ok   coll_rank correctness on 2 hosts x 2 ranks (hierarchical)"
 
     if [[ -z $fmnist ]]; then
         echo "  no fmnist_mlp in this build: its run is left out"
