@@ -42,6 +42,12 @@ import sys
 import tempfile
 import time
 
+# One thread per rank, as ct's ranks get (CT_NUM_THREADS=1): set before torch
+# is imported, or Debian's torch leaves OpenBLAS on every core; the spawned
+# ranks inherit it.
+os.environ["OPENBLAS_NUM_THREADS"] = "1"
+os.environ["OMP_NUM_THREADS"] = "1"
+
 REPS = 5
 MAX_CALIBRATION_ITERS = 1 << 24
 

@@ -58,6 +58,12 @@ const char *ct__coll_desc_str(char *buf, size_t n, const ct__coll_desc *d);
  * compared (they pair by construction). Nothing when they agree. */
 void ct__coll_desc_differ(char *buf, size_t n, const ct__coll_desc *a, int ra,
                           const ct__coll_desc *b, int rb);
+/* "allreduce: ranks disagree: rank 0 has allreduce #3 (...), rank r has
+ * ... (the count differs: ...)" into buf (n bytes): how a backend that
+ * compares every rank's descriptor with rank 0's reports the first that
+ * differs, its own op being op. */
+void ct__coll_disagree_msg(char *buf, size_t n, int op, const ct__coll_desc *first,
+                           const ct__coll_desc *other, int r);
 /* Whether two ranks' descriptors of the same collective agree. */
 bool ct__coll_desc_match(const ct__coll_desc *a, const ct__coll_desc *b);
 /* A hash of what ct__coll_desc_match compares, in 62 bits so that -fp cannot
@@ -248,6 +254,10 @@ void ct__comm_discard(ct_comm *c);
  * error recorded. */
 ct_comm *ct__comm_activate(ct_comm *c);
 
+/* Every rank's n int64 values (mine) into all (size x n), on the host,
+ * through tensors on the backend's device: a blocking allgather. Returns 0
+ * or the collective's CT_E* code. */
+int ct__comm_allgather_host(ct_comm *c, const int64_t *mine, int64_t n, int64_t *all);
 /* Fails c's group with code and msg, as its own executor would (its
  * backend tells the peers; every queued and active work fails), waiting
  * for a thread that executes c to leave first. For a communicator that

@@ -105,6 +105,16 @@ void ct__coll_desc_differ(char *buf, size_t n, const ct__coll_desc *a, int ra,
                             rb);
 }
 
+void ct__coll_disagree_msg(char *buf, size_t n, int op, const ct__coll_desc *first,
+                           const ct__coll_desc *other, int r) {
+    char a[256];
+    snprintf(buf, n, "%s: ranks disagree: rank 0 has %s, rank %d has ", ct__coll_op_name(op),
+             ct__coll_desc_str(a, sizeof a, first), r);
+    ct__coll_msg_append(buf, n, "%s (", ct__coll_desc_str(a, sizeof a, other));
+    ct__coll_desc_differ(buf, n, first, 0, other, r);
+    ct__coll_msg_append(buf, n, ")");
+}
+
 bool ct__coll_desc_match(const ct__coll_desc *a, const ct__coll_desc *b) {
     return a->seq == b->seq && a->op == b->op && a->dtype == b->dtype && a->count == b->count &&
            (!ct__op_reduces(a->op) || a->rop == b->rop) &&
@@ -688,20 +698,30 @@ int ct_work_wait(ct_work *w) {
     return work_wait(w, false);
 }
 
-int ct_comm_progress(ct_comm *c) {
-    if (!c)
-        return ct__err_set(CT_EINVAL, "comm_progress: comm is NULL");
+/* Makes this thread c's executor unless another thread is, or (need_work)
+ * there is nothing to execute; whether it did. */
+static bool try_enter_executor(ct_comm *c, bool need_work) {
     pthread_mutex_lock(&c->mu);
-    bool mine = !c->executing && has_work(c);
+    bool mine = !c->executing && (!need_work || has_work(c));
     if (mine)
         c->executing = true;
     pthread_mutex_unlock(&c->mu);
-    if (mine) {
+    return mine;
+}
+
+static void exit_executor(ct_comm *c) {
+    pthread_mutex_lock(&c->mu);
+    leave_executor(c);
+    pthread_mutex_unlock(&c->mu);
+}
+
+int ct_comm_progress(ct_comm *c) {
+    if (!c)
+        return ct__err_set(CT_EINVAL, "comm_progress: comm is NULL");
+    if (try_enter_executor(c, true)) {
         start_queued(c);
         progress_active(c);
-        pthread_mutex_lock(&c->mu);
-        leave_executor(c);
-        pthread_mutex_unlock(&c->mu);
+        exit_executor(c);
     }
     int failed = atomic_load(&c->failed);
     if (failed)
@@ -719,12 +739,6 @@ static void enter_executor(ct_comm *c) {
     pthread_mutex_unlock(&c->mu);
 }
 
-static void exit_executor(ct_comm *c) {
-    pthread_mutex_lock(&c->mu);
-    leave_executor(c);
-    pthread_mutex_unlock(&c->mu);
-}
-
 void ct__comm_fail(ct_comm *c, int code, const char *msg) {
     enter_executor(c);
     fail_group(c, code, msg);
@@ -732,12 +746,7 @@ void ct__comm_fail(ct_comm *c, int code, const char *msg) {
 }
 
 int ct__comm_check(ct_comm *c, char *msg) {
-    pthread_mutex_lock(&c->mu);
-    bool mine = !c->executing;
-    if (mine)
-        c->executing = true;
-    pthread_mutex_unlock(&c->mu);
-    if (mine) {
+    if (try_enter_executor(c, false)) {
         check_health(c, ct__now());
         exit_executor(c);
     }
@@ -1120,9 +1129,7 @@ int ct__comm_agree(ct_comm *c, bool ok, int *first_failed) {
     return rc;
 }
 
-/* Every rank's n int64 values (mine) into all (size x n), on the host,
- * through tensors on the backend's device: a blocking allgather. */
-static int allgather_host(ct_comm *c, const int64_t *mine, int64_t n, int64_t *all) {
+int ct__comm_allgather_host(ct_comm *c, const int64_t *mine, int64_t n, int64_t *all) {
     ct_device dev = ct_comm_device(c);
     int64_t total = n * c->size;
     ct_tensor *host = ct__tensor_own(ct_from_data(mine, 1, &n, CT_INT64));
@@ -1149,7 +1156,7 @@ ct_tensor *ct_comm_zeros(ct_comm *c, int ndim, const int64_t *sizes, ct_dtype dt
     size_t bytes = (size_t)numel * ct__esize(dtype);
     int64_t mine[2] = {dtype, numel};
     int64_t *all = malloc(2 * (size_t)c->size * sizeof *all);
-    int rc = all ? allgather_host(c, mine, 2, all)
+    int rc = all ? ct__comm_allgather_host(c, mine, 2, all)
                  : ct__err_set(CT_ENOMEM, "%s: out of memory for %d ranks", name, c->size);
     for (int r = 0; r < c->size && rc == 0; r++) {
         const int64_t *v = all + 2 * r;

@@ -307,13 +307,7 @@ static int agree(gloo_impl *g, job *j, int *peer, char *err) {
         other++;
     if (other == g->size)
         return 0;
-    char a[256];
-    snprintf(j->msg, sizeof j->msg, "%s: ranks disagree: rank 0 has %s, rank %d has ",
-             ct__coll_op_name(d->op), ct__coll_desc_str(a, sizeof a, &g->descs[0]), other);
-    ct__coll_msg_append(j->msg, sizeof j->msg, "%s (",
-                        ct__coll_desc_str(a, sizeof a, &g->descs[other]));
-    ct__coll_desc_differ(j->msg, sizeof j->msg, &g->descs[0], 0, &g->descs[other], other);
-    ct__coll_msg_append(j->msg, sizeof j->msg, ")");
+    ct__coll_disagree_msg(j->msg, sizeof j->msg, d->op, &g->descs[0], &g->descs[other], other);
     atomic_store(&g->group_knows, true);
     return CT_EMISMATCH;
 }

@@ -237,14 +237,8 @@ static void check_agreement(hier *h, plan *p) {
         memcpy(r ? &other : &first, all + at, sizeof first);
         if (r == 0 || ct__coll_desc_match(&first, &other))
             continue;
-        char a[256];
         p->err = CT_EMISMATCH;
-        snprintf(p->w->msg, sizeof p->w->msg, "%s: ranks disagree: rank 0 has %s, rank %d has ",
-                 ct__coll_op_name(p->w->desc.op), ct__coll_desc_str(a, sizeof a, &first), r);
-        ct__coll_msg_append(p->w->msg, sizeof p->w->msg, "%s (",
-                            ct__coll_desc_str(a, sizeof a, &other));
-        ct__coll_desc_differ(p->w->msg, sizeof p->w->msg, &first, 0, &other, r);
-        ct__coll_msg_append(p->w->msg, sizeof p->w->msg, ")");
+        ct__coll_disagree_msg(p->w->msg, sizeof p->w->msg, p->w->desc.op, &first, &other, r);
         return;
     }
 }
@@ -767,20 +761,12 @@ int ct_comm_hierarchical(ct_comm *flat, uint64_t machine, ct_comm **out) {
     }
     int64_t mine;
     memcpy(&mine, &machine, sizeof mine);
-    ct_tensor *in = ct__tensor_own(ct_from_data(&mine, 1, (int64_t[]){1}, CT_INT64));
-    ct_tensor *all = ct__tensor_own(ct_empty(1, (int64_t[]){size}, CT_INT64));
     if (!h || !ids || !h->host || !h->local)
         rc = ct__err_set(CT_ENOMEM, "%s: out of memory for %d ranks", name, size);
-    else if (!in || !all)
-        rc = ct_errcode();
     else
-        rc = ct_comm_allgather(flat, all, in, NULL);
-    if (!rc) {
-        memcpy(ids, ct_data_ptr(all), (size_t)size * sizeof *ids);
+        rc = ct__comm_allgather_host(flat, &mine, 1, ids);
+    if (!rc)
         rc = layout(h, ids, size);
-    }
-    ct_tensor_free(in);
-    ct_tensor_free(all);
     free(ids);
     /* Every rank computed the same layout, so all fail here or none. */
     if (!rc)
