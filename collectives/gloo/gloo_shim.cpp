@@ -90,16 +90,21 @@ class CtStore : public gloo::rendezvous::Store {
 // Debian's libgloo-dev lacks gloo/common/memory.h, which the tcp
 // transport's pair.h and context.h include, so the shim sees pairs only
 // through the generic interface: their own address once connected
-// ("[ip]:port", the address gloo's messages name on the other side).
+// ("[ip]:port"). gloo's messages on the other side name one of two
+// addresses of this end: that one, or, where this end connected before
+// the other side began its own connect (gloo's Pair::connect then
+// overwrites the address it read from the socket with the one from the
+// rendezvous), this end's listening address, which the rendezvous holds.
 struct ct__gloo_ctx {
     std::shared_ptr<gloo::rendezvous::Context> context;
     int rank = 0, size = 0;
     void *store_ctx = nullptr;
     int (*store_get)(void *, const char *, double, void **, size_t *) = nullptr;
     std::string prefix;
-    std::vector<std::string> self;  // per rank: this end's address of the pair, "" for this rank
-    std::mutex mu;                  // guards peers
-    std::vector<std::string> peers; // per rank: the far end's address, read on the first failure
+    std::vector<std::string> self; // per rank: this end's address of the pair, "" for this rank
+    std::mutex mu;                 // guards peers
+    // per rank: the far end's two addresses, read on the first failure
+    std::vector<std::vector<std::string>> peers;
 };
 
 struct ct__gloo_buf {
@@ -134,13 +139,15 @@ void load_peers(ct__gloo_ctx *ctx) {
             free(value);
             continue;
         }
-        // One line per rank; this rank's is the rank-th.
+        // One line per rank, of addresses separated by spaces; this
+        // rank's is the rank-th.
         std::istringstream lines(std::string(static_cast<char *>(value), len));
         free(value);
-        std::string line;
+        std::string line, addr;
         for (int i = 0; i <= ctx->rank && std::getline(lines, line); i++)
             if (i == ctx->rank)
-                ctx->peers[(size_t)r] = line;
+                for (std::istringstream words(line); words >> addr;)
+                    ctx->peers[(size_t)r].push_back(addr);
     }
 }
 
@@ -151,14 +158,11 @@ int rank_named(ct__gloo_ctx *ctx, const char *what) {
         return -1;
     std::lock_guard<std::mutex> lock(ctx->mu);
     load_peers(ctx);
-    for (size_t r = 0; r < ctx->peers.size(); r++) {
-        const std::string &p = ctx->peers[r];
-        if (p.empty())
-            continue;
-        for (const char *at = strstr(what, p.c_str()); at; at = strstr(at + 1, p.c_str()))
-            if (at[p.size()] < '0' || at[p.size()] > '9')
-                return (int)r;
-    }
+    for (size_t r = 0; r < ctx->peers.size(); r++)
+        for (const std::string &p : ctx->peers[r])
+            for (const char *at = strstr(what, p.c_str()); at; at = strstr(at + 1, p.c_str()))
+                if (at[p.size()] < '0' || at[p.size()] > '9')
+                    return (int)r;
     return -1;
 }
 
@@ -230,12 +234,20 @@ int ct__gloo_connect(const ct__gloo_store *store, const char *addr, int rank, in
         c->context->setTimeout(to_ms(timeout_ms));
         CtStore s(*store, to_ms(timeout_ms));
         c->context->connectFullMesh(s, dev);
+        // The rendezvous holds this rank's listening addresses, one per
+        // peer in rank order, this rank left out, each of the same size.
+        std::vector<char> listening = s.get(std::to_string(rank));
+        size_t each = size > 1 ? listening.size() / (size_t)(size - 1) : 0;
         std::string lines;
         c->self.resize((size_t)size);
         for (int r = 0; r < size; r++) {
-            if (r != rank)
+            if (r != rank) {
+                auto at = listening.begin() + (ptrdiff_t)(each * (size_t)(r < rank ? r : r - 1));
                 c->self[(size_t)r] = c->context->getPair(r)->address().str();
-            lines += c->self[(size_t)r] + "\n";
+                lines += c->self[(size_t)r] + " " +
+                         tcp::Address(std::vector<char>(at, at + (ptrdiff_t)each)).str();
+            }
+            lines += "\n";
         }
         s.set("addr/" + std::to_string(rank), std::vector<char>(lines.begin(), lines.end()));
         ctx = c.release();
