@@ -61,6 +61,7 @@ void example_common_flags(example_options *o, ct_cli_flag out[EXAMPLE_NUM_COMMON
 
 void example_resume_flags(example_resume *r, const char *save_help,
                           ct_cli_flag out[EXAMPLE_NUM_RESUME_FLAGS]) {
+    r->keep_last = 3;
     const ct_cli_flag flags[EXAMPLE_NUM_RESUME_FLAGS] = {
         CT_CLI_FLAG("--checkpoint-dir", CT_CLI_STRING, &r->dir, "DIR",
                     "resume from the newest checkpoint in DIR and save there"),
@@ -68,6 +69,8 @@ void example_resume_flags(example_resume *r, const char *save_help,
                     .max = 1e15),
         CT_CLI_FLAG("--stop-at-step", CT_CLI_INT64, &r->stop_at_step, "N",
                     "save and stop at step N, to resume later (0: never)", .min = 0, .max = 1e15),
+        CT_CLI_FLAG("--keep-last", CT_CLI_INT, &r->keep_last, "N",
+                    "keep the N newest checkpoints in DIR (0: all)", .min = 0, .max = 1e9),
     };
     memcpy(out, flags, sizeof flags);
 }
@@ -326,7 +329,7 @@ int example_ckpt_init(example_ckpt *r, const ct_param_list *params, ct_optim *op
         CT_TRY(ct_state_add_tensor(r->st, key, t, CT_STATE_REPLICATED));
     }
     CT_TRY(ct_state_add_i64(r->st, "train.step", &r->step, CT_STATE_REPLICATED));
-    CT_TRY(ct_state_add_generator(r->st, "rng", ct_default_generator(), CT_STATE_PER_RANK));
+    CT_TRY(ct_state_add_generator(r->st, "rng", ct_default_generator(), CT_STATE_REPLICATED));
     return 0;
 }
 
@@ -344,7 +347,7 @@ int64_t example_ckpt_resume(example_ckpt *r, const char *dir, ct_comm *world, ct
     return r->step;
 }
 
-int example_ckpt_save(example_ckpt *r, const char *dir, int64_t step) {
+int example_ckpt_save(example_ckpt *r, const char *dir, int64_t step, int keep_last) {
     if (r->last_saved == step)
         return 0;
     r->step = step;
@@ -353,7 +356,7 @@ int example_ckpt_save(example_ckpt *r, const char *dir, int64_t step) {
     snprintf(path, sizeof path, "%s/step-%08lld", dir, (long long)step);
     ct_checkpoint_options co = ct_checkpoint_defaults();
     co.step = step;
-    co.keep_last = 3;
+    co.keep_last = keep_last;
     return ct_checkpointer_save(r->ck, path, r->st, &co) ? -1 : 0;
 }
 

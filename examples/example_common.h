@@ -75,11 +75,13 @@ typedef struct example_resume {
     const char *dir;      /* --checkpoint-dir; NULL: no checkpoints */
     int64_t save_every;   /* --save-every: 0 only where the program saves anyway */
     int64_t stop_at_step; /* --stop-at-step: 0 never */
+    int keep_last;        /* --keep-last: 0 keeps all */
 } example_resume;
 
 /* --checkpoint-dir, --save-every (with save_help, which says when the
- * program saves anyway) and --stop-at-step, pointing into r. */
-#define EXAMPLE_NUM_RESUME_FLAGS 3
+ * program saves anyway), --stop-at-step and --keep-last (its default, 3,
+ * set here), pointing into r. */
+#define EXAMPLE_NUM_RESUME_FLAGS 4
 void example_resume_flags(example_resume *r, const char *save_help,
                           ct_cli_flag out[EXAMPLE_NUM_RESUME_FLAGS]);
 
@@ -205,7 +207,8 @@ typedef struct example_ckpt {
 } example_ckpt;
 
 /* Registers params (replicated), opt's state as "optimizer.<name>",
- * "train.step" and "rng" (per rank). Returns 0 or a CT_E* code; on error
+ * "train.step" and "rng" (replicated: every rank seeds the default
+ * generator alike and draws as much from it). Returns 0 or a CT_E* code; on error
  * the caller still calls example_ckpt_finish(). */
 int example_ckpt_init(example_ckpt *r, const ct_param_list *params, ct_optim *opt, ct_comm *world);
 /* Faults in the staging memory of background saves (so that the first save
@@ -217,7 +220,7 @@ int64_t example_ckpt_resume(example_ckpt *r, const char *dir, ct_comm *world, ct
 /* Starts a background save of the state after step steps, as
  * dir/step-NNNNNNNN, keeping the last three; once per step (a second call
  * for the same step does nothing). */
-int example_ckpt_save(example_ckpt *r, const char *dir, int64_t step);
+int example_ckpt_save(example_ckpt *r, const char *dir, int64_t step, int keep_last);
 /* Waits for the last save and frees r (accepts a zeroed r): 0, or -1 when
  * the save failed. */
 int example_ckpt_finish(example_ckpt *r);

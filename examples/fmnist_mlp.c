@@ -65,7 +65,8 @@ typedef struct options {
     int recipe; /* index into recipes */
     int warmup_steps;
     const char *metrics;
-    const char *plot; /* NULL: no chart */
+    int metrics_every; /* steps between loss lines */
+    const char *plot;  /* NULL: no chart */
     example_resume resume;
 } options;
 
@@ -90,7 +91,8 @@ static void use_recipe(options *o) {
 static int parse(int argc, char **argv, options *o) {
     *o = (options){.common = example_options_defaults(),
                    .warmup_steps = 50,
-                   .metrics = "fmnist_mlp.metrics.jsonl"};
+                   .metrics = "fmnist_mlp.metrics.jsonl",
+                   .metrics_every = 100};
     const ct_cli_flag mine[] = {
         CT_CLI_FLAG("--recipe", CT_CLI_CHOICE, &o->recipe, NULL,
                     "sgd: the reference (docs/bench-train.md); adamw: 1024 wide, AdamW, "
@@ -98,6 +100,8 @@ static int parse(int argc, char **argv, options *o) {
                     .choices = recipe_names),
         CT_CLI_FLAG("--metrics", CT_CLI_STRING, &o->metrics, "FILE",
                     "JSON lines of the loss and accuracy (\"\": none); a resumed run appends"),
+        CT_CLI_FLAG("--metrics-every", CT_CLI_INT, &o->metrics_every, "N",
+                    "write the loss of every N-th step to the metrics file", .min = 1, .max = 1e9),
         CT_CLI_FLAG("--plot", CT_CLI_STRING, &o->plot, "FILE.png",
                     "draw the metrics as a chart at the end (needs gnuplot)"),
         CT_CLI_FLAG("--warmup-steps", CT_CLI_INT, &o->warmup_steps, "N",
@@ -161,37 +165,51 @@ static int evaluate(ct_module *net, ct_tensor *images, ct_tensor *labels, double
 
 /* What a checkpoint holds: example_ckpt's entries (parameters, optimizer
  * state, step, random streams) and the data position; the schedule's lr
- * follows from the step. */
+ * follows from the step. The position is the epoch and the rows of its
+ * shuffled order consumed by all ranks together: global batch b is rows
+ * [b * batch, (b + 1) * batch) of that order whatever the ranks (each takes
+ * every ranks-th), so a run resumed on another number of ranks sees the
+ * same global batches. */
 typedef struct resumable {
     example_ckpt ck;
-    int64_t epoch, offset;
+    int64_t epoch, sample;
 } resumable;
 
 static int resumable_init(resumable *r, const ct_param_list *params, ct_optim *opt,
                           ct_comm *world) {
     CT_TRY(example_ckpt_init(&r->ck, params, opt, world));
     CT_TRY(ct_state_add_i64(r->ck.st, "data.epoch", &r->epoch, CT_STATE_REPLICATED));
-    CT_TRY(ct_state_add_i64(r->ck.st, "data.offset", &r->offset, CT_STATE_REPLICATED));
+    CT_TRY(ct_state_add_i64(r->ck.st, "data.sample", &r->sample, CT_STATE_REPLICATED));
     return 0;
 }
 
 /* Loads the newest checkpoint in dir, if any, and moves the loader there
  * (to the next epoch's start when the checkpoint ended an epoch): the step
- * to go on from, or -1 on error. */
+ * to go on from, or -1 on error. rows is the data set's. */
 static int64_t resume(resumable *r, const char *dir, ct_comm *world, ct_loader *loader,
-                      int64_t rows_per_epoch, ct_optim *opt) {
+                      int64_t rows, ct_optim *opt) {
     int64_t step = example_ckpt_resume(&r->ck, dir, world, opt);
     if (step <= 0)
         return step;
-    int rc = r->offset >= rows_per_epoch ? ct_loader_set_epoch(loader, r->epoch + 1)
-                                         : ct_loader_set_position(loader, r->epoch, r->offset);
+    int ranks = ct_comm_size(world);
+    if (r->sample < rows && r->sample % ranks)
+        return ct_seterr(CT_EINVAL,
+                         "%s stopped at row %lld of epoch %lld, which does not divide among %d "
+                         "ranks (resume where the global batch does)",
+                         r->ck.path, (long long)r->sample, (long long)r->epoch, ranks),
+               -1;
+    int rc = r->sample >= rows ? ct_loader_set_epoch(loader, r->epoch + 1)
+                               : ct_loader_set_position(loader, r->epoch, r->sample / ranks);
     return rc ? -1 : step;
 }
 
 /* Starts a background save of the state after step steps (once per step). */
-static int save(resumable *r, const char *dir, int64_t step, ct_loader *loader) {
-    ct_loader_position(loader, &r->epoch, &r->offset);
-    return example_ckpt_save(&r->ck, dir, step);
+static int save(resumable *r, const example_resume *res, int64_t step, ct_loader *loader,
+                int ranks) {
+    int64_t offset;
+    ct_loader_position(loader, &r->epoch, &offset);
+    r->sample = offset * ranks;
+    return example_ckpt_save(&r->ck, res->dir, step, res->keep_last);
 }
 
 /* *complete: the checkpoint in --checkpoint-dir had finished the run. */
@@ -234,9 +252,8 @@ static int train(const options *o, bool *complete) {
     ct_lr_schedule sched = schedule(o, total);
     resumable ckpt = {0};
     int64_t step = 0;
-    if (o->resume.dir &&
-        (resumable_init(&ckpt, &params, opt, world) ||
-         (step = resume(&ckpt, o->resume.dir, world, loader, ct_sampler_len(&sampler), opt)) < 0))
+    if (o->resume.dir && (resumable_init(&ckpt, &params, opt, world) ||
+                          (step = resume(&ckpt, o->resume.dir, world, loader, so.size, opt)) < 0))
         return -1;
     int64_t first_epoch = 0, first_offset = 0;
     ct_loader_position(loader, &first_epoch, &first_offset);
@@ -326,16 +343,23 @@ static int train(const options *o, bool *complete) {
             double eta = rate > 0 ? (double)(total - step - 1) * (double)o->common.batch / rate : 0;
             if (rank == 0)
                 example_progress_show(&prog, epoch, in_epoch, last_loss, rate, eta);
+            /* The global batch's loss, which does not depend on the ranks
+             * (every rank takes part: *o->metrics is the same on each). */
+            double global_loss = last_loss;
             char nb[32];
-            if (metrics && step % 100 == 0)
+            if (*o->metrics && step % o->metrics_every == 0 && ranks > 1) {
+                rc = example_allreduce_sum(world, &global_loss, 1);
+                global_loss /= ranks;
+            }
+            if (metrics && step % o->metrics_every == 0)
                 fprintf(metrics,
                         "{\"step\":%lld,\"epoch\":%d,\"loss\":%s,\"lr\":%.6g,\"time_s\":%.3f}\n",
-                        (long long)step, epoch, example_json_number(nb, last_loss),
+                        (long long)step, epoch, example_json_number(nb, global_loss),
                         ct_optim_lr(opt), example_now() - start);
             stopped = step + 1 == o->resume.stop_at_step;
-            if (o->resume.dir &&
+            if (!rc && o->resume.dir &&
                 ((o->resume.save_every && (step + 1) % o->resume.save_every == 0) || stopped))
-                rc = save(&ckpt, o->resume.dir, step + 1, loader);
+                rc = save(&ckpt, &o->resume, step + 1, loader, ranks);
             if (stopped) {
                 step++;
                 break;
@@ -343,7 +367,7 @@ static int train(const options *o, bool *complete) {
         }
         /* Every epoch's end, and the end of training, are saved too. */
         if (!rc && o->resume.dir)
-            rc = save(&ckpt, o->resume.dir, step, loader);
+            rc = save(&ckpt, &o->resume, step, loader, ranks);
         if (rc)
             break;
         if (rank != 0)

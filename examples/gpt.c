@@ -785,7 +785,7 @@ static int train(run *r, bool *complete) {
         stopped = step + 1 == o->resume.stop_at_step;
         if (o->resume.dir &&
             ((o->resume.save_every && (step + 1) % o->resume.save_every == 0) || stopped))
-            rc = example_ckpt_save(&r->ckpt, o->resume.dir, step + 1);
+            rc = example_ckpt_save(&r->ckpt, o->resume.dir, step + 1, o->resume.keep_last);
     }
     double train_s = example_now() - start, val = NAN;
     /* The last step's loss over the whole global batch. */
@@ -793,7 +793,7 @@ static int train(run *r, bool *complete) {
         loss /= r->ranks;
     int64_t peak = ct_memory_peak(o->device); /* training's, before evaluation's */
     if (!rc && o->resume.dir)
-        rc = example_ckpt_save(&r->ckpt, o->resume.dir, step);
+        rc = example_ckpt_save(&r->ckpt, o->resume.dir, step, o->resume.keep_last);
     if (r->rank == 0)
         example_progress_end_epoch(&prog, 0, step, loss, rate);
     if (!rc && !stopped && !o->bench)
@@ -834,8 +834,7 @@ static int setup(run *r) {
     ct_gpt_config cfg = o->model;
     cfg.vocab = r->c->nvocab;
     r->gpt = ct_gpt_new(&cfg);
-    if (!r->gpt || ct_module_to(r->gpt, o->device) ||
-        ct_module_flatten(r->gpt, r->ranks == 1) ||
+    if (!r->gpt || ct_module_to(r->gpt, o->device) || ct_module_flatten(r->gpt, r->ranks == 1) ||
         ct_module_named_parameters(r->gpt, &r->params) ||
         (o->init && !o->init_llmc && load_init(o->init, &r->params)) ||
         (o->init_llmc && ct_llmc_gpt_load_into(r->gpt, o->init)))

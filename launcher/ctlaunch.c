@@ -1,7 +1,7 @@
 /* ctlaunch: starts the ranks of a ct job on this machine and supervises
  * them.
  *
- *   ctlaunch -np N [--nnodes M --node-rank K --master HOST:PORT]
+ *   ctlaunch -np N [--nnodes M|MIN:MAX --node-rank K --master HOST:PORT]
  *            [--master-port PORT] [--bind ADDR] [--log-dir DIR]
  *            [--ranks LIST] [--max-restarts R] [--grace S]
  *            [--hang-timeout S] PROGRAM [ARGS...]
@@ -12,7 +12,9 @@
  * grace period) and the first failure is reported with the last lines of its
  * stderr; ctlaunch exits with that rank's code. With --hang-timeout, a
  * watcher thread reads the ranks' heartbeats from the store and stops a job
- * whose ranks stopped making progress. --help says more.
+ * whose ranks stopped making progress. With --nnodes MIN:MAX the job is
+ * elastic: the nodes meet in rounds through the store (elastic.h), and the
+ * job re-forms when a node dies or joins. --help says more.
  *
  * No process outlives the job: ranks die with ctlaunch (PR_SET_PDEATHSIG),
  * ctlaunch is a subreaper, so a rank's orphaned children become its own,
@@ -25,6 +27,7 @@
 #include <ct/dist.h>
 
 #include "base_impl.h"
+#include "elastic.h"
 #include "tail.h"
 
 #include <arpa/inet.h>
@@ -85,7 +88,14 @@ static const char epilog[] =
     "failure (and restarted under --max-restarts), and ctlaunch exits with 124.\n";
 
 typedef struct options {
-    int np, nnodes, node_rank, max_restarts;
+    int np, max_restarts;
+    /* The nodes of the job, or of the running round of an elastic one
+     * (min_nodes < max_nodes), and this node's index among them. */
+    int nnodes, node_rank;
+    int min_nodes, max_nodes;
+    bool node_rank_given;
+    bool hosts_store;               /* node 0 of a fixed job; --node-rank 0 of an elastic one */
+    double last_call, join_timeout; /* elastic rounds */
     double grace;
     double hang_timeout; /* seconds; 0: no hang detection */
     char *master_host;   /* owned: --master's HOST, or 127.0.0.1 */
@@ -170,6 +180,24 @@ static int parse_master(void *dest, const char *v) {
     return 0;
 }
 
+/* --nnodes M or MIN:MAX into options (a CT_CLI_CUSTOM parser). */
+static int parse_nnodes(void *dest, const char *v) {
+    options *o = dest;
+    char *end;
+    errno = 0;
+    long lo = strtol(v, &end, 10), hi = lo;
+    if (end != v && *end == ':')
+        hi = strtol(end + 1, &end, 10);
+    if (end == v || *end || errno || lo < 1 || hi < lo || hi > 1 << 20)
+        return ct_seterr(CT_EINVAL, "needs M or MIN:MAX with 1 <= MIN <= MAX <= %d, got '%s'",
+                         1 << 20, v);
+    o->min_nodes = (int)lo;
+    o->max_nodes = (int)hi;
+    return 0;
+}
+
+static bool elastic(const options *o) { return o->min_nodes < o->max_nodes; }
+
 /* "0,2-3" into show[0..np-1]. */
 static void parse_ranks(const char *list, bool *show, int np) {
     for (int i = 0; i < np; i++)
@@ -197,17 +225,35 @@ static void parse_ranks(const char *list, bool *show, int np) {
 }
 
 static void parse(int argc, char **argv, options *o) {
-    *o = (options){.nnodes = 1, .grace = 5};
+    *o = (options){.nnodes = 1,
+                   .min_nodes = 1,
+                   .max_nodes = 1,
+                   .grace = 5,
+                   .last_call = 10,
+                   .join_timeout = 600};
     const char *ranks = NULL;
     bool master_port_flag = false, master_flag = false;
     int port = 0;
     const ct_cli_flag flags[] = {
         CT_CLI_FLAG("--nproc-per-node", CT_CLI_INT, &o->np, "N", "ranks on this node (required)",
                     .alias = "-np", .min = 1, .max = MAX_RANKS, .default_text = ""),
-        CT_CLI_FLAG("--nnodes", CT_CLI_INT, &o->nnodes, "M", "nodes in the job", .min = 1,
-                    .max = 1 << 20),
-        CT_CLI_FLAG("--node-rank", CT_CLI_INT, &o->node_rank, "K", "this node's index, 0 <= K < M",
-                    .min = 0, .max = 1 << 20),
+        CT_CLI_FLAG("--nnodes", CT_CLI_CUSTOM, o, "M|MIN:MAX",
+                    "nodes in the job; MIN:MAX makes it elastic: it runs on as many nodes as "
+                    "join, between MIN and MAX, and re-forms when one dies or joins "
+                    "(docs/multinode.md)",
+                    .parse = parse_nnodes, .default_text = "1"),
+        CT_CLI_FLAG("--node-rank", CT_CLI_INT, &o->node_rank, "K",
+                    "this node's index, 0 <= K < M; node 0 hosts the store. Elastic jobs: "
+                    "0 on the node that hosts the store, none on the others, whose index each "
+                    "round gives out",
+                    .min = 0, .max = 1 << 20, .default_text = "0", .given = &o->node_rank_given),
+        CT_CLI_FLAG("--last-call", CT_CLI_DOUBLE, &o->last_call, "S",
+                    "elastic jobs: how long a round waits for more nodes once MIN have joined",
+                    .min = 0, .max = 1e6, .expects = "seconds >= 0"),
+        CT_CLI_FLAG("--join-timeout", CT_CLI_DOUBLE, &o->join_timeout, "S",
+                    "elastic jobs: how long a node waits for a round to form, or the host for "
+                    "MIN nodes, before giving up",
+                    .min = 1e-3, .max = 1e9, .expects = "seconds > 0"),
         CT_CLI_FLAG("--master", CT_CLI_CUSTOM, o, "HOST:PORT",
                     "the store's address; node 0's ctlaunch hosts the store on PORT, the "
                     "other nodes' ranks get HOST and PORT in CT_MASTER_ADDR and "
@@ -264,8 +310,14 @@ static void parse(int argc, char **argv, options *o) {
         die_usage("-np N is required");
     if (master_port_flag && master_flag)
         die_usage("give the store's port once: --master HOST:PORT or --master-port PORT");
-    if (!o->master_host && o->nnodes > 1)
-        die_usage("--nnodes %d needs --master HOST:PORT, the same on every node", o->nnodes);
+    o->nnodes = o->max_nodes;
+    if (!o->master_host && o->max_nodes > 1)
+        die_usage("--nnodes %d needs --master HOST:PORT, the same on every node", o->max_nodes);
+    if (elastic(o) && o->node_rank_given && o->node_rank != 0)
+        die_usage("--node-rank %d: an elastic job (--nnodes %d:%d) gives out node ranks at each "
+                  "round; pass --node-rank 0 on the node that hosts the store, and none on the "
+                  "others",
+                  o->node_rank, o->min_nodes, o->max_nodes);
     if (!o->master_host)
         o->master_host = strdup("127.0.0.1");
     o->show = malloc(sizeof(bool) * (size_t)o->np);
@@ -273,8 +325,9 @@ static void parse(int argc, char **argv, options *o) {
         perror("ctlaunch");
         exit(1);
     }
-    if (o->node_rank >= o->nnodes)
+    if (!elastic(o) && o->node_rank >= o->nnodes)
         die_usage("--node-rank %d is not below --nnodes %d", o->node_rank, o->nnodes);
+    o->hosts_store = elastic(o) ? o->node_rank_given : o->node_rank == 0;
     if (i >= argc)
         die_usage("no program to run");
     o->argv = &argv[i];
@@ -576,23 +629,24 @@ typedef struct watcher {
     pthread_cond_t cv; /* on CLOCK_MONOTONIC: stop was set */
     /* Guarded by mu. */
     bool stop;
-    int generation; /* the restart count of the running ranks; -1: none */
-    bool *exited;   /* [np]: reaped ranks, which send no more heartbeats */
-    char *report;   /* the hang found in this generation, until taken */
+    int generation;  /* the restart count of the running ranks; -1: none */
+    long first_rank; /* the global rank of local rank 0 in the generation */
+    bool *exited;    /* [np]: reaped ranks, which send no more heartbeats */
+    char *report;    /* the hang found in this generation, until taken */
     bool hung;
     /* The thread's own. */
     ct_store *store;
     beat_state *state; /* [np] */
     bool *gone;        /* [np]: a copy of exited */
     int state_generation;
+    long first; /* a copy of first_rank */
 } watcher;
 
 static void watcher_poll_rank(watcher *w, int generation, int r, double t) {
-    const options *o = w->o;
     beat_state *st = &w->state[r];
     char key[64];
     const char *keys[] = {key};
-    snprintf(key, sizeof key, "ct/hb/%d/%ld", generation, (long)o->node_rank * o->np + r);
+    snprintf(key, sizeof key, "ct/hb/%d/%ld", generation, w->first + r);
     bool exists = true;
     if (!st->seen && ct_store_check(w->store, keys, 1, &exists, 1.0))
         exists = false;
@@ -656,8 +710,7 @@ static char *watcher_judge(const watcher *w, double t) {
             nhung > 1 ? "s" : "");
     for (int r = 0, listed = 0; r < o->np; r++)
         if (rank_hung(w, r, t))
-            appendf(report, cap, &len, "%s %ld", listed++ ? "," : "",
-                    (long)o->node_rank * o->np + r);
+            appendf(report, cap, &len, "%s %ld", listed++ ? "," : "", w->first + r);
     appendf(report, cap, &len, " (--hang-timeout %g); stopping the ranks\n", o->hang_timeout);
     /* Every rank with heartbeats: who waits in a collective, who never came. */
     for (int r = 0; r < o->np; r++) {
@@ -666,8 +719,8 @@ static char *watcher_judge(const watcher *w, double t) {
         if (rank_watched(w, r))
             appendf(report, cap, &len,
                     "ctlaunch:   rank %ld%s: progress %llu, unchanged for %.1f s, %s%s\n",
-                    (long)o->node_rank * o->np + r, rank_hung(w, r, t) ? " (hung)" : "",
-                    st->progress, t - st->changed, waiting ? "waiting in " : "in no collective",
+                    w->first + r, rank_hung(w, r, t) ? " (hung)" : "", st->progress,
+                    t - st->changed, waiting ? "waiting in " : "in no collective",
                     waiting ? st->waiting : "");
     }
     return report;
@@ -690,6 +743,7 @@ static void *watcher_main(void *arg) {
         if (generation < 0 || w->hung)
             continue;
         memcpy(w->gone, w->exited, sizeof *w->gone * (size_t)o->np);
+        w->first = w->first_rank;
         pthread_mutex_unlock(&w->mu);
         if (w->state_generation != generation) {
             memset(w->state, 0, sizeof *w->state * (size_t)o->np);
@@ -759,6 +813,7 @@ static void watcher_watch(watcher *w, int generation) {
         return;
     pthread_mutex_lock(&w->mu);
     w->generation = generation;
+    w->first_rank = (long)w->o->node_rank * w->o->np;
     w->hung = false;
     free(w->report);
     w->report = NULL;
@@ -970,16 +1025,17 @@ static void report(const options *o, rank *ranks, int r) {
 
 /* How a generation of the group ended. */
 typedef struct outcome {
-    enum { ENDED_OK, ENDED_FAILED, ENDED_HUNG, ENDED_SIGNAL } how;
+    enum { ENDED_OK, ENDED_FAILED, ENDED_HUNG, ENDED_SIGNAL, ENDED_REFORM } how;
     int rank;       /* ENDED_FAILED: the local rank that failed first */
     int signal;     /* ENDED_SIGNAL: the signal that stopped it */
     double kill_at; /* when SIGTERM was sent, when SIGKILL is due; else 0 */
 } outcome;
 
-/* Runs one generation of the group to the end. */
-static outcome supervise(const options *o, rank *ranks, watcher *watch) {
+/* Runs one generation of the group to the end; el (NULL unless elastic)
+ * may end it early, when the job re-forms. */
+static outcome supervise(const options *o, rank *ranks, watcher *watch, ctl_elastic *el) {
     int np = o->np, first = -1, stop_signal = 0, alive = np;
-    bool hung = false;
+    bool hung = false, reform = false;
     double kill_at = 0;  /* when SIGKILL follows SIGTERM; 0: not stopping */
     double drain_by = 0; /* after the last exit, how long output may still come */
     struct pollfd *fds = calloc((size_t)(2 * np + 1), sizeof *fds);
@@ -1002,7 +1058,7 @@ static outcome supervise(const options *o, rank *ranks, watcher *watch) {
             drain_by = ct__now() + 1;
         if (alive == 0 && (open_streams == 0 || ct__now() >= drain_by))
             break;
-        int timeout = kill_at > 0 ? (int)((kill_at - ct__now()) * 1000) + 1 : 1000;
+        int timeout = kill_at > 0 ? (int)((kill_at - ct__now()) * 1000) + 1 : el ? 250 : 1000;
         poll(fds, (nfds_t)n, timeout < 0 ? 0 : timeout);
         for (int r = 0; r < np; r++) {
             if (fds[1 + 2 * r].revents)
@@ -1015,7 +1071,7 @@ static outcome supervise(const options *o, rank *ranks, watcher *watch) {
         for (ssize_t i = 0; i < got; i++) {
             if (sigs[i] == HANG_WAKEUP) {
                 char *hang = watcher_take_report(watch);
-                if (hang && first < 0 && !stop_signal && !hung) {
+                if (hang && first < 0 && !stop_signal && !hung && !reform) {
                     fputs(hang, stderr);
                     hung = true;
                     signal_all(ranks, np, SIGTERM);
@@ -1048,12 +1104,19 @@ static outcome supervise(const options *o, rank *ranks, watcher *watch) {
                 ranks[r].exited = true;
                 alive--;
                 watcher_rank_exited(watch, r);
-                if (failed(status) && first < 0 && !stop_signal && !hung) {
+                if (failed(status) && first < 0 && !stop_signal && !hung && !reform) {
                     first = r;
                     signal_all(ranks, np, SIGTERM);
                     kill_at = ct__now() + o->grace;
                 }
             }
+        }
+        if (el && alive > 0 && first < 0 && !stop_signal && !hung && !reform &&
+            ctl_elastic_should_stop(el)) {
+            reform = true;
+            fprintf(stderr, "ctlaunch: the job re-forms; stopping this node's ranks\n");
+            signal_all(ranks, np, SIGTERM);
+            kill_at = ct__now() + o->grace;
         }
         if (reaped || ct__now() - pruned >= 1) {
             signal_all(ranks, np, 0);
@@ -1072,6 +1135,8 @@ static outcome supervise(const options *o, rank *ranks, watcher *watch) {
         return (outcome){.how = ENDED_SIGNAL, .signal = stop_signal, .kill_at = due};
     if (hung)
         return (outcome){.how = ENDED_HUNG, .kill_at = due};
+    if (reform)
+        return (outcome){.how = ENDED_REFORM, .kill_at = due};
     return first >= 0 ? (outcome){.how = ENDED_FAILED, .rank = first, .kill_at = due}
                       : (outcome){.how = ENDED_OK};
 }
@@ -1170,7 +1235,7 @@ static int master_address(const options *o, struct in_addr *a) {
 }
 
 static int place_store(options *o, char bind_at[static INET_ADDRSTRLEN]) {
-    if (o->node_rank != 0) {
+    if (!o->hosts_store) {
         o->store_addr = strdup(o->master_host);
         return o->store_addr ? 0 : (perror("ctlaunch"), 1);
     }
@@ -1229,7 +1294,7 @@ int main(int argc, char **argv) {
     /* Node 0 hosts the store the ranks meet through; it outlives restarts.
      * Without --master it binds a free port, published to the ranks. */
     ct_store_server *store = NULL;
-    if (o.node_rank == 0) {
+    if (o.hosts_store) {
         store = ct_store_server_new(bind_at, o.master_port);
         if (!store) {
             fprintf(stderr, "ctlaunch: cannot host the store: %s\n", ct_errmsg());
@@ -1253,33 +1318,67 @@ int main(int argc, char **argv) {
         ct_store_server_free(store);
         return 1;
     }
-    int code = 0;
-    for (int restart = 0;; restart++) {
-        watcher_watch(&watch, restart);
-        if (spawn(&o, ranks, logs, restart)) {
+    /* An elastic job's rounds give each generation its number and this
+     * node's place; a fixed one counts restarts. */
+    ctl_elastic el = {.min_nodes = o.min_nodes,
+                      .max_nodes = o.max_nodes,
+                      .np = o.np,
+                      .host = o.hosts_store,
+                      .last_call = o.last_call,
+                      .join_timeout = o.join_timeout,
+                      .max_restarts = o.max_restarts};
+    ctl_elastic *elastic_job = elastic(&o) ? &el : NULL;
+    bool started = !elastic_job || !ctl_elastic_start(&el, o.store_addr, o.master_port);
+    int code = started ? 0 : 1;
+    char reason[16] = "start";
+    for (int restart = 0; started; restart++) {
+        int generation = restart;
+        if (elastic_job) {
+            if (ctl_elastic_join(&el, reason, &code))
+                break;
+            code = 0;
+            o.node_rank = el.node_rank;
+            o.nnodes = el.nnodes;
+            generation = el.round;
+        }
+        watcher_watch(&watch, generation);
+        if (spawn(&o, ranks, logs, generation)) {
             signal_all(ranks, o.np, SIGKILL);
             stop_leftovers(&o, ranks, ct__now());
             close_streams(&o, ranks);
             code = 1;
+            if (elastic_job)
+                ctl_elastic_end(&el, code);
             break;
         }
-        outcome end = supervise(&o, ranks, &watch);
+        outcome end = supervise(&o, ranks, &watch, elastic_job);
         watcher_watch(&watch, -1);
         stop_leftovers(&o, ranks, end.kill_at);
         close_streams(&o, ranks);
         if (end.how == ENDED_OK || end.how == ENDED_SIGNAL) {
             code = end.how == ENDED_SIGNAL ? 128 + end.signal : 0;
+            if (elastic_job)
+                ctl_elastic_end(&el, code);
             break;
         }
         if (end.how == ENDED_FAILED)
             report(&o, ranks, end.rank);
+        int fail_code = end.how == ENDED_HUNG     ? HANG_EXIT_CODE
+                        : end.how == ENDED_FAILED ? exit_code(ranks[end.rank].status)
+                                                  : 0;
+        if (elastic_job) {
+            if (ctl_elastic_next(&el, end.how != ENDED_REFORM, fail_code, reason, &code))
+                break;
+            continue;
+        }
         if (restart >= o.max_restarts) {
-            code = end.how == ENDED_HUNG ? HANG_EXIT_CODE : exit_code(ranks[end.rank].status);
+            code = fail_code;
             break;
         }
         fprintf(stderr, "ctlaunch: restarting the group (%d of %d restarts)\n", restart + 1,
                 o.max_restarts);
     }
+    ctl_elastic_free(&el);
     watcher_free(&watch);
     free(ranks);
     free(o.show);

@@ -1,0 +1,273 @@
+/* ctlaunch's elastic rendezvous: elastic.h has the protocol. Every wait
+ * is a store call with a timeout, so a node never waits on a dead host
+ * for longer than --join-timeout; a store call that fails ends this
+ * node's part in the job with a message naming the store. */
+#define _GNU_SOURCE
+
+#include "elastic.h"
+
+#include "base_impl.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+/* How often the host looks at a round that is still open. */
+#define POLL_OPEN_S 0.05
+/* How often a running round is checked for its end. */
+#define POLL_RUNNING_S 0.5
+
+/* "ct/el/<round>/<name>" into key. */
+static const char *key_of(char key[96], int round, const char *name) {
+    snprintf(key, 96, "ct/el/%d/%s", round, name);
+    return key;
+}
+
+static int store_failed(const char *what) {
+    fprintf(stderr,
+            "ctlaunch: elastic rendezvous: %s: %s (the store's host, node 0, may be gone: an "
+            "elastic job lives as long as its host)\n",
+            what, ct_errmsg());
+    return 1;
+}
+
+static int set_str(ctl_elastic *e, const char *key, const char *value) {
+    return ct_store_set(e->store, key, value, strlen(value), -1);
+}
+
+/* The value at key, waiting up to timeout_s, into buf; 0 or a CT_E* code. */
+static int get_str(ctl_elastic *e, const char *key, double timeout_s, char *buf, size_t cap) {
+    void *v = NULL;
+    size_t len = 0;
+    int rc = ct_store_get(e->store, key, &v, &len, timeout_s);
+    if (!rc)
+        snprintf(buf, cap, "%.*s", (int)len, (const char *)v);
+    free(v);
+    return rc;
+}
+
+static bool exists(ctl_elastic *e, const char *key) {
+    bool there = false;
+    return !ct_store_check(e->store, &key, 1, &there, -1) && there;
+}
+
+int ctl_elastic_start(ctl_elastic *e, const char *addr, int port) {
+    if (gethostname(e->hostname, sizeof e->hostname - 32))
+        snprintf(e->hostname, sizeof e->hostname, "?");
+    size_t len = strlen(e->hostname);
+    snprintf(e->hostname + len, sizeof e->hostname - len, ", ctlaunch pid %ld", (long)getpid());
+    e->last_members = calloc((size_t)e->max_nodes, sizeof *e->last_members);
+    if (!e->last_members) {
+        perror("ctlaunch");
+        return 1;
+    }
+    if (!(e->store = ct_store_connect(addr, port, e->join_timeout)))
+        return store_failed("cannot reach the store");
+    char np[32];
+    if (e->host) {
+        snprintf(np, sizeof np, "%d", e->np);
+        return set_str(e, "ct/el/np", np) ? store_failed("publishing -np") : 0;
+    }
+    if (get_str(e, "ct/el/np", -1, np, sizeof np))
+        return store_failed("reading the host's -np");
+    if (atoi(np) != e->np) {
+        fprintf(stderr,
+                "ctlaunch: this node runs -np %d ranks, and the job's host %s per node; every "
+                "node of an elastic job runs the same number\n",
+                e->np, np);
+        return 1;
+    }
+    char current[32];
+    if (get_str(e, "ct/el/current", -1, current, sizeof current))
+        return store_failed("reading the current round");
+    e->round = atoi(current);
+    return 0;
+}
+
+/* How many nodes have joined round g so far, or -1. */
+static int64_t joined(ctl_elastic *e, int g) {
+    char key[96];
+    int64_t n = -1;
+    return ct_store_add(e->store, key_of(key, g, "joined"), 0, &n, -1) ? -1 : n;
+}
+
+/* Prints the closed round: its nodes, and those of the host's last round
+ * that did not come back. */
+static void host_report(ctl_elastic *e, const char *reason) {
+    char key[96], (*now)[256] = calloc((size_t)e->nnodes, sizeof *now);
+    if (!now)
+        return;
+    for (int i = 0; i < e->nnodes; i++) {
+        snprintf(key, sizeof key, "ct/el/%d/node/%d", e->round, i);
+        if (get_str(e, key, -1, now[i], sizeof now[i]))
+            snprintf(now[i], sizeof now[i], "?");
+    }
+    fprintf(stderr, "ctlaunch: round %d (%s): %d node%s, %d ranks:", e->round, reason, e->nnodes,
+            e->nnodes > 1 ? "s" : "", e->nnodes * e->np);
+    for (int i = 0; i < e->nnodes; i++)
+        fprintf(stderr, "%s node %d (%s)", i ? "," : "", i, now[i]);
+    for (int i = 0; i < e->nlast; i++) {
+        bool back = false;
+        for (int j = 0; j < e->nnodes; j++)
+            back |= !strcmp(e->last_members[i], now[j]);
+        if (!back)
+            fprintf(stderr, "; gone since round %d: node %d (%s)", e->round - 1, i,
+                    e->last_members[i]);
+    }
+    fputc('\n', stderr);
+    memcpy(e->last_members, now, sizeof *now * (size_t)e->nnodes);
+    e->nlast = e->nnodes;
+    free(now);
+}
+
+/* Opens e->round, waits for the nodes and closes it. */
+static int host_join(ctl_elastic *e, const char *reason) {
+    char key[96], buf[32];
+    int g = e->round;
+    int64_t n;
+    if (ct_store_add(e->store, key_of(key, g, "joined"), 1, &n, -1) ||
+        set_str(e, key_of(key, g, "node/0"), e->hostname) ||
+        set_str(e, key_of(key, g, "open"), reason))
+        return store_failed("opening a round");
+    snprintf(buf, sizeof buf, "%d", g);
+    if (set_str(e, "ct/el/current", buf))
+        return store_failed("opening a round");
+    double start = ct__now(), enough_at = 0;
+    for (;;) {
+        if ((n = joined(e, g)) < 0)
+            return store_failed("counting the nodes");
+        if (n >= e->max_nodes)
+            break;
+        if (n >= e->min_nodes && enough_at == 0)
+            enough_at = ct__now();
+        if (enough_at > 0 && ct__now() - enough_at >= e->last_call)
+            break;
+        if (enough_at == 0 && ct__now() - start >= e->join_timeout) {
+            fprintf(stderr,
+                    "ctlaunch: round %d: %lld of the --nnodes minimum %d nodes joined within "
+                    "--join-timeout %g s; giving up\n",
+                    g, (long long)n, e->min_nodes, e->join_timeout);
+            return 1;
+        }
+        nanosleep(&(struct timespec){0, (long)(POLL_OPEN_S * 1e9)}, NULL);
+    }
+    e->nnodes = (int)(n < e->max_nodes ? n : e->max_nodes);
+    e->node_rank = 0;
+    snprintf(buf, sizeof buf, "%d", e->nnodes);
+    if (set_str(e, key_of(key, g, "size"), buf))
+        return store_failed("closing a round");
+    host_report(e, reason);
+    return 0;
+}
+
+int ctl_elastic_join(ctl_elastic *e, const char *reason, int *code) {
+    *code = 1; /* what a failed store call ends the job with */
+    e->next_poll = 0;
+    e->stop_why = STOP_NONE;
+    if (e->host)
+        return host_join(e, reason);
+    for (;;) {
+        char key[96], buf[64];
+        int g = e->round;
+        if (get_str(e, key_of(key, g, "open"), e->join_timeout, buf, sizeof buf))
+            return store_failed("waiting for the next round");
+        if (!strncmp(buf, "end ", 4)) {
+            *code = atoi(buf + 4);
+            fprintf(stderr, "ctlaunch: the job's host ended the job (code %d)\n", *code);
+            return 1;
+        }
+        int64_t n;
+        if (ct_store_add(e->store, key_of(key, g, "joined"), 1, &n, -1))
+            return store_failed("joining a round");
+        snprintf(key, sizeof key, "ct/el/%d/node/%lld", g, (long long)n - 1);
+        if (set_str(e, key, e->hostname) ||
+            get_str(e, key_of(key, g, "size"), e->join_timeout + e->last_call, buf, sizeof buf))
+            return store_failed("joining a round");
+        int size = atoi(buf);
+        if (n - 1 < size) {
+            e->node_rank = (int)(n - 1);
+            e->nnodes = size;
+            fprintf(stderr, "ctlaunch: round %d: this is node %d of %d (ranks %d to %d)\n", g,
+                    e->node_rank, size, e->node_rank * e->np, (e->node_rank + 1) * e->np - 1);
+            return 0;
+        }
+        fprintf(stderr,
+                "ctlaunch: round %d closed with %d nodes before this one joined; "
+                "waiting for the next round\n",
+                g, size);
+        e->round++;
+    }
+}
+
+bool ctl_elastic_should_stop(ctl_elastic *e) {
+    if (ct__now() < e->next_poll)
+        return false;
+    e->next_poll = ct__now() + POLL_RUNNING_S;
+    char key[96], buf[64];
+    if (!e->host) {
+        /* A job that ended well ("end 0") lets the ranks finish. */
+        return exists(e, key_of(key, e->round + 1, "open")) &&
+               !(get_str(e, key, -1, buf, sizeof buf) == 0 && !strcmp(buf, "end 0"));
+    }
+    /* The reason is kept from here: once this node stops its ranks, the
+     * others' fail, and their requests that follow are no cause. */
+    if (exists(e, key_of(key, e->round, "restart")))
+        e->stop_why = STOP_FAILED;
+    else if (e->nnodes < e->max_nodes && joined(e, e->round) > e->nnodes)
+        e->stop_why = STOP_GROW;
+    return e->stop_why != STOP_NONE;
+}
+
+int ctl_elastic_next(ctl_elastic *e, bool failed, int fail_code, char reason[16], int *code) {
+    char key[96], buf[64];
+    int g = e->round;
+    if (!e->host) {
+        if (failed) {
+            snprintf(buf, sizeof buf, "%d %d", fail_code, e->node_rank);
+            set_str(e, key_of(key, g, "restart"), buf);
+        }
+        e->round++;
+        snprintf(reason, 16, "-");
+        return 0;
+    }
+    int who = 0;
+    if (!failed && e->stop_why == STOP_FAILED &&
+        !get_str(e, key_of(key, g, "restart"), -1, buf, sizeof buf) &&
+        sscanf(buf, "%d %d", &fail_code, &who) == 2)
+        failed = true;
+    e->stop_why = STOP_NONE;
+    if (failed) {
+        e->restarts++;
+        fprintf(stderr, "ctlaunch: round %d failed on node %d (code %d)", g, who, fail_code);
+        if (e->restarts > e->max_restarts) {
+            fprintf(stderr, "; no restarts left (--max-restarts %d)\n", e->max_restarts);
+            *code = fail_code;
+            ctl_elastic_end(e, fail_code);
+            return 1;
+        }
+        fprintf(stderr, "; re-forming the job (restart %d of %d)\n", e->restarts, e->max_restarts);
+        snprintf(reason, 16, "fail");
+    } else {
+        fprintf(stderr, "ctlaunch: a node waits to join round %d; re-forming the job with it\n", g);
+        snprintf(reason, 16, "grow");
+    }
+    e->round++;
+    return 0;
+}
+
+void ctl_elastic_end(ctl_elastic *e, int code) {
+    if (!e->host || !e->store)
+        return;
+    char key[96], buf[32];
+    snprintf(buf, sizeof buf, "end %d", code);
+    set_str(e, key_of(key, e->round + 1, "open"), buf);
+}
+
+void ctl_elastic_free(ctl_elastic *e) {
+    ct_store_free(e->store);
+    free(e->last_members);
+    e->store = NULL;
+    e->last_members = NULL;
+}
