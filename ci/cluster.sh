@@ -9,6 +9,7 @@
 #   ci/cluster.sh run [OPTIONS] [--timeout S] -- COMMAND...
 #   ci/cluster.sh up [OPTIONS] --state FILE
 #   ci/cluster.sh exec [--state FILE] HOST COMMAND...
+#   ci/cluster.sh crash [--state FILE] HOST
 #   ci/cluster.sh down [--state FILE]
 #
 # run brings a cluster up, runs COMMAND (in this namespace) with
@@ -18,7 +19,9 @@
 # (124 past the timeout, 128 + N after signal N). up leaves the cluster
 # running for exec and down. exec runs COMMAND on HOST (a host name or
 # address), in its own UTS namespace with HOST as its host name; the state
-# file is --state's, else CT_CLUSTER_STATE's.
+# file is --state's, else CT_CLUSTER_STATE's. crash kills every process on
+# HOST at once (SIGKILL), as a power cut would, and waits until none is left;
+# the host stays, empty, until down.
 #
 # OPTIONS:
 #   --hosts N       hosts node0 .. node<N-1> (default 2, at most 200)
@@ -40,7 +43,7 @@ term_grace=5
 kill_grace=5
 
 usage() {
-    sed -n '9,33s/^# \{0,1\}//p' "$self"
+    sed -n '9,37s/^# \{0,1\}//p' "$self"
 }
 
 die() {
@@ -262,6 +265,18 @@ exec_on() {
         sh -c 'hostname "$0" && exec "$@"' "${hosts[i]}" "$@"
 }
 
+# Every process in HOST's namespace gets SIGKILL at once, again for those
+# that a dying one started meanwhile, until none is left (5 s at most).
+crash() {
+    local ns pids waited=0
+    ns=$(ns_of "${hosts[$(host_index "$1")]}")
+    while mapfile -t pids < <(ip netns pids "$ns" 2>/dev/null) && ((${#pids[@]} > 0)); do
+        kill -KILL "${pids[@]}" 2>/dev/null || true
+        ((waited++ < 50)) || die "crash $1: processes $(echo "${pids[@]}") are still there after 5 s"
+        sleep 0.1
+    done
+}
+
 # ---------------------------------------------------------------- run
 
 run() {
@@ -373,10 +388,15 @@ exec)
     read_state "$(state_arg)"
     exec_on "$@"
     ;;
+crash)
+    (($# == 1)) || die "crash needs a host: ci/cluster.sh crash HOST"
+    read_state "$(state_arg)"
+    crash "$1"
+    ;;
 down)
     down "$(state_arg)"
     ;;
 *)
-    die "unknown command '$cmd' (run, up, exec or down; ci/cluster.sh --help)"
+    die "unknown command '$cmd' (run, up, exec, crash or down; ci/cluster.sh --help)"
     ;;
 esac

@@ -182,12 +182,21 @@ const char *example_json_number(char buf[32], double v) {
 }
 
 FILE *example_metrics_open(const char *path, int64_t resumed_at, const char *checkpoint) {
-    FILE *f = fopen(path, resumed_at > 0 ? "a" : "w");
+    FILE *f = fopen(path, resumed_at > 0 ? "a+" : "w");
     if (!f) {
         ct_seterr(CT_EIO, "%s: %s", path, strerror(errno));
         return NULL;
     }
+    /* A line at a time, so that a run stopped by a signal (a restart, an
+     * elastic job re-forming) leaves whole lines. */
+    setvbuf(f, NULL, _IOLBF, 0);
     if (resumed_at > 0) {
+        /* A run killed in the middle of a line left it torn: it stays on a
+         * line of its own. */
+        bool torn = fseek(f, -1, SEEK_END) == 0 && fgetc(f) != '\n';
+        fseek(f, 0, SEEK_END); /* between a read and a write */
+        if (torn)
+            fputc('\n', f);
         /* The path as a JSON string: escape what JSON requires. */
         fprintf(f, "{\"resumed_at_step\":%lld,\"checkpoint\":\"", (long long)resumed_at);
         for (const unsigned char *c = (const unsigned char *)checkpoint; *c; c++)

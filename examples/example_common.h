@@ -120,7 +120,8 @@ const char *example_json_number(char buf[32], double v);
 /* Opens the metrics file at path for a run: a fresh one (resumed_at 0)
  * starts it anew; a resumed one appends, after a marker line
  * {"resumed_at_step": N, "checkpoint": "PATH"}, so that the history of the
- * steps before stays. NULL with the message set on error. */
+ * steps before stays (a line a killed run left torn stays on its own).
+ * Line-buffered. NULL with the message set on error. */
 FILE *example_metrics_open(const char *path, int64_t resumed_at, const char *checkpoint);
 
 /* ------------------------------------------------------- model and data */

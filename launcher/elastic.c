@@ -93,33 +93,66 @@ static int64_t joined(ctl_elastic *e, int g) {
     return ct_store_add(e->store, key_of(key, g, "joined"), 0, &n, -1) ? -1 : n;
 }
 
-/* Prints the closed round: its nodes, and those of the host's last round
- * that did not come back. */
-static void host_report(ctl_elastic *e, const char *reason) {
-    char key[96], (*now)[256] = calloc((size_t)e->nnodes, sizeof *now);
-    if (!now)
-        return;
-    for (int i = 0; i < e->nnodes; i++) {
+/* Orders the nodes admitted to the closed round, publishes the order as
+ * "G/order" (one node per line) and prints it, with the nodes of the
+ * host's last round that did not come back. The nodes of the last round
+ * keep their order, so that node ranks move as little as they can; new
+ * ones follow in the order they joined. 0, or 1 after a message. */
+static int host_order(ctl_elastic *e, const char *reason) {
+    int k = e->nnodes;
+    char key[96], (*arrived)[256] = calloc((size_t)k, sizeof *arrived),
+                  (*order)[256] = calloc((size_t)k, sizeof *order);
+    bool *placed = calloc((size_t)k, sizeof *placed);
+    char *list = malloc((size_t)k * 257 + 1);
+    int rc = 0;
+    if (!arrived || !order || !placed || !list) {
+        perror("ctlaunch");
+        rc = 1;
+    }
+    for (int i = 0; !rc && i < k; i++) {
         snprintf(key, sizeof key, "ct/el/%d/node/%d", e->round, i);
-        if (get_str(e, key, -1, now[i], sizeof now[i]))
-            snprintf(now[i], sizeof now[i], "?");
+        if (get_str(e, key, -1, arrived[i], sizeof arrived[i]))
+            rc = store_failed("reading who joined");
     }
-    fprintf(stderr, "ctlaunch: round %d (%s): %d node%s, %d ranks:", e->round, reason, e->nnodes,
-            e->nnodes > 1 ? "s" : "", e->nnodes * e->np);
-    for (int i = 0; i < e->nnodes; i++)
-        fprintf(stderr, "%s node %d (%s)", i ? "," : "", i, now[i]);
-    for (int i = 0; i < e->nlast; i++) {
-        bool back = false;
-        for (int j = 0; j < e->nnodes; j++)
-            back |= !strcmp(e->last_members[i], now[j]);
-        if (!back)
-            fprintf(stderr, "; gone since round %d: node %d (%s)", e->round - 1, i,
-                    e->last_members[i]);
+    /* The last round's nodes first, in their order (the host is its node
+     * 0, and is in every round); then the new ones, as they came. */
+    int n = 0;
+    for (int a = 0; !rc && a < e->nlast; a++)
+        for (int i = 0; i < k; i++)
+            if (!placed[i] && !strcmp(arrived[i], e->last_members[a])) {
+                placed[i] = true;
+                memcpy(order[n++], arrived[i], sizeof *order);
+            }
+    for (int i = 0; !rc && i < k; i++)
+        if (!placed[i])
+            memcpy(order[n++], arrived[i], sizeof *order);
+    size_t len = 0;
+    for (int i = 0; !rc && i < k; i++)
+        len += (size_t)sprintf(list + len, "%s\n", order[i]);
+    if (!rc && set_str(e, key_of(key, e->round, "order"), list))
+        rc = store_failed("publishing the node ranks");
+    if (!rc) {
+        fprintf(stderr, "ctlaunch: round %d (%s): %d node%s, %d ranks:", e->round, reason, k,
+                k > 1 ? "s" : "", k * e->np);
+        for (int i = 0; i < k; i++)
+            fprintf(stderr, "%s node %d (%s)", i ? "," : "", i, order[i]);
+        for (int i = 0; i < e->nlast; i++) {
+            bool back = false;
+            for (int j = 0; j < k; j++)
+                back |= !strcmp(e->last_members[i], order[j]);
+            if (!back)
+                fprintf(stderr, "; gone since round %d: node %d (%s)", e->round - 1, i,
+                        e->last_members[i]);
+        }
+        fputc('\n', stderr);
+        memcpy(e->last_members, order, sizeof *order * (size_t)k);
+        e->nlast = k;
     }
-    fputc('\n', stderr);
-    memcpy(e->last_members, now, sizeof *now * (size_t)e->nnodes);
-    e->nlast = e->nnodes;
-    free(now);
+    free(arrived);
+    free(order);
+    free(placed);
+    free(list);
+    return rc;
 }
 
 /* Opens e->round, waits for the nodes and closes it. */
@@ -158,8 +191,17 @@ static int host_join(ctl_elastic *e, const char *reason) {
     snprintf(buf, sizeof buf, "%d", e->nnodes);
     if (set_str(e, key_of(key, g, "size"), buf))
         return store_failed("closing a round");
-    host_report(e, reason);
-    return 0;
+    return host_order(e, reason);
+}
+
+/* The index of the line of list (lines ending in '\n') that is id, or -1. */
+static int line_of(const char *list, const char *id) {
+    size_t len = strlen(id);
+    int i = 0;
+    for (const char *end; (end = strchr(list, '\n')); list = end + 1, i++)
+        if ((size_t)(end - list) == len && !memcmp(list, id, len))
+            return i;
+    return -1;
 }
 
 int ctl_elastic_join(ctl_elastic *e, const char *reason, int *code) {
@@ -185,9 +227,17 @@ int ctl_elastic_join(ctl_elastic *e, const char *reason, int *code) {
         if (set_str(e, key, e->hostname) ||
             get_str(e, key_of(key, g, "size"), e->join_timeout + e->last_call, buf, sizeof buf))
             return store_failed("joining a round");
-        int size = atoi(buf);
+        int size = atoi(buf), place = -1;
         if (n - 1 < size) {
-            e->node_rank = (int)(n - 1);
+            void *order = NULL;
+            size_t len = 0;
+            if (ct_store_get(e->store, key_of(key, g, "order"), &order, &len, -1))
+                return store_failed("reading the node ranks");
+            place = line_of(order, e->hostname);
+            free(order);
+        }
+        if (place >= 0) {
+            e->node_rank = place;
             e->nnodes = size;
             fprintf(stderr, "ctlaunch: round %d: this is node %d of %d (ranks %d to %d)\n", g,
                     e->node_rank, size, e->node_rank * e->np, (e->node_rank + 1) * e->np - 1);

@@ -289,8 +289,9 @@ case_two_clusters_at_once() {
     nothing_left "ctc$pid"
 }
 
-# up, exec and down by hand: the state file finds the cluster, an unknown
-# host is an error naming the hosts, and down removes it all.
+# up, exec, crash and down by hand: the state file finds the cluster, an
+# unknown host is an error naming the hosts, crash empties one host, and
+# down removes it all.
 case_up_exec_down() {
     local state=$tmp/up.state out
     out=$("$cluster" up --hosts 2 --name "$prefix-m" --state "$state")
@@ -302,6 +303,16 @@ case_up_exec_down() {
         fail "exec on a host that is not there succeeded"
     fi
     [[ $out == *"no host 'node7'"*"node0 node1"* ]] || fail "exec node7 said '$out'"
+    # crash kills everything on node1 at once, SIGTERM ignored or not, and
+    # nothing on node0.
+    export CT_CLUSTER_STATE=$state
+    daemon node1 "$tmp/crash1.pid"
+    daemon node1 "$tmp/crash2.pid" stubborn
+    daemon node0 "$tmp/crash0.pid"
+    "$cluster" crash node1
+    [[ -z $(ip netns pids "$prefix-m-node1") ]] || fail "crash left processes on node1: $(ip netns pids "$prefix-m-node1")"
+    kill -0 "$(cat "$tmp/crash0.pid")" || fail "crash node1 killed node0's process"
+    unset CT_CLUSTER_STATE
     "$cluster" down --state "$state"
     [[ ! -e $state ]] || fail "down left the state file"
     nothing_left "$prefix-m"
