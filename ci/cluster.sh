@@ -272,7 +272,7 @@ crash() {
     ns=$(ns_of "${hosts[$(host_index "$1")]}")
     while mapfile -t pids < <(ip netns pids "$ns" 2>/dev/null) && ((${#pids[@]} > 0)); do
         kill -KILL "${pids[@]}" 2>/dev/null || true
-        ((waited++ < 50)) || die "crash $1: processes $(echo "${pids[@]}") are still there after 5 s"
+        ((waited++ < 50)) || die "crash $1: processes ${pids[*]} are still there after 5 s"
         sleep 0.1
     done
 }

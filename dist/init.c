@@ -392,31 +392,66 @@ static int gloo_config(ct_comm_config *cfg) {
     return 0;
 }
 
-/* Several ranks on each of several machines: hierarchical, when asked for
- * or when auto chose gloo. */
+/* Hierarchical when asked for; when auto chose gloo, if the machines fit
+ * (machines_fit decides). */
 static bool wants_hier(void) {
-    const ct_world *w = &g.world;
-    return g.backend == CT_BACKEND_HIER || (g.auto_chosen && g.backend == CT_BACKEND_GLOO &&
-                                            w->local_size > 1 && w->local_size < w->size);
+    return g.backend == CT_BACKEND_HIER ||
+           (g.auto_chosen && g.backend == CT_BACKEND_GLOO && g.world.size > 1);
+}
+
+/* Whether there are several machines with as many ranks on each, more than
+ * one: what the hierarchical communicator is for. Decided alike on every
+ * rank, from an allgather of the machine ids over the flat communicator:
+ * the environment's local sizes may differ from rank to rank (Slurm's
+ * uneven tasks per node), so no rank can decide alone. */
+static int machines_fit(uint64_t machine, bool *fit) {
+    const int n = g.world.size;
+    ct_scope_begin();
+    ct_tensor *mine = ct_from_data(&machine, CT_SHAPE(1), CT_INT64);
+    ct_tensor *all = ct_empty(1, (int64_t[]){n}, CT_INT64);
+    int rc = mine && all ? ct_comm_allgather(g.comm, all, mine, NULL) : ct_errcode();
+    if (!rc) {
+        const int64_t *ids = ct_data_ptr(all);
+        int machines = 0, first_count = -1;
+        bool even = true;
+        for (int r = 0; r < n; r++) {
+            bool seen = false;
+            for (int q = 0; q < r && !seen; q++)
+                seen = ids[q] == ids[r];
+            if (seen)
+                continue;
+            int count = 0;
+            for (int q = r; q < n; q++)
+                count += ids[q] == ids[r];
+            machines++;
+            even &= first_count < 0 || count == first_count;
+            if (first_count < 0)
+                first_count = count;
+        }
+        *fit = machines > 1 && even && first_count > 1;
+    }
+    ct_scope_end();
+    return rc;
 }
 
 /* Makes the world communicator g.comm (of flat's backend) hierarchical.
  * Under ctlaunch a machine is a node of its command line (ranks are
  * numbered node by node), else a host name and boot id. When auto chose
- * it, machines of different sizes keep the flat communicator. */
+ * it, machines that do not fit keep the flat communicator. */
 static int make_hier(void) {
     const ct_world *w = &g.world;
     uint64_t machine = w->source == CT_WORLD_CTLAUNCH ? (uint64_t)(w->rank / w->local_size)
                                                       : ct__dist_rdzv_machine_key();
+    bool fit = true;
+    int rc = g.backend == CT_BACKEND_HIER ? 0 : machines_fit(machine, &fit);
     ct_comm *h = NULL;
-    int rc = ct_comm_hierarchical(g.comm, machine, &h);
+    if (!rc && !fit)
+        return 0;
+    if (!rc)
+        rc = ct_comm_hierarchical(g.comm, machine, &h);
     if (!rc) {
         g.comm = h;
         g.backend = CT_BACKEND_HIER;
-        return 0;
-    }
-    if (g.backend != CT_BACKEND_HIER && rc == CT_EINVAL) {
-        ct_errclear();
         return 0;
     }
     return with_context("dist_init: rank %d of %d: the hierarchical communicator", w->rank,

@@ -1,7 +1,8 @@
-# What the cluster tests (test_mpirun_cluster.sh, test_ctlaunch_cluster.sh)
-# check about a job across node0 and node1 of the test cluster, sourced by
-# them: where each rank ran (its own process's report, tests/ci/whereami.sh)
-# and what crossed node1's link. The caller sets $cluster (ci/cluster.sh),
+# What the cluster tests (test_mpirun_cluster.sh, test_ctlaunch_cluster.sh,
+# test_elastic_cluster.sh) check about a job across node0 and node1 of the
+# test cluster, sourced by them: where each rank ran (its own process's
+# report, tests/ci/whereami.sh) and what crossed node1's link; and how each
+# runs itself inside a cluster. The caller sets $cluster (ci/cluster.sh),
 # $tmp (the job's output is $tmp/out) and runs inside `cluster.sh run`.
 
 # Bytes that node1's eth0 must count each way in a run: the large allreduce
@@ -62,4 +63,20 @@ ranks_passed() {
     if ((n != want)) || grep -q FAIL "$tmp/out"; then
         fail "$1: $n of $want ranks passed: $(grep -E 'FAIL|ok   ' "$tmp/out" | head -n 20)"
     fi
+}
+
+# Runs this script again inside a cluster of $1 hosts (ci/cluster.sh run,
+# within $2 s) with the arguments that follow and then "--inside TMP", TMP
+# a directory of its own removed afterwards; exits with its code, saying
+# why when it is 77 (no cluster can be made here).
+run_inside_cluster() {
+    local nhosts=$1 timeout=$2 rc=0
+    shift 2
+    tmp=$(mktemp -d "${TMPDIR:-/tmp}/$(basename "$0" .sh).XXXXXX")
+    trap 'rm -rf "$tmp"' EXIT
+    "$cluster" run --hosts "$nhosts" --timeout "$timeout" -- bash "$0" "$@" --inside "$tmp" || rc=$?
+    if ((rc == 77)); then
+        echo "skipped: the test cluster cannot be made here (above)"
+    fi
+    exit "$rc"
 }

@@ -14,13 +14,16 @@
 #                           global batch (two ranks' sums are exact in any
 #                           order, so the backends agree bit for bit)
 #
+# env:// by hand with 2 ranks on node0 and 1 on node1 (ctlaunch_rank
+# dist): machines of different sizes, so auto keeps flat gloo on every rank
+# alike, and CT_BACKEND=hier is refused on every rank, naming the sizes;
 # and, where torchrun is installed, `torchrun --nnodes 2 --node_rank K
 # --master_addr node0 --no_python` on each host, coll_rank across_hosts
 # again (one world of 2 on gloo, the secret in CT_SECRET_FILE); it proves
 # each time where the ranks ran and that node1's link carried the job
 # (tests/ci/cluster_checks.sh).
 #
-#   test_ctlaunch_cluster.sh CTLAUNCH COLL_RANK [FMNIST_MLP GPT TORCHRUN]
+#   test_ctlaunch_cluster.sh CTLAUNCH COLL_RANK DIST_RANK [FMNIST_MLP GPT TORCHRUN]
 #
 # Exits 77 (skipped) where the cluster cannot be made, or when CT_TEST_GLOO
 # is not ON (a build without gloo); without Fashion-MNIST or fortunes that
@@ -29,12 +32,13 @@ set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cluster=$here/../../ci/cluster.sh
-usage="usage: test_ctlaunch_cluster.sh CTLAUNCH COLL_RANK [FMNIST_MLP GPT TORCHRUN]"
+usage="usage: test_ctlaunch_cluster.sh CTLAUNCH COLL_RANK DIST_RANK [FMNIST_MLP GPT TORCHRUN]"
 ctlaunch=${1:?$usage}
 coll_rank=${2:?$usage}
-fmnist=${3:-}
-gpt=${4:-}
-torchrun=${5:-}
+dist_rank=${3:?$usage}
+fmnist=${4:-}
+gpt=${5:-}
+torchrun=${6:-}
 data=/usr/share/datasets/fashion-mnist
 fortunes=/usr/share/games/fortunes
 port=29512
@@ -87,6 +91,25 @@ across_torchrun() {
     crossed_the_link "$before"
 }
 
+# Ranks 0 and 1 on node0 and rank 2 on node1 under env:// (set by hand,
+# with each host's LOCAL_WORLD_SIZE), the variables that follow added:
+# ctlaunch_rank's dist mode, its outputs in $tmp/uneven.R; the number of
+# ranks that failed.
+uneven() {
+    local r host pids=() failed=0
+    for r in 0 1 2; do
+        host=node$((r / 2))
+        on "$host" env RANK=$r WORLD_SIZE=3 LOCAL_RANK=$((r % 2)) LOCAL_WORLD_SIZE=$((2 - r / 2)) \
+            MASTER_ADDR=node0 MASTER_PORT=$((port + 20)) CT_SECRET_FILE="$tmp/secret" "$@" \
+            timeout -k 5 60 "$dist_rank" dist >"$tmp/uneven.$r" 2>&1 &
+        pids+=($!)
+    done
+    for r in 0 1 2; do
+        wait "${pids[r]}" || failed=$((failed + 1))
+    done
+    return "$failed"
+}
+
 # argv's output on one machine, two ranks under one ctlaunch, into $tmp/one.
 alone() {
     "$ctlaunch" -np 2 "$@" >"$tmp/one" 2>&1 || fail "ctlaunch -np 2 ${*##*/} exited $?: $(tail -n 20 "$tmp/one")"
@@ -123,6 +146,21 @@ inside() {
     ranks_per_host=2 ranks_passed correctness
     echo "ok   coll_rank correctness on 2 hosts x 2 ranks (hierarchical)"
 
+    uneven || fail "env:// with 2 ranks on node0 and 1 on node1: $? ranks failed: $(cat "$tmp"/uneven.*)"
+    for r in 0 1 2; do
+        grep -q "^dist rank=$r size=3 local=$((r % 2))/$((2 - r / 2)) backend=gloo sum=6 " "$tmp/uneven.$r" ||
+            fail "uneven machines: rank $r is not in one world of 3 on flat gloo: $(cat "$tmp/uneven.$r")"
+    done
+    echo "ok   machines of 2 and 1 ranks: auto keeps flat gloo"
+    if uneven CT_BACKEND=hier; then
+        fail "CT_BACKEND=hier on machines of 2 and 1 ranks succeeded"
+    fi
+    for r in 0 1 2; do
+        grep -q "different numbers of ranks (2 on rank 0's, 1 on rank 2's)" "$tmp/uneven.$r" ||
+            fail "CT_BACKEND=hier on uneven machines: rank $r did not say why: $(cat "$tmp/uneven.$r")"
+    done
+    echo "ok   machines of 2 and 1 ranks: CT_BACKEND=hier refused, naming the sizes"
+
     if [[ -z $fmnist ]]; then
         echo "  no fmnist_mlp in this build: its run is left out"
     elif [[ ! -r $data/train-images-idx3-ubyte.gz ]]; then
@@ -158,8 +196,8 @@ inside() {
     fi
 }
 
-if [[ ${6:-} == --inside ]]; then
-    tmp=$7
+if [[ ${7:-} == --inside ]]; then
+    tmp=$8
     inside
     exit
 fi
@@ -168,11 +206,4 @@ if [[ ${CT_TEST_GLOO:-ON} != ON ]]; then
     echo "skipped: this build has no gloo backend (libgloo-dev was not found), which ranks across hosts need"
     exit 77
 fi
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/test_ctlaunch_cluster.XXXXXX")
-trap 'rm -rf "$tmp"' EXIT
-rc=0
-"$cluster" run --hosts 2 --timeout 400 -- bash "$0" "$ctlaunch" "$coll_rank" "$fmnist" "$gpt" "$torchrun" --inside "$tmp" || rc=$?
-if ((rc == 77)); then
-    echo "skipped: the test cluster cannot be made here (above)"
-fi
-exit "$rc"
+run_inside_cluster 2 400 "$ctlaunch" "$coll_rank" "$dist_rank" "$fmnist" "$gpt" "$torchrun"

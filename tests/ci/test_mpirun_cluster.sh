@@ -97,11 +97,4 @@ if [[ -z $mpirun || ! -x $mpirun ]]; then
     echo "skipped: this build has no Open MPI (mpirun '$mpirun')"
     exit 77
 fi
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/test_mpirun_cluster.XXXXXX")
-trap 'rm -rf "$tmp"' EXIT
-rc=0
-"$cluster" run --hosts 2 --timeout 400 -- bash "$0" "$mpirun" "$coll_rank" "$fmnist" --inside "$tmp" || rc=$?
-if ((rc == 77)); then
-    echo "skipped: the test cluster cannot be made here (above)"
-fi
-exit "$rc"
+run_inside_cluster 2 400 "$mpirun" "$coll_rank" "$fmnist"

@@ -655,3 +655,71 @@ TEST(bad_usage_names_the_flag) {
     ASSERT_EQ(code_of(&r), 127);
     ASSERT_STR_CONTAINS(r.err, "cannot run '/nonexistent/program'");
 }
+
+/* Starts ctlaunch with args in the background, its output discarded. */
+static pid_t start_ctlaunch(const char *const *args) {
+    const char *argv[64] = {CTLAUNCH_PATH};
+    int n = 1;
+    for (; args[n - 1] && n < 63; n++)
+        argv[n] = args[n - 1];
+    argv[n] = NULL;
+    pid_t pid = fork();
+    if (pid == 0) {
+        int null = open("/dev/null", O_RDWR);
+        dup2(null, STDOUT_FILENO);
+        dup2(null, STDERR_FILENO);
+        execv(argv[0], (char *const *)argv);
+        _exit(126);
+    }
+    return pid;
+}
+
+/* --nnodes MIN:MAX on one node (test_elastic_cluster has the job that
+ * changes its members): the rounds, and what does not fit. */
+TEST(an_elastic_job_forms_rounds_and_refuses_what_does_not_fit) {
+    static result r;
+    char master[64];
+    run(&r, (const char *[]){"-np", "1", "--nnodes", "3:2", RANK_PATH, "env", NULL}, 10);
+    ASSERT_EQ(code_of(&r), 2);
+    ASSERT_STR_CONTAINS(r.err, "--nnodes: needs M or MIN:MAX with 1 <= MIN <= MAX");
+    setenv("CT_JOB_SECRET", "test-launcher-shared-secret", 1);
+    snprintf(master, sizeof master, "127.0.0.1:%d", free_port());
+    run(&r,
+        (const char *[]){"-np", "1", "--nnodes", "1:2", "--node-rank", "1", "--master", master,
+                         RANK_PATH, "env", NULL},
+        10);
+    ASSERT_EQ(code_of(&r), 2);
+    ASSERT_STR_CONTAINS(r.err, "gives out node ranks at each round");
+    /* The host alone closes round 0 once --last-call has passed. */
+    run(&r,
+        (const char *[]){"-np", "2", "--nnodes", "1:3", "--node-rank", "0", "--master", master,
+                         "--last-call", "0.3", RANK_PATH, "env", NULL},
+        20);
+    ASSERT_EQ(code_of(&r), 0);
+    ASSERT_STR_CONTAINS(r.err, "round 0 (start): 1 node, 2 ranks: node 0 (");
+    ASSERT_STR_CONTAINS(r.out, "[rank 1] rank=1 world=2 local=1 local_world=2");
+    ASSERT_STR_CONTAINS(r.out, "restart=0");
+    /* Fewer nodes than MIN within --join-timeout. */
+    snprintf(master, sizeof master, "127.0.0.1:%d", free_port());
+    run(&r,
+        (const char *[]){"-np", "1", "--nnodes", "2:3", "--node-rank", "0", "--master", master,
+                         "--join-timeout", "0.5", RANK_PATH, "env", NULL},
+        20);
+    ASSERT_EQ(code_of(&r), 1);
+    ASSERT_STR_CONTAINS(r.err,
+                        "round 0: 1 of the --nnodes minimum 2 nodes joined within --join-timeout "
+                        "0.5 s; giving up");
+    /* A node with another -np than the host's is refused. */
+    snprintf(master, sizeof master, "127.0.0.1:%d", free_port());
+    pid_t host = start_ctlaunch((const char *[]){"-np", "2", "--nnodes", "2:3", "--node-rank", "0",
+                                                 "--master", master, "--join-timeout", "10",
+                                                 RANK_PATH, "env", NULL});
+    run(&r,
+        (const char *[]){"-np", "1", "--nnodes", "2:3", "--master", master, RANK_PATH, "env", NULL},
+        20);
+    kill(host, SIGKILL);
+    waitpid(host, NULL, 0);
+    unsetenv("CT_JOB_SECRET");
+    ASSERT_EQ(code_of(&r), 1);
+    ASSERT_STR_CONTAINS(r.err, "this node runs -np 1 ranks, and the job's host 2 per node");
+}
