@@ -245,6 +245,16 @@ static int train(const options *o, bool *complete) {
         opt && !ct_sampler_init(&sampler, &so) ? ct_loader_new(d.train_x, d.train_y, &lo) : NULL;
     if (!loader)
         return -1;
+    /* Row k of this rank's batch is row rank + ranks * k of the global
+     * batch (the sampler's rule): dropout keyed by it draws each sample's
+     * mask as one rank holding the whole batch would. */
+    int64_t *batch_rows = malloc(sizeof *batch_rows * (size_t)lo.batch_size);
+    if (!batch_rows) {
+        ct_seterr(CT_ENOMEM, "out of memory for %lld rows", (long long)lo.batch_size);
+        return -1;
+    }
+    for (int64_t k = 0; k < lo.batch_size; k++)
+        batch_rows[k] = rank + (int64_t)ranks * k;
     int64_t steps_per_epoch = ct_loader_num_batches(loader);
     int64_t total = steps_per_epoch * o->common.epochs;
     if (o->common.max_steps > 0 && o->common.max_steps < total)
@@ -311,6 +321,8 @@ static int train(const options *o, bool *complete) {
             int got = ct_loader_next(loader, &x, &y);
             if (got == 1) {
                 rc = ct_optim_set_lr(opt, ct_lr_schedule_at(&sched, step));
+                if (!rc)
+                    rc = ct_dropout_key_rows(batch_rows, ct_size(x, 0), ct_size(x, 0) * ranks);
                 ct_device dev = device_of(net);
                 ct_tensor *loss =
                     ct_cross_entropy(ct_module_forward(net, ct_to(x, dev)), ct_to(y, dev), NULL);
@@ -397,6 +409,8 @@ static int train(const options *o, bool *complete) {
                               timed > 0 ? (double)timed_samples / timed : 0, acc, epoch_loss);
     }
 done:
+    ct_dropout_key_rows(NULL, 0, 0);
+    free(batch_rows);
     if (example_ckpt_finish(&ckpt.ck) && !rc)
         rc = -1;
     if (stopped && rank == 0)

@@ -3,6 +3,7 @@
 #include "nn_impl.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 
 /* ------------------------------------------------------------- functions */
@@ -11,7 +12,8 @@ ct_tensor *ct_linear(ct_tensor *x, ct_tensor *weight, ct_tensor *bias) {
     /* Ops only: on any device. */
     ct_tensor *ins[] = {x, weight, bias};
     int nins = bias ? 3 : 2;
-    if (ct__tensor_check_handles("linear", ins, nins) || ct__tensor_check_same_device("linear", ins, nins))
+    if (ct__tensor_check_handles("linear", ins, nins) ||
+        ct__tensor_check_same_device("linear", ins, nins))
         return NULL;
     char dx[CT__DESC_STR], dw[CT__DESC_STR];
     if (weight->ndim != 2 || x->ndim < 1 || x->sizes[x->ndim - 1] != weight->sizes[1]) {
@@ -242,6 +244,41 @@ ct_tensor *ct_layer_norm(ct_tensor *x, ct_tensor *weight, ct_tensor *bias, doubl
     return bias ? ct_add(y, bias) : y;
 }
 
+/* ct_dropout_key_rows's setting, read by every dropout (backward's
+ * recomputations may run on other threads). */
+static struct {
+    pthread_mutex_t mu;
+    const int64_t *rows;
+    int64_t n, global_rows;
+} keyed = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0};
+
+int ct_dropout_key_rows(const int64_t *rows, int64_t n, int64_t global_rows) {
+    for (int64_t i = 0; rows && i < n; i++)
+        if (rows[i] < 0 || rows[i] >= global_rows)
+            return ct__err_set(CT_EINVAL,
+                               "dropout_key_rows: rows[%lld] is %lld; expected a row in [0, %lld)",
+                               (long long)i, (long long)rows[i], (long long)global_rows);
+    pthread_mutex_lock(&keyed.mu);
+    keyed.rows = n > 0 ? rows : NULL;
+    keyed.n = keyed.rows ? n : 0;
+    keyed.global_rows = global_rows;
+    pthread_mutex_unlock(&keyed.mu);
+    return 0;
+}
+
+/* The mask that keeps with probability 1 - p, like x: keyed by sample
+ * when ct_dropout_key_rows set rows for x's row count. */
+static ct_tensor *keep_mask(ct_tensor *x, double p, ct_generator *gen) {
+    pthread_mutex_lock(&keyed.mu);
+    const int64_t *rows = keyed.rows;
+    int64_t global_rows = keyed.global_rows;
+    bool by_row = rows && ct_ndim(x) >= 1 && ct_size(x, 0) == keyed.n;
+    pthread_mutex_unlock(&keyed.mu);
+    ct_tensor *keep = ct_empty_like(x);
+    return by_row ? ct_bernoulli_rows_(keep, 1 - p, rows, global_rows, gen)
+                  : ct_bernoulli_(keep, 1 - p, gen);
+}
+
 ct_tensor *ct_dropout(ct_tensor *x, double p, bool training, ct_generator *gen) {
     if (CT__CHECK_ANY("dropout", x))
         return NULL;
@@ -253,7 +290,7 @@ ct_tensor *ct_dropout(ct_tensor *x, double p, bool training, ct_generator *gen) 
         return ct__tensor_scope_own(ct_tensor_retain(x));
     if (p == 1)
         return ct_mul_scalar(x, 0);
-    ct_tensor *keep = ct_bernoulli_(ct_empty_like(x), 1 - p, gen);
+    ct_tensor *keep = keep_mask(x, p, gen);
     return ct_mul(x, ct_mul_scalar_(keep, 1 / (1 - p)));
 }
 

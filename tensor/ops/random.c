@@ -12,6 +12,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 /* PyTorch's default seed: an unseeded program is still reproducible. */
@@ -175,6 +176,58 @@ ct_tensor *ct_bernoulli_(ct_tensor *t, double p, ct_generator *gen) {
     }
     ct__draw d = bernoulli_draw(p, false);
     return fill_("bernoulli_", t, &d, gen, p, 0.0);
+}
+
+/* Each row takes whole blocks of its own, at the draw's offset plus its
+ * index times the blocks of a row, so that its values do not depend on
+ * which rows are drawn beside it. */
+ct_tensor *ct_bernoulli_rows_(ct_tensor *t, double p, const int64_t *rows, int64_t global_rows,
+                              ct_generator *gen) {
+    static const char op[] = "bernoulli_rows_";
+    if (CT__CHECK_ANY(op, t))
+        return NULL;
+    if (!(p >= 0 && p <= 1)) {
+        ct__err_set(CT_EINVAL, "%s: p is %g; expected a probability in [0, 1]", op, p);
+        return NULL;
+    }
+    if (t->ndim < 1) {
+        ct__err_set(CT_EINVAL, "%s: needs a tensor of rows (1 dim or more), got a scalar", op);
+        return NULL;
+    }
+    const int64_t n = t->sizes[0];
+    if (n > 0 && !rows) {
+        ct__err_set(CT_EINVAL, "%s: rows is NULL for %lld rows", op, (long long)n);
+        return NULL;
+    }
+    for (int64_t i = 0; i < n; i++)
+        if (rows[i] < 0 || rows[i] >= global_rows) {
+            ct__err_set(CT_ERANGE, "%s: rows[%lld] is %lld; expected a row in [0, %lld)", op,
+                        (long long)i, (long long)rows[i], (long long)global_rows);
+            return NULL;
+        }
+    /* Checked before the claim, so that a failed draw consumes nothing. */
+    if (ct__tensor_check_inplace(CT_OP_RANDOM, op, t, NULL, 0))
+        return NULL;
+    ct__draw d = bernoulli_draw(p, false);
+    const int64_t per_row = n > 0 ? ct_numel(t) / n : 0;
+    const int64_t blocks = (per_row + d.per_block - 1) / d.per_block;
+    if (blocks > 0 && global_rows > INT64_MAX / blocks) {
+        ct__err_set(CT_ERANGE, "%s: %lld rows of %lld blocks overflow the generator", op,
+                    (long long)global_rows, (long long)blocks);
+        return NULL;
+    }
+    uint64_t seed, base;
+    ct__tensor_generator_claim(gen, (uint64_t)(global_rows * blocks), &seed, &base);
+    int rc = 0;
+    ct_scope_begin();
+    for (int64_t i = 0; i < n && !rc; i++) {
+        ct_generator row_gen = {seed, base + (uint64_t)(rows[i] * blocks)};
+        ct_tensor *row = ct_select(t, 0, i);
+        if (!row || !fill_(op, row, &d, &row_gen, p, 0.0))
+            rc = ct_errcode();
+    }
+    ct_scope_end();
+    return rc ? NULL : t;
 }
 
 /* Whether p holds a value outside [0, 1] (NaN too), and the first such in

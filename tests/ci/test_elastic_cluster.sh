@@ -84,31 +84,9 @@ resumed_at() {
 }
 
 # Metrics files $1 and $2 hold the same loss, to 1e-6, at every step of $1
-# from step $3 on (a step written twice, before a restart and after it,
-# counts as written last); $4 names the comparison.
+# from step $3 on; $4 names the comparison.
 same_losses() {
-    "$python" - "$@" <<'EOF' || fail "$4"
-import json, sys
-
-def losses(path):
-    out = {}
-    for line in open(path):
-        j = json.loads(line)
-        if "loss" in j:
-            out[j["step"]] = j["loss"]
-    return out
-
-a, b, first, what = losses(sys.argv[1]), losses(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-steps = sorted(s for s in a if s >= first)
-missing = [s for s in steps if s not in b]
-if not steps or missing:
-    sys.exit(f"  FAIL: {what}: steps {first}+ of {sys.argv[1]}: {len(steps)}, missing in {sys.argv[2]}: {missing[:5]}")
-worst = max(steps, key=lambda s: abs(a[s] - b[s]))
-d = abs(a[worst] - b[worst])
-print(f"  {what}: steps {steps[0]}-{steps[-1]}: largest difference {d:.2g} (step {worst}: {a[worst]} and {b[worst]})")
-if d > 1e-6:
-    sys.exit(f"  FAIL: {what}: the losses differ by {d:.3g} > 1e-6 at step {worst}")
-EOF
+    "$python" "$here/same_losses.py" "$1" "$2" "$3" 1e-6 "$4" || fail "$4"
 }
 
 # A run of 2 ranks on node0 alone, to compare with, into $tmp/$1.jsonl;

@@ -138,6 +138,32 @@ TEST(dropout_masks_and_scales_in_training_only) {
     ct_module_free(drop);
 }
 
+TEST(dropout_keyed_by_rows_gives_each_row_its_own_mask) {
+    /* Rows 1 and 3 of a batch of 4, as a second rank of two holds them,
+     * get the masks that one process holding all 4 draws for them; both
+     * generators advance alike. */
+    ct_tensor *x = ct_ones(CT_SHAPE(4, 50), CT_FLOAT32);
+    ct_generator whole = {3, 0}, half = {3, 0};
+    ASSERT_EQ(ct_dropout_key_rows((const int64_t[]){0, 1, 2, 3}, 4, 4), 0);
+    ct_tensor *all = ct_dropout(x, 0.5, true, &whole);
+    const int64_t mine[] = {1, 3};
+    ASSERT_EQ(ct_dropout_key_rows(mine, 2, 4), 0);
+    ct_tensor *two = ct_dropout(ct_ones(CT_SHAPE(2, 50), CT_FLOAT32), 0.5, true, &half);
+    ASSERT_CLOSE(ct_select(two, 0, 0), ct_select(all, 0, 1), 0, 0);
+    ASSERT_CLOSE(ct_select(two, 0, 1), ct_select(all, 0, 3), 0, 0);
+    ASSERT_EQ(half.offset, whole.offset);
+    /* Another row count draws as before; clearing turns the keys off. */
+    ct_generator plain = {3, 0}, keyed = {3, 0};
+    ASSERT_CLOSE(ct_dropout(x, 0.5, true, &keyed), ct_dropout(x, 0.5, true, &plain), 0, 0);
+    ASSERT_RC(ct_dropout_key_rows((const int64_t[]){0, 4}, 2, 4), CT_EINVAL, "dropout_key_rows",
+              "rows[1] is 4");
+    ASSERT_EQ(ct_dropout_key_rows(NULL, 0, 0), 0);
+    ct_generator g1 = {3, 0}, g2 = {3, 0};
+    ASSERT_CLOSE(ct_dropout(ct_ones(CT_SHAPE(2, 50), CT_FLOAT32), 0.5, true, &g1),
+                 ct_mul_scalar(ct_bernoulli_(ct_ones(CT_SHAPE(2, 50), CT_FLOAT32), 0.5, &g2), 2), 0,
+                 0);
+}
+
 TEST(activation_modules) {
     ct_tensor *x = tt_rand(CT_SHAPE(3, 4), CT_FLOAT32, 9);
     ct_module *mods[] = {ct_relu_new(), ct_gelu_new(false), ct_gelu_new(true),

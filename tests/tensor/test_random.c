@@ -182,6 +182,32 @@ TEST(in_place_draws_follow_row_major_order) {
     ASSERT_EQ(g.offset, 1);
 }
 
+TEST(bernoulli_rows_depend_on_their_row_alone) {
+    /* Rows 2 and 0 of a draw of 4, drawn alone, are those rows of the
+     * whole draw, in every layout and for rows of an odd size (the last
+     * block half used) too; the generator advances by the whole draw. */
+    for (int64_t per = 5; per <= 6; per++)
+        for (int lay = 0; lay < TT_NLAYOUTS; lay++) {
+            ct_generator all_gen = {9, 3}, part_gen = {9, 3};
+            ct_tensor *all = ct_bernoulli_rows_(ct_zeros(CT_SHAPE(4, per), CT_FLOAT32), 0.5,
+                                                (const int64_t[]){0, 1, 2, 3}, 4, &all_gen);
+            ct_tensor *part = tt_layout_of(ct_zeros(CT_SHAPE(2, per), CT_FLOAT32), (tt_layout)lay);
+            ASSERT_TRUE(ct_bernoulli_rows_(part, 0.5, (const int64_t[]){2, 0}, 4, &part_gen) ==
+                        part);
+            ASSERT_CLOSE(ct_select(part, 0, 0), ct_select(all, 0, 2), 0, 0);
+            ASSERT_CLOSE(ct_select(part, 0, 1), ct_select(all, 0, 0), 0, 0);
+            ASSERT_EQ(all_gen.offset, 3 + 4 * ((per + 1) / 2));
+            ASSERT_EQ(part_gen.offset, all_gen.offset);
+        }
+    /* The rows differ from each other, and half the values are ones. */
+    ct_generator gen = {5, 0};
+    ct_tensor *big = ct_bernoulli_rows_(ct_zeros(CT_SHAPE(2, 4000), CT_FLOAT32), 0.5,
+                                        (const int64_t[]){0, 1}, 2, &gen);
+    ASSERT_TRUE(ct_item(ct_sum(ct_abs(ct_sub(ct_select(big, 0, 0), ct_select(big, 0, 1))), NULL, 0,
+                               false)) > 1000);
+    ASSERT_NEAR(ct_item(ct_mean(big, NULL, 0, false)), 0.5, 0.02);
+}
+
 TEST(bernoulli_frequencies) {
     ct_generator gen = {7, 0};
     double probs[] = {0, 0.1, 0.5, 0.9, 1};
@@ -322,6 +348,18 @@ TEST(random_errors) {
                  "int64");
     ASSERT_FAILS(ct_bernoulli(NULL, &gen), CT_EINVAL, "bernoulli", "NULL");
     ASSERT_FAILS(ct_randperm(-1, &gen), CT_EINVAL, "randperm", "-1");
+    ASSERT_FAILS(ct_bernoulli_rows_(ct_zeros(CT_SHAPE(2, 3), CT_FLOAT32), 0.5,
+                                    (const int64_t[]){0, 4}, 4, &gen),
+                 CT_ERANGE, "bernoulli_rows_", "rows[1] is 4", "[0, 4)");
+    ASSERT_FAILS(ct_bernoulli_rows_(ct_zeros(CT_SHAPE(2, 3), CT_FLOAT32), 0.5, NULL, 4, &gen),
+                 CT_EINVAL, "bernoulli_rows_", "NULL");
+    ASSERT_FAILS(
+        ct_bernoulli_rows_(ct_zeros(CT_SHAPE(2), CT_FLOAT32), 2, (const int64_t[]){0, 1}, 2, &gen),
+        CT_EINVAL, "bernoulli_rows_", "p is 2");
+    ASSERT_FAILS(ct_bernoulli_rows_(ct_scalar(0, CT_FLOAT32), 0.5, (const int64_t[]){0}, 1, &gen),
+                 CT_EINVAL, "bernoulli_rows_", "scalar");
+    ASSERT_FAILS(ct_bernoulli_rows_(expanded, 0.5, (const int64_t[]){0, 1, 2, 3}, 4, &gen),
+                 CT_EINVAL, "bernoulli_rows_", "expanded");
     /* Failed draws consume nothing. */
     ASSERT_EQ(gen.offset, 0);
 }

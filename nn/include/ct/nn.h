@@ -179,6 +179,16 @@ CT_API ct_tensor *ct_linear(ct_tensor *x, ct_tensor *weight, ct_tensor *bias);
 CT_API ct_tensor *ct_embedding(ct_tensor *indices, ct_tensor *weight);
 CT_API ct_tensor *ct_layer_norm(ct_tensor *x, ct_tensor *weight, ct_tensor *bias, double eps);
 CT_API ct_tensor *ct_dropout(ct_tensor *x, double p, bool training, ct_generator *gen);
+/* Keys dropout by sample, for data parallelism whose result must not
+ * depend on the number of ranks: while set, ct_dropout of an input whose
+ * dim 0 has n rows draws row i's mask as row rows[i] of a global batch of
+ * global_rows rows (ct_bernoulli_rows_), so each sample gets the mask it
+ * would get on one rank holding the whole batch, and every rank's
+ * generator advances alike. Inputs of another row count draw as before.
+ * rows stays the caller's and must live while set; NULL (or n 0) clears
+ * it. Process-wide: set it from the thread that runs the steps, between
+ * them. Returns 0, or CT_EINVAL for rows outside [0, global_rows). */
+CT_API int ct_dropout_key_rows(const int64_t *rows, int64_t n, int64_t global_rows);
 
 /* ------------------------------------------------------------- attention */
 

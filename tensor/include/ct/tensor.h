@@ -550,6 +550,16 @@ CT_API ct_tensor *ct_normal_(ct_tensor *t, double mean, double std, ct_generator
  * dtype as p. */
 CT_API ct_tensor *ct_bernoulli(ct_tensor *p, ct_generator *gen);
 CT_API ct_tensor *ct_bernoulli_(ct_tensor *t, double p, ct_generator *gen);
+/* Fills the n rows of t (its dim 0) as rows rows[0..n-1] of a draw of
+ * global_rows rows like them, 1 with probability p, else 0: row g's values
+ * depend on the generator's state and g alone, so the rows of one draw
+ * split over processes in any way come out as one process drawing them
+ * all would make them. The generator advances by the whole draw's blocks,
+ * whatever n. Returns t. Errors (NULL): CT_EINVAL for a t without dims, a
+ * p outside [0, 1] or rows NULL with n > 0; CT_ERANGE for a row outside
+ * [0, global_rows). */
+CT_API ct_tensor *ct_bernoulli_rows_(ct_tensor *t, double p, const int64_t *rows,
+                                     int64_t global_rows, ct_generator *gen);
 /* A random permutation of 0..n-1 (int64). */
 CT_API ct_tensor *ct_randperm(int64_t n, ct_generator *gen);
 
@@ -591,10 +601,11 @@ CT_API bool ct_in_parallel_region(void);
     X(SQUEEZE)                                                                                     \
     X(UNSQUEEZE)                                                                                   \
     X(CONTIGUOUS)                                                                                  \
-    X(CLONE) X(COPY) X(TO_DTYPE) X(NEG) X(ABS) X(EXP) X(LOG) X(LOG1P) X(SQRT) X(RSQRT) X(SIN)      \
-        X(COS) X(TANH) X(SIGMOID) X(RELU) X(GELU) X(GELU_TANH) X(SILU) X(POW_SCALAR) X(CLAMP)      \
-            X(ADD) X(SUB) X(MUL) X(DIV) X(POW) X(MAXIMUM) X(MINIMUM) X(EQ) X(NE) X(LT) X(LE) X(GT) \
-                X(GE) X(WHERE) X(MASKED_FILL) X(SUM) X(MEAN) X(PROD) X(AMAX) X(AMIN) X(VAR) X(STD) \
+    X(CLONE)                                                                                       \
+    X(COPY) X(TO_DTYPE) X(NEG) X(ABS) X(EXP) X(LOG) X(LOG1P) X(SQRT) X(RSQRT) X(SIN) X(COS)        \
+        X(TANH) X(SIGMOID) X(RELU) X(GELU) X(GELU_TANH) X(SILU) X(POW_SCALAR) X(CLAMP) X(ADD)      \
+            X(SUB) X(MUL) X(DIV) X(POW) X(MAXIMUM) X(MINIMUM) X(EQ) X(NE) X(LT) X(LE) X(GT) X(GE)  \
+                X(WHERE) X(MASKED_FILL) X(SUM) X(MEAN) X(PROD) X(AMAX) X(AMIN) X(VAR) X(STD)       \
                     X(LOGSUMEXP) X(NORM) X(MAX_DIM) X(MIN_DIM) X(ARGMAX) X(ARGMIN) X(MATMUL)       \
                         X(SOFTMAX) X(LOG_SOFTMAX) X(CAT) X(STACK) X(INDEX_SELECT) X(GATHER)        \
                             X(SCATTER_ADD) X(ONE_HOT) X(TRIL) X(TRIU) X(RANDOM)
