@@ -16,8 +16,12 @@
 
 /* How often the host looks at a round that is still open. */
 #define POLL_OPEN_S 0.05
-/* How often a running round is checked for its end. */
+/* How often a running round is checked for its end, and how long one
+ * check may wait on the store: the supervisor makes it, and a host that
+ * vanished without closing its connections (a power cut) must not hold
+ * it for the whole --join-timeout. */
 #define POLL_RUNNING_S 0.5
+#define POLL_CALL_S    5.0
 
 /* "ct/el/<round>/<name>" into key. */
 static const char *key_of(char key[96], int round, const char *name) {
@@ -50,7 +54,7 @@ static int get_str(ctl_elastic *e, const char *key, double timeout_s, char *buf,
 
 static bool exists(ctl_elastic *e, const char *key) {
     bool there = false;
-    return !ct_store_check(e->store, &key, 1, &there, -1) && there;
+    return !ct_store_check(e->store, &key, 1, &there, POLL_CALL_S) && there;
 }
 
 int ctl_elastic_start(ctl_elastic *e, const char *addr, int port) {
@@ -90,7 +94,7 @@ int ctl_elastic_start(ctl_elastic *e, const char *addr, int port) {
 static int64_t joined(ctl_elastic *e, int g) {
     char key[96];
     int64_t n = -1;
-    return ct_store_add(e->store, key_of(key, g, "joined"), 0, &n, -1) ? -1 : n;
+    return ct_store_add(e->store, key_of(key, g, "joined"), 0, &n, POLL_CALL_S) ? -1 : n;
 }
 
 /* Orders the nodes admitted to the closed round, publishes the order as
@@ -259,7 +263,7 @@ bool ctl_elastic_should_stop(ctl_elastic *e) {
     if (!e->host) {
         /* A job that ended well ("end 0") lets the ranks finish. */
         return exists(e, key_of(key, e->round + 1, "open")) &&
-               !(get_str(e, key, -1, buf, sizeof buf) == 0 && !strcmp(buf, "end 0"));
+               !(get_str(e, key, POLL_CALL_S, buf, sizeof buf) == 0 && !strcmp(buf, "end 0"));
     }
     /* The reason is kept from here: once this node stops its ranks, the
      * others' fail, and their requests that follow are no cause. */

@@ -144,7 +144,8 @@ TEST(dropout_keyed_by_rows_gives_each_row_its_own_mask) {
      * generators advance alike. */
     ct_tensor *x = ct_ones(CT_SHAPE(4, 50), CT_FLOAT32);
     ct_generator whole = {3, 0}, half = {3, 0};
-    ASSERT_EQ(ct_dropout_key_rows((const int64_t[]){0, 1, 2, 3}, 4, 4), 0);
+    const int64_t every[] = {0, 1, 2, 3}; /* rows live while set */
+    ASSERT_EQ(ct_dropout_key_rows(every, 4, 4), 0);
     ct_tensor *all = ct_dropout(x, 0.5, true, &whole);
     const int64_t mine[] = {1, 3};
     ASSERT_EQ(ct_dropout_key_rows(mine, 2, 4), 0);
