@@ -43,6 +43,15 @@ typedef struct run_how {
     bool no_stdout; /* its stdout goes to /dev/null (sig then needs ready 0) */
 } run_how;
 
+/* CTLAUNCH_PATH and args (NULL-terminated, up to 62) into argv[64]. */
+static void ctlaunch_argv(const char *argv[64], const char *const *args) {
+    argv[0] = CTLAUNCH_PATH;
+    int n = 1;
+    for (; args[n - 1] && n < 63; n++)
+        argv[n] = args[n - 1];
+    argv[n] = NULL;
+}
+
 static void run_full(result *r, const char *const *args, const run_how *how) {
     char out_path[] = "/tmp/ct_launch_out_XXXXXX", err_path[] = "/tmp/ct_launch_err_XXXXXX";
     int out = how->no_stdout ? open("/dev/null", O_RDWR) : mkstemp(out_path),
@@ -50,11 +59,8 @@ static void run_full(result *r, const char *const *args, const run_how *how) {
     if (!how->no_stdout)
         unlink(out_path);
     unlink(err_path);
-    const char *argv[64] = {CTLAUNCH_PATH};
-    int n = 1;
-    for (; args[n - 1] && n < 63; n++)
-        argv[n] = args[n - 1];
-    argv[n] = NULL;
+    const char *argv[64];
+    ctlaunch_argv(argv, args);
     double t0 = tt_now();
     pid_t pid = fork();
     if (pid == 0) {
@@ -658,11 +664,8 @@ TEST(bad_usage_names_the_flag) {
 
 /* Starts ctlaunch with args in the background, its output discarded. */
 static pid_t start_ctlaunch(const char *const *args) {
-    const char *argv[64] = {CTLAUNCH_PATH};
-    int n = 1;
-    for (; args[n - 1] && n < 63; n++)
-        argv[n] = args[n - 1];
-    argv[n] = NULL;
+    const char *argv[64];
+    ctlaunch_argv(argv, args);
     pid_t pid = fork();
     if (pid == 0) {
         int null = open("/dev/null", O_RDWR);
