@@ -101,7 +101,7 @@ alone() {
 host_dies() {
     local ck=$tmp/ck1 t0 took s
     start node1 n1 --nnodes 1:2 -np 2 -- --checkpoint-dir "$ck" --metrics "$tmp/n1.jsonl"
-    start node0 n0 --nnodes 1:2 --node-rank 0 -np 2 --last-call 3 --max-restarts 1 -- \
+    start node0 n0 --nnodes 1:2 --node-rank 0 -np 2 --last-call 5 --max-restarts 1 -- \
         --checkpoint-dir "$ck" --metrics "$tmp/el1.jsonl"
     wait_for 60 test -d "$ck/step-00000060" || fail "no checkpoint of step 60 within 60 s: $(tail -n 20 "$tmp/n0.out")"
     grep -q "round 0 (start): 2 nodes, 4 ranks" "$tmp/n0.out" ||
