@@ -601,11 +601,10 @@ CT_API bool ct_in_parallel_region(void);
     X(SQUEEZE)                                                                                     \
     X(UNSQUEEZE)                                                                                   \
     X(CONTIGUOUS)                                                                                  \
-    X(CLONE)                                                                                       \
-    X(COPY) X(TO_DTYPE) X(NEG) X(ABS) X(EXP) X(LOG) X(LOG1P) X(SQRT) X(RSQRT) X(SIN) X(COS)        \
-        X(TANH) X(SIGMOID) X(RELU) X(GELU) X(GELU_TANH) X(SILU) X(POW_SCALAR) X(CLAMP) X(ADD)      \
-            X(SUB) X(MUL) X(DIV) X(POW) X(MAXIMUM) X(MINIMUM) X(EQ) X(NE) X(LT) X(LE) X(GT) X(GE)  \
-                X(WHERE) X(MASKED_FILL) X(SUM) X(MEAN) X(PROD) X(AMAX) X(AMIN) X(VAR) X(STD)       \
+    X(CLONE) X(COPY) X(TO_DTYPE) X(NEG) X(ABS) X(EXP) X(LOG) X(LOG1P) X(SQRT) X(RSQRT) X(SIN)      \
+        X(COS) X(TANH) X(SIGMOID) X(RELU) X(GELU) X(GELU_TANH) X(SILU) X(POW_SCALAR) X(CLAMP)      \
+            X(ADD) X(SUB) X(MUL) X(DIV) X(POW) X(MAXIMUM) X(MINIMUM) X(EQ) X(NE) X(LT) X(LE) X(GT) \
+                X(GE) X(WHERE) X(MASKED_FILL) X(SUM) X(MEAN) X(PROD) X(AMAX) X(AMIN) X(VAR) X(STD) \
                     X(LOGSUMEXP) X(NORM) X(MAX_DIM) X(MIN_DIM) X(ARGMAX) X(ARGMIN) X(MATMUL)       \
                         X(SOFTMAX) X(LOG_SOFTMAX) X(CAT) X(STACK) X(INDEX_SELECT) X(GATHER)        \
                             X(SCATTER_ADD) X(ONE_HOT) X(TRIL) X(TRIU) X(RANDOM)
