@@ -482,6 +482,12 @@ TEST(draws_into_views_and_from_the_default_generator) {
     ASSERT_SAME(ct_dropout(dev(x), 0.25, true, &gd), ct_dropout(x, 0.25, true, &gh));
     ASSERT_EQ(gd.offset, gh.offset);
     ASSERT_SAME(ct_dropout(dev(x), 1, true, &gd), ct_dropout(x, 1, true, &gh));
+    /* ... and so are rows keyed by their place in a larger draw. */
+    const int64_t rows[] = {5, 0, 9, 2, 7, 1, 3, 4};
+    ASSERT_SAME(
+        ct_bernoulli_rows_(ct_empty_on(CT_SHAPE(8, 33), CT_FLOAT32, dut), 0.5, rows, 10, &gd),
+        ct_bernoulli_rows_(ct_empty(CT_SHAPE(8, 33), CT_FLOAT32), 0.5, rows, 10, &gh));
+    ASSERT_EQ(gd.offset, gh.offset);
     /* The CPU's errors. */
     ct_tensor *p = ct_from_data((float[]){0.5f, 1.5f, -1}, CT_SHAPE(3), CT_FLOAT32);
     ASSERT_SAME_ERROR(ct_bernoulli(dev(p), &gd), ct_bernoulli(p, &gh), CT_EINVAL);
