@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # test_elastic_cluster: elastic jobs (ctlaunch --nnodes MIN:MAX) on three
 # hosts of the test cluster (ci/cluster.sh), fmnist_mlp training on through
-# a change of members, checkpointing every 20 steps into one directory that
-# every host sees (as a shared file system would be):
+# a change of members (240 steps, a checkpoint every 20 into one directory that
+# every host sees, as a shared file system would be):
 #
 #   a host dies   node0 and node1, 2 ranks each, --nnodes 1:2. node1 is
 #                 crashed mid-training (every process on it killed at
@@ -36,7 +36,7 @@ fmnist=${2:?$usage}
 python=${3:?$usage}
 data=/usr/share/datasets/fashion-mnist
 port=29532
-steps=200
+steps=240
 # shellcheck source=tests/ci/cluster_checks.sh
 source "$here/cluster_checks.sh"
 
@@ -103,7 +103,7 @@ host_dies() {
     start node1 n1 --nnodes 1:2 -np 2 -- --checkpoint-dir "$ck" --metrics "$tmp/n1.jsonl"
     start node0 n0 --nnodes 1:2 --node-rank 0 -np 2 --last-call 5 --max-restarts 1 -- \
         --checkpoint-dir "$ck" --metrics "$tmp/el1.jsonl"
-    wait_for 60 test -d "$ck/step-00000060" || fail "no checkpoint of step 60 within 60 s: $(tail -n 20 "$tmp/n0.out")"
+    wait_for 60 test -d "$ck/step-00000040" || fail "no checkpoint of step 40 within 60 s: $(tail -n 20 "$tmp/n0.out")"
     grep -q "round 0 (start): 2 nodes, 4 ranks" "$tmp/n0.out" ||
         fail "round 0 is not 2 nodes of 2 ranks: $(grep ctlaunch "$tmp/n0.out")"
     t0=$(date +%s%N)
@@ -133,7 +133,7 @@ host_joins() {
     start node1 j1 --nnodes 2:3 -np 1 -- --checkpoint-dir "$ck" --metrics "$tmp/j1.jsonl"
     start node0 j0 --nnodes 2:3 --node-rank 0 -np 1 --last-call 1 -- --checkpoint-dir "$ck" \
         --metrics "$tmp/el2.jsonl"
-    wait_for 60 test -d "$ck/step-00000060" || fail "no checkpoint of step 60 within 60 s: $(tail -n 20 "$tmp/j0.out")"
+    wait_for 60 test -d "$ck/step-00000020" || fail "no checkpoint of step 20 within 60 s: $(tail -n 20 "$tmp/j0.out")"
     start node2 j2 --nnodes 2:3 -np 1 -- --checkpoint-dir "$ck" --metrics "$tmp/j2.jsonl"
     ended_well j0
     ended_well j1
