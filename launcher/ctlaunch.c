@@ -1318,22 +1318,24 @@ int main(int argc, char **argv) {
         ct_store_server_free(store);
         return 1;
     }
-    /* An elastic job's rounds give each generation its number and this
-     * node's place; a fixed one counts restarts. */
+    /* The rounds of a job of several nodes give each generation its number
+     * and this node's place; a job of one node counts restarts. */
     ctl_elastic el = {.min_nodes = o.min_nodes,
                       .max_nodes = o.max_nodes,
                       .np = o.np,
                       .host = o.hosts_store,
+                      .fixed = !elastic(&o),
+                      .given_rank = o.node_rank,
                       .last_call = o.last_call,
                       .join_timeout = o.join_timeout,
                       .max_restarts = o.max_restarts};
-    ctl_elastic *elastic_job = elastic(&o) ? &el : NULL;
-    bool started = !elastic_job || !ctl_elastic_start(&el, o.store_addr, o.master_port);
+    ctl_elastic *rounds = o.max_nodes > 1 ? &el : NULL;
+    bool started = !rounds || !ctl_elastic_start(&el, o.store_addr, o.master_port);
     int code = started ? 0 : 1;
     char reason[16] = "start";
     for (int restart = 0; started; restart++) {
         int generation = restart;
-        if (elastic_job) {
+        if (rounds) {
             if (ctl_elastic_join(&el, reason, &code))
                 break;
             code = 0;
@@ -1347,17 +1349,17 @@ int main(int argc, char **argv) {
             stop_leftovers(&o, ranks, ct__now());
             close_streams(&o, ranks);
             code = 1;
-            if (elastic_job)
+            if (rounds)
                 ctl_elastic_end(&el, code);
             break;
         }
-        outcome end = supervise(&o, ranks, &watch, elastic_job);
+        outcome end = supervise(&o, ranks, &watch, rounds);
         watcher_watch(&watch, -1);
         stop_leftovers(&o, ranks, end.kill_at);
         close_streams(&o, ranks);
         if (end.how == ENDED_OK || end.how == ENDED_SIGNAL) {
             code = end.how == ENDED_SIGNAL ? 128 + end.signal : 0;
-            if (elastic_job)
+            if (rounds)
                 ctl_elastic_end(&el, code);
             break;
         }
@@ -1366,7 +1368,7 @@ int main(int argc, char **argv) {
         int fail_code = end.how == ENDED_HUNG     ? HANG_EXIT_CODE
                         : end.how == ENDED_FAILED ? exit_code(ranks[end.rank].status)
                                                   : 0;
-        if (elastic_job) {
+        if (rounds) {
             if (ctl_elastic_next(&el, end.how != ENDED_REFORM, fail_code, reason, &code))
                 break;
             continue;

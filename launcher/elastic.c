@@ -31,10 +31,18 @@ static const char *key_of(char key[96], int round, const char *name) {
 
 static int store_failed(const char *what) {
     fprintf(stderr,
-            "ctlaunch: elastic rendezvous: %s: %s (the store's host, node 0, may be gone: an "
-            "elastic job lives as long as its host)\n",
+            "ctlaunch: the rounds of the nodes: %s: %s (the store's host, node 0, may be gone: a "
+            "job of several nodes lives as long as its host)\n",
             what, ct_errmsg());
     return 1;
+}
+
+/* Connects to the store unless connected, waiting up to timeout_s for it:
+ * whether there is a client. */
+static bool connected(ctl_elastic *e, double timeout_s) {
+    if (!e->store)
+        e->store = ct_store_connect(e->addr, e->port, timeout_s);
+    return e->store != NULL;
 }
 
 static int set_str(ctl_elastic *e, const char *key, const char *value) {
@@ -67,7 +75,11 @@ int ctl_elastic_start(ctl_elastic *e, const char *addr, int port) {
         perror("ctlaunch");
         return 1;
     }
-    if (!(e->store = ct_store_connect(addr, port, e->join_timeout)))
+    snprintf(e->addr, sizeof e->addr, "%s", addr);
+    e->port = port;
+    if (e->fixed && !e->host)
+        return 0;
+    if (!connected(e, e->join_timeout))
         return store_failed("cannot reach the store");
     char np[32];
     if (e->host) {
@@ -97,7 +109,8 @@ static int64_t joined(ctl_elastic *e, int g) {
     return ct_store_add(e->store, key_of(key, g, "joined"), 0, &n, POLL_CALL_S) ? -1 : n;
 }
 
-/* Orders the nodes admitted to the closed round, publishes the order as
+/* Orders the nodes admitted to the closed round (a fixed job's by node
+ * rank), publishes the order as
  * "G/order" (one node per line) and prints it, with the nodes of the
  * host's last round that did not come back. The nodes of the last round
  * keep their order, so that node ranks move as little as they can; new
@@ -118,10 +131,11 @@ static int host_order(ctl_elastic *e, const char *reason) {
         if (get_str(e, key, -1, arrived[i], sizeof arrived[i]))
             rc = store_failed("reading who joined");
     }
-    /* The last round's nodes first, in their order (the host is its node
-     * 0, and is in every round); then the new ones, as they came. */
+    /* A fixed job's nodes joined under their node ranks. Else the last
+     * round's nodes first, in their order (the host is its node 0, and is
+     * in every round); then the new ones, as they came. */
     int n = 0;
-    for (int a = 0; !rc && a < e->nlast; a++)
+    for (int a = 0; !rc && !e->fixed && a < e->nlast; a++)
         for (int i = 0; i < k; i++)
             if (!placed[i] && !strcmp(arrived[i], e->last_members[a])) {
                 placed[i] = true;
@@ -212,8 +226,15 @@ int ctl_elastic_join(ctl_elastic *e, const char *reason, int *code) {
     *code = 1; /* what a failed store call ends the job with */
     e->next_poll = 0;
     e->stop_why = STOP_NONE;
+    if (e->fixed && e->round == 0) {
+        e->node_rank = e->given_rank;
+        e->nnodes = e->max_nodes;
+        return 0;
+    }
     if (e->host)
         return host_join(e, reason);
+    if (!connected(e, e->join_timeout))
+        return store_failed("cannot reach the store");
     for (;;) {
         char key[96], buf[64];
         int g = e->round;
@@ -227,7 +248,8 @@ int ctl_elastic_join(ctl_elastic *e, const char *reason, int *code) {
         int64_t n;
         if (ct_store_add(e->store, key_of(key, g, "joined"), 1, &n, -1))
             return store_failed("joining a round");
-        snprintf(key, sizeof key, "ct/el/%d/node/%lld", g, (long long)n - 1);
+        snprintf(key, sizeof key, "ct/el/%d/node/%lld", g,
+                 e->fixed ? (long long)e->given_rank : (long long)n - 1);
         if (set_str(e, key, e->hostname) ||
             get_str(e, key_of(key, g, "size"), e->join_timeout + e->last_call, buf, sizeof buf))
             return store_failed("joining a round");
@@ -261,6 +283,11 @@ bool ctl_elastic_should_stop(ctl_elastic *e) {
     e->next_poll = ct__now() + POLL_RUNNING_S;
     char key[96], buf[64];
     if (!e->host) {
+        /* A fixed job's store may not be up yet: tried again in a while. */
+        if (!connected(e, 1.0)) {
+            e->next_poll = ct__now() + POLL_CALL_S;
+            return false;
+        }
         /* A job that ended well ("end 0") lets the ranks finish. */
         return exists(e, key_of(key, e->round + 1, "open")) &&
                !(get_str(e, key, POLL_CALL_S, buf, sizeof buf) == 0 && !strcmp(buf, "end 0"));
@@ -278,7 +305,7 @@ int ctl_elastic_next(ctl_elastic *e, bool failed, int fail_code, char reason[16]
     char key[96], buf[64];
     int g = e->round;
     if (!e->host) {
-        if (failed) {
+        if (failed && connected(e, e->join_timeout)) {
             snprintf(buf, sizeof buf, "%d %d", fail_code, e->node_rank);
             set_str(e, key_of(key, g, "restart"), buf);
         }

@@ -1,5 +1,7 @@
-/* ctlaunch internal header: the rendezvous of an elastic job
- * (--nnodes MIN:MAX), whose nodes may die or join while it runs.
+/* ctlaunch internal header: the rounds in which the nodes of a job of
+ * several meet: an elastic job's (--nnodes MIN:MAX), whose nodes may die
+ * or join while it runs, and a fixed one's (--nnodes M), whose restarts
+ * they keep together.
  *
  * The nodes meet in rounds, through the store that the node started with
  * --node-rank 0 hosts (the host). The host opens each round, takes the
@@ -13,6 +15,12 @@
  * joined a closed round waits for the next. Failures count against
  * --max-restarts, growth does not; past it the host ends the job on every
  * node with the failure's code.
+ *
+ * A fixed job (fixed: MIN = MAX, node ranks given) starts round 0 at
+ * once, without meeting, as a job without rounds would; its later rounds
+ * (restarts) wait for all its nodes, in the order of their --node-rank.
+ * Its other nodes reach the store only when they first need it, so that
+ * one whose store is not up yet starts its ranks all the same.
  *
  * Store keys, under ct/el/: "np" (the ranks per node, which every node
  * must match), and per round G: "G/open" (why it opened: "start", "fail",
@@ -33,6 +41,8 @@ typedef struct ctl_elastic {
     /* Set by the caller before ctl_elastic_start. */
     int min_nodes, max_nodes, np;
     bool host;           /* this node hosts the store and runs the rounds */
+    bool fixed;          /* a fixed job: min_nodes == max_nodes, node ranks given */
+    int given_rank;      /* a fixed job's --node-rank */
     double last_call;    /* seconds a round stays open once min_nodes joined */
     double join_timeout; /* seconds a node waits for a round to form */
     int max_restarts;
@@ -41,7 +51,9 @@ typedef struct ctl_elastic {
     int restarts; /* the host's count of failures so far */
     /* Private. */
     enum { STOP_NONE, STOP_FAILED, STOP_GROW } stop_why; /* the host's, from should_stop */
-    ct_store *store;
+    ct_store *store; /* NULL until needed on a fixed job's other nodes */
+    char addr[256];
+    int port;
     double next_poll;
     char hostname[256];
     char (*last_members)[256]; /* [max_nodes]: the host names of the host's last round */
@@ -49,7 +61,8 @@ typedef struct ctl_elastic {
 } ctl_elastic;
 
 /* Connects to the store at addr:port (the host's own, already serving)
- * and, on the host, publishes np. 0, or 1 after a message. */
+ * and, on the host, publishes np; a fixed job's other nodes connect
+ * later. 0, or 1 after a message. */
 int ctl_elastic_start(ctl_elastic *e, const char *addr, int port);
 
 /* Joins e->round (opening it first on the host, with reason) and waits

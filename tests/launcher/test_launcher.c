@@ -726,3 +726,56 @@ TEST(an_elastic_job_forms_rounds_and_refuses_what_does_not_fit) {
     ASSERT_EQ(code_of(&r), 1);
     ASSERT_STR_CONTAINS(r.err, "this node runs -np 1 ranks, and the job's host 2 per node");
 }
+
+/* A fixed job of two nodes restarts together: node 1's rank fails before
+ * ct_dist_init, node 0's rank, waiting there for it (CT_TIMEOUT is far
+ * off), is stopped at once, and both meet again in round 1 (node 0's
+ * --max-restarts counts). Nodes that restart alone would leave node 0
+ * waiting out the timeout. */
+TEST(a_job_of_two_nodes_restarts_together) {
+    static result r;
+    char master[64];
+    /* Both nodes are here: gloo may bind loopback. */
+    setenv("CT_JOB_SECRET", "test-launcher-shared-secret", 1);
+    setenv("CT_BIND_ADDR", "127.0.0.1", 1);
+    setenv("CT_TIMEOUT", "100", 1);
+    snprintf(master, sizeof master, "127.0.0.1:%d", free_port());
+    char out_path[] = "/tmp/ct_launch_node1_XXXXXX";
+    int out = mkstemp(out_path);
+    pid_t node1 = fork();
+    if (node1 == 0) {
+        dup2(out, STDOUT_FILENO);
+        dup2(out, STDERR_FILENO);
+        execl(CTLAUNCH_PATH, CTLAUNCH_PATH, "-np", "1", "--nnodes", "2", "--node-rank", "1",
+              "--master", master, RANK_PATH, "dist", "early", (char *)NULL);
+        _exit(126);
+    }
+    run(&r,
+        (const char *[]){"-np", "1", "--nnodes", "2", "--node-rank", "0", "--master", master,
+                         "--max-restarts", "1", RANK_PATH, "dist", "early", NULL},
+        60);
+    int status = -1;
+    double until = tt_now() + 20;
+    while (waitpid(node1, &status, WNOHANG) == 0 && tt_now() < until)
+        usleep(10000);
+    if (tt_now() >= until) {
+        kill(node1, SIGKILL);
+        waitpid(node1, &status, 0);
+    }
+    unsetenv("CT_TIMEOUT");
+    unsetenv("CT_BIND_ADDR");
+    unsetenv("CT_JOB_SECRET");
+    char node1_out[8192];
+    read_text(out_path, node1_out, sizeof node1_out);
+    unlink(out_path);
+    close(out);
+    ASSERT_EQ(code_of(&r), 0);
+    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    ASSERT_TRUE(r.seconds < 30);
+    ASSERT_STR_CONTAINS(r.err,
+                        "round 0 failed on node 1 (code 1); re-forming the job (restart 1 of 1)");
+    ASSERT_STR_CONTAINS(r.err, "round 1 (fail): 2 nodes, 2 ranks");
+    ASSERT_STR_CONTAINS(r.out, "[rank 0] dist rank=0 size=2");
+    ASSERT_STR_CONTAINS(node1_out, "round 1: this is node 1 of 2");
+    ASSERT_STR_CONTAINS(node1_out, "[rank 1] dist rank=1 size=2");
+}

@@ -7,9 +7,12 @@
  *   stubborn       ignores SIGTERM, prints "ready" and waits
  *   restart        rank 1 fails on the first run only
  *   store          meets the other ranks through ctlaunch's store
- *   dist [restart] ct_dist_init, an allreduce on the world and on a group
+ *   dist [restart|early]
+ *                  ct_dist_init, an allreduce on the world and on a group
  *                  of the even ranks, ct_dist_finalize (twice); with
- *                  "restart", rank 1 then fails on the first run only
+ *                  "restart", rank 1 then fails on the first run only;
+ *                  with "early", it fails before ct_dist_init on the first
+ *                  run, so that the others wait for it there
  *   hang           ct_dist_init, prints "ready"; then rank 0 waits in a
  *                  barrier the others never reach, and they sleep
  *   beat S         ct_dist_init, then ct_dist_heartbeat() for S seconds
@@ -292,8 +295,14 @@ int main(int argc, char **argv) {
         printf("met %d ranks at %s:%d\n", w.size, w.master_addr, w.master_port);
         return 0;
     }
-    if (!strcmp(mode, "dist"))
+    if (!strcmp(mode, "dist")) {
+        if (argc > 2 && !strcmp(argv[2], "early") && rank == 1 &&
+            !strcmp(env("CT_RESTART_COUNT"), "0")) {
+            fprintf(stderr, "failing on purpose before ct_dist_init on the first run\n");
+            return 1;
+        }
         return dist_mode(argc > 2 && !strcmp(argv[2], "restart"));
+    }
     if (!strcmp(mode, "hang")) {
         if (ct_dist_init(NULL))
             return dist_failed("ct_dist_init");
