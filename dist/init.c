@@ -23,6 +23,7 @@
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -558,7 +559,13 @@ static int start_heartbeat(void) {
     pthread_condattr_destroy(&attr);
     pthread_mutex_init(&hb->mu, NULL);
     hb->stop = false;
+    /* Signals are for the application's threads, as on the collectives'
+     * threads: the thread starts with every one blocked. */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
     int err = pthread_create(&hb->thread, NULL, heartbeat_main, hb);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (err) {
         pthread_cond_destroy(&hb->cv);
         pthread_mutex_destroy(&hb->mu);

@@ -20,6 +20,8 @@
 #include <gloo/transport/tcp/device.h>
 
 #include <dirent.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/socket.h>
 
 #include <chrono>
@@ -229,7 +231,23 @@ int ct__gloo_connect(const ct__gloo_store *store, const char *addr, int rank, in
         c->store_get = store->get;
         c->prefix = store->prefix;
         tcp::attr attr(addr);
-        auto dev = tcp::CreateDevice(attr);
+        // The device's event loop thread writes to the sockets too, with
+        // writev and no MSG_NOSIGNAL: a peer that closed its end would
+        // kill the process with SIGPIPE. The thread inherits this one's
+        // mask, so every signal is blocked around its start, as for the
+        // lanes (gloo.c); a write then fails with EPIPE, which gloo
+        // reports as a broken connection.
+        sigset_t all, old;
+        sigfillset(&all);
+        pthread_sigmask(SIG_SETMASK, &all, &old);
+        std::shared_ptr<gloo::transport::Device> dev;
+        try {
+            dev = tcp::CreateDevice(attr);
+        } catch (...) {
+            pthread_sigmask(SIG_SETMASK, &old, nullptr);
+            throw;
+        }
+        pthread_sigmask(SIG_SETMASK, &old, nullptr);
         c->context = std::make_shared<gloo::rendezvous::Context>(rank, size);
         c->context->setTimeout(to_ms(timeout_ms));
         CtStore s(*store, to_ms(timeout_ms));

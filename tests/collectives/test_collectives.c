@@ -118,6 +118,11 @@ TEST(every_operation_is_correct_on_2_ranks_with_gloo) {
 TEST(every_operation_is_correct_on_3_ranks_with_gloo) {
     passes_with_gloo(3, "correctness", CORRECTNESS_DEADLINE, 0, -1);
 }
+/* No thread of the backend's takes SIGPIPE (a peer's close kills the
+ * process otherwise; seen in test_hier under ASan). */
+TEST(the_threads_of_gloo_block_sigpipe) {
+    passes_with_gloo(2, "signal_masks", SCENARIO_DEADLINE, 0, -1);
+}
 /* The survivors, one of them with no connection of its operation to the
  * victim, report CT_EPEER naming rank 2, within half the timeout. */
 TEST(a_rank_killed_mid_allreduce_with_gloo_fails_the_others_with_its_name) {

@@ -20,6 +20,10 @@
  *   loopback        every TCP listener of each rank (rank 0's store under an
  *                   MPI launcher) binds 127.0.0.1, every rank being on one
  *                   machine
+ *   signal_masks    every thread that joining and an allreduce started
+ *                   (the backend's, gloo's event loop among them) blocks
+ *                   SIGPIPE: gloo writes without MSG_NOSIGNAL, so an
+ *                   unblocked one dies with the process when a peer closes
  *   across_hosts    one rank per host (mpirun or ctlaunch on the test
  *                   cluster): auto picks mpi under mpirun, gloo under
  *                   ctlaunch, each rank is alone on its machine, and a
@@ -35,7 +39,9 @@
 #include "tt_rank.h"
 
 #include <ct/dist.h>
+#include <dirent.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <sys/resource.h>
 #include <time.h>
@@ -1092,6 +1098,56 @@ static void run_mismatch(bool shared, int64_t n, ct_dtype dt, int64_t n1, ct_dty
             tt_fail(__FILE__, __LINE__, "the mismatch was noticed after %.2f s", took);
         check_later_calls_fail(c, CT_EMISMATCH, (const char *const[]){side, side1, NULL}, -1);
     }
+    ct_dist_finalize();
+}
+
+/* The thread ids of this process, into tids (up to cap): how many. */
+static int thread_ids(long *tids, int cap) {
+    DIR *d = opendir("/proc/self/task");
+    int n = 0;
+    for (struct dirent *e; d && (e = readdir(d)) && n < cap;)
+        if (e->d_name[0] != '.')
+            tids[n++] = atol(e->d_name);
+    if (d)
+        closedir(d);
+    return n;
+}
+
+/* Whether thread tid blocks SIGPIPE, from its SigBlk mask. */
+static bool blocks_sigpipe(long tid) {
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/self/task/%ld/status", tid);
+    FILE *f = fopen(path, "r");
+    unsigned long long mask = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "SigBlk: %llx", &mask) == 1)
+            break;
+    if (f)
+        fclose(f);
+    return mask & (1ull << (SIGPIPE - 1));
+}
+
+TEST(signal_masks) {
+    long before[256], after[256];
+    int nbefore = thread_ids(before, 256);
+    ct_comm *c = join(10);
+    if (!c)
+        return;
+    ct_tensor *t = ct_ones(CT_SHAPE(1000), CT_FLOAT32);
+    check_rc("allreduce", ct_comm_allreduce(c, t, CT_REDUCE_SUM, NULL));
+    int nafter = thread_ids(after, 256), started = 0;
+    for (int i = 0; i < nafter; i++) {
+        bool old = false;
+        for (int j = 0; j < nbefore; j++)
+            old |= after[i] == before[j];
+        if (old)
+            continue;
+        started++;
+        if (!blocks_sigpipe(after[i]))
+            tt_fail(__FILE__, __LINE__, "thread %ld, started by joining, takes SIGPIPE", after[i]);
+    }
+    if (started == 0)
+        tt_fail(__FILE__, __LINE__, "joining started no thread to check");
     ct_dist_finalize();
 }
 
