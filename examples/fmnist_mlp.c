@@ -359,7 +359,7 @@ static int train(const options *o, bool *complete) {
              * (every rank takes part: *o->metrics is the same on each). */
             double global_loss = last_loss;
             char nb[32];
-            if (*o->metrics && step % o->metrics_every == 0 && ranks > 1) {
+            if (!rc && *o->metrics && step % o->metrics_every == 0 && ranks > 1) {
                 rc = example_allreduce_sum(world, &global_loss, 1);
                 global_loss /= ranks;
             }

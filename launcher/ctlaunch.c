@@ -95,7 +95,7 @@ typedef struct options {
     int min_nodes, max_nodes;
     bool node_rank_given;
     bool hosts_store;               /* node 0 of a fixed job; --node-rank 0 of an elastic one */
-    double last_call, join_timeout; /* elastic rounds */
+    double last_call, join_timeout; /* the rounds of a job of several nodes */
     double grace;
     double hang_timeout; /* seconds; 0: no hang detection */
     char *master_host;   /* owned: --master's HOST, or 127.0.0.1 */
@@ -251,8 +251,8 @@ static void parse(int argc, char **argv, options *o) {
                     "elastic jobs: how long a round waits for more nodes once MIN have joined",
                     .min = 0, .max = 1e6, .expects = "seconds >= 0"),
         CT_CLI_FLAG("--join-timeout", CT_CLI_DOUBLE, &o->join_timeout, "S",
-                    "elastic jobs: how long a node waits for a round to form, or the host for "
-                    "MIN nodes, before giving up",
+                    "several nodes: how long a node waits for a round to form, or the host "
+                    "for MIN nodes (all M after a restart), before giving up",
                     .min = 1e-3, .max = 1e9, .expects = "seconds > 0"),
         CT_CLI_FLAG("--master", CT_CLI_CUSTOM, o, "HOST:PORT",
                     "the store's address; node 0's ctlaunch hosts the store on PORT, the "
@@ -1031,7 +1031,7 @@ typedef struct outcome {
     double kill_at; /* when SIGTERM was sent, when SIGKILL is due; else 0 */
 } outcome;
 
-/* Runs one generation of the group to the end; el (NULL unless elastic)
+/* Runs one generation of the group to the end; el (NULL on one node)
  * may end it early, when the job re-forms. */
 static outcome supervise(const options *o, rank *ranks, watcher *watch, ctl_elastic *el) {
     int np = o->np, first = -1, stop_signal = 0, alive = np;

@@ -29,6 +29,12 @@ static const char *key_of(char key[96], int round, const char *name) {
     return key;
 }
 
+/* "ct/el/<round>/node/<i>", where node i of the round says who it is. */
+static const char *node_key(char key[96], int round, int64_t i) {
+    snprintf(key, 96, "ct/el/%d/node/%lld", round, (long long)i);
+    return key;
+}
+
 static int store_failed(const char *what) {
     fprintf(stderr,
             "ctlaunch: the rounds of the nodes: %s: %s (the store's host, node 0, may be gone: a "
@@ -109,12 +115,12 @@ static int64_t joined(ctl_elastic *e, int g) {
     return ct_store_add(e->store, key_of(key, g, "joined"), 0, &n, POLL_CALL_S) ? -1 : n;
 }
 
-/* Orders the nodes admitted to the closed round (a fixed job's by node
- * rank), publishes the order as
+/* Orders the nodes admitted to the closed round, publishes the order as
  * "G/order" (one node per line) and prints it, with the nodes of the
- * host's last round that did not come back. The nodes of the last round
- * keep their order, so that node ranks move as little as they can; new
- * ones follow in the order they joined. 0, or 1 after a message. */
+ * host's last round that did not come back. A fixed job's nodes are in
+ * the order of their node ranks; an elastic job's nodes of the last round
+ * keep their order, so that node ranks move as little as they can, and
+ * new ones follow in the order they joined. 0, or 1 after a message. */
 static int host_order(ctl_elastic *e, const char *reason) {
     int k = e->nnodes;
     char key[96], (*arrived)[256] = calloc((size_t)k, sizeof *arrived),
@@ -127,8 +133,7 @@ static int host_order(ctl_elastic *e, const char *reason) {
         rc = 1;
     }
     for (int i = 0; !rc && i < k; i++) {
-        snprintf(key, sizeof key, "ct/el/%d/node/%d", e->round, i);
-        if (get_str(e, key, -1, arrived[i], sizeof arrived[i]))
+        if (get_str(e, node_key(key, e->round, i), -1, arrived[i], sizeof arrived[i]))
             rc = store_failed("reading who joined");
     }
     /* A fixed job's nodes joined under their node ranks. Else the last
@@ -179,8 +184,7 @@ static int host_join(ctl_elastic *e, const char *reason) {
     int g = e->round;
     int64_t n;
     if (ct_store_add(e->store, key_of(key, g, "joined"), 1, &n, -1) ||
-        set_str(e, key_of(key, g, "node/0"), e->hostname) ||
-        set_str(e, key_of(key, g, "open"), reason))
+        set_str(e, node_key(key, g, 0), e->hostname) || set_str(e, key_of(key, g, "open"), reason))
         return store_failed("opening a round");
     snprintf(buf, sizeof buf, "%d", g);
     if (set_str(e, "ct/el/current", buf))
@@ -248,8 +252,7 @@ int ctl_elastic_join(ctl_elastic *e, const char *reason, int *code) {
         int64_t n;
         if (ct_store_add(e->store, key_of(key, g, "joined"), 1, &n, -1))
             return store_failed("joining a round");
-        snprintf(key, sizeof key, "ct/el/%d/node/%lld", g,
-                 e->fixed ? (long long)e->given_rank : (long long)n - 1);
+        node_key(key, g, e->fixed ? e->given_rank : n - 1);
         if (set_str(e, key, e->hostname) ||
             get_str(e, key_of(key, g, "size"), e->join_timeout + e->last_call, buf, sizeof buf))
             return store_failed("joining a round");
