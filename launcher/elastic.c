@@ -216,6 +216,24 @@ static int host_join(ctl_elastic *e, const char *reason) {
     return host_order(e, reason);
 }
 
+/* Waits up to --join-timeout for key, into buf: 0 or a CT_E* code. By
+ * checks that the store answers at once, not by one long get: a host that
+ * ended the job and went away would leave a long get waiting out the
+ * whole timeout, where a check fails within POLL_CALL_S. */
+static int wait_for(ctl_elastic *e, const char *key, char *buf, size_t cap) {
+    double until = ct__now() + e->join_timeout;
+    for (;;) {
+        bool there = false;
+        int rc = ct_store_check(e->store, &key, 1, &there, POLL_CALL_S);
+        if (rc || there)
+            return rc ? rc : get_str(e, key, POLL_CALL_S, buf, cap);
+        if (ct__now() >= until)
+            return ct_seterr(CT_ETIMEDOUT, "store: '%s' did not come within --join-timeout %g s",
+                             key, e->join_timeout);
+        nanosleep(&(struct timespec){0, (long)(POLL_OPEN_S * 1e9)}, NULL);
+    }
+}
+
 /* The index of the line of list (lines ending in '\n') that is id, or -1. */
 static int line_of(const char *list, const char *id) {
     size_t len = strlen(id);
@@ -242,7 +260,7 @@ int ctl_elastic_join(ctl_elastic *e, const char *reason, int *code) {
     for (;;) {
         char key[96], buf[64];
         int g = e->round;
-        if (get_str(e, key_of(key, g, "open"), e->join_timeout, buf, sizeof buf))
+        if (wait_for(e, key_of(key, g, "open"), buf, sizeof buf))
             return store_failed("waiting for the next round");
         if (!strncmp(buf, "end ", 4)) {
             *code = atoi(buf + 4);
@@ -308,9 +326,10 @@ int ctl_elastic_next(ctl_elastic *e, bool failed, int fail_code, char reason[16]
     char key[96], buf[64];
     int g = e->round;
     if (!e->host) {
-        if (failed && connected(e, e->join_timeout)) {
+        /* Best effort, and brief: a host that is gone is found in join. */
+        if (failed && connected(e, POLL_CALL_S)) {
             snprintf(buf, sizeof buf, "%d %d", fail_code, e->node_rank);
-            set_str(e, key_of(key, g, "restart"), buf);
+            ct_store_set(e->store, key_of(key, g, "restart"), buf, strlen(buf), POLL_CALL_S);
         }
         e->round++;
         snprintf(reason, 16, "-");
