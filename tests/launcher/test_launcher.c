@@ -41,6 +41,9 @@ typedef struct run_how {
     int ready;      /* ... once its stdout holds this many "ready" */
     double after;   /* ... and this many seconds have passed */
     bool no_stdout; /* its stdout goes to /dev/null (sig then needs ready 0) */
+    /* ... and, when not NULL, this file is not empty (the ranks write it
+     * once started, after ctlaunch installed its handlers) */
+    const char *ready_file;
 } run_how;
 
 /* CTLAUNCH_PATH and args (NULL-terminated, up to 62) into argv[64]. */
@@ -84,7 +87,10 @@ static void run_full(result *r, const char *const *args, const run_how *how) {
             int seen = 0;
             for (char *p = buf; (p = strstr(p, "ready")); p++)
                 seen++;
-            if (seen >= how->ready && tt_now() - t0 >= how->after) {
+            struct stat ready;
+            bool file_ready =
+                !how->ready_file || (stat(how->ready_file, &ready) == 0 && ready.st_size > 0);
+            if (seen >= how->ready && file_ready && tt_now() - t0 >= how->after) {
                 kill(pid, how->sig);
                 signalled = true;
             }
@@ -401,8 +407,10 @@ TEST(a_rank_flooding_its_output_does_not_stall_the_supervisor) {
     ASSERT_TRUE(no_rank_left(read_text(pidfile, pids, sizeof pids)));
     /* A signal is still forwarded promptly: SIGTERM once the flood runs. */
     unlink(pidfile);
-    run_full(&r, (const char *[]){"-np", "2", RANK_PATH, "flood", pidfile, NULL},
-             &(run_how){.timeout = 15, .sig = SIGTERM, .after = 0.5, .no_stdout = true});
+    run_full(
+        &r, (const char *[]){"-np", "2", RANK_PATH, "flood", pidfile, NULL},
+        &(run_how){
+            .timeout = 15, .sig = SIGTERM, .after = 0.5, .no_stdout = true, .ready_file = pidfile});
     ASSERT_EQ(code_of(&r), 128 + SIGTERM);
     ASSERT_TRUE(r.seconds < 4.5);
     ASSERT_TRUE(no_rank_left(read_text(pidfile, pids, sizeof pids)));
