@@ -67,7 +67,9 @@ DIRECT = {
     # into a ct_gpt (docs/decisions.md, "Layers, checked").
     "data": {"autograd", "nn"},
     "collectives": {"tensor"},
-    "dist": {"collectives", "autograd", "nn", "data"},
+    # dist/ -> optim/: ct_ddp's ZeRO stages make the optimizer over a rank's
+    # shard, as ZeroRedundancyOptimizer wraps torch.optim (decisions.md).
+    "dist": {"collectives", "autograd", "nn", "data", "optim"},
     # dist_autograd/ -> optim/: ct_dist_optim_serve drives a ct_optim, as
     # PyTorch's DistributedOptimizer drives torch.optim (decisions.md).
     "dist_autograd": {"dist", "autograd", "optim"},

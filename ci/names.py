@@ -42,7 +42,7 @@ PREFIXES = {
     "optim": {"optim"},
     "data": {"data"},
     "collectives": {"coll", "comm", "work", "shm", "mpi", "nccl", "gloo", "hier"},
-    "dist": {"dist", "store", "auth"},
+    "dist": {"dist", "store", "auth", "ddp"},
     "dist_autograd": {"dautograd", "rpc", "rref"},
     "checkpoint": {"ckpt", "manifest", "reader", "safetensors"},
 }

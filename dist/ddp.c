@@ -18,6 +18,7 @@
  * (collectives/comm.c stages them). ddp's own small exchanges (model check, arrival order, uneven
  * inputs) go through the communicator's device as well. */
 #include "base_impl.h"
+#include "ddp_impl.h"
 #include "dist_impl.h"
 
 #include <ct/autograd.h>
@@ -29,72 +30,11 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#define DDP_MAGIC      0x63744450u /* "ctDP" */
-#define NAMES_IN_ERROR 8
-
-typedef struct param {
-    ct_ddp *ddp;
-    ct_tensor *t;     /* the parameter; the list holds the reference */
-    const char *name; /* the list's */
-    int hook;         /* the post-accumulate hook's handle */
-    int bucket;
-    int64_t offset, numel; /* in the flat buffer */
-    ct_tensor *grad;       /* the view .grad should be (a reference) */
-    int calls;             /* hook calls in this backward */
-    int expected;          /* hook calls per backward (static graph: learned) */
-    bool used;             /* got a gradient since the last synchronized step */
-} param;
-
-typedef struct ddp_bucket {
-    int first, n;      /* its parameters: order[first .. first + n) */
-    int64_t lo, numel; /* its range in the flat buffer */
-    ct_tensor *view;   /* that range */
-    int pending;       /* parameters not ready in this backward */
-    ct_work *work;     /* its allreduce, once started */
-    /* The last step's allreduce, waited for: on a device it may still run
-     * (ct_work_wait only ordered the compute stream after it), so the
-     * handle is freed at the next launch, which finds it done. */
-    ct_work *waited;
-    const char **names; /* NULL-terminated, for ct_ddp_bucket_names */
-} ddp_bucket;
-
-struct ct_ddp {
-    uint32_t magic;
-    ct_comm *comm;
-    ct_ddp_options o;
-    ct_param_list params;
-    int n;
-    param *p;
-    int *order; /* parameter indices in the order gradients are expected */
-    int nbuckets;
-    ddp_bucket *b;
-    ct_tensor *flat;
-    ct_tensor *map; /* flat's first n elements: the usage map */
-    ct_dtype dtype;
-    ct_device device;      /* the parameters', and the communicator's */
-    ct_tensor *zero, *one; /* 0-d, on device: what fills copy from */
-    bool sync;
-    bool in_backward; /* the final callback is queued */
-    int next_launch;  /* the next bucket to start, in order */
-    int64_t iterations;
-    int *arrivals; /* first iteration: parameters in the order they arrived */
-    int narrivals;
-    ct_ddp_comm_hook hook;
-    bool has_hook;
-    bool joined;         /* out of batches: shadowing the others' iterations */
-    bool hooks_progress; /* the hooks advance the allreduces, not a thread */
-};
-
 static const char *op = "ddp";
 
 /* ----------------------------------------------- host data, comm's device */
 
-typedef enum host_op { HOST_ALLGATHER, HOST_ALLREDUCE_SUM, HOST_BROADCAST_0 } host_op;
-
-/* A blocking collective on host tensors (out written, in read; the same
- * tensor but for allgather), through copies on the communicator's device
- * when it takes CUDA tensors. */
-static int on_host(ct_ddp *d, host_op kind, ct_tensor *out, ct_tensor *in) {
+int ct__ddp_on_host(ct_ddp *d, ct__ddp_host_op kind, ct_tensor *out, ct_tensor *in) {
     ct_device on = ct_comm_device(d->comm);
     ct_tensor *dout = ct__tensor_own(ct_to(out, on));
     ct_tensor *din = in != out ? ct__tensor_own(ct_to(in, on))
@@ -103,6 +43,7 @@ static int on_host(ct_ddp *d, host_op kind, ct_tensor *out, ct_tensor *in) {
     int rc = !dout || !din                ? ct_errcode()
              : kind == HOST_ALLGATHER     ? ct_comm_allgather(d->comm, dout, din, NULL)
              : kind == HOST_ALLREDUCE_SUM ? ct_comm_allreduce(d->comm, dout, CT_REDUCE_SUM, NULL)
+             : kind == HOST_ALLREDUCE_MAX ? ct_comm_allreduce(d->comm, dout, CT_REDUCE_MAX, NULL)
                                           : ct_comm_broadcast(d->comm, dout, 0, NULL);
     ct_tensor *back = rc ? NULL : ct__tensor_own(ct_to(dout, CT_DEVICE_CPU));
     if (!rc && !back)
@@ -160,7 +101,7 @@ static int explain_mismatch(ct_ddp *d, const char *mine, size_t len, char *msg, 
     int rc = 0;
     ct_tensor *lens = ct__tensor_own(ct_empty(1, (int64_t[]){size}, CT_INT64));
     ct_tensor *one = ct__tensor_own(ct_from_data(&my_len, 1, (int64_t[]){1}, CT_INT64));
-    if (!lens || !one || (rc = on_host(d, HOST_ALLGATHER, lens, one))) {
+    if (!lens || !one || (rc = ct__ddp_on_host(d, HOST_ALLGATHER, lens, one))) {
         rc = rc ? rc : ct_errcode();
         goto done;
     }
@@ -172,7 +113,7 @@ static int explain_mismatch(ct_ddp *d, const char *mine, size_t len, char *msg, 
     ct_tensor *all = ct__tensor_own(ct_empty(1, (int64_t[]){size * (longest + 1)}, CT_UINT8));
     if (pad && all) {
         memcpy(ct_data_ptr(pad), mine, len);
-        rc = on_host(d, HOST_ALLGATHER, all, pad);
+        rc = ct__ddp_on_host(d, HOST_ALLGATHER, all, pad);
     } else {
         rc = ct_errcode();
     }
@@ -214,7 +155,7 @@ static int check_same_model(ct_ddp *d) {
     int64_t h = (int64_t)ct__fnv1a(mine, len);
     ct_tensor *hashes = ct__tensor_own(ct_empty(1, (int64_t[]){size}, CT_INT64));
     ct_tensor *one = ct__tensor_own(ct_from_data(&h, 1, (int64_t[]){1}, CT_INT64));
-    int rc = hashes && one ? on_host(d, HOST_ALLGATHER, hashes, one) : ct_errcode();
+    int rc = hashes && one ? ct__ddp_on_host(d, HOST_ALLGATHER, hashes, one) : ct_errcode();
     bool same = true;
     for (int r = 0; rc == 0 && r < size; r++)
         same &= ((int64_t *)ct_data_ptr(hashes))[r] == h;
@@ -258,7 +199,7 @@ static int broadcast_state(ct_ddp *d, ct_module *model) {
 
 /* -------------------------------------------------------------- buckets */
 
-static void free_buckets(ct_ddp *d) {
+void ct__ddp_free_buckets(ct_ddp *d) {
     for (int i = 0; i < d->nbuckets; i++) {
         ct_work_free(d->b[i].work);
         ct_work_free(d->b[i].waited);
@@ -292,7 +233,7 @@ static int build_buckets(ct_ddp *d) {
     int64_t esize = (int64_t)ct_dtype_size(d->dtype), top = total;
     int nb = 0;
     for (int k = 0; k < d->n; k++) {
-        param *p = &d->p[d->order[k]];
+        ddp_param *p = &d->p[d->order[k]];
         ddp_bucket *cur = nb ? &b[nb - 1] : NULL;
         int64_t cap = nb <= 1 ? d->o.first_bucket_bytes : d->o.bucket_bytes;
         /* A parameter larger than the cap gets a bucket of its own. */
@@ -312,7 +253,7 @@ static int build_buckets(ct_ddp *d) {
     b[nb - 1].numel += d->n;
     int rc = 0;
     for (int i = 0; !rc && i < d->n; i++) {
-        param *p = &d->p[i];
+        ddp_param *p = &d->p[i];
         ct_tensor *slice = ct__tensor_own(ct_narrow(flat, 0, p->offset, p->numel));
         ct_tensor *view =
             slice ? ct__tensor_own(ct_view(slice, ct_ndim(p->t), ct_sizes(p->t))) : NULL;
@@ -333,7 +274,7 @@ static int build_buckets(ct_ddp *d) {
             b[i].names[k] = d->p[d->order[b[i].first + k]].name;
         b[i].pending = b[i].n;
     }
-    free_buckets(d);
+    ct__ddp_free_buckets(d);
     d->b = b;
     d->nbuckets = nb;
     ct_tensor_free(d->flat);
@@ -348,12 +289,12 @@ static int build_buckets(ct_ddp *d) {
 /* The usage map: 1 for a parameter this rank used since the last
  * synchronized step (or any, once it has joined); averaged, 1 means every
  * rank used it. It goes out with the last bucket. */
-static int write_usage_map(ct_ddp *d) {
-    int rc = ct__tensor_copy_any(d->map, d->one);
+int ct__ddp_write_usage_map(ct_ddp *d, ct_tensor *map) {
+    int rc = ct__tensor_copy_any(map, d->one);
     for (int k = 0; !rc && !d->joined && k < d->n; k++) {
         if (d->p[k].used)
             continue;
-        ct_tensor *entry = ct__tensor_own(ct_narrow(d->map, 0, k, 1));
+        ct_tensor *entry = ct__tensor_own(ct_narrow(map, 0, k, 1));
         rc = entry ? ct__tensor_copy_any(entry, d->zero) : ct_errcode();
         ct_tensor_free(entry);
     }
@@ -364,7 +305,7 @@ static int launch(ct_ddp *d, int i) {
     ddp_bucket *b = &d->b[i];
     ct_work_free(b->waited);
     b->waited = NULL;
-    int rc = i == d->nbuckets - 1 ? write_usage_map(d) : 0;
+    int rc = i == d->nbuckets - 1 ? ct__ddp_write_usage_map(d, d->map) : 0;
     if (rc)
         return rc;
     if (d->has_hook)
@@ -382,7 +323,7 @@ static int launch_ready(ct_ddp *d) {
 
 /* .grad must stay the bucket's view; a backward after zero_grad with
  * set_to_none made a new tensor, which goes back into the view. */
-static int keep_view(param *p) {
+static int keep_view(ddp_param *p) {
     ct_tensor *g = ct_tensor_grad(p->t);
     if (g == p->grad)
         return 0;
@@ -396,7 +337,7 @@ static int finalize(void *ctx);
 static int count_training(ct_ddp *d, int *training) {
     int32_t mine = d->joined ? 0 : 1;
     ct_tensor *t = ct__tensor_own(ct_from_data(&mine, 1, (int64_t[]){1}, CT_INT32));
-    int rc = t ? on_host(d, HOST_ALLREDUCE_SUM, t, t) : ct_errcode();
+    int rc = t ? ct__ddp_on_host(d, HOST_ALLREDUCE_SUM, t, t) : ct_errcode();
     if (!rc)
         *training = ((int32_t *)ct_data_ptr(t))[0];
     ct_tensor_free(t);
@@ -404,9 +345,10 @@ static int count_training(ct_ddp *d, int *training) {
 }
 
 static int on_grad(ct_tensor *leaf, void *ctx) {
-    param *p = ctx;
+    ddp_param *p = ctx;
     ct_ddp *d = p->ddp;
-    int rc = keep_view(p);
+    bool sharded_grads = d->o.shard == CT_DDP_SHARD_GRADIENTS;
+    int rc = sharded_grads ? 0 : keep_view(p);
     if (rc)
         return ct_autograd_fail(rc, "%s: parameter %s: %s", op, p->name, ct_errmsg());
     p->used = true;
@@ -432,6 +374,11 @@ static int on_grad(ct_tensor *leaf, void *ctx) {
             "parameter used in several reentrant backwards (activation checkpointing) needs "
             "static_graph in ct_ddp_options",
             op, p->name, p->calls, p->expected);
+    /* ZeRO-2 moves every gradient out of .grad as it comes, whatever the
+     * progress mode: keeping them would cost the memory it saves. */
+    if (sharded_grads)
+        return (rc = ct__ddp_shard_ready(d, p)) ? ct_autograd_fail(rc, "%s: %s", op, ct_errmsg())
+                                                : 0;
     /* Without a thread to advance them, buckets started early would only
      * wait for the hooks and split the same work in pieces (docs/ddp.md):
      * they all start at the end of backward, in order. */
@@ -443,11 +390,11 @@ static int on_grad(ct_tensor *leaf, void *ctx) {
 }
 
 /* Names the parameters some rank did not use (at most NAMES_IN_ERROR). */
-static int unused_error(ct_ddp *d) {
+int ct__ddp_unused_error(ct_ddp *d, ct_tensor *averaged) {
     int size = ct_comm_size(d->comm), listed = 0, count = 0;
     char names[1024] = "";
     size_t used = 0;
-    ct_tensor *map = ct__tensor_own(ct_to(d->map, CT_DEVICE_CPU));
+    ct_tensor *map = ct__tensor_own(ct_to(averaged, CT_DEVICE_CPU));
     if (!map)
         return ct_errcode();
     for (int k = 0; k < d->n; k++) {
@@ -487,7 +434,7 @@ static int rebuild(ct_ddp *d) {
         if (!seen[d->order[i]])
             o[k++] = d->order[i];
     if (!rc)
-        rc = on_host(d, HOST_BROADCAST_0, order, order);
+        rc = ct__ddp_on_host(d, HOST_BROADCAST_0, order, order);
     bool changed = false;
     for (int i = 0; !rc && i < d->n; i++) {
         changed |= d->order[i] != (int)o[i];
@@ -500,15 +447,13 @@ static int rebuild(ct_ddp *d) {
     return rc;
 }
 
-static int finalize(void *ctx) {
-    ct_ddp *d = ctx;
-    d->in_backward = false;
-    bool learning = d->o.static_graph && d->iterations == 0;
+/* The replicated reducer's end of backward: unused gradients count as
+ * zero, what has not started starts, everything is waited for and the
+ * usage map checked. */
+static int reduce_replicated(ct_ddp *d) {
     int rc = 0;
     for (int k = 0; k < d->n && !rc; k++) {
-        param *p = &d->p[k];
-        if (learning)
-            p->expected = p->calls > 0 ? p->calls : 1;
+        ddp_param *p = &d->p[k];
         if (p->used)
             continue;
         /* It counts as zero, whatever the gradient held before; and after
@@ -523,7 +468,7 @@ static int finalize(void *ctx) {
          * allreduce of all of it costs one synchronization instead of one
          * per bucket (measured in docs/bench-ddp.md). */
         if (!rc)
-            rc = write_usage_map(d);
+            rc = ct__ddp_write_usage_map(d, d->map);
         if (!rc)
             rc = ct_comm_allreduce(d->comm, d->flat, CT_REDUCE_AVG, NULL);
         d->next_launch = d->nbuckets;
@@ -543,9 +488,19 @@ static int finalize(void *ctx) {
         b->waited = b->work;
         b->work = NULL;
     }
-    if (!rc)
-        rc = unused_error(d);
-    if (!rc && d->iterations == 0 && d->o.rebuild_buckets)
+    return rc ? rc : ct__ddp_unused_error(d, d->map);
+}
+
+static int finalize(void *ctx) {
+    ct_ddp *d = ctx;
+    d->in_backward = false;
+    if (d->o.static_graph && d->iterations == 0)
+        for (int k = 0; k < d->n; k++)
+            d->p[k].expected = d->p[k].calls > 0 ? d->p[k].calls : 1;
+    int rc =
+        d->o.shard == CT_DDP_SHARD_GRADIENTS ? ct__ddp_shard_finalize(d) : reduce_replicated(d);
+    /* ZeRO's buckets follow the shards' layout, not the arrival order. */
+    if (!rc && d->iterations == 0 && d->o.rebuild_buckets && d->o.shard == CT_DDP_SHARD_NONE)
         rc = rebuild(d);
     for (int k = 0; k < d->n; k++) {
         d->p[k].calls = 0;
@@ -666,15 +621,18 @@ ct_ddp *ct_ddp_new(ct_comm *comm, ct_module *model, const ct_ddp_options *opts) 
             rc = ct__err_set(CT_ENOMEM, "%s: out of memory", op);
     }
     for (int i = 0; !rc && i < d->n; i++) {
-        d->p[i] = (param){.ddp = d,
-                          .t = d->params.tensors[i],
-                          .name = d->params.names[i],
-                          .numel = ct_numel(d->params.tensors[i]),
-                          .expected = 1};
+        d->p[i] = (ddp_param){.ddp = d,
+                              .t = d->params.tensors[i],
+                              .name = d->params.names[i],
+                              .numel = ct_numel(d->params.tensors[i]),
+                              .expected = 1};
         d->order[i] = d->n - 1 - i; /* reverse registration order */
     }
-    if (!rc)
+    /* ZeRO-2 keeps no whole gradient buffer: its buckets are its own. */
+    if (!rc && d->o.shard != CT_DDP_SHARD_GRADIENTS)
         rc = build_buckets(d);
+    if (!rc && d->o.shard != CT_DDP_SHARD_NONE)
+        rc = ct__ddp_shard_init(d, model);
     if (!rc)
         rc = choose_progress(d);
     for (int i = 0; !rc && i < d->n; i++) {
@@ -695,7 +653,7 @@ void ct_ddp_free(ct_ddp *d) {
     if (!d)
         return;
     for (int i = 0; d->p && i < d->n; i++) {
-        param *p = &d->p[i];
+        ddp_param *p = &d->p[i];
         if (p->hook > 0)
             ct_tensor_remove_hook(p->t, p->hook);
         /* The parameter keeps its gradient, in storage of its own. */
@@ -710,7 +668,8 @@ void ct_ddp_free(ct_ddp *d) {
         d->hook.free(d->hook.ctx);
     if (d->hooks_progress)
         ct_comm_set_progress_thread(d->comm, true);
-    free_buckets(d);
+    ct__ddp_shard_free(d);
+    ct__ddp_free_buckets(d);
     ct_tensor_free(d->map);
     ct_tensor_free(d->flat);
     ct_tensor_free(d->zero);
@@ -723,21 +682,21 @@ void ct_ddp_free(ct_ddp *d) {
     free(d);
 }
 
-static int check_ddp(const ct_ddp *d, const char *fn) {
+int ct__ddp_check(const ct_ddp *d, const char *fn) {
     if (!d || d->magic != DDP_MAGIC)
         return ct__err_set(CT_EINVAL, "%s: not a live ct_ddp", fn);
     return 0;
 }
 
 int ct_ddp_set_sync(ct_ddp *d, bool sync) {
-    CT_TRY(check_ddp(d, "ddp_set_sync"));
+    CT_TRY(ct__ddp_check(d, "ddp_set_sync"));
     CT_REQUIRE(!d->in_backward, CT_ESTATE, "ddp_set_sync: called during a backward");
     d->sync = sync;
     return 0;
 }
 
 int ct_ddp_join(ct_ddp *d) {
-    CT_TRY(check_ddp(d, "ddp_join"));
+    CT_TRY(ct__ddp_check(d, "ddp_join"));
     CT_REQUIRE(d->o.uneven_inputs, CT_ESTATE,
                "ddp_join: the ct_ddp was made without uneven_inputs in its options; every rank "
                "must then run the same number of steps");
@@ -757,7 +716,11 @@ int ct_ddp_join(ct_ddp *d) {
 }
 
 int ct_ddp_set_comm_hook(ct_ddp *d, const ct_ddp_comm_hook *hook) {
-    CT_TRY(check_ddp(d, "ddp_set_comm_hook"));
+    CT_TRY(ct__ddp_check(d, "ddp_set_comm_hook"));
+    CT_REQUIRE(!d->shard, CT_EINVAL,
+               "ddp_set_comm_hook: the ct_ddp shards (options.shard %d): a comm hook replaces "
+               "the allreduce that sharding replaces too",
+               (int)d->o.shard);
     CT_REQUIRE(!hook || (hook->start && (!hook->free || hook->ctx)), CT_EINVAL,
                "ddp_set_comm_hook: the hook has no start function, or its state could not be "
                "made");
@@ -770,12 +733,12 @@ int ct_ddp_set_comm_hook(ct_ddp *d, const ct_ddp_comm_hook *hook) {
 }
 
 int ct_ddp_num_buckets(const ct_ddp *d) {
-    CT_TRY(check_ddp(d, "ddp_num_buckets"));
+    CT_TRY(ct__ddp_check(d, "ddp_num_buckets"));
     return d->nbuckets;
 }
 
 const char *const *ct_ddp_bucket_names(const ct_ddp *d, int bucket) {
-    if (check_ddp(d, "ddp_bucket_names"))
+    if (ct__ddp_check(d, "ddp_bucket_names"))
         return NULL;
     if (bucket < 0 || bucket >= d->nbuckets) {
         ct__err_set(CT_EINVAL, "ddp_bucket_names: bucket %d is outside [0, %d)", bucket,

@@ -59,6 +59,27 @@ void example_common_flags(example_options *o, ct_cli_flag out[EXAMPLE_NUM_COMMON
     memcpy(out, flags, sizeof flags);
 }
 
+ct_cli_flag example_shard_flag(int *shard) {
+    return (ct_cli_flag)CT_CLI_FLAG(
+        "--shard", CT_CLI_INT, shard, "0|1|2",
+        "under data parallel, shard the optimizer state (1: ZeRO-1) and the "
+        "gradients too (2: ZeRO-2) across the ranks",
+        .min = 0, .max = 2);
+}
+
+void example_print_memory(const char *name, const ct_ddp *ddp, const ct_optim *opt, int rank) {
+    ct_ddp_memory m = {0};
+    if (ddp)
+        ct_ddp_memory_of(ddp, opt, &m);
+    const double mib = 1 << 20;
+    printf("%s: rank %d: peak memory %.1f MiB; model state %.2f MiB (parameters %.2f, "
+           "gradients %.2f, optimizer %.2f, staging %.2f)\n",
+           name, rank, (double)ct_memory_peak(CT_DEVICE_CPU) / mib,
+           (double)(m.params + m.grads + m.optimizer + m.staging) / mib, (double)m.params / mib,
+           (double)m.grads / mib, (double)m.optimizer / mib, (double)m.staging / mib);
+    fflush(stdout);
+}
+
 void example_resume_flags(example_resume *r, const char *save_help,
                           ct_cli_flag out[EXAMPLE_NUM_RESUME_FLAGS]) {
     r->keep_last = 3;
@@ -226,7 +247,7 @@ ct_module *example_mlp_new(const example_options *o, double dropout) {
     return net;
 }
 
-ct_optim *example_optimizer(const ct_param_list *pl, const ct_optim_options *opts,
+ct_optim *example_optimizer(ct_ddp *ddp, const ct_param_list *pl, const ct_optim_options *opts,
                             double weight_decay) {
     ct_tensor *decay[pl->n > 0 ? pl->n : 1], *plain[pl->n > 0 ? pl->n : 1];
     int nd = 0, np = 0;
@@ -237,7 +258,7 @@ ct_optim *example_optimizer(const ct_param_list *pl, const ct_optim_options *opt
             plain[np++] = pl->tensors[i];
     }
     ct_param_group groups[2] = {{decay, nd, weight_decay, 1}, {plain, np, 0, 1}};
-    return ct_optim_new_groups(opts, groups, 2);
+    return ddp ? ct_ddp_optim_new(ddp, opts, groups, 2) : ct_optim_new_groups(opts, groups, 2);
 }
 
 int example_data_load(example_data *d, const char *dir, bool test) {
@@ -321,22 +342,65 @@ void example_print_summary(const char *head, const char *more, const example_opt
            head, o->threads, (long long)o->batch, epochs, (long long)steps, more, rate, acc, loss);
 }
 
-int example_ckpt_init(example_ckpt *r, const ct_param_list *params, ct_optim *opt, ct_comm *world) {
+/* The model parameter that optimizer parameter k updates, and where in it
+ * (flattened) its elements start: itself under a replicated optimizer, a
+ * piece of one under a ZeRO shard. -1 when k is not the model's. */
+static int source_of(const ct_param_list *params, ct_optim *opt, const ct_ddp *ddp, int k,
+                     int64_t *offset) {
+    int m;
+    *offset = 0;
+    if (ddp && !ct_ddp_optim_param_source(ddp, k, &m, offset))
+        return m;
+    ct_errclear();
+    for (m = 0; m < params->n; m++)
+        if (params->tensors[m] == ct_optim_param(opt, k))
+            return m;
+    return ct_seterr(CT_EINVAL, "optimizer parameter %d is not one of the model's", k);
+}
+
+/* Each optimizer state per model parameter, flattened:
+ * "optimizer.<state>.<parameter>" [numel]. A replicated optimizer holds
+ * every entry whole; a ZeRO shard holds blocks of some, so a checkpoint
+ * loads into either, at any world size. The per-parameter "step" counts
+ * are left out: train.step restores them (ct_optim_set_step_count). */
+static int add_optimizer(example_ckpt *r, const ct_param_list *params, ct_optim *opt,
+                         const ct_ddp *ddp) {
+    int64_t lo, hi, total = ct_param_list_numel(params);
+    bool sharded = ddp && !ct_ddp_shard_range(ddp, &lo, &hi) && (lo > 0 || hi < total);
+    int n = ct_optim_num_params(opt), nstates = ct_optim_num_states(opt);
+    for (int s = 0; s < nstates; s++) {
+        const char *name;
+        CT_TRY(ct_optim_state_at(opt, s, &name, NULL));
+        for (int k = 0; strcmp(name, "step") && k < n; k++) {
+            int64_t offset, numel;
+            int m = source_of(params, opt, sharded ? ddp : NULL, k, &offset);
+            ct_tensor *state = m < 0 ? NULL : ct_optim_param_state(opt, name, k);
+            if (!state)
+                return ct_errcode();
+            numel = ct_numel(state);
+            int64_t whole = ct_numel(params->tensors[m]);
+            ct_tensor *flat = ct_view(state, 1, &numel);
+            char key[256];
+            snprintf(key, sizeof key, "optimizer.%s.%s", name, params->names[m]);
+            int rc = !flat     ? ct_errcode()
+                     : sharded ? ct_state_add_shard(r->st, key, flat, 1, &whole, &offset)
+                               : ct_state_add_tensor(r->st, key, flat, CT_STATE_REPLICATED);
+            ct_tensor_free(flat);
+            CT_TRY(rc);
+        }
+    }
+    return 0;
+}
+
+int example_ckpt_init(example_ckpt *r, const ct_param_list *params, ct_optim *opt,
+                      const ct_ddp *ddp, ct_comm *world) {
     *r = (example_ckpt){.st = ct_state_new(), .ck = ct_checkpointer_new(world), .last_saved = -1};
     if (!r->st || !r->ck)
         return ct_errcode();
     for (int i = 0; i < params->n; i++)
         CT_TRY(
             ct_state_add_tensor(r->st, params->names[i], params->tensors[i], CT_STATE_REPLICATED));
-    int n = ct_optim_num_states(opt);
-    for (int i = 0; i < n; i++) {
-        const char *name;
-        ct_tensor *t;
-        char key[96];
-        CT_TRY(ct_optim_state_at(opt, i, &name, &t));
-        snprintf(key, sizeof key, "optimizer.%s", name);
-        CT_TRY(ct_state_add_tensor(r->st, key, t, CT_STATE_REPLICATED));
-    }
+    CT_TRY(add_optimizer(r, params, opt, ddp));
     CT_TRY(ct_state_add_i64(r->st, "train.step", &r->step, CT_STATE_REPLICATED));
     CT_TRY(ct_state_add_generator(r->st, "rng", ct_default_generator(), CT_STATE_REPLICATED));
     return 0;

@@ -146,7 +146,7 @@ void example_data_free(example_data *d);
 /* An optimizer of opts's kind (AdamW in both examples) over pl's
  * parameters, in two groups: weight_decay for matrices and embeddings (2 or
  * more dims), none for biases and norms. NULL on error. */
-ct_optim *example_optimizer(const ct_param_list *pl, const ct_optim_options *opts,
+ct_optim *example_optimizer(ct_ddp *ddp, const ct_param_list *pl, const ct_optim_options *opts,
                             double weight_decay);
 
 /* ------------------------------------------------------------- reporting */
@@ -207,11 +207,21 @@ typedef struct example_ckpt {
     char path[4096]; /* the checkpoint resumed from; "" for none */
 } example_ckpt;
 
-/* Registers params (replicated), opt's state as "optimizer.<name>",
- * "train.step" and "rng" (replicated: every rank seeds the default
- * generator alike and draws as much from it). Returns 0 or a CT_E* code; on error
- * the caller still calls example_ckpt_finish(). */
-int example_ckpt_init(example_ckpt *r, const ct_param_list *params, ct_optim *opt, ct_comm *world);
+/* --shard 0|1|2 into *shard: what ct_ddp shards across the ranks
+ * (ct_ddp_shard; docs/sharding.md). */
+ct_cli_flag example_shard_flag(int *shard);
+/* Prints, on every rank, the peak of ct's host memory so far and the model
+ * state ddp and opt hold (ct_ddp_memory_of), as one line prefixed by name. */
+void example_print_memory(const char *name, const ct_ddp *ddp, const ct_optim *opt, int rank);
+
+/* Registers params (replicated), opt's state per parameter as
+ * "optimizer.<state>.<parameter>" (ddp, which may be NULL, says whether opt
+ * holds a ZeRO shard: then as blocks of those entries), "train.step" and
+ * "rng" (replicated: every rank seeds the default generator alike and
+ * draws as much from it). Returns 0 or a CT_E* code; on error the caller
+ * still calls example_ckpt_finish(). */
+int example_ckpt_init(example_ckpt *r, const ct_param_list *params, ct_optim *opt,
+                      const ct_ddp *ddp, ct_comm *world);
 /* Faults in the staging memory of background saves (so that the first save
  * does not), then loads the newest checkpoint in dir, if there is one, and
  * sets opt's step count: the step to go on from (0 without a checkpoint),

@@ -68,6 +68,7 @@ typedef struct options {
     int metrics_every; /* steps between loss lines */
     const char *plot;  /* NULL: no chart */
     example_resume resume;
+    int shard; /* ct_ddp_shard */
 } options;
 
 static const char about[] =
@@ -109,6 +110,7 @@ static int parse(int argc, char **argv, options *o) {
         CT_CLI_FLAG("--device", CT_CLI_CUSTOM, &o->common.device, "cpu|cuda|cuda:N",
                     "where the model trains (cuda: each rank's own GPU)",
                     .parse = example_parse_device, .default_text = "cpu"),
+        example_shard_flag(&o->shard),
     };
     ct_cli_flag own[sizeof mine / sizeof *mine + EXAMPLE_NUM_RESUME_FLAGS];
     memcpy(own, mine, sizeof mine);
@@ -125,14 +127,15 @@ static int parse(int argc, char **argv, options *o) {
 }
 
 /* SGD with momentum, or AdamW with weight decay on matrices only. */
-static ct_optim *build_optimizer(const options *o, const ct_param_list *pl) {
+static ct_optim *build_optimizer(const options *o, ct_ddp *ddp, const ct_param_list *pl) {
     if (!o->r->adamw) {
         ct_optim_options opts = ct_optim_defaults(CT_OPTIM_SGD, o->common.lr);
         opts.momentum = 0.9;
-        return ct_optim_new(&opts, pl->tensors, pl->n);
+        ct_param_group all = {pl->tensors, pl->n, 0, 1};
+        return ddp ? ct_ddp_optim_new(ddp, &opts, &all, 1) : ct_optim_new_groups(&opts, &all, 1);
     }
     ct_optim_options opts = ct_optim_defaults(CT_OPTIM_ADAMW, o->common.lr);
-    return example_optimizer(pl, &opts, o->r->weight_decay);
+    return example_optimizer(ddp, pl, &opts, o->r->weight_decay);
 }
 
 /* Warmup takes at most a fifth of a short run (--max-steps), so that the
@@ -176,8 +179,8 @@ typedef struct resumable {
 } resumable;
 
 static int resumable_init(resumable *r, const ct_param_list *params, ct_optim *opt,
-                          ct_comm *world) {
-    CT_TRY(example_ckpt_init(&r->ck, params, opt, world));
+                          const ct_ddp *ddp, ct_comm *world) {
+    CT_TRY(example_ckpt_init(&r->ck, params, opt, ddp, world));
     CT_TRY(ct_state_add_i64(r->ck.st, "data.epoch", &r->epoch, CT_STATE_REPLICATED));
     CT_TRY(ct_state_add_i64(r->ck.st, "data.sample", &r->sample, CT_STATE_REPLICATED));
     return 0;
@@ -231,9 +234,11 @@ static int train(const options *o, bool *complete) {
         return -1;
     /* Rank 0's initial weights everywhere; gradients averaged in backward. */
     ct_ddp *ddp = NULL;
-    if (ranks > 1 && !(ddp = ct_ddp_new(world, net, NULL)))
+    ct_ddp_options dopts = ct_ddp_defaults();
+    dopts.shard = (ct_ddp_shard)o->shard;
+    if (ranks > 1 && !(ddp = ct_ddp_new(world, net, &dopts)))
         return -1;
-    ct_optim *opt = build_optimizer(o, &params);
+    ct_optim *opt = build_optimizer(o, ddp, &params);
     ct_sampler sampler;
     ct_sampler_options so = {.size = ct_size(d.train_x, 0),
                              .shuffle = true,
@@ -262,7 +267,7 @@ static int train(const options *o, bool *complete) {
     ct_lr_schedule sched = schedule(o, total);
     resumable ckpt = {0};
     int64_t step = 0;
-    if (o->resume.dir && (resumable_init(&ckpt, &params, opt, world) ||
+    if (o->resume.dir && (resumable_init(&ckpt, &params, opt, ddp, world) ||
                           (step = resume(&ckpt, o->resume.dir, world, loader, so.size, opt)) < 0))
         return -1;
     int64_t first_epoch = 0, first_offset = 0;
@@ -401,6 +406,8 @@ static int train(const options *o, bool *complete) {
             fflush(metrics);
         }
     }
+    if (!rc && ddp)
+        example_print_memory("fmnist_mlp", ddp, opt, rank);
     if (!rc && rank == 0) {
         char head[64], more[48];
         snprintf(head, sizeof head, "\"bench\": \"train\", \"impl\": \"ct\", \"ranks\": %d", ranks);

@@ -70,6 +70,7 @@ typedef struct options {
     int64_t batch, steps, warmup, eval_every, eval_batches, log_every;
     int64_t sample_tokens;
     example_resume resume;
+    int shard; /* ct_ddp_shard */
     double time, lr, min_lr, weight_decay, clip, temperature;
     uint64_t seed;
     int threads; /* 0: the machine's cores, shared among the local ranks */
@@ -165,6 +166,7 @@ static int parse_args(int argc, char **argv, options *o) {
                     "token shards: llm.c's tokenizer file, to print the sample as text"),
         CT_CLI_FLAG("--export-llmc", CT_CLI_STRING, &o->export_llmc, "FILE.bin",
                     "save the trained model in llm.c's checkpoint format at the end"),
+        example_shard_flag(&o->shard),
         CT_CLI_FLAG("--device", CT_CLI_CUSTOM, &o->device, "cpu|cuda|cuda:N",
                     "where the model trains (cuda: each rank's own GPU)",
                     .parse = example_parse_device, .default_text = "cpu"),
@@ -560,10 +562,10 @@ static int load_init(const char *path, const ct_param_list *params) {
 }
 
 /* AdamW as the reference's: betas (0.9, 0.99). */
-static ct_optim *build_optimizer(const options *o, const ct_param_list *pl) {
+static ct_optim *build_optimizer(const options *o, ct_ddp *ddp, const ct_param_list *pl) {
     ct_optim_options opts = ct_optim_defaults(CT_OPTIM_ADAMW, o->lr);
     opts.beta2 = 0.99;
-    return example_optimizer(pl, &opts, o->weight_decay);
+    return example_optimizer(ddp, pl, &opts, o->weight_decay);
 }
 
 /* Warmup takes at most a fifth of a short run. */
@@ -688,7 +690,8 @@ static int train_step(run *r, int64_t step, const ct_lr_schedule *sched, double 
     CT_TRY(ct_optim_set_lr(r->opt, ct_lr_schedule_at(sched, step)));
     ct_tensor *l = loss_of(r->gpt, x, y);
     CT_TRY(l ? ct_tensor_backward(l) : ct_errcode());
-    CT_TRY(ct_clip_grad_norm(r->params.tensors, r->params.n, r->o->clip, NULL));
+    CT_TRY(r->ddp ? ct_ddp_clip_grad_norm(r->ddp, r->opt, r->o->clip, 2, NULL)
+                  : ct_clip_grad_norm(r->params.tensors, r->params.n, r->o->clip, NULL));
     CT_TRY(ct_optim_step(r->opt));
     CT_TRY(ct_optim_zero_grad(r->opt, r->ddp == NULL));
     *loss = ct_item(l);
@@ -844,13 +847,14 @@ static int setup(run *r) {
          * hook fires once per recomputation: the graph is static. */
         ct_ddp_options d = ct_ddp_defaults();
         d.static_graph = o->model.checkpoint;
+        d.shard = (ct_ddp_shard)o->shard;
         if (!(r->ddp = ct_ddp_new(r->world, r->gpt, &d)))
             return -1;
     }
-    if (!(r->opt = build_optimizer(o, &r->params)))
+    if (!(r->opt = build_optimizer(o, r->ddp, &r->params)))
         return -1;
     if (o->resume.dir &&
-        (example_ckpt_init(&r->ckpt, &r->params, r->opt, r->world) ||
+        (example_ckpt_init(&r->ckpt, &r->params, r->opt, r->ddp, r->world) ||
          ct_state_add_i64(r->ckpt.st, "train.total_steps", &r->total, CT_STATE_REPLICATED)))
         return -1;
     if (r->rank == 0)

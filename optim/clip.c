@@ -8,8 +8,9 @@
 
 #include <math.h>
 
-/* The p-norm of all the gradients of params together, into *total. */
-static int grad_norms(ct_tensor *const *params, int n, double p, double *total) {
+/* This rank's part of the p-norm of all the gradients of params together:
+ * the sum of |g|^p, or for p = INFINITY the largest |g| (NaN wins). */
+static int grad_norms(ct_tensor *const *params, int n, double p, double *partial) {
     double acc = 0;
     for (int i = 0; i < n; i++) {
         ct_tensor *g = ct_tensor_grad(params[i]);
@@ -24,12 +25,12 @@ static int grad_norms(ct_tensor *const *params, int n, double p, double *total) 
         else
             acc += p == 2 ? v * v : pow(v, p);
     }
-    *total = isinf(p) ? acc : p == 2 ? sqrt(acc) : pow(acc, 1 / p);
+    *partial = acc;
     return 0;
 }
 
-int ct_clip_grad_norm_p(ct_tensor *const *params, int n, double max_norm, double norm_type,
-                        double *total_norm_out) {
+int ct_clip_grad_norm_split(ct_tensor *const *params, int n, double max_norm, double norm_type,
+                            ct_norm_combine combine, void *ctx, double *total_norm_out) {
     if (n < 0 || (n > 0 && !params))
         return ct__err_set(CT_EINVAL, "clip_grad_norm: %d parameters at %p", n,
                            (const void *)params);
@@ -49,8 +50,11 @@ int ct_clip_grad_norm_p(ct_tensor *const *params, int n, double max_norm, double
     }
     bool grad_mode = ct_set_grad_enabled(false);
     ct_scope_begin();
-    double total = 0;
-    int rc = grad_norms(params, n, norm_type, &total);
+    double acc = 0;
+    int rc = grad_norms(params, n, norm_type, &acc);
+    if (rc == 0 && combine)
+        rc = combine(ctx, &acc, isinf(norm_type));
+    double total = isinf(norm_type) ? acc : norm_type == 2 ? sqrt(acc) : pow(acc, 1 / norm_type);
     double coef = max_norm / (total + 1e-6);
     if (rc == 0 && isfinite(total) && coef < 1) {
         for (int i = 0; i < n && rc == 0; i++) {
@@ -64,6 +68,11 @@ int ct_clip_grad_norm_p(ct_tensor *const *params, int n, double max_norm, double
     if (rc == 0 && total_norm_out)
         *total_norm_out = total;
     return rc;
+}
+
+int ct_clip_grad_norm_p(ct_tensor *const *params, int n, double max_norm, double norm_type,
+                        double *total_norm_out) {
+    return ct_clip_grad_norm_split(params, n, max_norm, norm_type, NULL, NULL, total_norm_out);
 }
 
 int ct_clip_grad_norm(ct_tensor *const *params, int n, double max_norm, double *total_norm_out) {

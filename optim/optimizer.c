@@ -49,6 +49,7 @@ struct ct_optim {
     ct_tensor *states[MAX_STATES]; /* [0] "step": int64 [nparams]; others [total] */
     ct_tensor **views;             /* [state * nparams + param], made on first use */
     segment *segs;                 /* [nparams]: the current step's plan */
+    ct_optim_hooks hooks;
 };
 
 static int check(const ct_optim *opt, const char *fn) {
@@ -333,6 +334,8 @@ void ct_optim_free(ct_optim *opt) {
     if (!opt)
         return;
     CT_ASSERT(opt->magic == OPTIM_MAGIC && "ct_optim_free: not a live optimizer");
+    if (opt->hooks.free)
+        opt->hooks.free(opt->hooks.ctx);
     if (opt->views)
         for (int i = 0; i < opt->nstates * opt->nparams; i++)
             ct_tensor_free(opt->views[i]);
@@ -470,6 +473,8 @@ int ct_optim_step(ct_optim *opt) {
                 }
             }
             opt->step_count++;
+            if (opt->hooks.after_step)
+                rc = opt->hooks.after_step(opt->hooks.ctx);
         }
     }
     ct_scope_end();
@@ -494,6 +499,8 @@ int ct_optim_zero_grad(ct_optim *opt, bool set_to_none) {
     int rc = check(opt, "optim_zero_grad");
     if (rc)
         return rc;
+    if (opt->hooks.zero_grad)
+        return opt->hooks.zero_grad(opt->hooks.ctx, set_to_none);
     if (set_to_none) {
         for (int i = 0; i < opt->nparams && rc == 0; i++)
             rc = ct_tensor_set_grad(opt->params[i].t, NULL);
@@ -535,6 +542,16 @@ int ct_optim_zero_grad(ct_optim *opt, bool set_to_none) {
     ct_scope_end();
     ct_set_grad_enabled(grad_mode);
     return rc;
+}
+
+int ct_optim_set_hooks(ct_optim *opt, const ct_optim_hooks *hooks) {
+    int rc = check(opt, "optim_set_hooks");
+    if (rc)
+        return rc;
+    if (opt->hooks.free)
+        opt->hooks.free(opt->hooks.ctx);
+    opt->hooks = hooks ? *hooks : (ct_optim_hooks){0};
+    return 0;
 }
 
 /* ------------------------------------------------------------- accessors */

@@ -68,6 +68,7 @@
 
 #include <ct/collectives.h>
 #include <ct/nn.h>
+#include <ct/optim.h>
 #include <ct/tensor.h>
 
 #ifdef __cplusplus
@@ -321,6 +322,27 @@ typedef enum ct_ddp_progress {
     CT_DDP_PROGRESS_END,
 } ct_ddp_progress;
 
+/* What ct_ddp shards across its ranks (DeepSpeed's ZeRO stages; docs/sharding.md). Sharding
+ * needs the model's parameters in one flat buffer (ct_module_flatten before ct_ddp_new) and
+ * an optimizer made by ct_ddp_optim_new. Rank r of N owns the r-th N-th of the flat
+ * parameters:
+ *   OPTIMIZER (ZeRO-1): gradients are averaged as without sharding; each rank keeps the
+ *     optimizer state of its share only and updates that share, and the step ends with an
+ *     allgather of the parameters. Per parameter, fp32 AdamW: 4 + 4 + 8/N bytes.
+ *   GRADIENTS (ZeRO-2): as OPTIMIZER, and each gradient leaves .grad as it arrives in
+ *     backward for a bucket of the flat range that one rank owns; a full bucket is reduced
+ *     (averaged) to its owner, so each rank keeps only its share's averaged gradients:
+ *     4 + (4 + 8)/N bytes, plus two buckets of staging (the default bucket cap is then a
+ *     sixteenth of the model, at most CT_DDP_BUCKET_BYTES). After backward, the
+ *     parameters' .grad is NULL; the optimizer's parameters hold the averaged shard.
+ * Under either, rebuild_buckets is not used (the buckets follow the shards) and
+ * ct_ddp_set_comm_hook is refused. */
+typedef enum ct_ddp_shard {
+    CT_DDP_SHARD_NONE,
+    CT_DDP_SHARD_OPTIMIZER,
+    CT_DDP_SHARD_GRADIENTS,
+} ct_ddp_shard;
+
 typedef struct ct_ddp_options {
     int64_t first_bucket_bytes; /* 0: CT_DDP_FIRST_BUCKET_BYTES */
     int64_t bucket_bytes;       /* 0: CT_DDP_BUCKET_BYTES */
@@ -343,6 +365,7 @@ typedef struct ct_ddp_options {
      * counts the ranks still training. */
     bool uneven_inputs;
     ct_ddp_progress progress; /* AUTO (0) by default */
+    ct_ddp_shard shard;       /* NONE (0) by default */
 } ct_ddp_options;
 
 typedef struct ct_ddp ct_ddp;
@@ -398,6 +421,43 @@ CT_API int ct_ddp_set_comm_hook(ct_ddp *ddp, const ct_ddp_comm_hook *hook);
  * allocated here and freed by the ct_ddp it is installed in (ctx is NULL
  * when that allocation failed, which ct_ddp_set_comm_hook reports). */
 CT_API ct_ddp_comm_hook ct_ddp_bf16_compress_hook(void);
+
+/* The optimizer for ddp's model: without sharding, ct_optim_new_groups(opts, groups,
+ * ngroups). Sharded, an optimizer over this rank's share: its parameters are 1-d pieces of
+ * the model's parameters (views: a step writes the model), each piece's .grad the averaged
+ * gradient there; its step updates the share and then allgathers the parameters, and its
+ * zero_grad zeroes the gradients in place (set_to_none too: the pieces keep their views).
+ * Groups name the model's parameters; one that no group names is not trained. One sharded
+ * optimizer per ct_ddp at a time; free it before the ct_ddp (one that outlives it steps its
+ * share alone). The caller owns the result. A collective only in its steps. Errors (NULL
+ * returned): CT_EINVAL for a tensor that is not the model's, or named by two groups;
+ * CT_ESTATE for a second sharded optimizer; ct_optim_new_groups's errors. */
+CT_API ct_optim *ct_ddp_optim_new(ct_ddp *ddp, const ct_optim_options *opts,
+                                  const ct_param_group *groups, int ngroups);
+/* clip_grad_norm_ for ddp's model with opt (from ct_ddp_optim_new): the norm_type norm of
+ * the averaged gradients of every rank together, one allreduce of a double when sharded;
+ * every rank gets the same *total_norm_out (may be NULL) and scales its gradients alike.
+ * Errors: ct_clip_grad_norm_p's, a collective's. A collective when sharded. */
+CT_API int ct_ddp_clip_grad_norm(ct_ddp *ddp, ct_optim *opt, double max_norm, double norm_type,
+                                 double *total_norm_out);
+/* This rank's share of the flat parameters, [*lo, *hi) in elements (the whole range without
+ * sharding). Errors: CT_EINVAL for a bad handle. */
+CT_API int ct_ddp_shard_range(const ct_ddp *ddp, int64_t *lo, int64_t *hi);
+/* Where parameter index of ddp's sharded optimizer comes from: *model_param, the model
+ * parameter's index in registration order, and *offset, where the piece starts in that
+ * parameter's elements (row-major). Without sharding the optimizer's parameters are the
+ * model's: use ct_optim_param. Errors: CT_EINVAL for a bad handle or index, CT_ESTATE
+ * without a live sharded optimizer. */
+CT_API int ct_ddp_optim_param_source(const ct_ddp *ddp, int index, int *model_param,
+                                     int64_t *offset);
+
+/* The model state ddp and opt hold on this rank, in bytes: the parameters, the gradients
+ * that persist between steps (the replicated buffer, or ZeRO-2's share), ZeRO-2's bucket
+ * staging, and the optimizer's state. opt may be NULL (counted as 0). */
+typedef struct ct_ddp_memory {
+    int64_t params, grads, staging, optimizer;
+} ct_ddp_memory;
+CT_API int ct_ddp_memory_of(const ct_ddp *ddp, const ct_optim *opt, ct_ddp_memory *out);
 
 /* Buckets, for inspection: how many, and the parameter names of bucket i
  * in order (borrowed until the buckets change, NULL-terminated). */

@@ -202,6 +202,24 @@ CT_API ct_tensor *ct_optim_state(const ct_optim *opt, const char *name);
  * for a bad name or index; CT_ENOMEM. */
 CT_API ct_tensor *ct_optim_param_state(ct_optim *opt, const char *name, int index);
 
+/* Hooks for a layer that shards parameters across ranks (ct_ddp's ZeRO
+ * stages make an optimizer over this rank's shard and install them):
+ * after_step runs after every successful step, and its error is the step's
+ * (the shard is then updated but the other ranks' may not have arrived);
+ * zero_grad, when set, replaces ct_optim_zero_grad's own zeroing. Either
+ * may be NULL. free (may be NULL) releases ctx when the optimizer is freed
+ * or the hooks are replaced. */
+typedef struct ct_optim_hooks {
+    int (*after_step)(void *ctx);
+    int (*zero_grad)(void *ctx, bool set_to_none);
+    void (*free)(void *ctx);
+    void *ctx;
+} ct_optim_hooks;
+
+/* Installs hooks (copied; NULL removes them, freeing the old ctx). Errors:
+ * CT_EINVAL for a bad handle. Not thread-safe. */
+CT_API int ct_optim_set_hooks(ct_optim *opt, const ct_optim_hooks *hooks);
+
 /* --------------------------------------------------------------- clipping */
 
 /* torch.nn.utils.clip_grad_norm_: the 2-norm of all the gradients of
@@ -221,6 +239,17 @@ CT_API int ct_clip_grad_norm(ct_tensor *const *params, int n, double max_norm,
  * value. CT_EINVAL for other p. */
 CT_API int ct_clip_grad_norm_p(ct_tensor *const *params, int n, double max_norm, double norm_type,
                                double *total_norm_out);
+
+/* Clipping when the gradients are split across ranks (ct_ddp's ZeRO
+ * shards, ct_ddp_clip_grad_norm): combine turns this rank's part of the
+ * norm, *partial (the sum of |g|^p over params, or the largest |g| when max
+ * is true: p = INFINITY), into the total over every rank in place, and
+ * returns 0 or a CT_E* code, which the clipping returns. With combine NULL
+ * this is ct_clip_grad_norm_p. */
+typedef int (*ct_norm_combine)(void *ctx, double *partial, bool max);
+CT_API int ct_clip_grad_norm_split(ct_tensor *const *params, int n, double max_norm,
+                                   double norm_type, ct_norm_combine combine, void *ctx,
+                                   double *total_norm_out);
 
 /* ---------------------------------------------------------- lr schedules */
 

@@ -1,0 +1,60 @@
+/* ct_ddp's ZeRO stages across real processes: shard_rank trains a model
+ * sharded and replicated side by side under ctlaunch (the shm backend) on
+ * 2, 3 and 4 ranks (4 oversubscribe a small machine, which is fine here),
+ * and checks the ZeRO memory accounting and the errors sharding gives.
+ * Each run has a deadline, and every rank is checked to be gone after. */
+#include "ct_test.h"
+
+/* Far above a passing run (a few seconds), above the ranks' collective
+ * timeout (20 s). */
+#define DEADLINE 90
+
+static const char *const env[] = {"CT_BACKEND", NULL};
+
+static void passes(int np, const char *scenario) {
+    static tt_job j;
+    char npstr[16];
+    snprintf(npstr, sizeof npstr, "%d", np);
+    tt_run_job(&j,
+               (const char *const[]){CTLAUNCH_PATH, "-np", npstr, SHARD_RANK_PATH, scenario, NULL},
+               env, DEADLINE);
+    TT_ASSERT_JOB(&j, tt_job_no_rank_left(&j));
+    TT_ASSERT_JOB(&j, tt_job_exit_code(&j) == 0);
+    TT_ASSERT_JOB(&j, tt_job_ranks_passed(&j, scenario, np, -1, true));
+    printf("  %s on %d ranks: %.1f s\n", scenario, np, j.seconds);
+}
+
+/* Each scenario on 2, 3 and 4 ranks. */
+static void on_2_3_4(const char *scenario) {
+    for (int np = 2; np <= 4; np++)
+        passes(np, scenario);
+}
+
+TEST(zero1_with_sgd_equals_ddp) { on_2_3_4("zero1_sgd"); }
+TEST(zero1_with_adamw_equals_ddp) { on_2_3_4("zero1_adamw"); }
+TEST(zero1_with_adamw_and_clipping_equals_ddp) { on_2_3_4("zero1_adamw_clip"); }
+TEST(zero1_in_float64_equals_ddp_to_1e_12) {
+    on_2_3_4("zero1_sgd_f64");
+    on_2_3_4("zero1_adamw_f64");
+}
+TEST(zero1_with_a_parameter_used_on_one_rank_equals_ddp) { on_2_3_4("zero1_unused"); }
+TEST(zero1_with_activation_checkpointing_equals_ddp) { on_2_3_4("zero1_checkpointed"); }
+TEST(zero1_with_no_sync_accumulation_equals_ddp) { on_2_3_4("zero1_no_sync"); }
+
+TEST(zero2_with_sgd_equals_ddp) { on_2_3_4("zero2_sgd"); }
+TEST(zero2_with_adamw_equals_ddp) { on_2_3_4("zero2_adamw"); }
+TEST(zero2_with_adamw_and_clipping_equals_ddp) { on_2_3_4("zero2_adamw_clip"); }
+TEST(zero2_in_float64_equals_ddp_to_1e_12) {
+    on_2_3_4("zero2_sgd_f64");
+    on_2_3_4("zero2_adamw_f64");
+}
+TEST(zero2_with_a_parameter_used_on_one_rank_equals_ddp) { on_2_3_4("zero2_unused"); }
+TEST(zero2_with_activation_checkpointing_equals_ddp) { on_2_3_4("zero2_checkpointed"); }
+TEST(zero2_with_no_sync_accumulation_equals_ddp) { on_2_3_4("zero2_no_sync"); }
+
+TEST(model_state_follows_the_zero_accounting) {
+    on_2_3_4("zero1_memory");
+    on_2_3_4("zero2_memory");
+}
+
+TEST(sharding_refuses_what_it_cannot_do_by_name) { passes(2, "errors"); }
