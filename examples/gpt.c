@@ -818,6 +818,8 @@ static int train(run *r, bool *complete) {
             return rc;
         printf(NAME ": wrote the model to %s in llm.c's format\n", o->export_llmc);
     }
+    if (r->ddp)
+        example_print_memory(NAME, r->ddp, r->opt, r->rank);
     if (r->rank == 0)
         printf("{\"bench\": \"gpt\", \"impl\": \"ct\", \"threads\": %d, \"ranks\": %d, "
                "\"batch\": %lld, \"context\": %lld, \"layers\": %lld, \"width\": %lld, "
