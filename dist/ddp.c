@@ -333,6 +333,8 @@ static int keep_view(ddp_param *p) {
 
 static int finalize(void *ctx);
 
+int ct__ddp_finalize_cb(void *ctx) { return finalize(ctx); }
+
 /* Uneven inputs: how many ranks still train (this one counts if it does). */
 static int count_training(ct_ddp *d, int *training) {
     int32_t mine = d->joined ? 0 : 1;
@@ -347,7 +349,7 @@ static int count_training(ct_ddp *d, int *training) {
 static int on_grad(ct_tensor *leaf, void *ctx) {
     ddp_param *p = ctx;
     ct_ddp *d = p->ddp;
-    bool sharded_grads = d->o.shard == CT_DDP_SHARD_GRADIENTS;
+    bool sharded_grads = d->o.shard >= CT_DDP_SHARD_GRADIENTS;
     int rc = sharded_grads ? 0 : keep_view(p);
     if (rc)
         return ct_autograd_fail(rc, "%s: parameter %s: %s", op, p->name, ct_errmsg());
@@ -377,8 +379,9 @@ static int on_grad(ct_tensor *leaf, void *ctx) {
     /* ZeRO-2 moves every gradient out of .grad as it comes, whatever the
      * progress mode: keeping them would cost the memory it saves. */
     if (sharded_grads)
-        return (rc = ct__ddp_shard_ready(d, p)) ? ct_autograd_fail(rc, "%s: %s", op, ct_errmsg())
-                                                : 0;
+        return (rc = d->fsdp ? ct__ddp_fsdp_ready(d, p) : ct__ddp_shard_ready(d, p))
+                   ? ct_autograd_fail(rc, "%s: %s", op, ct_errmsg())
+                   : 0;
     /* Without a thread to advance them, buckets started early would only
      * wait for the hooks and split the same work in pieces (docs/ddp.md):
      * they all start at the end of backward, in order. */
@@ -494,11 +497,17 @@ static int reduce_replicated(ct_ddp *d) {
 static int finalize(void *ctx) {
     ct_ddp *d = ctx;
     d->in_backward = false;
+    /* Only ZeRO-3 queues this in a no_sync backward: its units go back. */
+    if (!d->sync) {
+        int rc = ct__ddp_fsdp_finalize(d);
+        return rc ? ct_autograd_fail(rc, "%s", ct_errmsg()) : 0;
+    }
     if (d->o.static_graph && d->iterations == 0)
         for (int k = 0; k < d->n; k++)
             d->p[k].expected = d->p[k].calls > 0 ? d->p[k].calls : 1;
-    int rc =
-        d->o.shard == CT_DDP_SHARD_GRADIENTS ? ct__ddp_shard_finalize(d) : reduce_replicated(d);
+    int rc = d->fsdp                                ? ct__ddp_fsdp_finalize(d)
+             : d->o.shard == CT_DDP_SHARD_GRADIENTS ? ct__ddp_shard_finalize(d)
+                                                    : reduce_replicated(d);
     /* ZeRO's buckets follow the shards' layout, not the arrival order. */
     if (!rc && d->iterations == 0 && d->o.rebuild_buckets && d->o.shard == CT_DDP_SHARD_NONE)
         rc = rebuild(d);
@@ -600,6 +609,14 @@ ct_ddp *ct_ddp_new(ct_comm *comm, ct_module *model, const ct_ddp_options *opts) 
         d->o.bucket_bytes = CT_DDP_BUCKET_BYTES;
     d->sync = true;
     ct_param_list_init(&d->params);
+    if (d->o.shard < CT_DDP_SHARD_NONE || d->o.shard > CT_DDP_SHARD_FULL) {
+        ct__err_set(CT_EINVAL,
+                    "%s: shard %d is not a stage ct_ddp has: 0 (replicated), 1 (optimizer state, "
+                    "ZeRO-1), 2 (and gradients, ZeRO-2) or 3 (and parameters, ZeRO-3/FSDP)",
+                    op, (int)d->o.shard);
+        free(d);
+        return NULL;
+    }
     int rc = ct_module_named_parameters(model, &d->params);
     d->n = d->params.n;
     if (!rc)
@@ -628,9 +645,12 @@ ct_ddp *ct_ddp_new(ct_comm *comm, ct_module *model, const ct_ddp_options *opts) 
                               .expected = 1};
         d->order[i] = d->n - 1 - i; /* reverse registration order */
     }
-    /* ZeRO-2 keeps no whole gradient buffer: its buckets are its own. */
-    if (!rc && d->o.shard != CT_DDP_SHARD_GRADIENTS)
+    /* ZeRO-2 and -3 keep no whole gradient buffer: their buckets are
+     * their own. */
+    if (!rc && d->o.shard < CT_DDP_SHARD_GRADIENTS)
         rc = build_buckets(d);
+    if (!rc && d->o.shard == CT_DDP_SHARD_FULL)
+        rc = ct__ddp_fsdp_init(d, model);
     if (!rc && d->o.shard != CT_DDP_SHARD_NONE)
         rc = ct__ddp_shard_init(d, model);
     if (!rc)
@@ -642,6 +662,9 @@ ct_ddp *ct_ddp_new(ct_comm *comm, ct_module *model, const ct_ddp_options *opts) 
         else
             d->p[i].hook = h;
     }
+    /* ZeRO-3's units stayed gathered for the hooks: now they go back. */
+    if (!rc && d->fsdp)
+        rc = ct__ddp_fsdp_after_step(d);
     if (rc) {
         ct_ddp_free(d);
         return NULL;
@@ -652,6 +675,9 @@ ct_ddp *ct_ddp_new(ct_comm *comm, ct_module *model, const ct_ddp_options *opts) 
 void ct_ddp_free(ct_ddp *d) {
     if (!d)
         return;
+    /* ZeRO-3: every unit back in the model, before its hooks go. */
+    if (d->fsdp)
+        ct_ddp_summon_params(d, true);
     for (int i = 0; d->p && i < d->n; i++) {
         ddp_param *p = &d->p[i];
         if (p->hook > 0)
@@ -669,6 +695,7 @@ void ct_ddp_free(ct_ddp *d) {
     if (d->hooks_progress)
         ct_comm_set_progress_thread(d->comm, true);
     ct__ddp_shard_free(d);
+    ct__ddp_fsdp_free(d);
     ct__ddp_free_buckets(d);
     ct_tensor_free(d->map);
     ct_tensor_free(d->flat);

@@ -28,6 +28,7 @@ typedef struct ddp_param {
 } ddp_param;
 
 typedef struct ddp_shard ddp_shard;
+typedef struct ddp_fsdp ddp_fsdp;
 
 typedef struct ddp_bucket {
     int first, n;      /* its parameters: order[first .. first + n) */
@@ -67,7 +68,8 @@ struct ct_ddp {
     bool has_hook;
     bool joined;         /* out of batches: shadowing the others' iterations */
     bool hooks_progress; /* the hooks advance the allreduces, not a thread */
-    ddp_shard *shard;    /* ZeRO-1 and -2 (ddp_shard.c); NULL when replicated */
+    ddp_shard *shard;    /* ZeRO-1 and -2 (ddp_shard.c), the optimizer's share for ZeRO-3 */
+    ddp_fsdp *fsdp;      /* ZeRO-3 (ddp_fsdp.c) */
 };
 
 /* --------------------------------------------------- ZeRO (ddp_shard.c) */
@@ -82,6 +84,39 @@ int ct__ddp_shard_ready(ct_ddp *d, ddp_param *p);
 /* ZeRO-2: the end of backward: what is left moves and starts, every reduce
  * is waited for, and the usage map is checked. */
 int ct__ddp_shard_finalize(ct_ddp *d);
+/* This rank's piece of a parameter: a 1-d view of param_base at param_at
+ * (len elements) whose .grad is the view of grad_base at grad_at. Owned by the
+ * caller; NULL with *rc on error. */
+ct_tensor *ct__ddp_piece(ct_tensor *param_base, int64_t param_at, ct_tensor *grad_base,
+                         int64_t grad_at, int64_t len, int *rc);
+
+/* ------------------------------------------------- ZeRO-3 (ddp_fsdp.c) */
+
+/* Builds the units, moves each one's parameters into a buffer of its own,
+ * keeps this rank's shard and hooks the units' forwards. A collective. */
+int ct__ddp_fsdp_init(ct_ddp *d, ct_module *model);
+/* Gathers every unit one last time (the parameters keep their values) and
+ * removes the hooks. A collective. */
+void ct__ddp_fsdp_free(ct_ddp *d);
+/* Parameter p has its gradient: its unit may be reduce-scattered. */
+int ct__ddp_fsdp_ready(ct_ddp *d, ddp_param *p);
+/* The end of backward: the units left are reduced, the usage map checked,
+ * every unit handed back. */
+int ct__ddp_fsdp_finalize(ct_ddp *d);
+/* Parameter i's piece of this rank's shard (NULL when it has none there:
+ * *rc 0), *from where it starts in the parameter. */
+ct_tensor *ct__ddp_fsdp_piece(ct_ddp *d, int i, int64_t *from, int *rc);
+/* The optimizer's hooks: after a step every unit is handed back (its shard
+ * changed); zero_grad zeroes the gradient shards. */
+int ct__ddp_fsdp_after_step(ct_ddp *d);
+int ct__ddp_fsdp_zero_grads(ct_ddp *d);
+/* Model state: *shards and *grads (bytes of this rank's parameter and
+ * gradient shards); returns the staging bytes (the reduce-scatter's, and
+ * the largest unit's buffer). */
+int64_t ct__ddp_fsdp_bytes(const ct_ddp *d, int64_t *shards, int64_t *grads);
+/* ddp.c's end-of-backward callback. */
+int ct__ddp_finalize_cb(void *ctx);
+
 /* ddp.c's: a blocking collective on host tensors (out written, in read;
  * the same tensor but for allgather), through copies on the
  * communicator's device when it takes CUDA tensors. */

@@ -197,16 +197,14 @@ static int cut_buckets(ct_ddp *d) {
 }
 
 int ct__ddp_shard_init(ct_ddp *d, ct_module *model) {
-    if (d->o.shard != CT_DDP_SHARD_OPTIMIZER && d->o.shard != CT_DDP_SHARD_GRADIENTS)
-        return ct__err_set(CT_EINVAL,
-                           "%s: shard %d is not a stage ct_ddp has: 0 (replicated), 1 "
-                           "(optimizer state, ZeRO-1) or 2 (and gradients, ZeRO-2)",
-                           op, (int)d->o.shard);
     if (d->has_hook)
         return ct__err_set(CT_EINVAL, "%s: a comm hook and shard are exclusive", op);
     ddp_shard *s = d->shard = calloc(1, sizeof *s);
     if (!s || !(s->poff = calloc((size_t)d->n, sizeof *s->poff)))
         return ct__err_set(CT_ENOMEM, "%s: out of memory", op);
+    /* ZeRO-3's units hold the layout; this holds its optimizer's pieces. */
+    if (d->o.shard == CT_DDP_SHARD_FULL)
+        return 0;
     CT_TRY(check_flat(d, model));
     int size = ct_comm_size(d->comm);
     if (s->total < size)
@@ -470,9 +468,12 @@ int ct__ddp_shard_finalize(ct_ddp *d) {
 
 /* ---------------------------------------------------------- optimizer */
 
-/* After a step: every rank's updated shard, everywhere. */
+/* After a step: every rank's updated shard, everywhere (ZeRO-3: when
+ * each unit is next used). */
 static int gather_params(void *ctx) {
     ct_ddp *d = ctx;
+    if (d->fsdp)
+        return ct__ddp_fsdp_after_step(d);
     ddp_shard *s = d->shard;
     int size = ct_comm_size(d->comm);
     bool grad_mode = ct_set_grad_enabled(false);
@@ -503,6 +504,8 @@ static int zero_grads(void *ctx, bool set_to_none) {
     (void)set_to_none;
     ct_ddp *d = ctx;
     ddp_shard *s = d->shard;
+    if (d->fsdp)
+        return ct__ddp_fsdp_zero_grads(d);
     if (s->grad)
         return ct__tensor_fill_any(s->grad, 0);
     ct_tensor *grads = ct__tensor_own(ct_narrow(d->flat, 0, d->n, s->total));
@@ -530,23 +533,14 @@ static int model_index(const ct_ddp *d, const ct_tensor *t, int group, int j) {
                        group);
 }
 
-/* Parameter i's piece of this rank's shard (a 1-d view), with its
- * gradient view attached; NULL when it has none. */
-static ct_tensor *piece_of(ct_ddp *d, int i, int64_t *from, int *rc) {
-    ddp_shard *s = d->shard;
-    int64_t p0 = s->poff[i], p1 = p0 + d->p[i].numel;
-    int64_t lo = p0 > s->lo ? p0 : s->lo, hi = p1 < s->hi ? p1 : s->hi;
-    *rc = 0;
-    if (hi <= lo)
-        return NULL;
-    int64_t len = hi - lo;
-    *from = lo - p0;
-    ct_tensor *piece = ct__tensor_own(ct_narrow(s->flat_params, 0, lo, len));
-    ct_tensor *grad =
-        s->grad ? ct__tensor_own(ct_narrow(s->grad, 0, lo - s->lo, len))
-                : ct__tensor_own(ct_tensor_from_storage(ct_tensor_storage(d->p[i].grad),
-                                                        ct_tensor_offset(d->p[i].grad) + *from, 1,
-                                                        &len, NULL, d->dtype));
+ct_tensor *ct__ddp_piece(ct_tensor *param_base, int64_t param_at, ct_tensor *grad_base,
+                         int64_t grad_at, int64_t len, int *rc) {
+    ct_tensor *piece = ct__tensor_own(ct_tensor_from_storage(
+        ct_tensor_storage(param_base), ct_tensor_offset(param_base) + param_at, 1, &len, NULL,
+        ct_tensor_dtype(param_base)));
+    ct_tensor *grad = ct__tensor_own(
+        ct_tensor_from_storage(ct_tensor_storage(grad_base), ct_tensor_offset(grad_base) + grad_at,
+                               1, &len, NULL, ct_tensor_dtype(grad_base)));
     *rc = !piece || !grad ? ct_errcode() : ct_tensor_set_grad(piece, grad);
     ct_tensor_free(grad);
     if (*rc) {
@@ -554,6 +548,24 @@ static ct_tensor *piece_of(ct_ddp *d, int i, int64_t *from, int *rc) {
         return NULL;
     }
     return piece;
+}
+
+/* Parameter i's piece of this rank's shard (a 1-d view), with its
+ * gradient view attached; NULL when it has none. */
+static ct_tensor *piece_of(ct_ddp *d, int i, int64_t *from, int *rc) {
+    if (d->fsdp)
+        return ct__ddp_fsdp_piece(d, i, from, rc);
+    ddp_shard *s = d->shard;
+    int64_t p0 = s->poff[i], p1 = p0 + d->p[i].numel;
+    int64_t lo = p0 > s->lo ? p0 : s->lo, hi = p1 < s->hi ? p1 : s->hi;
+    *rc = 0;
+    if (hi <= lo)
+        return NULL;
+    *from = lo - p0;
+    /* ZeRO-2's gradients are its share; ZeRO-1's the replicated buffer's
+     * views, parameter by parameter. */
+    return s->grad ? ct__ddp_piece(s->flat_params, lo, s->grad, lo - s->lo, hi - lo, rc)
+                   : ct__ddp_piece(s->flat_params, lo, d->p[i].grad, *from, hi - lo, rc);
 }
 
 ct_optim *ct_ddp_optim_new(ct_ddp *d, const ct_optim_options *opts, const ct_param_group *groups,
@@ -670,6 +682,9 @@ int ct_ddp_clip_grad_norm(ct_ddp *d, ct_optim *opt, double max_norm, double norm
 
 int ct_ddp_shard_range(const ct_ddp *d, int64_t *lo, int64_t *hi) {
     CT_TRY(ct__ddp_check(d, "ddp_shard_range"));
+    CT_REQUIRE(!d->fsdp, CT_ESTATE,
+               "ddp_shard_range: under shard 3 each unit is sharded on its own: there is no one "
+               "range");
     int64_t total = 0;
     for (int i = 0; !d->shard && i < d->n; i++)
         total += d->p[i].numel;
@@ -678,6 +693,10 @@ int ct_ddp_shard_range(const ct_ddp *d, int64_t *lo, int64_t *hi) {
     if (hi)
         *hi = d->shard ? d->shard->hi : total;
     return 0;
+}
+
+ct_ddp_shard ct_ddp_stage(const ct_ddp *d) {
+    return ct__ddp_check(d, "ddp_stage") ? CT_DDP_SHARD_NONE : d->o.shard;
 }
 
 int ct_ddp_optim_param_source(const ct_ddp *d, int index, int *model_param, int64_t *offset) {
@@ -701,10 +720,12 @@ int ct_ddp_memory_of(const ct_ddp *d, const ct_optim *opt, ct_ddp_memory *out) {
     CT_TRY(ct__ddp_check(d, "ddp_memory_of"));
     CT_REQUIRE(out, CT_EINVAL, "ddp_memory_of: out is NULL");
     *out = (ct_ddp_memory){0};
-    for (int i = 0; i < d->n; i++)
+    for (int i = 0; !d->fsdp && i < d->n; i++)
         out->params += bytes_of(d->p[i].t);
     const ddp_shard *s = d->shard;
-    if (s && s->grad) {
+    if (d->fsdp) {
+        out->staging = ct__ddp_fsdp_bytes(d, &out->params, &out->grads);
+    } else if (s && s->grad) {
         out->grads = bytes_of(s->grad);
         out->staging = bytes_of(s->map);
         for (int i = 0; i < NSLOTS; i++)

@@ -60,11 +60,20 @@ void example_common_flags(example_options *o, ct_cli_flag out[EXAMPLE_NUM_COMMON
 }
 
 ct_cli_flag example_shard_flag(int *shard) {
-    return (ct_cli_flag)CT_CLI_FLAG(
-        "--shard", CT_CLI_INT, shard, "0|1|2",
-        "under data parallel, shard the optimizer state (1: ZeRO-1) and the "
-        "gradients too (2: ZeRO-2) across the ranks",
-        .min = 0, .max = 2);
+    return (ct_cli_flag)CT_CLI_FLAG("--shard", CT_CLI_INT, shard, "0|1|2|3",
+                                    "under data parallel, shard the optimizer state (1: ZeRO-1), "
+                                    "the gradients too (2: ZeRO-2) and the parameters too (3: "
+                                    "fully sharded, FSDP) across the ranks",
+                                    .min = 0, .max = 3);
+}
+
+int example_shard_checks(int shard, const char *checkpoint_dir) {
+    if (shard == CT_DDP_SHARD_FULL && checkpoint_dir)
+        return ct_seterr(CT_EINVAL,
+                         "--shard 3 does not save checkpoints yet (--checkpoint-dir): its "
+                         "parameter shards need checkpoint entries of several blocks a rank "
+                         "(docs/sharding.md); use --shard 2");
+    return 0;
 }
 
 void example_print_memory(const char *name, const ct_ddp *ddp, const ct_optim *opt, int rank) {
@@ -228,7 +237,7 @@ FILE *example_metrics_open(const char *path, int64_t resumed_at, const char *che
     return f;
 }
 
-ct_module *example_mlp_new(const example_options *o, double dropout) {
+ct_module *example_mlp_new(const example_options *o, double dropout, bool flat) {
     ct_manual_seed(o->seed);
     ct_module *net = ct_sequential_new();
     ct_sequential_append(net, ct_linear_new(784, o->hidden, true));
@@ -240,7 +249,7 @@ ct_module *example_mlp_new(const example_options *o, double dropout) {
     if (dropout > 0)
         ct_sequential_append(net, ct_dropout_new(dropout));
     ct_sequential_append(net, ct_linear_new(o->hidden, 10, true));
-    if (ct_module_to(net, o->device) || ct_module_flatten(net, false)) {
+    if (ct_module_to(net, o->device) || (flat && ct_module_flatten(net, false))) {
         ct_module_free(net);
         return NULL;
     }

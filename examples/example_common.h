@@ -130,7 +130,7 @@ FILE *example_metrics_open(const char *path, int64_t resumed_at, const char *che
  * o->device, its parameters in one flat buffer (so that an optimizer
  * updates them in one pass). It seeds the default generator with o->seed first, so that every
  * example starts from fmnist_mlp's weights. NULL on error. */
-ct_module *example_mlp_new(const example_options *o, double dropout);
+ct_module *example_mlp_new(const example_options *o, double dropout, bool flat);
 
 typedef struct example_data {
     ct_tensor *train_x, *train_y; /* [60000, 784] float32 in [0, 1], [60000] int64 */
@@ -207,9 +207,12 @@ typedef struct example_ckpt {
     char path[4096]; /* the checkpoint resumed from; "" for none */
 } example_ckpt;
 
-/* --shard 0|1|2 into *shard: what ct_ddp shards across the ranks
+/* --shard 0|1|2|3 into *shard: what ct_ddp shards across the ranks
  * (ct_ddp_shard; docs/sharding.md). */
 ct_cli_flag example_shard_flag(int *shard);
+/* 0, or CT_EINVAL with a message for what the examples cannot
+ * do with a stage yet (--shard 3 with --checkpoint-dir). */
+int example_shard_checks(int shard, const char *checkpoint_dir);
 /* Prints, on every rank, the peak of ct's host memory so far and the model
  * state ddp and opt hold (ct_ddp_memory_of), as one line prefixed by name. */
 void example_print_memory(const char *name, const ct_ddp *ddp, const ct_optim *opt, int rank);

@@ -156,12 +156,11 @@ static ct_tensor *predict(void *net, ct_tensor *images) {
     return ct_argmax(ct_module_forward(net, images), 1, false);
 }
 
-static ct_device device_of(ct_module *net) { return ct_tensor_device(ct_module_flat_params(net)); }
-
-/* Test accuracy in evaluation mode (no dropout). */
-static int evaluate(ct_module *net, ct_tensor *images, ct_tensor *labels, double *acc) {
+/* Test accuracy in evaluation mode (no dropout), on device. */
+static int evaluate(ct_module *net, ct_device device, ct_tensor *images, ct_tensor *labels,
+                    double *acc) {
     ct_module_train(net, false);
-    int rc = example_evaluate(predict, net, images, labels, device_of(net), acc);
+    int rc = example_evaluate(predict, net, images, labels, device, acc);
     ct_module_train(net, true);
     return rc;
 }
@@ -227,7 +226,11 @@ static int train(const options *o, bool *complete) {
     example_data d;
     if (example_data_load(&d, o->common.data, true))
         return -1;
-    ct_module *net = example_mlp_new(&o->common, o->r->dropout);
+    /* Fully sharded units keep buffers of their own: no flat buffer. */
+    bool fsdp = ranks > 1 && o->shard == CT_DDP_SHARD_FULL;
+    if (example_shard_checks(ranks > 1 ? o->shard : 0, o->resume.dir))
+        return -1;
+    ct_module *net = example_mlp_new(&o->common, o->r->dropout, !fsdp);
     ct_param_list params;
     ct_param_list_init(&params);
     if (!net || ct_module_named_parameters(net, &params))
@@ -328,7 +331,7 @@ static int train(const options *o, bool *complete) {
                 rc = ct_optim_set_lr(opt, ct_lr_schedule_at(&sched, step));
                 if (!rc)
                     rc = ct_dropout_key_rows(batch_rows, ct_size(x, 0), ct_size(x, 0) * ranks);
-                ct_device dev = device_of(net);
+                ct_device dev = o->common.device;
                 ct_tensor *loss =
                     ct_cross_entropy(ct_module_forward(net, ct_to(x, dev)), ct_to(y, dev), NULL);
                 if (!rc)
@@ -385,14 +388,20 @@ static int train(const options *o, bool *complete) {
         /* Every epoch's end, and the end of training, are saved too. */
         if (!rc && o->resume.dir)
             rc = save(&ckpt, &o->resume, step, loader, ranks);
+        /* Rank 0 evaluates; fully sharded, every rank first gathers the
+         * whole model, and hands it back after. */
+        if (!rc && ddp)
+            rc = ct_ddp_summon_params(ddp, true);
+        if (!rc && rank == 0)
+            rc = evaluate(net, o->common.device, d.test_x, d.test_y, &acc);
+        if (!rc && ddp)
+            rc = ct_ddp_summon_params(ddp, false);
         if (rc)
             break;
         if (rank != 0)
             continue;
         double rate = timed > 0 ? (double)timed_samples / timed : 0;
         example_progress_end_epoch(&prog, epoch, in_epoch, last_loss, rate);
-        if ((rc = evaluate(net, d.test_x, d.test_y, &acc)))
-            break;
         double mean_loss = epoch_count ? loss_sum / (double)epoch_count : NAN;
         epoch_loss = mean_loss;
         example_print_epoch(epoch, mean_loss, acc, rate, example_now() - start);

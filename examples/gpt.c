@@ -467,12 +467,15 @@ static ct_tensor *loss_of(ct_module *gpt, ct_tensor *x, ct_tensor *y) {
 
 /* The mean loss over the first `limit` validation batches (all of them for
  * limit < 0), the batches shared out among the ranks. */
-static int evaluate(ct_module *gpt, const corpus *c, const options *o, int64_t limit,
+static int evaluate(ct_module *gpt, ct_ddp *ddp, const corpus *c, const options *o, int64_t limit,
                     ct_comm *world, double *loss) {
     int64_t nb = val_batches(c, o), t = o->model.context;
     if (limit >= 0 && limit < nb)
         nb = limit;
-    int rank = ct_comm_rank(world), ranks = ct_comm_size(world), rc = 0;
+    int rank = ct_comm_rank(world), ranks = ct_comm_size(world);
+    /* Ranks evaluate different numbers of batches: fully sharded, the
+     * whole model is gathered first, so that forwards do not communicate. */
+    int rc = ddp ? ct_ddp_summon_params(ddp, true) : 0;
     double sums[2] = {0, 0};
     ct_module_train(gpt, false);
     bool prev = ct_set_grad_enabled(false);
@@ -491,6 +494,8 @@ static int evaluate(ct_module *gpt, const corpus *c, const options *o, int64_t l
     }
     ct_set_grad_enabled(prev);
     ct_module_train(gpt, true);
+    int src = ddp ? ct_ddp_summon_params(ddp, false) : 0;
+    rc = rc ? rc : src;
     if (!rc && ranks > 1)
         rc = example_allreduce_sum(world, sums, 2);
     *loss = sums[1] > 0 ? sums[0] / sums[1] : NAN;
@@ -777,7 +782,7 @@ static int train(run *r, bool *complete) {
                                       : 0);
         if (o->eval_every && (step + 1) % o->eval_every == 0 && step + 1 < r->total) {
             double v;
-            if ((rc = evaluate(r->gpt, r->c, o, o->eval_batches, r->world, &v)))
+            if ((rc = evaluate(r->gpt, r->ddp, r->c, o, o->eval_batches, r->world, &v)))
                 break;
             if (r->metrics) {
                 fprintf(r->metrics, "{\"step\":%lld,\"val_loss\":%.7g,\"time_s\":%.3f}\n",
@@ -800,7 +805,7 @@ static int train(run *r, bool *complete) {
     if (r->rank == 0)
         example_progress_end_epoch(&prog, 0, step, loss, rate);
     if (!rc && !stopped && !o->bench)
-        rc = evaluate(r->gpt, r->c, o, -1, r->world, &val);
+        rc = evaluate(r->gpt, r->ddp, r->c, o, -1, r->world, &val);
     if (rc)
         return rc;
     char nb[2][32];
@@ -810,6 +815,10 @@ static int train(run *r, bool *complete) {
     if (stopped && r->rank == 0)
         printf(NAME ": stopped at step %lld, as --stop-at-step asks; run again to resume\n",
                (long long)step);
+    /* Rank 0 samples and exports the whole model, which every rank
+     * gathers first when it is fully sharded. */
+    if (r->ddp && (rc = ct_ddp_summon_params(r->ddp, true)))
+        return rc;
     if (!stopped && !o->bench && r->rank == 0 && o->sample_tokens > 0 &&
         (rc = sample(r->gpt, r->c, o)))
         return rc;
@@ -839,7 +848,12 @@ static int setup(run *r) {
     ct_gpt_config cfg = o->model;
     cfg.vocab = r->c->nvocab;
     r->gpt = ct_gpt_new(&cfg);
-    if (!r->gpt || ct_module_to(r->gpt, o->device) || ct_module_flatten(r->gpt, r->ranks == 1) ||
+    /* Fully sharded units keep buffers of their own: no flat buffer. */
+    bool fsdp = r->ranks > 1 && o->shard == CT_DDP_SHARD_FULL;
+    if (example_shard_checks(r->ranks > 1 ? o->shard : 0, o->resume.dir))
+        return -1;
+    if (!r->gpt || ct_module_to(r->gpt, o->device) ||
+        (!fsdp && ct_module_flatten(r->gpt, r->ranks == 1)) ||
         ct_module_named_parameters(r->gpt, &r->params) ||
         (o->init && !o->init_llmc && load_init(o->init, &r->params)) ||
         (o->init_llmc && ct_llmc_gpt_load_into(r->gpt, o->init)))
@@ -850,6 +864,14 @@ static int setup(run *r) {
         ct_ddp_options d = ct_ddp_defaults();
         d.static_graph = o->model.checkpoint;
         d.shard = (ct_ddp_shard)o->shard;
+        /* Fully sharded, each block is a unit; the embeddings and the final
+         * norm are the model's own. */
+        ct_module *h = ct_module_child(ct_module_child(r->gpt, "transformer"), "h");
+        ct_module *units[h ? ct_module_num_children(h) + 1 : 1];
+        for (int k = 0; h && k < ct_module_num_children(h); k++)
+            units[k] = ct_module_child_at(h, k);
+        d.units = units;
+        d.nunits = h ? ct_module_num_children(h) : 0;
         if (!(r->ddp = ct_ddp_new(r->world, r->gpt, &d)))
             return -1;
     }

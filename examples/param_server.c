@@ -156,7 +156,7 @@ static int server_setup(server *s, const options *o, int trainers, ct_module *ne
 }
 
 static int run_server(const options *o, int trainers) {
-    ct_module *net = example_mlp_new(&o->common, 0);
+    ct_module *net = example_mlp_new(&o->common, 0, true);
     server s = {.training = trainers};
     ct_param_list_init(&s.params);
     ct_optim *opt = NULL;

@@ -23,6 +23,9 @@ struct ct_module {
     int nchildren, children_cap;
     ct_module **children;
     ct_tensor *flat_params, *flat_grads;
+    ct_module_pre_hook pre;
+    ct_module_post_hook post;
+    void *hooks_ctx;
 };
 
 /* ------------------------------------------------------- parameter lists */
@@ -168,12 +171,37 @@ ct_tensor *ct_module_forward(ct_module *m, ct_tensor *x) {
                     who(m, desc, sizeof desc));
         return NULL;
     }
-    if (!ct_anomaly_enabled())
-        return m->forward(m, x);
-    const char *prev = ct_autograd_set_label(ct_module_path(m));
-    ct_tensor *y = m->forward(m, x);
-    ct_autograd_set_label(prev);
+    int rc = m->pre ? m->pre(m, m->hooks_ctx) : 0;
+    if (rc) {
+        ct__err_set(rc, "%s: before its forward: %s", who(m, desc, sizeof desc), ct_errmsg());
+        return NULL;
+    }
+    ct_tensor *y;
+    if (!ct_anomaly_enabled()) {
+        y = m->forward(m, x);
+    } else {
+        const char *prev = ct_autograd_set_label(ct_module_path(m));
+        y = m->forward(m, x);
+        ct_autograd_set_label(prev);
+    }
+    if (y && m->post && (rc = m->post(m, y, m->hooks_ctx))) {
+        ct__err_set(rc, "%s: after its forward: %s", who(m, desc, sizeof desc), ct_errmsg());
+        return NULL;
+    }
     return y;
+}
+
+int ct_module_set_forward_hooks(ct_module *m, ct_module_pre_hook pre, ct_module_post_hook post,
+                                void *ctx) {
+    CT_TRY(check_module("module_set_forward_hooks", m));
+    char desc[160];
+    CT_REQUIRE(!(pre || post) || !(m->pre || m->post), CT_ESTATE,
+               "module_set_forward_hooks: %s has forward hooks already (a module wrapped twice?)",
+               who(m, desc, sizeof desc));
+    m->pre = pre;
+    m->post = post;
+    m->hooks_ctx = ctx;
+    return 0;
 }
 
 static int check_name(ct_module *m, const char *op, const char *name) {

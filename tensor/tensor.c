@@ -65,6 +65,8 @@ static void storage_init(ct_storage *s, void *block, void *data, size_t nbytes, 
     s->counted = counted;
     s->free_fn = free_fn;
     s->free_ctx = ctx;
+    s->released = false;
+    s->unusable = NULL;
     s->block = block;
 }
 
@@ -118,6 +120,103 @@ ct_storage *ct_storage_from_blob(void *data, size_t nbytes, ct_device device, ct
     }
     storage_init(s, s, data, nbytes, device, false, free_fn, ctx);
     return s;
+}
+
+int ct__tensor_storage_restore(ct_storage *s, size_t nbytes) {
+    if (!s->released)
+        return 0;
+    if (ct__is_host(s->device)) {
+        size_t capacity;
+        void *data = nbytes ? ct__cpu_alloc(nbytes, &capacity) : NULL;
+        if (nbytes && !data)
+            return ct__err_set(CT_ENOMEM, "storage_restore: out of memory allocating %zu bytes",
+                               nbytes);
+        s->data = data;
+        s->free_fn = data ? free_cpu : NULL;
+        s->free_ctx = data ? (void *)(uintptr_t)capacity : NULL;
+        s->counted = true;
+        count_alloc((long long)nbytes);
+    } else {
+        /* The device's allocator makes a storage; this one takes its memory
+         * and the other's header goes. */
+        ct_storage *tmp = ct_storage_new(nbytes, s->device);
+        if (!tmp)
+            return ct_errcode();
+        s->data = tmp->data;
+        s->free_fn = tmp->free_fn;
+        s->free_ctx = tmp->free_ctx;
+        s->counted = tmp->counted;
+        tmp->free_fn = NULL;
+        tmp->counted = false;
+        ct_storage_free(tmp);
+    }
+    s->nbytes = nbytes;
+    s->released = false;
+    s->unusable = NULL;
+    return 0;
+}
+
+void ct__tensor_storage_mark(ct_storage *s, const char *why) { s->unusable = why; }
+
+void ct__tensor_storage_release(ct_storage *s, const char *why) {
+    if (s->released)
+        return;
+    if (s->counted && ct__is_host(s->device))
+        count_alloc(-(long long)s->nbytes);
+    if (s->free_fn)
+        s->free_fn(s->data, s->free_ctx);
+    s->data = NULL;
+    s->nbytes = 0;
+    s->free_fn = NULL;
+    s->counted = false;
+    s->released = true;
+    s->unusable = why;
+}
+
+ct_storage *ct__tensor_storage_new_releasable(size_t nbytes, ct_device device) {
+    ct_storage *s = ct_storage_from_blob(NULL, 0, device, NULL, NULL);
+    if (!s)
+        return NULL;
+    s->released = true;
+    if (ct__tensor_storage_restore(s, nbytes)) {
+        ct_storage_free(s);
+        return NULL;
+    }
+    return s;
+}
+
+uint64_t ct__tensor_storage_version(const ct_storage *s) {
+    return atomic_load_explicit(&s->version, memory_order_acquire);
+}
+
+void ct__tensor_storage_set_version(ct_storage *s, uint64_t version) {
+    atomic_store_explicit(&s->version, version, memory_order_release);
+}
+
+int ct__tensor_rebind(ct_tensor *t, ct_storage *s, int64_t offset) {
+    size_t end = (size_t)(offset + ct__tensor_numel(t->ndim, t->sizes)) * ct__esize(t->dtype);
+    if (!ct_is_contiguous(t) || offset < 0 || end > s->nbytes)
+        return ct__err_set(CT_EINVAL,
+                           "tensor_rebind: a contiguous tensor of %zu bytes does not fit at "
+                           "element %lld of a storage of %zu bytes",
+                           end, (long long)offset, s->nbytes);
+    ct_storage *old = t->storage;
+    /* A tensor ct__tensor_new made lives in its storage's heap block, and
+     * that block goes when the tensor does (tensor_drop): the old storage
+     * keeps only its header there, with its memory handed back. Views of it
+     * would outlive the header. */
+    bool inside = old->block == (void *)t;
+    if (inside && atomic_load_explicit(&old->refcount, memory_order_acquire) > 1)
+        return ct__err_set(CT_ESTATE,
+                           "tensor_rebind: other tensors view this tensor's memory; free them "
+                           "first");
+    t->storage = ct_storage_retain(s);
+    t->offset = offset;
+    if (inside)
+        ct__tensor_storage_release(old, "rebound to another storage");
+    else
+        ct_storage_free(old);
+    return 0;
 }
 
 static void storage_drop(ct_storage *s) {
@@ -390,6 +489,9 @@ int ct__tensor_check_handles(const char *op, ct_tensor *const *ts, int n) {
         if (ts[i]->magic != CT__TENSOR_MAGIC)
             return ct__err_set(CT_EINVAL, "%s: input %d is not a live tensor (freed or foreign)",
                                op, i);
+        if (ts[i]->storage->unusable)
+            return ct__err_set(CT_ESTATE, "%s: input %d cannot be used now: %s", op, i,
+                               ts[i]->storage->unusable);
     }
     return 0;
 }
@@ -424,6 +526,7 @@ int ct__tensor_check_inputs(const char *op, ct_tensor *const *ts, int n) {
     int rc = ct__tensor_check_handles(op, ts, n);
     for (int i = 0; i < n && !rc; i++) {
         ct_device d = ts[i]->storage->device;
+
         char name[32];
         if (!ct__is_host(d))
             rc = ct__err_set(CT_EDEVICE,

@@ -31,6 +31,12 @@ struct ct_storage {
     bool counted;       /* ct allocated data: counts toward ct_memory_allocated */
     ct_free_fn free_fn; /* releases data; NULL when data lives in block or is foreign */
     void *free_ctx;
+    /* Its memory was handed back (ct__tensor_storage_release): data is NULL until
+     * ct__tensor_storage_restore. */
+    bool released;
+    /* Why kernels must not read it now (released, or a transfer fills it:
+     * ct__tensor_storage_mark); NULL when they may. */
+    const char *unusable;
     /* The heap block this header lives in, freed last: the storage itself,
      * or the tensor object ct__tensor_new made alongside it (NULL: not on the
      * heap). */

@@ -174,6 +174,32 @@ void ct__tensor_release(ct_tensor *t);
 ct_tensor *ct__tensor_own(ct_tensor *t);
 void ct__tensor_bump_version(ct_tensor *t);
 
+/* -------------------------------------------- memory that comes and goes */
+
+/* Storage whose memory can be handed back and taken again, for buffers
+ * that exist only while they are used (ct_ddp's fully sharded units): a
+ * new one holds nbytes (uninitialised) on device; NULL with a message on
+ * error. ct__tensor_storage_release frees its memory (data becomes NULL, nbytes
+ * 0) and makes every op that checks its inputs (CT__CHECK, CT__CHECK_ANY:
+ * views and hooks too) fail with CT_ESTATE quoting why (a static string, or one that outlives the
+ * release); ct__tensor_storage_restore gives it nbytes of new, uninitialised memory (0 if it was
+ * not released, else a CT_E* code). Not thread-safe against users of the storage. */
+ct_storage *ct__tensor_storage_new_releasable(size_t nbytes, ct_device device);
+void ct__tensor_storage_release(ct_storage *s, const char *why);
+int ct__tensor_storage_restore(ct_storage *s, size_t nbytes);
+/* While why is not NULL, kernels refuse s as they refuse released
+ * memory, quoting why: a transfer is filling it. NULL lifts that. */
+void ct__tensor_storage_mark(ct_storage *s, const char *why);
+/* The version counter every view of s shares (bumped by in-place writes),
+ * and setting it back: a buffer refilled with the values it held keeps the
+ * version a saved graph checks. */
+uint64_t ct__tensor_storage_version(const ct_storage *s);
+void ct__tensor_storage_set_version(ct_storage *s, uint64_t version);
+/* Makes the contiguous tensor t a view of s at offset (in elements), in
+ * place: whoever holds t sees the new memory (a module, a graph that saved
+ * it, an optimizer). CT_EINVAL when t is not contiguous or does not fit. */
+int ct__tensor_rebind(ct_tensor *t, ct_storage *s, int64_t offset);
+
 /* ---------------------------------------------------------- moving data */
 
 /* dst = src (broadcast, converted) on whichever device they share, or

@@ -1,4 +1,4 @@
-/* ct_ddp's ZeRO stages across real processes: shard_rank trains a model
+/* ct_ddp's ZeRO stages (1, 2 and 3) across real processes: shard_rank trains a model
  * sharded and replicated side by side under ctlaunch (the shm backend) on
  * 2, 3 and 4 ranks (4 oversubscribe a small machine, which is fine here),
  * and checks the ZeRO memory accounting and the errors sharding gives.
@@ -52,9 +52,21 @@ TEST(zero2_with_a_parameter_used_on_one_rank_equals_ddp) { on_2_3_4("zero2_unuse
 TEST(zero2_with_activation_checkpointing_equals_ddp) { on_2_3_4("zero2_checkpointed"); }
 TEST(zero2_with_no_sync_accumulation_equals_ddp) { on_2_3_4("zero2_no_sync"); }
 
+TEST(zero3_with_sgd_equals_ddp) { on_2_3_4("zero3_sgd"); }
+TEST(zero3_with_adamw_equals_ddp) { on_2_3_4("zero3_adamw"); }
+TEST(zero3_with_adamw_and_clipping_equals_ddp) { on_2_3_4("zero3_adamw_clip"); }
+TEST(zero3_in_float64_equals_ddp_to_1e_12) {
+    on_2_3_4("zero3_sgd_f64");
+    on_2_3_4("zero3_adamw_f64");
+}
+TEST(zero3_with_a_unit_used_on_one_rank_equals_ddp) { on_2_3_4("zero3_unused"); }
+TEST(zero3_with_activation_checkpointing_equals_ddp) { on_2_3_4("zero3_checkpointed"); }
+TEST(zero3_with_no_sync_accumulation_equals_ddp) { on_2_3_4("zero3_no_sync"); }
+
 TEST(model_state_follows_the_zero_accounting) {
     on_2_3_4("zero1_memory");
     on_2_3_4("zero2_memory");
+    on_2_3_4("zero3_memory");
 }
 
 TEST(sharding_refuses_what_it_cannot_do_by_name) { passes(2, "errors"); }

@@ -4,7 +4,7 @@
  * the other in a sharded one on the same communicator, and trains both on
  * the same share of the same global batches, step by step: the losses and
  * the parameters must agree. The scenario names the stage (zero1_, zero2_)
- * and what is checked:
+ * (and zero3_) and what is checked:
  *
  *   *_sgd, *_adamw      STEPS steps with SGD with momentum, AdamW (float32)
  *   *_adamw_clip        AdamW with the global norm clipped (it binds)
@@ -15,7 +15,9 @@
  *                       (static_graph), one block run twice
  *   *_no_sync           MICRO micro-steps with sync off but the last
  *   *_memory            ct_ddp_memory_of: the ZeRO accounting of model state
- *   errors              what sharding refuses, by name
+ *   errors              what sharding refuses, by name (ZeRO-3: a flattened
+ *                       model, units listed twice or nested, a parameter
+ *                       used outside its unit)
  *
  * The buckets are small (BUCKET_BYTES), so that ZeRO-2 cuts many, some
  * across parameters. Every rank prints "pid=<pid>" first (tt_rank.c). */
@@ -97,9 +99,9 @@ static ct_tensor *dense_forward(ct_module *m, ct_tensor *x) {
 static ct_module *dense(int64_t in, int64_t out, bool bias, ct_dtype dtype) {
     ct_module *m = ct_module_new("dense", dense_forward, NULL, NULL);
     ct_scope_begin();
-    ct_tensor *w = ct_randn(CT_SHAPE(out, in), dtype, NULL);
+    ct_tensor *w = ct_mul_scalar(ct_randn(CT_SHAPE(out, in), dtype, NULL), 1 / sqrt((double)in));
     ct_tensor *b = bias ? ct_randn(CT_SHAPE(out), dtype, NULL) : NULL;
-    int rc = m && w && (b || !bias) && ct_mul_scalar_(w, 1 / sqrt((double)in)) ? 0 : ct_errcode();
+    int rc = m && w && (b || !bias) ? 0 : ct_errcode();
     if (!rc)
         rc = ct_module_add_param(m, "weight", ct_tensor_retain(w));
     if (!rc && bias)
@@ -112,8 +114,9 @@ static ct_module *dense(int64_t in, int64_t out, bool bias, ct_dtype dtype) {
     return m;
 }
 
-/* A twin: the same weights from the same seed, flattened, in cfg's dtype. */
-static ct_module *twin(const net_config *cfg) {
+/* A twin: the same weights from the same seed, in cfg's dtype, flattened
+ * unless flat is false (ZeRO-3 gives each unit a buffer of its own). */
+static ct_module *twin(const net_config *cfg, bool flat) {
     net_config *state = malloc(sizeof *state);
     if (state)
         *state = *cfg;
@@ -128,7 +131,7 @@ static ct_module *twin(const net_config *cfg) {
         rc = ct_module_add_child(m, "head", dense(WIDTH, CLASSES, true, cfg->dtype));
     if (!rc && cfg->extra_rank0)
         rc = ct_module_add_child(m, "extra", dense(WIDTH, CLASSES, false, cfg->dtype));
-    if (!rc)
+    if (!rc && flat)
         rc = ct_module_flatten(m, false);
     if (rc) {
         tt_fail(__FILE__, __LINE__, "building the model: %s", ct_errmsg());
@@ -164,13 +167,19 @@ static void side_free(side *s) {
 /* Weights with decay, biases without: two groups, as users make them. */
 static bool side_init(side *s, const run *r, ct_ddp_shard stage) {
     ct_param_list_init(&s->params);
-    if (!(s->net = twin(&r->cfg)))
+    if (!(s->net = twin(&r->cfg, stage != CT_DDP_SHARD_FULL)))
         return false;
     ct_ddp_options o = ct_ddp_defaults();
     o.first_bucket_bytes = FIRST_BUCKET_BYTES;
     o.bucket_bytes = BUCKET_BYTES;
     o.shard = stage;
     o.static_graph = r->cfg.checkpointed;
+    /* ZeRO-3's units: the layers every rank runs; "extra", which only
+     * rank 0 runs, stays in the root unit (a unit must run on every rank). */
+    ct_module *units[] = {ct_module_child(s->net, "a"), ct_module_child(s->net, "b"),
+                          ct_module_child(s->net, "head")};
+    o.units = units;
+    o.nunits = 3;
     o.find_unused_parameters = r->cfg.extra_rank0;
     if (!(s->ddp = ct_ddp_new(comm_, s->net, &o)) ||
         ct_module_named_parameters(s->net, &s->params)) {
@@ -275,7 +284,9 @@ static void compare(run *r, ct_ddp_shard stage, int micro) {
         }
         clipped |= r->clip > 0 && step == 0;
     }
+    TT_CHECK_RC("ct_ddp_summon_params", ct_ddp_summon_params(r->sh.ddp, true));
     double apart = params_apart(r);
+    TT_CHECK_RC("ct_ddp_summon_params", ct_ddp_summon_params(r->sh.ddp, false));
     if (!(apart <= (r->cfg.dtype == CT_FLOAT64 ? PTOL_F64 : PTOL_F32)))
         tt_fail(__FILE__, __LINE__, "after %d steps the parameters differ by %.3g (relative)",
                 STEPS, apart);
@@ -326,6 +337,7 @@ static const net_config f32 = {.dtype = CT_FLOAT32};
 
 STAGE_TESTS(zero1, CT_DDP_SHARD_OPTIMIZER)
 STAGE_TESTS(zero2, CT_DDP_SHARD_GRADIENTS)
+STAGE_TESTS(zero3, CT_DDP_SHARD_FULL)
 
 /* ---------------------------------------------------------------- memory */
 
@@ -342,11 +354,14 @@ static void check_memory(ct_ddp_shard stage) {
         ct_ddp_memory m;
         int64_t lo, hi;
         TT_CHECK_RC("ct_ddp_memory_of", ct_ddp_memory_of(r.sh.ddp, r.sh.opt, &m));
-        TT_CHECK_RC("ct_ddp_shard_range", ct_ddp_shard_range(r.sh.ddp, &lo, &hi));
+        lo = hi = 0;
+        if (stage != CT_DDP_SHARD_FULL)
+            TT_CHECK_RC("ct_ddp_shard_range", ct_ddp_shard_range(r.sh.ddp, &lo, &hi));
         double n = (double)ct_param_list_numel(&r.sh.params);
-        double want_grads = stage == CT_DDP_SHARD_GRADIENTS ? 4 * n / size : 4 * n;
+        double want_params = stage == CT_DDP_SHARD_FULL ? 4 * n / size : 4 * n;
+        double want_grads = stage >= CT_DDP_SHARD_GRADIENTS ? 4 * n / size : 4 * n;
         double got = (double)(m.params + m.grads + m.optimizer);
-        double want = 4 * n + want_grads + 8 * n / size;
+        double want = want_params + want_grads + 8 * n / size;
         printf("rank %d: shard %d of %d: %.0f elements, share [%lld, %lld); bytes: params %lld, "
                "grads %lld, optimizer %lld, staging %lld; %.3f bytes per element, ZeRO says "
                "%.3f\n",
@@ -364,6 +379,7 @@ static void check_memory(ct_ddp_shard stage) {
 
 TEST(zero1_memory) { check_memory(CT_DDP_SHARD_OPTIMIZER); }
 TEST(zero2_memory) { check_memory(CT_DDP_SHARD_GRADIENTS); }
+TEST(zero3_memory) { check_memory(CT_DDP_SHARD_FULL); }
 
 /* ---------------------------------------------------------------- errors */
 
@@ -376,6 +392,59 @@ static void expect(const char *what, bool failed, int code, const char *const *s
         tt_fail(__FILE__, __LINE__, "%s: %s, expected %s: %s", what, ct_errname(ct_errcode()),
                 ct_errname(code), ct_errmsg());
     tt_message_holds(rank_, what, subs);
+}
+
+/* A model whose forward uses layer a's weight outside a's own forward. */
+static ct_tensor *stray_forward(ct_module *m, ct_tensor *x) {
+    ct_module *a = ct_module_child(m, "a");
+    return ct_linear(x, ct_module_param(a, "weight"), NULL);
+}
+
+static ct_module *stray_net(void) {
+    ct_module *m = ct_module_new("stray", stray_forward, NULL, NULL);
+    ct_manual_seed(SEED);
+    if (m && ct_module_add_child(m, "a", dense(4, 3, true, CT_FLOAT32))) {
+        ct_module_free(m);
+        return NULL;
+    }
+    return m;
+}
+
+/* What ZeRO-3 refuses: a flattened model, a unit listed twice or inside
+ * another, and a parameter used outside its unit (at the op that uses it,
+ * naming the unit). */
+static void fsdp_errors(void) {
+    ct_ddp_options o = ct_ddp_defaults();
+    o.shard = CT_DDP_SHARD_FULL;
+    ct_module *m = stray_net();
+    ct_module *a = m ? ct_module_child(m, "a") : NULL;
+    ct_ddp *d = NULL;
+    if (m && !ct_module_flatten(m, false))
+        d = ct_ddp_new(comm_, m, &o);
+    expect("shard 3 of a flattened model", !d, CT_EINVAL,
+           (const char *const[]){"do not flatten", NULL});
+    ct_module_free(m);
+    m = stray_net();
+    a = m ? ct_module_child(m, "a") : NULL;
+    o.units = (ct_module *const[]){a, a};
+    o.nunits = 2;
+    d = m ? ct_ddp_new(comm_, m, &o) : NULL;
+    expect("a unit listed twice", !d, CT_EINVAL,
+           (const char *const[]){"in unit 'a' and in unit 'a'", "wrapped twice", NULL});
+    o.units = (ct_module *const[]){m, a};
+    d = m ? ct_ddp_new(comm_, m, &o) : NULL;
+    expect("a unit inside another", !d, CT_EINVAL,
+           (const char *const[]){"one inside another", NULL});
+    o.units = (ct_module *const[]){a};
+    o.nunits = 1;
+    d = m ? ct_ddp_new(comm_, m, &o) : NULL;
+    TT_CHECK_RC("ct_ddp_new (shard 3)", d ? 0 : ct_errcode());
+    ct_tensor *x = ct_zeros(CT_SHAPE(2, 4), CT_FLOAT32);
+    ct_tensor *y = d ? ct_module_forward(m, x) : NULL;
+    expect("a parameter used outside its unit", d && !y, CT_ESTATE,
+           (const char *const[]){"fully sharded unit 'a'", "outside its unit", NULL});
+    ct_ddp_free(d);
+    ct_module_free(m);
 }
 
 TEST(errors) {
@@ -398,7 +467,7 @@ TEST(errors) {
     if (loose && !ct_module_flatten(loose, false))
         d = ct_ddp_new(comm_, loose, &o);
     expect("ct_ddp_new with shard 7", !d, CT_EINVAL,
-           (const char *const[]){"shard 7", "ZeRO-1", "ZeRO-2", NULL});
+           (const char *const[]){"shard 7", "ZeRO-1", "ZeRO-2", "ZeRO-3", NULL});
     ct_ddp_free(d);
     o.shard = CT_DDP_SHARD_OPTIMIZER;
     d = loose ? ct_ddp_new(comm_, loose, &o) : NULL;
@@ -426,5 +495,6 @@ TEST(errors) {
     ct_param_list_free(&pl);
     ct_ddp_free(d);
     ct_module_free(loose);
+    fsdp_errors();
     ct_dist_finalize();
 }

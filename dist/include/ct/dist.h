@@ -335,12 +335,21 @@ typedef enum ct_ddp_progress {
  *     4 + (4 + 8)/N bytes, plus two buckets of staging (the default bucket cap is then a
  *     sixteenth of the model, at most CT_DDP_BUCKET_BYTES). After backward, the
  *     parameters' .grad is NULL; the optimizer's parameters hold the averaged shard.
- * Under either, rebuild_buckets is not used (the buckets follow the shards) and
+ *   FULL (ZeRO-3, FSDP): parameters too, per unit (options.units): each unit's
+ *     parameters move into a buffer of their own, whose memory exists only while the unit
+ *     computes: allgathered before its forward, handed back after it (unless
+ *     keep_after_forward), gathered again before its backward, their gradients then
+ *     reduce-scattered; the next unit's gather is in flight meanwhile. 16/N bytes, plus
+ *     the units being used. The model must not be flattened. A parameter used outside its
+ *     unit fails the op that uses it with CT_ESTATE naming the unit. ct_ddp_free is then a
+ *     collective (every unit is gathered back into the model).
+ * Under any, rebuild_buckets is not used (the buckets follow the shards) and
  * ct_ddp_set_comm_hook is refused. */
 typedef enum ct_ddp_shard {
     CT_DDP_SHARD_NONE,
     CT_DDP_SHARD_OPTIMIZER,
     CT_DDP_SHARD_GRADIENTS,
+    CT_DDP_SHARD_FULL,
 } ct_ddp_shard;
 
 typedef struct ct_ddp_options {
@@ -366,6 +375,14 @@ typedef struct ct_ddp_options {
     bool uneven_inputs;
     ct_ddp_progress progress; /* AUTO (0) by default */
     ct_ddp_shard shard;       /* NONE (0) by default */
+    /* FULL: the units, modules of the model in forward order (none inside another; the
+     * array is read by ct_ddp_new, the modules live as long as the model); the parameters
+     * outside them form one more unit, gathered from the model's forward to the end of
+     * backward. Every rank must run every unit's forward in the same order. 0 units: every
+     * child of the model. */
+    ct_module *const *units;
+    int nunits;
+    bool keep_after_forward; /* FULL: PyTorch's reshard_after_forward = false */
 } ct_ddp_options;
 
 typedef struct ct_ddp ct_ddp;
@@ -441,8 +458,18 @@ CT_API ct_optim *ct_ddp_optim_new(ct_ddp *ddp, const ct_optim_options *opts,
 CT_API int ct_ddp_clip_grad_norm(ct_ddp *ddp, ct_optim *opt, double max_norm, double norm_type,
                                  double *total_norm_out);
 /* This rank's share of the flat parameters, [*lo, *hi) in elements (the whole range without
- * sharding). Errors: CT_EINVAL for a bad handle. */
+ * sharding). Errors: CT_EINVAL for a bad handle; CT_ESTATE under FULL (each unit is
+ * sharded on its own). */
 CT_API int ct_ddp_shard_range(const ct_ddp *ddp, int64_t *lo, int64_t *hi);
+/* Under FULL, the model's parameters exist only while their unit computes: summon true
+ * gathers every unit, so that the whole model can be read (to evaluate it, compare it,
+ * save it whole), until a call with summon false hands them back (and each unit's next
+ * forward gathers it anew); parameters read then must not be written. Without FULL a
+ * no-op. A collective. Errors: CT_EINVAL for a bad handle, CT_ESTATE during a backward,
+ * a collective's. */
+CT_API int ct_ddp_summon_params(ct_ddp *ddp, bool summon);
+/* What ddp shards (options.shard); NONE for a bad handle. */
+CT_API ct_ddp_shard ct_ddp_stage(const ct_ddp *ddp);
 /* Where parameter index of ddp's sharded optimizer comes from: *model_param, the model
  * parameter's index in registration order, and *offset, where the piece starts in that
  * parameter's elements (row-major). Without sharding the optimizer's parameters are the

@@ -82,6 +82,19 @@ CT_API void ct_module_free(ct_module *m);
  * labelled with the module's dotted path. */
 CT_API ct_tensor *ct_module_forward(ct_module *m, ct_tensor *x);
 
+/* Hooks around m's forward (PyTorch's forward pre-hook and forward hook),
+ * one pair per module: pre (may be NULL) runs before the forward, and a
+ * CT_E* code from it fails the forward; post (may be NULL) runs after a
+ * forward that succeeded, with its output, and may fail it too. ctx is
+ * the hooks'. ct_ddp's fully sharded units gather and free parameters
+ * with them. NULL for both removes them. Errors: CT_EINVAL for a bad
+ * module, CT_ESTATE when m has hooks already (remove them first). Not
+ * thread-safe against forwards of m. */
+typedef int (*ct_module_pre_hook)(ct_module *m, void *ctx);
+typedef int (*ct_module_post_hook)(ct_module *m, ct_tensor *y, void *ctx);
+CT_API int ct_module_set_forward_hooks(ct_module *m, ct_module_pre_hook pre,
+                                       ct_module_post_hook post, void *ctx);
+
 CT_API const char *ct_module_type(const ct_module *m);
 CT_API void *ct_module_state(const ct_module *m);
 /* The module's dotted path from the root ("" for the root). Valid until the
