@@ -2,7 +2,7 @@
 """PyTorch peer of the data-parallel benchmark: the fmnist_mlp recipe under DDP.
 
     ddp_torch.py [--ranks N] [--steps N] [--epochs N] [--warmup-steps N]
-                 [--seed S] [--data DIR]
+                 [--seed S] [--data DIR] [--shard ddp|zero1|zero2|fsdp]
 
 Trains bench/train_torch.py's recipe (784-256-256-10 MLP with ReLU,
 nn.Linear's default init from torch.manual_seed(seed), F.cross_entropy,
@@ -20,6 +20,15 @@ index of the epoch's permutation, so step k's global batch is the same 64
 samples whatever N is (the last partial batch is kept: 938 steps an epoch);
 as DDP averages the ranks' gradients, N ranks train the same model as one,
 up to the order of floating-point sums.
+
+--shard picks PyTorch's nearest equivalent of each of ct_ddp's stages
+(ci/bench.sh shard): ddp (the default), zero1 (DDP with
+ZeroRedundancyOptimizer), zero2 and fsdp (FSDP2's fully_shard on a CPU
+device mesh, each nn.Linear a unit and the model the root, zero2 with
+reshard_after_forward=False as FSDP1's SHARD_GRAD_OP, fsdp with True as
+FULL_SHARD; FSDP1 itself asks for an accelerator); a torch that cannot run
+one (1.13 has no fully_shard) fails the run with its error. The line then carries
+"shard" and "peak_rss_bytes", rank 0's peak resident set.
 
 Steps mode (the default) trains --warmup-steps untimed steps, then times
 --steps steps. --epochs E instead trains E whole epochs, of which all but
@@ -88,6 +97,33 @@ def total_steps(args, steps_per_epoch):
     return total
 
 
+def wrap(torch, model, group, shard):
+    """The model as the stage trains it, and its optimizer."""
+    if not group.dist:
+        return model, torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    if shard in ("ddp", "zero1"):
+        # DDP broadcasts rank 0's parameters here and averages the gradients
+        # in backward, in buckets overlapped with it.
+        net = torch.nn.parallel.DistributedDataParallel(model)
+        if shard == "ddp":
+            return net, torch.optim.SGD(net.parameters(), lr=LR, momentum=MOMENTUM)
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        return net, ZeroRedundancyOptimizer(net.parameters(), optimizer_class=torch.optim.SGD,
+                                            lr=LR, momentum=MOMENTUM)
+    # FSDP2 (fully_shard), which runs on the CPU over gloo where FSDP1 asks
+    # for an accelerator: each nn.Linear a unit, then the model; zero2
+    # keeps the parameters from forward to backward (SHARD_GRAD_OP).
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    mesh = init_device_mesh("cpu", (group.nranks,))
+    keep = shard == "zero2"
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh, reshard_after_forward=not keep)
+    fully_shard(model, mesh=mesh, reshard_after_forward=not keep)
+    return model, torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+
+
 def train(torch, group, args, data):
     """Trains on one rank; returns the result line on rank 0, None elsewhere."""
     import torch.nn.functional as F
@@ -102,12 +138,7 @@ def train(torch, group, args, data):
     total = total_steps(args, steps_per_epoch)
 
     model = build_model(torch, args.seed)
-    net = model
-    if group.dist:
-        # DDP broadcasts rank 0's parameters here and averages the gradients
-        # in backward, in buckets overlapped with it.
-        net = torch.nn.parallel.DistributedDataParallel(model)
-    opt = torch.optim.SGD(net.parameters(), lr=LR, momentum=MOMENTUM)
+    net, opt = wrap(torch, model, group, args.shard)
 
     step = epoch = 0
     timed = timed_samples = 0.0
@@ -137,8 +168,11 @@ def train(torch, group, args, data):
             acc = None
             break
         epoch += 1
-        if group.rank == 0:
+        # A fully sharded model's forward is a collective: every rank
+        # evaluates it then (the same images), rank 0 alone otherwise.
+        if group.rank == 0 or args.shard in ("zero2", "fsdp"):
             acc = evaluate(torch, model, x_test, y_test)
+        if group.rank == 0:
             note("epoch %d: %d steps, mean loss %.4f, test accuracy %.4f"
                  % (epoch, steps_per_epoch, final_loss, acc))
 
@@ -155,6 +189,10 @@ def train(torch, group, args, data):
               "final_loss": round(final_loss, 4)}
     if acc is not None:
         result["test_acc"] = round(acc, 4)
+    if group.dist and args.shard != "ddp":
+        import resource
+        result.update(impl="torch_" + args.shard, shard=args.shard,
+                      peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
     return result
 
 
@@ -218,6 +256,8 @@ def main():
                         help="steps run but not timed (default 20)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--data", default=DATA_DIR, help="folder of the Fashion-MNIST .gz files")
+    parser.add_argument("--shard", choices=("ddp", "zero1", "zero2", "fsdp"), default="ddp",
+                        help="DDP, or PyTorch's equivalent of a ZeRO stage (default ddp)")
     args = parser.parse_args()
     if args.steps is None and args.epochs is None:
         args.steps = 300

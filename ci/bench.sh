@@ -2,9 +2,9 @@
 # Builds ct's benchmarks (Release, in build-bench/) and runs them with their
 # peers in the same run.
 #
-#   ci/bench.sh [NAME...]     NAME: ops, train, collectives, ddp, checkpoint,
-#                             rpc, cuda, gpt, multinode; with none, every
-#                             benchmark
+#   ci/bench.sh [NAME...]     NAME: ops, train, collectives, ddp, shard,
+#                             checkpoint, rpc, cuda, gpt, multinode; with
+#                             none, every benchmark
 #
 # stdout: one JSON object per result. stderr: build output, notes, and a
 # ratio line per comparison. CT_BENCH_THREADS (default "1,2") lists the thread
@@ -15,7 +15,10 @@
 # allreduce in CT_BENCH_ROUNDS (default 3) rounds that interleave ct, Open
 # MPI and gloo (docs/bench-collectives.md); ddp trains on 1 and 2 ranks
 # (ctlaunch, mpirun) beside PyTorch DDP in as many rounds, then measures the
-# allreduce that backward hides (docs/bench-ddp.md); checkpoint saves and
+# allreduce that backward hides (docs/bench-ddp.md); shard trains
+# fmnist_mlp and gpt on 2 ranks under each of ct_ddp's ZeRO stages beside
+# two lone processes and PyTorch's DDP, ZeroRedundancyOptimizer and FSDP,
+# in as many rounds (docs/sharding.md); checkpoint saves and
 # loads a 1 GiB state with ct on 1 and 2 ranks, dd and torch in as many
 # rounds, in a fresh directory under CT_BENCH_CKPT_DIR (default
 # $build/ckpt-bench: the build's disk), and times an async save's blocking
@@ -82,7 +85,7 @@ torch_pythons=("${CT_BENCH_TORCH_PYTHON:-$root/bench/.venv/bin/python}"
     "${CT_BENCH_OLD_TORCH_PYTHON:-/usr/bin/python3}")
 epochs=${CT_BENCH_EPOCHS:-1}
 rounds=${CT_BENCH_ROUNDS:-3}
-all=(ops train collectives ddp checkpoint rpc cuda gpt multinode)
+all=(ops train collectives ddp shard checkpoint rpc cuda gpt multinode)
 
 # The comment at the top of this file, up to its first line of code.
 usage() {
@@ -174,6 +177,7 @@ for name in "${names[@]}"; do
         fi
         ;;
     ddp) named=(fmnist_mlp ctlaunch bench_ddp) ;;
+    shard) named=(fmnist_mlp gpt ctlaunch) ;;
     rpc) named=(bench_rpc ctlaunch) ;;
     gpt) named=(gpt ctlaunch ctplot) ;;
     checkpoint) named=(bench_checkpoint ctlaunch) ;;
@@ -828,8 +832,15 @@ ddp_ct() {
 # that communicate nothing. Their samples/s, summed, as one line tagged
 # "run": "ct_2procs_nocomm", "round": $1.
 ddp_nocomm() {
-    local round=$1 pid
-    shift
+    nocomm_pair train ct_2procs_nocomm samples_per_s "$@"
+}
+
+# nocomm_pair BENCH RUN METRIC ROUND COMMAND...: COMMAND twice at once; the
+# two last lines' METRIC summed, as one line of bench BENCH tagged "run":
+# RUN, "round": ROUND.
+nocomm_pair() {
+    local bench=$1 run=$2 metric=$3 round=$4 pid
+    shift 4
     local a b
     a=$(mktemp)
     b=$(mktemp)
@@ -837,16 +848,63 @@ ddp_nocomm() {
     pid=$!
     "$@" | tail -n 1 >"$b"
     wait "$pid"
-    awk -v round="$round" '
-        match($0, /"samples_per_s": [0-9.]+/) {
-            v = substr($0, RSTART + 17, RLENGTH - 17); sum += v; each = each (each ? ", " : "") v
+    awk -v round="$round" -v bench="$bench" -v run="$run" -v metric="$metric" '
+        match($0, "\"" metric "\": [0-9.]+") {
+            v = substr($0, RSTART + length(metric) + 4, RLENGTH - length(metric) - 4)
+            sum += v; each = each (each ? ", " : "") v
         }
         END {
-            printf "{\"bench\": \"train\", \"run\": \"ct_2procs_nocomm\", \"round\": %s, " \
-                "\"impl\": \"ct\", \"processes\": 2, \"samples_per_s\": %.1f, " \
-                "\"each_samples_per_s\": [%s]}\n", round, sum, each
+            printf "{\"bench\": \"%s\", \"run\": \"%s\", \"round\": %s, " \
+                "\"impl\": \"ct\", \"processes\": 2, \"%s\": %.1f, " \
+                "\"each_%s\": [%s]}\n", bench, run, round, metric, sum, metric, each
         }' "$a" "$b" | json_lines | tee -a "$tmp"
     rm -f "$a" "$b"
+}
+
+# ct_ddp's ZeRO stages on 2 ranks of 1 thread (docs/sharding.md), in
+# rounds that interleave: fmnist_mlp (the ddp benchmark's recipe and steps)
+# under --shard 0..3, two lone processes at half the batch (the ceiling of
+# 2 ranks that communicate nothing), PyTorch's DDP, ZeroRedundancyOptimizer
+# and FSDP (SHARD_GRAD_OP, FULL_SHARD) on gloo; then gpt (its default
+# model, CT_BENCH_GPT_STEPS steps) under --shard 0..3 and its two lone
+# processes. The summary (bench/shard_summary.py) sets each run's best
+# round beside the others: throughput, scaling efficiency against the
+# ceiling, model state per rank against DDP's, each stage against
+# PyTorch's nearest, and the targets.
+run_shard() {
+    local fmnist=$build/examples/fmnist_mlp gpt=$build/examples/gpt
+    local ctlaunch=("$build/launcher/ctlaunch" -np 2)
+    local steps=1000 warmup=20 gpt_steps=${CT_BENCH_GPT_STEPS:-30} round stage kind
+    local ct_steps=(--max-steps $((warmup + steps)) --warmup-steps "$warmup" --metrics "")
+    local torch_steps=(--steps "$steps" --warmup-steps "$warmup")
+    local gpt_common=(--steps "$gpt_steps" --bench --metrics "" --eval-every 0 --threads 1)
+    local torch_failed=false load_start started=$SECONDS
+    require_count CT_BENCH_GPT_STEPS "$gpt_steps"
+    load_start=$(cut -d' ' -f1-3 /proc/loadavg)
+    for ((round = 1; round <= rounds; round++)); do
+        echo "ci/bench.sh: shard round $round of $rounds" >&2
+        for stage in 0 1 2 3; do
+            ct_builds ddp_ct "fm_shard$stage" "$round" "${ctlaunch[@]}" "$fmnist" \
+                "${ct_steps[@]}" --threads 1 --shard "$stage"
+        done
+        nocomm_pair train fm_nocomm samples_per_s "$round" "$fmnist" "${ct_steps[@]}" \
+            --threads 1 --batch 32
+        for kind in ddp zero1 zero2 fsdp; do
+            run_peer ddp_torch.py --ranks 2 --shard "$kind" "${torch_steps[@]}" |
+                json_lines "\"run\": \"torch_fm_$kind\", \"round\": $round, " |
+                tee -a "$tmp" || torch_failed=true
+        done
+        for stage in 0 1 2 3; do
+            ct_builds ddp_ct "gpt_shard$stage" "$round" "${ctlaunch[@]}" "$gpt" \
+                "${gpt_common[@]}" --shard "$stage"
+        done
+        nocomm_pair gpt gpt_nocomm tokens_per_s "$round" "$gpt" "${gpt_common[@]}" --batch 16
+    done
+    report_load shard "$load_start" $((SECONDS - started)) | tee -a "$tmp"
+    run_summary "$root/bench/shard_summary.py" "$tmp" --anchor-torch "$anchor"
+    if $torch_failed; then
+        echo "ci/bench.sh: shard: a PyTorch peer failed (above): its figures are missing" >&2
+    fi
 }
 
 # Checkpoints of a 1 GiB state: 16 float32 tensors of 64 MiB, each sharded

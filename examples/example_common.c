@@ -76,6 +76,22 @@ int example_shard_checks(int shard, const char *checkpoint_dir) {
     return 0;
 }
 
+void example_model_state(const ct_ddp *ddp, const ct_optim *opt, const ct_param_list *params,
+                         ct_ddp_memory *m) {
+    *m = (ct_ddp_memory){0};
+    if (ddp && !ct_ddp_memory_of(ddp, opt, m))
+        return;
+    for (int i = 0; i < params->n; i++)
+        m->params += ct_numel(params->tensors[i]) *
+                     (int64_t)ct_dtype_size(ct_tensor_dtype(params->tensors[i]));
+    m->grads = m->params;
+    for (int i = 0, n = opt ? ct_optim_num_states(opt) : 0; i < n; i++) {
+        ct_tensor *t = NULL;
+        if (!ct_optim_state_at(opt, i, NULL, &t))
+            m->optimizer += ct_numel(t) * (int64_t)ct_dtype_size(ct_tensor_dtype(t));
+    }
+}
+
 void example_print_memory(const char *name, const ct_ddp *ddp, const ct_optim *opt, int rank) {
     ct_ddp_memory m = {0};
     if (ddp)

@@ -213,6 +213,11 @@ ct_cli_flag example_shard_flag(int *shard);
 /* 0, or CT_EINVAL with a message for what the examples cannot
  * do with a stage yet (--shard 3 with --checkpoint-dir). */
 int example_shard_checks(int shard, const char *checkpoint_dir);
+/* The model state this rank holds, in bytes, into *m: ct_ddp_memory_of's
+ * under data parallel; alone, params' bytes for the parameters and again
+ * for their gradients, and opt's state. */
+void example_model_state(const ct_ddp *ddp, const ct_optim *opt, const ct_param_list *params,
+                         ct_ddp_memory *m);
 /* Prints, on every rank, the peak of ct's host memory so far and the model
  * state ddp and opt hold (ct_ddp_memory_of), as one line prefixed by name. */
 void example_print_memory(const char *name, const ct_ddp *ddp, const ct_optim *opt, int rank);

@@ -418,9 +418,16 @@ static int train(const options *o, bool *complete) {
     if (!rc && ddp)
         example_print_memory("fmnist_mlp", ddp, opt, rank);
     if (!rc && rank == 0) {
-        char head[64], more[48];
+        char head[64], more[192];
+        ct_ddp_memory m;
+        example_model_state(ddp, opt, &params, &m);
         snprintf(head, sizeof head, "\"bench\": \"train\", \"impl\": \"ct\", \"ranks\": %d", ranks);
-        snprintf(more, sizeof more, "\"timed_steps\": %lld, ", (long long)timed_steps);
+        snprintf(more, sizeof more,
+                 "\"timed_steps\": %lld, \"shard\": %d, \"model_state_bytes\": %lld, "
+                 "\"staging_bytes\": %lld, \"peak_bytes\": %lld, ",
+                 (long long)timed_steps, ddp ? o->shard : 0,
+                 (long long)(m.params + m.grads + m.optimizer), (long long)m.staging,
+                 (long long)ct_memory_peak(o->common.device));
         example_print_summary(head, more, &o->common, epochs_run, step,
                               timed > 0 ? (double)timed_samples / timed : 0, acc, epoch_loss);
     }

@@ -829,15 +829,19 @@ static int train(run *r, bool *complete) {
     }
     if (r->ddp)
         example_print_memory(NAME, r->ddp, r->opt, r->rank);
+    ct_ddp_memory m;
+    example_model_state(r->ddp, r->opt, &r->params, &m);
     if (r->rank == 0)
         printf("{\"bench\": \"gpt\", \"impl\": \"ct\", \"threads\": %d, \"ranks\": %d, "
                "\"batch\": %lld, \"context\": %lld, \"layers\": %lld, \"width\": %lld, "
                "\"steps\": %lld, \"tokens_per_s\": %.1f, \"train_s\": %.2f, \"final_loss\": %s, "
-               "\"val_loss\": %s, \"checkpoint\": %s, \"peak_bytes\": %lld}\n",
+               "\"val_loss\": %s, \"checkpoint\": %s, \"peak_bytes\": %lld, \"shard\": %d, "
+               "\"model_state_bytes\": %lld, \"staging_bytes\": %lld}\n",
                o->threads, r->ranks, (long long)o->batch, (long long)o->model.context,
                (long long)o->model.layers, (long long)o->model.width, (long long)step, rate,
                train_s, example_json_number(nb[0], loss), example_json_number(nb[1], val),
-               o->model.checkpoint ? "true" : "false", (long long)peak);
+               o->model.checkpoint ? "true" : "false", (long long)peak, r->ddp ? o->shard : 0,
+               (long long)(m.params + m.grads + m.optimizer), (long long)m.staging);
     return 0;
 }
 

@@ -176,6 +176,67 @@ TEST(a_stopped_run_resumes_where_it_stopped) {
     ASSERT_NEAR(summary(&second, "val_loss"), summary(ref, "val_loss"), 0);
 }
 
+/* ct_ddp's ZeRO stages on 2 ranks (docs/sharding.md) against plain data
+ * parallel, 200 steps with clipping (--clip 1 by default): the same losses
+ * to 1e-6 (the clipping norm is summed in other pieces). */
+TEST(every_shard_stage_on_2_ranks_follows_plain_data_parallel) {
+    require_corpus();
+    const char *const launcher[] = {CTLAUNCH_PATH, "-np", "2", NULL};
+    static tt_job plain, sharded;
+    ASSERT_TRUE(run(&plain, launcher, (const char *const[]){"--steps", "200", NULL}, 0));
+    double want = summary(&plain, "final_loss"), want_val = summary(&plain, "val_loss");
+    for (int stage = 1; stage <= 3; stage++) {
+        char s[2] = {(char)('0' + stage), 0};
+        ASSERT_TRUE(run(&sharded, launcher,
+                        (const char *const[]){"--steps", "200", "--shard", s, NULL}, 0));
+        double got = summary(&sharded, "final_loss"), got_val = summary(&sharded, "val_loss");
+        printf("  --shard %d: final loss %.8f, validation %.8f; plain %.8f, %.8f\n", stage, got,
+               got_val, want, want_val);
+        ASSERT_NEAR(got, want, 1e-6 * want);
+        ASSERT_NEAR(got_val, want_val, 1e-6 * want_val);
+        ASSERT_STR_CONTAINS(sharded.out, "model state");
+    }
+}
+
+/* A ZeRO-2 run on 2 ranks stopped and resumed: the same bits as one that
+ * ran through; its checkpoint also loads into plain data parallel on 3
+ * ranks and into one process. */
+TEST(a_sharded_run_resumes_exactly_and_its_checkpoint_loads_anywhere) {
+    require_corpus();
+    const char *const two[] = {CTLAUNCH_PATH, "-np", "2", NULL};
+    const char *const three[] = {CTLAUNCH_PATH, "-np", "3", NULL};
+    char dir[256], other[256], one[256];
+    tt_tmp_path(dir, "gpt-zero2");
+    tt_tmp_path(other, "gpt-zero2-3ranks");
+    tt_tmp_path(one, "gpt-zero2-1rank");
+    static tt_job whole, first, second, on3, on1;
+    const char *const stage[] = {"--shard", "2", NULL};
+    ASSERT_TRUE(run(&whole, two, stage, 0));
+    ASSERT_TRUE(run(&first, two,
+                    (const char *const[]){"--shard", "2", "--checkpoint-dir", dir, "--stop-at-step",
+                                          "5", NULL},
+                    0));
+    ASSERT_TRUE(
+        run(&second, two, (const char *const[]){"--shard", "2", "--checkpoint-dir", dir, NULL}, 0));
+    ASSERT_STR_CONTAINS(second.out, "resumed from");
+    ASSERT_NEAR(summary(&second, "final_loss"), summary(&whole, "final_loss"), 0);
+    ASSERT_NEAR(summary(&second, "val_loss"), summary(&whole, "val_loss"), 0);
+    /* Step 5's checkpoint, copied, resumed elsewhere: it loads, and trains
+     * on to the same end within float reassociation (--batch 8 divides by
+     * 2 and 1; 3 ranks take a batch of 9). */
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "mkdir -p %s %s && cp -r %s/step-00000005 %s/ && cp -r "
+             "%s/step-00000005 %s/", other, one, dir, other, dir, one);
+    ASSERT_EQ(system(cmd), 0);
+    ASSERT_TRUE(run(&on3, three,
+                    (const char *const[]){"--checkpoint-dir", other, "--batch", "9", NULL}, 0));
+    ASSERT_STR_CONTAINS(on3.out, "resumed from");
+    ASSERT_TRUE(run(&on1, NULL, (const char *const[]){"--checkpoint-dir", one, NULL}, 0));
+    ASSERT_STR_CONTAINS(on1.out, "resumed from");
+    ASSERT_NEAR(summary(&on1, "final_loss"), summary(&whole, "final_loss"),
+                1e-4 * summary(&whole, "final_loss"));
+}
+
 /* --time: the length in steps is fixed from the first steps' rate, so
  * that the run ends about on time, its cosine complete. */
 TEST(a_time_budget_ends_on_time) {
