@@ -3,7 +3,10 @@
 #include "device_impl.h"
 #include "tensor_impl.h"
 
+#include <errno.h>
+#include <limits.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 
 /* ---------------------------------------------------------------- storage */
@@ -20,6 +23,52 @@ static void count_alloc(long long nbytes) {
     long long peak = atomic_load_explicit(&cpu_peak, memory_order_relaxed);
     while (now > peak && !atomic_compare_exchange_weak(&cpu_peak, &peak, now))
         ;
+}
+
+/* CT_MEMORY_LIMIT: the most bytes of CPU storage ct holds at once (0: no
+ * limit), read once; a value that is not a byte count makes every
+ * allocation fail, saying so. */
+static long long memory_limit;
+static const char *memory_limit_bad;
+static pthread_once_t memory_limit_once = PTHREAD_ONCE_INIT;
+
+static void read_memory_limit(void) {
+    const char *env = getenv("CT_MEMORY_LIMIT");
+    if (!env || !*env)
+        return;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(env, &end, 10);
+    int shift = *end == 'K' ? 10 : *end == 'M' ? 20 : *end == 'G' ? 30 : 0;
+    end += shift != 0;
+    if (errno || end == env || *end || *env == '-' || v > (unsigned long long)LLONG_MAX >> shift)
+        memory_limit_bad = env;
+    else
+        memory_limit = (long long)(v << shift);
+}
+
+/* Counts nbytes about to be allocated for op, or fails with CT_ENOMEM when
+ * they would take ct past CT_MEMORY_LIMIT (nothing is counted then). */
+static int charge(long long nbytes, const char *op) {
+    pthread_once(&memory_limit_once, read_memory_limit);
+    if (memory_limit_bad)
+        return ct__err_set(CT_EINVAL,
+                           "%s: CT_MEMORY_LIMIT='%s' is not a byte count (N, or N with K, M or G "
+                           "after it)",
+                           op, memory_limit_bad);
+    long long now =
+        atomic_fetch_add_explicit(&cpu_allocated, nbytes, memory_order_relaxed) + nbytes;
+    if (memory_limit > 0 && now > memory_limit) {
+        atomic_fetch_sub_explicit(&cpu_allocated, nbytes, memory_order_relaxed);
+        return ct__err_set(CT_ENOMEM,
+                           "%s: %lld bytes more would take ct's CPU memory to %lld bytes, past "
+                           "CT_MEMORY_LIMIT=%lld",
+                           op, nbytes, now, memory_limit);
+    }
+    long long peak = atomic_load_explicit(&cpu_peak, memory_order_relaxed);
+    while (now > peak && !atomic_compare_exchange_weak(&cpu_peak, &peak, now))
+        ;
+    return 0;
 }
 
 int64_t ct__cpu_memory_allocated(void) { return atomic_load(&cpu_allocated); }
@@ -76,8 +125,11 @@ static void storage_init(ct_storage *s, void *block, void *data, size_t nbytes, 
 static ct_storage *storage_new_in_block(size_t nbytes, size_t prefix) {
     bool inline_data = nbytes <= INLINE_MAX;
     size_t header = prefix + sizeof(ct_storage);
+    if (charge((long long)nbytes, "storage_new"))
+        return NULL;
     char *block = malloc(header + (inline_data ? 63 + nbytes : 0));
     if (!block) {
+        count_alloc(-(long long)nbytes);
         ct__err_set(CT_ENOMEM, "storage_new: out of memory allocating %zu bytes", nbytes);
         return NULL;
     }
@@ -90,13 +142,13 @@ static ct_storage *storage_new_in_block(size_t nbytes, size_t prefix) {
         void *data = ct__cpu_alloc(nbytes, &capacity);
         if (!data) {
             free(block);
+            count_alloc(-(long long)nbytes);
             ct__err_set(CT_ENOMEM, "storage_new: out of memory allocating %zu bytes", nbytes);
             return NULL;
         }
         storage_init(s, block, data, nbytes, CT_DEVICE_CPU, true, free_cpu,
                      (void *)(uintptr_t)capacity);
     }
-    count_alloc((long long)nbytes);
     return s;
 }
 
@@ -127,15 +179,17 @@ int ct__tensor_storage_restore(ct_storage *s, size_t nbytes) {
         return 0;
     if (ct__is_host(s->device)) {
         size_t capacity;
+        CT_TRY(charge((long long)nbytes, "storage_restore"));
         void *data = nbytes ? ct__cpu_alloc(nbytes, &capacity) : NULL;
-        if (nbytes && !data)
+        if (nbytes && !data) {
+            count_alloc(-(long long)nbytes);
             return ct__err_set(CT_ENOMEM, "storage_restore: out of memory allocating %zu bytes",
                                nbytes);
+        }
         s->data = data;
         s->free_fn = data ? free_cpu : NULL;
         s->free_ctx = data ? (void *)(uintptr_t)capacity : NULL;
         s->counted = true;
-        count_alloc((long long)nbytes);
     } else {
         /* The device's allocator makes a storage; this one takes its memory
          * and the other's header goes. */
@@ -423,9 +477,11 @@ static ct_tensor *tensor_new_unowned(const char *op, int ndim, const int64_t *si
     size_t nbytes = (size_t)ct__tensor_numel(ndim, sizes) * ct__esize(dtype);
     ct_storage *s = storage_new_in_block(nbytes, sizeof(ct_tensor));
     if (!s) {
-        char buf[CT__SHAPE_STR];
-        ct__err_set(CT_ENOMEM, "%s: out of memory allocating %s%s (%zu bytes)", op,
-                    ct_dtype_name(dtype), ct__tensor_shape_str(buf, ndim, sizes), nbytes);
+        /* storage_new said why: the heap, or CT_MEMORY_LIMIT. */
+        char buf[CT__SHAPE_STR], why[256];
+        snprintf(why, sizeof why, "%s", ct_errmsg());
+        ct__err_set(ct_errcode(), "%s: allocating %s%s (%zu bytes): %s", op, ct_dtype_name(dtype),
+                    ct__tensor_shape_str(buf, ndim, sizes), nbytes, why);
         return NULL;
     }
     ct_tensor *t = s->block;

@@ -9,20 +9,23 @@
  * timeout (20 s). */
 #define DEADLINE 90
 
-static const char *const env[] = {"CT_BACKEND", NULL};
+static const char *const env[] = {"CT_BACKEND", "SHARD_TEST_PROGRESS", NULL};
+static const char *const thread_env[] = {"CT_BACKEND", "SHARD_TEST_PROGRESS=thread", NULL};
 
-static void passes(int np, const char *scenario) {
+static void passes_with(int np, const char *scenario, const char *const *job_env) {
     static tt_job j;
     char npstr[16];
     snprintf(npstr, sizeof npstr, "%d", np);
     tt_run_job(&j,
                (const char *const[]){CTLAUNCH_PATH, "-np", npstr, SHARD_RANK_PATH, scenario, NULL},
-               env, DEADLINE);
+               job_env, DEADLINE);
     TT_ASSERT_JOB(&j, tt_job_no_rank_left(&j));
     TT_ASSERT_JOB(&j, tt_job_exit_code(&j) == 0);
     TT_ASSERT_JOB(&j, tt_job_ranks_passed(&j, scenario, np, -1, true));
     printf("  %s on %d ranks: %.1f s\n", scenario, np, j.seconds);
 }
+
+static void passes(int np, const char *scenario) { passes_with(np, scenario, env); }
 
 /* Each scenario on 2, 3 and 4 ranks. */
 static void on_2_3_4(const char *scenario) {
@@ -70,3 +73,14 @@ TEST(model_state_follows_the_zero_accounting) {
 }
 
 TEST(sharding_refuses_what_it_cannot_do_by_name) { passes(2, "errors"); }
+
+/* With the progress thread moving ZeRO-2's reduces and ZeRO-3's prefetched
+ * allgathers while the ranks compute (AUTO's choice on a bigger machine). */
+TEST(every_stage_with_the_progress_thread_equals_ddp) {
+    passes_with(2, "zero1_adamw_clip", thread_env);
+    passes_with(2, "zero2_adamw_clip", thread_env);
+    passes_with(3, "zero2_checkpointed", thread_env);
+    passes_with(2, "zero3_adamw_clip", thread_env);
+    passes_with(3, "zero3_checkpointed", thread_env);
+    passes_with(2, "zero3_no_sync", thread_env);
+}

@@ -212,10 +212,10 @@ TEST(a_sharded_run_resumes_exactly_and_its_checkpoint_loads_anywhere) {
     static tt_job whole, first, second, on3, on1;
     const char *const stage[] = {"--shard", "2", NULL};
     ASSERT_TRUE(run(&whole, two, stage, 0));
-    ASSERT_TRUE(run(&first, two,
-                    (const char *const[]){"--shard", "2", "--checkpoint-dir", dir, "--stop-at-step",
-                                          "5", NULL},
-                    0));
+    ASSERT_TRUE(run(
+        &first, two,
+        (const char *const[]){"--shard", "2", "--checkpoint-dir", dir, "--stop-at-step", "5", NULL},
+        0));
     ASSERT_TRUE(
         run(&second, two, (const char *const[]){"--shard", "2", "--checkpoint-dir", dir, NULL}, 0));
     ASSERT_STR_CONTAINS(second.out, "resumed from");
@@ -225,8 +225,10 @@ TEST(a_sharded_run_resumes_exactly_and_its_checkpoint_loads_anywhere) {
      * on to the same end within float reassociation (--batch 8 divides by
      * 2 and 1; 3 ranks take a batch of 9). */
     char cmd[2048];
-    snprintf(cmd, sizeof cmd, "mkdir -p %s %s && cp -r %s/step-00000005 %s/ && cp -r "
-             "%s/step-00000005 %s/", other, one, dir, other, dir, one);
+    snprintf(cmd, sizeof cmd,
+             "mkdir -p %s %s && cp -r %s/step-00000005 %s/ && cp -r "
+             "%s/step-00000005 %s/",
+             other, one, dir, other, dir, one);
     ASSERT_EQ(system(cmd), 0);
     ASSERT_TRUE(run(&on3, three,
                     (const char *const[]){"--checkpoint-dir", other, "--batch", "9", NULL}, 0));
@@ -235,6 +237,25 @@ TEST(a_sharded_run_resumes_exactly_and_its_checkpoint_loads_anywhere) {
     ASSERT_STR_CONTAINS(on1.out, "resumed from");
     ASSERT_NEAR(summary(&on1, "final_loss"), summary(&whole, "final_loss"),
                 1e-4 * summary(&whole, "final_loss"));
+}
+
+/* CT_MEMORY_LIMIT: an allocation past it fails with CT_ENOMEM naming the
+ * limit, and gpt says so and exits 1; a value that is not a byte count
+ * fails the same way, naming the value. */
+TEST(ct_memory_limit_fails_the_allocation_that_passes_it) {
+    require_corpus();
+    const char *argv[64];
+    command(argv, NULL, NULL);
+    static tt_job low, bad;
+    tt_run_job(&low, argv, (const char *const[]){"CT_BACKEND", "CT_MEMORY_LIMIT=1M", NULL},
+               DEADLINE);
+    ASSERT_EQ(tt_job_exit_code(&low), 1);
+    ASSERT_STR_CONTAINS(low.err, "past CT_MEMORY_LIMIT=1048576");
+    tt_run_job(&bad, argv, (const char *const[]){"CT_BACKEND", "CT_MEMORY_LIMIT=lots", NULL},
+               DEADLINE);
+    ASSERT_EQ(tt_job_exit_code(&bad), 1);
+    ASSERT_STR_CONTAINS(bad.err, "CT_MEMORY_LIMIT='lots' is not a byte count");
+    printf("  %s", tt_tail(low.err));
 }
 
 /* --time: the length in steps is fixed from the first steps' rate, so

@@ -173,6 +173,13 @@ static bool side_init(side *s, const run *r, ct_ddp_shard stage) {
     o.first_bucket_bytes = FIRST_BUCKET_BYTES;
     o.bucket_bytes = BUCKET_BYTES;
     o.shard = stage;
+    /* SHARD_TEST_PROGRESS=thread: the communicator's progress thread
+     * advances the buckets' reduces and the units' prefetches while
+     * backward and forward compute (AUTO picks it on a machine with two
+     * cores a rank). */
+    const char *mode = getenv("SHARD_TEST_PROGRESS");
+    if (mode && !strcmp(mode, "thread"))
+        o.progress = CT_DDP_PROGRESS_THREAD;
     o.static_graph = r->cfg.checkpointed;
     /* ZeRO-3's units: the layers every rank runs; "extra", which only
      * rank 0 runs, stays in the root unit (a unit must run on every rank). */
