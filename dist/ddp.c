@@ -590,6 +590,17 @@ static int choose_progress(ct_ddp *d) {
     return hooks ? ct_comm_set_progress_thread(d->comm, false) : 0;
 }
 
+/* The post-accumulate hook on every parameter. */
+static int hook_params(ct_ddp *d) {
+    for (int i = 0; i < d->n; i++) {
+        int h = ct_tensor_register_post_accumulate_grad_hook(d->p[i].t, on_grad, &d->p[i]);
+        if (h < 0)
+            return h;
+        d->p[i].hook = h;
+    }
+    return 0;
+}
+
 ct_ddp *ct_ddp_new(ct_comm *comm, ct_module *model, const ct_ddp_options *opts) {
     if (!comm || !model) {
         ct__err_set(CT_EINVAL, "%s: comm and model must not be NULL", op);
@@ -649,22 +660,15 @@ ct_ddp *ct_ddp_new(ct_comm *comm, ct_module *model, const ct_ddp_options *opts) 
      * their own. */
     if (!rc && d->o.shard < CT_DDP_SHARD_GRADIENTS)
         rc = build_buckets(d);
-    if (!rc && d->o.shard == CT_DDP_SHARD_FULL)
+    if (!rc && d->o.shard == CT_DDP_SHARD_FULL && !(rc = hook_params(d)))
         rc = ct__ddp_fsdp_init(d, model);
     if (!rc && d->o.shard != CT_DDP_SHARD_NONE)
         rc = ct__ddp_shard_init(d, model);
     if (!rc)
         rc = choose_progress(d);
-    for (int i = 0; !rc && i < d->n; i++) {
-        int h = ct_tensor_register_post_accumulate_grad_hook(d->p[i].t, on_grad, &d->p[i]);
-        if (h < 0)
-            rc = h;
-        else
-            d->p[i].hook = h;
-    }
-    /* ZeRO-3's units stayed gathered for the hooks: now they go back. */
-    if (!rc && d->fsdp)
-        rc = ct__ddp_fsdp_after_step(d);
+    /* ZeRO-3 hooked them before its units took their memory away. */
+    if (!rc && d->o.shard != CT_DDP_SHARD_FULL)
+        rc = hook_params(d);
     if (rc) {
         ct_ddp_free(d);
         return NULL;

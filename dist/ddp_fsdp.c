@@ -340,10 +340,10 @@ static int build_unit(ct_ddp *d, fsdp_unit *u) {
         return ct_errcode();
     u->fresh = true;
     u->pending = u->nparams;
-    /* Gathered until ct_ddp_new has hooked the parameters
-     * (ct__ddp_fsdp_after_step hands every unit back). */
+    /* Handed back at once: the parameters' old memory and the units' do
+     * not all live at the same time. */
     u->state = GATHERED;
-    return 0;
+    return reshard(u);
 }
 
 static int hook_units(ddp_fsdp *f) {

@@ -92,14 +92,15 @@ void example_model_state(const ct_ddp *ddp, const ct_optim *opt, const ct_param_
     }
 }
 
-void example_print_memory(const char *name, const ct_ddp *ddp, const ct_optim *opt, int rank) {
+void example_print_memory(const char *name, const ct_ddp *ddp, const ct_optim *opt, int rank,
+                          int64_t peak) {
     ct_ddp_memory m = {0};
     if (ddp)
         ct_ddp_memory_of(ddp, opt, &m);
     const double mib = 1 << 20;
     printf("%s: rank %d: peak memory %.1f MiB; model state %.2f MiB (parameters %.2f, "
            "gradients %.2f, optimizer %.2f, staging %.2f)\n",
-           name, rank, (double)ct_memory_peak(CT_DEVICE_CPU) / mib,
+           name, rank, (double)peak / mib,
            (double)(m.params + m.grads + m.optimizer + m.staging) / mib, (double)m.params / mib,
            (double)m.grads / mib, (double)m.optimizer / mib, (double)m.staging / mib);
     fflush(stdout);

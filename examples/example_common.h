@@ -218,9 +218,11 @@ int example_shard_checks(int shard, const char *checkpoint_dir);
  * for their gradients, and opt's state. */
 void example_model_state(const ct_ddp *ddp, const ct_optim *opt, const ct_param_list *params,
                          ct_ddp_memory *m);
-/* Prints, on every rank, the peak of ct's host memory so far and the model
- * state ddp and opt hold (ct_ddp_memory_of), as one line prefixed by name. */
-void example_print_memory(const char *name, const ct_ddp *ddp, const ct_optim *opt, int rank);
+/* Prints, on every rank, peak (bytes: ct_memory_peak at the point the
+ * caller reports) and the model state ddp and opt hold (ct_ddp_memory_of),
+ * as one line prefixed by name. */
+void example_print_memory(const char *name, const ct_ddp *ddp, const ct_optim *opt, int rank,
+                          int64_t peak);
 
 /* Registers params (replicated), opt's state per parameter as
  * "optimizer.<state>.<parameter>" (ddp, which may be NULL, says whether opt

@@ -416,7 +416,7 @@ static int train(const options *o, bool *complete) {
         }
     }
     if (!rc && ddp)
-        example_print_memory("fmnist_mlp", ddp, opt, rank);
+        example_print_memory("fmnist_mlp", ddp, opt, rank, ct_memory_peak(o->common.device));
     if (!rc && rank == 0) {
         char head[64], more[192];
         ct_ddp_memory m;

@@ -816,8 +816,12 @@ static int train(run *r, bool *complete) {
         printf(NAME ": stopped at step %lld, as --stop-at-step asks; run again to resume\n",
                (long long)step);
     /* Rank 0 samples and exports the whole model, which every rank
-     * gathers first when it is fully sharded. */
-    if (r->ddp && (rc = ct_ddp_summon_params(r->ddp, true)))
+     * gathers first when it is fully sharded (after training's figures:
+     * the whole model is more than a sharded run may have room for). */
+    if (r->ddp)
+        example_print_memory(NAME, r->ddp, r->opt, r->rank, peak);
+    bool whole = (!stopped && !o->bench && o->sample_tokens > 0) || o->export_llmc;
+    if (r->ddp && whole && (rc = ct_ddp_summon_params(r->ddp, true)))
         return rc;
     if (!stopped && !o->bench && r->rank == 0 && o->sample_tokens > 0 &&
         (rc = sample(r->gpt, r->c, o)))
@@ -827,8 +831,6 @@ static int train(run *r, bool *complete) {
             return rc;
         printf(NAME ": wrote the model to %s in llm.c's format\n", o->export_llmc);
     }
-    if (r->ddp)
-        example_print_memory(NAME, r->ddp, r->opt, r->rank);
     ct_ddp_memory m;
     example_model_state(r->ddp, r->opt, &r->params, &m);
     if (r->rank == 0)

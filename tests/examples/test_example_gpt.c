@@ -258,6 +258,37 @@ TEST(ct_memory_limit_fails_the_allocation_that_passes_it) {
     printf("  %s", tt_tail(low.err));
 }
 
+/* A model whose replicated state (12 blocks of width 256: 9.5 M
+ * parameters, 36 MB, AdamW's 73 MB on top) does not fit CT_MEMORY_LIMIT
+ * on 2 ranks, while fully sharded it trains in it: --shard 0 fails naming
+ * the limit, --shard 3 runs (its training peak about 90 MiB of the 105;
+ * docs/sharding.md). */
+TEST(a_fully_sharded_gpt_fits_a_memory_limit_that_the_replicated_one_does_not) {
+    require_corpus();
+    const char *const model[] = {"--layers", "12",      "--heads", "4",       "--width",
+                                 "256",      "--batch", "2",       "--steps", "3",
+                                 "--bench",  "--shard", NULL,      NULL};
+    const char *const env[] = {"CT_BACKEND", "CT_MEMORY_LIMIT=105M", NULL};
+    const char *const launcher[] = {CTLAUNCH_PATH, "-np", "2", NULL};
+    static tt_job replicated, sharded;
+    for (int stage = 0; stage <= 3; stage += 3) {
+        const char *extra[sizeof model / sizeof *model];
+        memcpy(extra, model, sizeof model);
+        extra[12] = stage ? "3" : "0";
+        const char *argv[64];
+        command(argv, launcher, extra);
+        tt_run_job(stage ? &sharded : &replicated, argv, env, DEADLINE);
+    }
+    printf("  --shard 0: %s", tt_tail(replicated.err));
+    ASSERT_TRUE(tt_job_exit_code(&replicated) != 0);
+    ASSERT_STR_CONTAINS(replicated.err, "past CT_MEMORY_LIMIT=110100480");
+    if (tt_job_exit_code(&sharded) != 0)
+        printf("--- stderr ---\n%s", tt_tail(sharded.err));
+    ASSERT_EQ(tt_job_exit_code(&sharded), 0);
+    ASSERT_STR_CONTAINS(sharded.out, "model state");
+    printf("  --shard 3 trained: peak %.1f MiB\n", summary(&sharded, "peak_bytes") / (1 << 20));
+}
+
 /* --time: the length in steps is fixed from the first steps' rate, so
  * that the run ends about on time, its cosine complete. */
 TEST(a_time_budget_ends_on_time) {
