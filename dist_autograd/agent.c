@@ -115,6 +115,7 @@ typedef struct job {
     char fn[RPC_NAME_MAX + 1];
     ct_rpc_args *in;
     struct job *next;
+    bool holds_slot; /* counted in g.inflight (under g.mu) */
 } job;
 
 /* A request being served: where its answer goes. */
@@ -542,6 +543,7 @@ static void on_request(void) {
     bool full = *count >= g.max_pending;
     if (!full) {
         ++*count;
+        j->holds_slot = true;
         zmq_msg_init(&j->route);
         zmq_msg_move(&j->route, &route);
         QUEUE_PUSH(g.jobs_head, g.jobs_tail, j);
@@ -847,9 +849,20 @@ int ct__rpc_run_fn(const char *name, const ct_rpc_args *in, ct_rpc_args *out) {
     return e.fn(e.ctx, in, out);
 }
 
+/* Gives back j's place among its caller's calls in flight. */
+static void release_slot(job *j) {
+    pthread_mutex_lock(&g.mu);
+    if (j->holds_slot)
+        g.inflight[1 + j->from]--;
+    j->holds_slot = false;
+    pthread_mutex_unlock(&g.mu);
+}
+
 /* Runs a user function in the caller's context: received tensors that
- * needed grad get a recv node, and results that need grad a send node. */
-static void run_user(const job *j, rpc_reply *r) {
+ * needed grad get a recv node, and results that need grad a send node.
+ * The call stops counting against CT_RPC_MAX_PENDING before its answer
+ * goes, so that a caller holding the answer may call again at once. */
+static void run_user(job *j, rpc_reply *r) {
     ct_rpc_args *out = ct_rpc_args_new();
     uint64_t reply_id = ct__rpc_next_id();
     int rc = out ? 0 : ct_errcode();
@@ -863,6 +876,7 @@ static void run_user(const job *j, rpc_reply *r) {
             rc = ct__dautograd_record_send(j->h.context, j->from, reply_id, out);
         ct__dautograd_leave(saved);
     }
+    release_slot(j);
     send_reply(r, rc, out, j->h.context != 0, reply_id);
     ct_scope_end();
     ct_rpc_args_free(out);
@@ -913,7 +927,8 @@ static void *handler_main(void *arg) {
         ct_rpc_args_free(j->in);
         zmq_msg_close(&j->route);
         pthread_mutex_lock(&g.mu);
-        g.inflight[1 + j->from]--;
+        if (j->holds_slot)
+            g.inflight[1 + j->from]--;
         free(j);
         g.busy--;
         pthread_cond_broadcast(&g.idle_cv);
