@@ -176,26 +176,44 @@ TEST(a_stopped_run_resumes_where_it_stopped) {
     ASSERT_NEAR(summary(&second, "val_loss"), summary(ref, "val_loss"), 0);
 }
 
-/* ct_ddp's ZeRO stages on 2 ranks (docs/sharding.md) against plain data
- * parallel, 200 steps with clipping (--clip 1 by default): the same losses
- * to 1e-6 (the clipping norm is summed in other pieces). */
-TEST(every_shard_stage_on_2_ranks_follows_plain_data_parallel) {
-    require_corpus();
-    const char *const launcher[] = {CTLAUNCH_PATH, "-np", "2", NULL};
+/* ct_ddp's ZeRO stages (docs/sharding.md) against plain data parallel on
+ * ranks ranks with the global batch batch, 200 steps with clipping (--clip
+ * 1 by default): ZeRO-1 and -2 the same losses to 1e-6 (bit for bit, in
+ * practice), ZeRO-3 to 1e-5: its units' reduce-scatters sum the ranks'
+ * gradients in another order than DDP's allreduce of one flat buffer, and
+ * its clipping norm is summed in other pieces; 200 steps grow those
+ * roundings to 5.9e-7 on 2 ranks and 6.4e-6 on 4 (measured). */
+static void stages_follow_plain(const char *ranks, const char *batch) {
+    const char *const launcher[] = {CTLAUNCH_PATH, "-np", ranks, NULL};
     static tt_job plain, sharded;
-    ASSERT_TRUE(run(&plain, launcher, (const char *const[]){"--steps", "200", NULL}, 0));
+    ASSERT_TRUE(
+        run(&plain, launcher, (const char *const[]){"--steps", "200", "--batch", batch, NULL}, 0));
     double want = summary(&plain, "final_loss"), want_val = summary(&plain, "val_loss");
     for (int stage = 1; stage <= 3; stage++) {
         char s[2] = {(char)('0' + stage), 0};
-        ASSERT_TRUE(run(&sharded, launcher,
-                        (const char *const[]){"--steps", "200", "--shard", s, NULL}, 0));
+        ASSERT_TRUE(
+            run(&sharded, launcher,
+                (const char *const[]){"--steps", "200", "--batch", batch, "--shard", s, NULL}, 0));
         double got = summary(&sharded, "final_loss"), got_val = summary(&sharded, "val_loss");
-        printf("  --shard %d: final loss %.8f, validation %.8f; plain %.8f, %.8f\n", stage, got,
-               got_val, want, want_val);
-        ASSERT_NEAR(got, want, 1e-6 * want);
-        ASSERT_NEAR(got_val, want_val, 1e-6 * want_val);
+        printf("  %s ranks, --shard %d: final loss %.8f, validation %.8f; plain %.8f, %.8f\n",
+               ranks, stage, got, got_val, want, want_val);
+        double rtol = stage == 3 ? 1e-5 : 1e-6;
+        ASSERT_NEAR(got, want, rtol * want);
+        ASSERT_NEAR(got_val, want_val, rtol * want_val);
         ASSERT_STR_CONTAINS(sharded.out, "model state");
     }
+}
+
+TEST(every_shard_stage_on_2_ranks_follows_plain_data_parallel) {
+    require_corpus();
+    stages_follow_plain("2", "8");
+}
+
+/* 4 ranks oversubscribe a 2-core machine, which only slows them. */
+TEST(every_shard_stage_on_3_and_4_ranks_follows_plain_data_parallel) {
+    require_corpus();
+    stages_follow_plain("3", "12");
+    stages_follow_plain("4", "8");
 }
 
 /* A ZeRO-2 run on 2 ranks stopped and resumed: the same bits as one that
