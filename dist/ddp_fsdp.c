@@ -82,12 +82,16 @@ static int gather_start(fsdp_unit *u) {
     ct_ddp *d = u->ddp;
     int64_t bytes = ct_numel(u->whole) * (int64_t)ct_dtype_size(d->dtype);
     CT_TRY(ct__tensor_storage_restore(u->full, (size_t)bytes));
-    u->state = GATHERING;
     int rc = ct_comm_allgather(d->comm, u->whole, u->shard, &u->gather);
+    if (rc) {
+        ct__tensor_storage_release(u->full, u->why);
+        return ct__err_set(rc, "%s: gathering unit %s: %s", op, u->name, ct_errmsg());
+    }
     /* Until the unit's own forward or backward waits for it, its
      * parameters are not to be read. */
     ct__tensor_storage_mark(u->full, u->why);
-    return rc;
+    u->state = GATHERING;
+    return 0;
 }
 
 static int gather_wait(fsdp_unit *u) {
