@@ -177,9 +177,11 @@ static int d_relu(ct_node *n, args_t *a) {
 /* gelu(x) = x * Phi(x); Phi is recovered as gelu(x) / x (exact to a few
  * ulp), which avoids an erf op. */
 /* The activations below have a fused gradient on the CPU, used unless the
- * backward is itself recorded (create_graph), which needs the chain of ops. */
+ * backward is itself recorded (create_graph), which needs the chain of ops.
+ * The meta device plans the CPU's memory, so it takes the same path. */
 static bool fused_grad(ct_tensor *x) {
-    return !ct_grad_enabled() && ct__is_host(ct_tensor_device(x));
+    ct_device d = ct_tensor_device(x);
+    return !ct_grad_enabled() && (ct__is_host(d) || d.type == CT_META);
 }
 
 static int d_gelu(ct_node *n, args_t *a) {

@@ -36,12 +36,12 @@ import sys
 # its parts (a device folder, a backend, a file format). No prefix is in
 # two modules.
 PREFIXES = {
-    "tensor": {"tensor", "err", "cpu", "cuda", "device", "op", "iter", "file", "red", "array"},
+    "tensor": {"tensor", "err", "cpu", "cuda", "device", "op", "iter", "file", "red", "array", "meta"},
     "autograd": {"autograd", "engine", "node"},
     "nn": {"nn"},
     "optim": {"optim"},
     "data": {"data"},
-    "collectives": {"coll", "comm", "work", "shm", "mpi", "nccl", "gloo", "hier"},
+    "collectives": {"coll", "comm", "work", "shm", "mpi", "nccl", "gloo", "hier", "dry"},
     "dist": {"dist", "store", "auth", "ddp"},
     "dist_autograd": {"dautograd", "rpc", "rref"},
     "checkpoint": {"ckpt", "manifest", "reader", "safetensors"},

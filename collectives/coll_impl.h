@@ -180,6 +180,7 @@ extern const ct__backend ct__shm_backend;
  * or CT_EINVAL (recorded) when n is not in [1, CT__SHM_MAX_RANKS]. */
 int ct__shm_layout_bytes(int n, size_t *bytes);
 extern const ct__backend ct__hier_backend;
+extern const ct__backend ct__dry_backend;
 #ifdef CT_HAVE_MPI
 extern const ct__backend ct__mpi_backend;
 #endif

@@ -146,6 +146,7 @@ const char *ct_backend_name(ct_backend backend) {
     case CT_BACKEND_NCCL: return "nccl";
     case CT_BACKEND_GLOO: return "gloo";
     case CT_BACKEND_HIER: return "hier";
+    case CT_BACKEND_DRY: return "dry";
     }
     return "?";
 }
@@ -153,6 +154,7 @@ const char *ct_backend_name(ct_backend backend) {
 static const ct__backend *backend_table(ct_backend backend) {
     switch (backend) {
     case CT_BACKEND_SHM: return &ct__shm_backend;
+    case CT_BACKEND_DRY: return &ct__dry_backend;
 #ifdef CT_HAVE_MPI
     case CT_BACKEND_MPI: return &ct__mpi_backend;
 #endif
@@ -788,6 +790,11 @@ static int check_tensor(ct_comm *c, const char *op, const char *what, ct_tensor 
     }
     if (t->magic != CT__TENSOR_MAGIC)
         return ct__err_set(CT_EINVAL, "%s: %s is not a live tensor (freed or foreign)", op, what);
+    if (t->storage->device.type == CT_META && c->be->kind != CT_BACKEND_DRY)
+        return ct__err_set(CT_EDEVICE,
+                           "%s: %s is on the meta device, which holds no data to send; only a "
+                           "dry communicator (CT_BACKEND_DRY) takes meta tensors",
+                           op, what);
     return c->be->check_tensor(c, op, t);
 }
 
@@ -822,7 +829,10 @@ static int check_rop(const char *op, ct_reduce_op rop, ct_dtype dtype) {
  * back, queued on the device. */
 static ct_tensor *staged_ref(ct_comm *c, const char *op, ct_tensor *t) {
     ct_device on = ct_comm_device(c);
-    if (ct_is_contiguous(t) && ct_device_equal(t->storage->device, on))
+    /* A meta tensor (only a dry communicator takes one) holds nothing to
+     * stage, and a copy would be real memory. */
+    if ((ct_is_contiguous(t) && ct_device_equal(t->storage->device, on)) ||
+        t->storage->device.type == CT_META)
         return ct_tensor_retain(t);
     ct_tensor *copy = ct__tensor_own(ct__tensor_new_on(op, t->ndim, t->sizes, t->dtype, on));
     if (copy && ct__tensor_copy_any(copy, t)) {

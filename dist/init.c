@@ -163,6 +163,11 @@ static int check_backend(ct_backend b, const ct_world *w) {
                                "dist_init: backend gloo: this build of ct has no gloo (configure "
                                "did not find it; install libgloo-dev and rebuild)");
         return 0;
+    case CT_BACKEND_DRY:
+        return ct__err_set(CT_EINVAL,
+                           "dist_init: backend dry moves no data between processes: it plays "
+                           "one rank of a group alone (make one with ct_comm_new, or let "
+                           "ct_memory_plan make its own)");
     case CT_BACKEND_HIER:
         /* Across machines on the backend the flat world would take. */
         return check_backend(flat_backend(w), w);

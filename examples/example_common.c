@@ -106,6 +106,55 @@ void example_print_memory(const char *name, const ct_ddp *ddp, const ct_optim *o
     fflush(stdout);
 }
 
+void example_plan_flags(example_plan *p, ct_cli_flag out[EXAMPLE_NUM_PLAN_FLAGS]) {
+    const ct_cli_flag flags[EXAMPLE_NUM_PLAN_FLAGS] = {
+        CT_CLI_FLAG("--plan", CT_CLI_SWITCH, &p->plan, NULL,
+                    "plan each rank's memory before training (a dry run on the meta device), "
+                    "and set it against the measured peak at the end"),
+        CT_CLI_FLAG("--plan-only", CT_CLI_SWITCH, &p->only, NULL,
+                    "plan each rank's memory, print the plan and stop, training nothing"),
+    };
+    memcpy(out, flags, sizeof flags);
+}
+
+int example_plan_make(example_plan *p, const char *name, const ct_memory_plan_config *cfg,
+                      ct_device device) {
+    p->base = ct_memory_allocated(device);
+    if (!p->plan && !p->only)
+        return 0;
+    CT_TRY(ct_memory_plan(cfg, &p->e));
+    p->made = true;
+    const double mib = 1 << 20;
+    const ct_ddp_memory *m = &p->e.state;
+    printf("%s: rank %d: memory plan: a step peaks at %.2f MiB on %s; %.2f MiB stay between "
+           "steps (parameters %.2f, gradients %.2f, optimizer %.2f, staging %.2f); setup peaks "
+           "at %.2f MiB\n",
+           name, cfg->rank, (double)example_plan_bytes(p, device) / mib,
+           ct_device_str(device, (char[CT_DEVICE_STR]){0}), (double)p->e.resident / mib,
+           (double)m->params / mib, (double)m->grads / mib, (double)m->optimizer / mib,
+           (double)m->staging / mib, (double)p->e.setup_peak / mib);
+    fflush(stdout);
+    return 0;
+}
+
+int64_t example_plan_bytes(const example_plan *p, ct_device device) {
+    if (!p->made)
+        return 0;
+    return p->e.peak + (device.type == CT_CPU ? p->e.host : 0);
+}
+
+void example_plan_check(const example_plan *p, const char *name, int rank, ct_device device,
+                        int64_t peak) {
+    if (!p->made)
+        return;
+    const double mib = 1 << 20;
+    int64_t measured = peak - p->base, planned = example_plan_bytes(p, device);
+    printf("%s: rank %d: step peak measured %.2f MiB, planned %.2f MiB (plan/measured %.3f)\n",
+           name, rank, (double)measured / mib, (double)planned / mib,
+           measured > 0 ? (double)planned / (double)measured : 0.0);
+    fflush(stdout);
+}
+
 void example_resume_flags(example_resume *r, const char *save_help,
                           ct_cli_flag out[EXAMPLE_NUM_RESUME_FLAGS]) {
     r->keep_last = 3;

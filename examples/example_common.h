@@ -224,6 +224,32 @@ void example_model_state(const ct_ddp *ddp, const ct_optim *opt, const ct_param_
 void example_print_memory(const char *name, const ct_ddp *ddp, const ct_optim *opt, int rank,
                           int64_t peak);
 
+/* --plan and --plan-only: ct_memory_plan before training (docs/sharding.md,
+ * "Memory you can ask for"), and the plan set against the measured peak
+ * at the end. */
+typedef struct example_plan {
+    bool plan, only;      /* the flags */
+    bool made;            /* a plan was made */
+    int64_t base;         /* what the device held before the model was built */
+    ct_memory_estimate e; /* the plan */
+} example_plan;
+#define EXAMPLE_NUM_PLAN_FLAGS 2
+void example_plan_flags(example_plan *p, ct_cli_flag out[EXAMPLE_NUM_PLAN_FLAGS]);
+/* Notes what device holds before the run builds its model (call it just
+ * before), from which the step peak counts; with --plan or --plan-only,
+ * plans cfg's run on device and prints the plan on every rank, prefixed
+ * by name. 0 or the plan's CT_E* code. */
+int example_plan_make(example_plan *p, const char *name, const ct_memory_plan_config *cfg,
+                      ct_device device);
+/* The planned step peak on device: the plan's, and on the CPU what ct
+ * keeps on the host besides (0 without a plan). */
+int64_t example_plan_bytes(const example_plan *p, ct_device device);
+/* Prints the plan against peak (the device's ct_memory_peak over the
+ * training steps) less what was held before the model: the measured step
+ * peak. Nothing without a plan. */
+void example_plan_check(const example_plan *p, const char *name, int rank, ct_device device,
+                        int64_t peak);
+
 /* Registers params (replicated), opt's state per parameter as
  * "optimizer.<state>.<parameter>" (ddp, which may be NULL, says whether opt
  * holds a ZeRO shard: then as blocks of those entries), "train.step" and

@@ -69,6 +69,7 @@ typedef struct options {
     const char *plot;  /* NULL: no chart */
     example_resume resume;
     int shard; /* ct_ddp_shard */
+    example_plan plan;
 } options;
 
 static const char about[] =
@@ -112,10 +113,12 @@ static int parse(int argc, char **argv, options *o) {
                     .parse = example_parse_device, .default_text = "cpu"),
         example_shard_flag(&o->shard),
     };
-    ct_cli_flag own[sizeof mine / sizeof *mine + EXAMPLE_NUM_RESUME_FLAGS];
+    enum { NMINE = sizeof mine / sizeof *mine };
+    ct_cli_flag own[NMINE + EXAMPLE_NUM_RESUME_FLAGS + EXAMPLE_NUM_PLAN_FLAGS];
     memcpy(own, mine, sizeof mine);
     example_resume_flags(&o->resume, "also save every N steps (0: after every epoch only)",
-                         own + sizeof mine / sizeof *mine);
+                         own + NMINE);
+    example_plan_flags(&o->plan, own + NMINE + EXAMPLE_NUM_RESUME_FLAGS);
     if (example_parse("fmnist_mlp", about, own, sizeof own / sizeof *own, &o->common, argc, argv))
         return -1;
     use_recipe(o);
@@ -214,6 +217,77 @@ static int save(resumable *r, const example_resume *res, int64_t step, ct_loader
     return example_ckpt_save(&r->ck, res->dir, step, res->keep_last);
 }
 
+/* One step on the batch x, y (on the model's device): forward, loss,
+ * backward, the update. */
+static int step_on(ct_module *net, ct_optim *opt, ct_tensor *x, ct_tensor *y, ct_tensor **loss) {
+    *loss = ct_cross_entropy(ct_module_forward(net, x), y, NULL);
+    CT_TRY(*loss ? ct_tensor_backward(*loss) : ct_errcode());
+    CT_TRY(ct_optim_step(opt));
+    /* Under data parallel too: ct_ddp copies the next backward's gradients
+     * into its buckets, which costs less than zeroing them and adding into
+     * them. */
+    return ct_optim_zero_grad(opt, true);
+}
+
+static ct_ddp *wrap_model(const options *o, ct_comm *comm, ct_module *net) {
+    ct_ddp_options dopts = ct_ddp_defaults();
+    dopts.shard = (ct_ddp_shard)o->shard;
+    return ct_ddp_new(comm, net, &dopts);
+}
+
+/* Batches the loader prepares ahead of the one training. */
+#define PREFETCH 2
+
+/* --plan: the run replayed on the meta device through its own pieces. */
+typedef struct plan_ctx {
+    const options *o;
+    int64_t rows; /* this rank's share of the batch */
+    bool flat;
+    /* The batches the loader holds ahead of the step's, as the run's does
+     * (made at the first step, freed after the plan). */
+    ct_tensor *ahead[2 * PREFETCH];
+} plan_ctx;
+
+static int plan_batch(int64_t rows, ct_device device, ct_tensor **x, ct_tensor **y) {
+    *x = ct_empty_on(CT_SHAPE(rows, 784), CT_FLOAT32, device);
+    *y = ct_empty_on(CT_SHAPE(rows), CT_INT64, device);
+    return *x && *y ? 0 : ct_errcode();
+}
+
+static ct_module *plan_build(void *ctx) {
+    const plan_ctx *p = ctx;
+    example_options c = p->o->common;
+    c.device = CT_DEVICE_META;
+    return example_mlp_new(&c, p->o->r->dropout, p->flat);
+}
+
+static ct_ddp *plan_wrap(void *ctx, ct_comm *comm, ct_module *net) {
+    return wrap_model(((const plan_ctx *)ctx)->o, comm, net);
+}
+
+static ct_optim *plan_optimizer(void *ctx, ct_module *net, ct_ddp *ddp) {
+    ct_param_list pl;
+    ct_param_list_init(&pl);
+    ct_optim *opt = ct_module_named_parameters(net, &pl)
+                        ? NULL
+                        : build_optimizer(((const plan_ctx *)ctx)->o, ddp, &pl);
+    ct_param_list_free(&pl);
+    return opt;
+}
+
+static int plan_step(void *ctx, ct_module *net, ct_ddp *ddp, ct_optim *opt, ct_device device) {
+    (void)ddp;
+    plan_ctx *p = ctx;
+    for (int k = 0; k < PREFETCH && !p->ahead[2 * k]; k++) {
+        CT_TRY(plan_batch(p->rows, device, &p->ahead[2 * k], &p->ahead[2 * k + 1]));
+        ct_tensor_retain(p->ahead[2 * k]);
+        ct_tensor_retain(p->ahead[2 * k + 1]);
+    }
+    ct_tensor *x, *y, *loss;
+    CT_TRY(plan_batch(p->rows, device, &x, &y));
+    return step_on(net, opt, x, y, &loss);
+}
+
 /* *complete: the checkpoint in --checkpoint-dir had finished the run. */
 static int train(const options *o, bool *complete) {
     ct_comm *world = ct_dist_comm();
@@ -230,6 +304,22 @@ static int train(const options *o, bool *complete) {
     bool fsdp = ranks > 1 && o->shard == CT_DDP_SHARD_FULL;
     if (example_shard_checks(ranks > 1 ? o->shard : 0, o->resume.dir))
         return -1;
+    plan_ctx pc = {o, o->common.batch / ranks, !fsdp, {NULL}};
+    ct_memory_plan_config pcfg = {.world_size = ranks,
+                                  .rank = rank,
+                                  .build = plan_build,
+                                  .wrap = plan_wrap,
+                                  .optimizer = plan_optimizer,
+                                  .step = plan_step,
+                                  .ctx = &pc};
+    example_plan plan = o->plan;
+    int planned = example_plan_make(&plan, "fmnist_mlp", &pcfg, o->common.device);
+    for (int k = 0; k < 2 * PREFETCH; k++)
+        ct_tensor_free(pc.ahead[k]);
+    if (planned)
+        return -1;
+    if (o->plan.only)
+        return 0; /* the plan is all it asks for */
     ct_module *net = example_mlp_new(&o->common, o->r->dropout, !fsdp);
     ct_param_list params;
     ct_param_list_init(&params);
@@ -237,9 +327,7 @@ static int train(const options *o, bool *complete) {
         return -1;
     /* Rank 0's initial weights everywhere; gradients averaged in backward. */
     ct_ddp *ddp = NULL;
-    ct_ddp_options dopts = ct_ddp_defaults();
-    dopts.shard = (ct_ddp_shard)o->shard;
-    if (ranks > 1 && !(ddp = ct_ddp_new(world, net, &dopts)))
+    if (ranks > 1 && !(ddp = wrap_model(o, world, net)))
         return -1;
     ct_optim *opt = build_optimizer(o, ddp, &params);
     ct_sampler sampler;
@@ -248,7 +336,8 @@ static int train(const options *o, bool *complete) {
                              .seed = o->common.seed,
                              .num_replicas = ranks,
                              .rank = rank};
-    ct_loader_options lo = {.batch_size = o->common.batch / ranks, .sampler = &sampler};
+    ct_loader_options lo = {
+        .batch_size = o->common.batch / ranks, .sampler = &sampler, .prefetch = PREFETCH};
     ct_loader *loader =
         opt && !ct_sampler_init(&sampler, &so) ? ct_loader_new(d.train_x, d.train_y, &lo) : NULL;
     if (!loader)
@@ -312,6 +401,9 @@ static int train(const options *o, bool *complete) {
 
     example_progress prog;
     example_progress_init(&prog, o->common.epochs, steps_per_epoch);
+    /* Training's peak: the steps', without saves and evaluation. */
+    int64_t train_peak = 0;
+    ct_memory_reset_peak(o->common.device);
     int64_t timed_samples = 0, timed_steps = 0;
     double timed = 0, start = example_now(), loss_sum = 0, acc = 0, last_loss = NAN,
            epoch_loss = NAN;
@@ -332,17 +424,9 @@ static int train(const options *o, bool *complete) {
                 if (!rc)
                     rc = ct_dropout_key_rows(batch_rows, ct_size(x, 0), ct_size(x, 0) * ranks);
                 ct_device dev = o->common.device;
-                ct_tensor *loss =
-                    ct_cross_entropy(ct_module_forward(net, ct_to(x, dev)), ct_to(y, dev), NULL);
+                ct_tensor *loss = NULL;
                 if (!rc)
-                    rc = loss ? ct_tensor_backward(loss) : ct_errcode();
-                if (!rc)
-                    rc = ct_optim_step(opt);
-                /* Under data parallel too: ct_ddp copies the next backward's
-                 * gradients into its buckets, which costs less than zeroing
-                 * them and adding into them. */
-                if (!rc)
-                    rc = ct_optim_zero_grad(opt, true);
+                    rc = step_on(net, opt, ct_to(x, dev), ct_to(y, dev), &loss);
                 last_loss = rc ? NAN : ct_item(loss);
                 loss_sum += last_loss;
                 epoch_count++;
@@ -385,6 +469,8 @@ static int train(const options *o, bool *complete) {
                 break;
             }
         }
+        int64_t peak = ct_memory_peak(o->common.device);
+        train_peak = peak > train_peak ? peak : train_peak;
         /* Every epoch's end, and the end of training, are saved too. */
         if (!rc && o->resume.dir)
             rc = save(&ckpt, &o->resume, step, loader, ranks);
@@ -396,6 +482,7 @@ static int train(const options *o, bool *complete) {
             rc = evaluate(net, o->common.device, d.test_x, d.test_y, &acc);
         if (!rc && ddp)
             rc = ct_ddp_summon_params(ddp, false);
+        ct_memory_reset_peak(o->common.device);
         if (rc)
             break;
         if (rank != 0)
@@ -416,18 +503,22 @@ static int train(const options *o, bool *complete) {
         }
     }
     if (!rc && ddp)
-        example_print_memory("fmnist_mlp", ddp, opt, rank, ct_memory_peak(o->common.device));
+        example_print_memory("fmnist_mlp", ddp, opt, rank, train_peak);
+    if (!rc)
+        example_plan_check(&plan, "fmnist_mlp", rank, o->common.device, train_peak);
     if (!rc && rank == 0) {
-        char head[64], more[192];
+        char head[64], more[320];
         ct_ddp_memory m;
         example_model_state(ddp, opt, &params, &m);
         snprintf(head, sizeof head, "\"bench\": \"train\", \"impl\": \"ct\", \"ranks\": %d", ranks);
         snprintf(more, sizeof more,
                  "\"timed_steps\": %lld, \"shard\": %d, \"model_state_bytes\": %lld, "
-                 "\"staging_bytes\": %lld, \"peak_bytes\": %lld, ",
+                 "\"staging_bytes\": %lld, \"peak_bytes\": %lld, \"step_peak_bytes\": %lld, "
+                 "\"plan_peak_bytes\": %lld, ",
                  (long long)timed_steps, ddp ? o->shard : 0,
                  (long long)(m.params + m.grads + m.optimizer), (long long)m.staging,
-                 (long long)ct_memory_peak(o->common.device));
+                 (long long)train_peak, (long long)(train_peak - plan.base),
+                 (long long)example_plan_bytes(&plan, o->common.device));
         example_print_summary(head, more, &o->common, epochs_run, step,
                               timed > 0 ? (double)timed_samples / timed : 0, acc, epoch_loss);
     }

@@ -71,6 +71,7 @@ typedef struct options {
     int64_t sample_tokens;
     example_resume resume;
     int shard; /* ct_ddp_shard */
+    example_plan plan;
     double time, lr, min_lr, weight_decay, clip, temperature;
     uint64_t seed;
     int threads; /* 0: the machine's cores, shared among the local ranks */
@@ -173,10 +174,11 @@ static int parse_args(int argc, char **argv, options *o) {
         CT_CLI_FLAG("--bench", CT_CLI_SWITCH, &o->bench, NULL,
                     "measure throughput only: no validation and no sample at the end"),
     };
-    ct_cli_flag flags[sizeof mine / sizeof *mine + EXAMPLE_NUM_RESUME_FLAGS];
+    enum { NMINE = sizeof mine / sizeof *mine };
+    ct_cli_flag flags[NMINE + EXAMPLE_NUM_RESUME_FLAGS + EXAMPLE_NUM_PLAN_FLAGS];
     memcpy(flags, mine, sizeof mine);
-    example_resume_flags(&o->resume, "also save every N steps (0: at the end only)",
-                         flags + sizeof mine / sizeof *mine);
+    example_resume_flags(&o->resume, "also save every N steps (0: at the end only)", flags + NMINE);
+    example_plan_flags(&o->plan, flags + NMINE + EXAMPLE_NUM_RESUME_FLAGS);
     ct_cli cli = {.prog = NAME,
                   .about = about,
                   .flags = flags,
@@ -673,6 +675,7 @@ typedef struct run {
     ct_ddp *ddp;
     ct_optim *opt;
     example_ckpt ckpt;
+    example_plan plan;
     FILE *metrics;
     int64_t total; /* steps in the run; saved, so that a resumed --time run keeps its schedule */
 } run;
@@ -688,19 +691,25 @@ static int fix_length(run *r, int64_t done, double elapsed) {
     return 0;
 }
 
+/* One step on the batch x, y: forward, backward, clipping, the update. */
+static int step_on(const options *o, ct_module *gpt, ct_ddp *ddp, ct_optim *opt,
+                   const ct_param_list *params, ct_tensor *x, ct_tensor *y, double *loss) {
+    ct_tensor *l = loss_of(gpt, x, y);
+    CT_TRY(l ? ct_tensor_backward(l) : ct_errcode());
+    CT_TRY(ddp ? ct_ddp_clip_grad_norm(ddp, opt, o->clip, 2, NULL)
+               : ct_clip_grad_norm(params->tensors, params->n, o->clip, NULL));
+    CT_TRY(ct_optim_step(opt));
+    CT_TRY(ct_optim_zero_grad(opt, ddp == NULL));
+    *loss = ct_item(l);
+    return 0;
+}
+
 static int train_step(run *r, int64_t step, const ct_lr_schedule *sched, double *loss) {
     *loss = NAN;
     ct_tensor *x, *y;
     CT_TRY(train_batch(r->c, r->o, step, r->rank, r->ranks, &x, &y));
     CT_TRY(ct_optim_set_lr(r->opt, ct_lr_schedule_at(sched, step)));
-    ct_tensor *l = loss_of(r->gpt, x, y);
-    CT_TRY(l ? ct_tensor_backward(l) : ct_errcode());
-    CT_TRY(r->ddp ? ct_ddp_clip_grad_norm(r->ddp, r->opt, r->o->clip, 2, NULL)
-                  : ct_clip_grad_norm(r->params.tensors, r->params.n, r->o->clip, NULL));
-    CT_TRY(ct_optim_step(r->opt));
-    CT_TRY(ct_optim_zero_grad(r->opt, r->ddp == NULL));
-    *loss = ct_item(l);
-    return 0;
+    return step_on(r->o, r->gpt, r->ddp, r->opt, &r->params, x, y, loss);
 }
 
 /* *complete: the checkpoint in --checkpoint-dir had finished the run. */
@@ -820,6 +829,7 @@ static int train(run *r, bool *complete) {
      * the whole model is more than a sharded run may have room for). */
     if (r->ddp)
         example_print_memory(NAME, r->ddp, r->opt, r->rank, peak);
+    example_plan_check(&r->plan, NAME, r->rank, o->device, peak);
     bool whole = (!stopped && !o->bench && o->sample_tokens > 0) || o->export_llmc;
     if (r->ddp && whole && (rc = ct_ddp_summon_params(r->ddp, true)))
         return rc;
@@ -838,49 +848,117 @@ static int train(run *r, bool *complete) {
                "\"batch\": %lld, \"context\": %lld, \"layers\": %lld, \"width\": %lld, "
                "\"steps\": %lld, \"tokens_per_s\": %.1f, \"train_s\": %.2f, \"final_loss\": %s, "
                "\"val_loss\": %s, \"checkpoint\": %s, \"peak_bytes\": %lld, \"shard\": %d, "
-               "\"model_state_bytes\": %lld, \"staging_bytes\": %lld}\n",
+               "\"model_state_bytes\": %lld, \"staging_bytes\": %lld, \"step_peak_bytes\": %lld, "
+               "\"plan_peak_bytes\": %lld}\n",
                o->threads, r->ranks, (long long)o->batch, (long long)o->model.context,
                (long long)o->model.layers, (long long)o->model.width, (long long)step, rate,
                train_s, example_json_number(nb[0], loss), example_json_number(nb[1], val),
                o->model.checkpoint ? "true" : "false", (long long)peak, r->ddp ? o->shard : 0,
-               (long long)(m.params + m.grads + m.optimizer), (long long)m.staging);
+               (long long)(m.params + m.grads + m.optimizer), (long long)m.staging,
+               (long long)(peak - r->plan.base),
+               (long long)example_plan_bytes(&r->plan, o->device));
     return 0;
 }
 
-/* Builds the model, its optimizer and what a checkpoint holds. */
+/* The model as a run of `ranks` trains it, on device: fully sharded
+ * units keep buffers of their own, so no flat buffer then. */
+static ct_module *build_model(const options *o, int nvocab, int ranks, ct_device device) {
+    ct_gpt_config cfg = o->model;
+    cfg.vocab = nvocab;
+    ct_module *gpt = ct_gpt_new(&cfg);
+    bool fsdp = ranks > 1 && o->shard == CT_DDP_SHARD_FULL;
+    if (gpt && (ct_module_to(gpt, device) || (!fsdp && ct_module_flatten(gpt, ranks == 1)))) {
+        ct_module_free(gpt);
+        return NULL;
+    }
+    return gpt;
+}
+
+static ct_ddp *wrap_model(const options *o, ct_comm *comm, ct_module *gpt) {
+    /* Checkpointed blocks run backward reentrantly, so a parameter's hook
+     * fires once per recomputation: the graph is static. */
+    ct_ddp_options d = ct_ddp_defaults();
+    d.static_graph = o->model.checkpoint;
+    d.shard = (ct_ddp_shard)o->shard;
+    /* Fully sharded, each block is a unit; the embeddings and the final
+     * norm are the model's own. */
+    ct_module *h = ct_module_child(ct_module_child(gpt, "transformer"), "h");
+    ct_module *units[h ? ct_module_num_children(h) + 1 : 1];
+    for (int k = 0; h && k < ct_module_num_children(h); k++)
+        units[k] = ct_module_child_at(h, k);
+    d.units = units;
+    d.nunits = h ? ct_module_num_children(h) : 0;
+    return ct_ddp_new(comm, gpt, &d);
+}
+
+/* --plan: the run replayed on the meta device through the run's own
+ * pieces (ct_memory_plan). */
+typedef struct plan_ctx {
+    const options *o;
+    int nvocab, rank, ranks;
+} plan_ctx;
+
+static ct_module *plan_build(void *ctx) {
+    const plan_ctx *p = ctx;
+    return build_model(p->o, p->nvocab, p->ranks, CT_DEVICE_META);
+}
+
+static ct_ddp *plan_wrap(void *ctx, ct_comm *comm, ct_module *gpt) {
+    return wrap_model(((const plan_ctx *)ctx)->o, comm, gpt);
+}
+
+static ct_optim *plan_optimizer(void *ctx, ct_module *gpt, ct_ddp *ddp) {
+    ct_param_list pl;
+    ct_param_list_init(&pl);
+    ct_optim *opt = ct_module_named_parameters(gpt, &pl)
+                        ? NULL
+                        : build_optimizer(((const plan_ctx *)ctx)->o, ddp, &pl);
+    ct_param_list_free(&pl);
+    return opt;
+}
+
+static int plan_step(void *ctx, ct_module *gpt, ct_ddp *ddp, ct_optim *opt, ct_device device) {
+    const plan_ctx *p = ctx;
+    const options *o = p->o;
+    int64_t rows = o->batch * (p->rank + 1) / p->ranks - o->batch * p->rank / p->ranks;
+    ct_tensor *x = ct_empty_on(CT_SHAPE(rows, o->model.context), CT_INT64, device);
+    ct_tensor *y = ct_empty_on(CT_SHAPE(rows, o->model.context), CT_INT64, device);
+    ct_param_list pl;
+    ct_param_list_init(&pl);
+    double loss;
+    int rc = !x || !y                               ? ct_errcode()
+             : ct_module_named_parameters(gpt, &pl) ? ct_errcode()
+                                                    : step_on(o, gpt, ddp, opt, &pl, x, y, &loss);
+    ct_param_list_free(&pl);
+    return rc;
+}
+
+/* Builds the model, its optimizer and what a checkpoint holds; with
+ * --plan, plans them first. */
 static int setup(run *r) {
     const options *o = r->o;
-    ct_manual_seed(o->seed);
-    ct_gpt_config cfg = o->model;
-    cfg.vocab = r->c->nvocab;
-    r->gpt = ct_gpt_new(&cfg);
-    /* Fully sharded units keep buffers of their own: no flat buffer. */
-    bool fsdp = r->ranks > 1 && o->shard == CT_DDP_SHARD_FULL;
     if (example_shard_checks(r->ranks > 1 ? o->shard : 0, o->resume.dir))
         return -1;
-    if (!r->gpt || ct_module_to(r->gpt, o->device) ||
-        (!fsdp && ct_module_flatten(r->gpt, r->ranks == 1)) ||
+    plan_ctx pc = {o, r->c->nvocab, r->rank, r->ranks};
+    ct_memory_plan_config pcfg = {.world_size = r->ranks,
+                                  .rank = r->rank,
+                                  .build = plan_build,
+                                  .wrap = plan_wrap,
+                                  .optimizer = plan_optimizer,
+                                  .step = plan_step,
+                                  .ctx = &pc};
+    r->plan = o->plan;
+    CT_TRY(example_plan_make(&r->plan, NAME, &pcfg, o->device));
+    if (o->plan.only)
+        return 0; /* the plan is all it asks for */
+    ct_manual_seed(o->seed);
+    if (!(r->gpt = build_model(o, r->c->nvocab, r->ranks, o->device)) ||
         ct_module_named_parameters(r->gpt, &r->params) ||
         (o->init && !o->init_llmc && load_init(o->init, &r->params)) ||
         (o->init_llmc && ct_llmc_gpt_load_into(r->gpt, o->init)))
         return -1;
-    if (r->ranks > 1) {
-        /* Checkpointed blocks run backward reentrantly, so a parameter's
-         * hook fires once per recomputation: the graph is static. */
-        ct_ddp_options d = ct_ddp_defaults();
-        d.static_graph = o->model.checkpoint;
-        d.shard = (ct_ddp_shard)o->shard;
-        /* Fully sharded, each block is a unit; the embeddings and the final
-         * norm are the model's own. */
-        ct_module *h = ct_module_child(ct_module_child(r->gpt, "transformer"), "h");
-        ct_module *units[h ? ct_module_num_children(h) + 1 : 1];
-        for (int k = 0; h && k < ct_module_num_children(h); k++)
-            units[k] = ct_module_child_at(h, k);
-        d.units = units;
-        d.nunits = h ? ct_module_num_children(h) : 0;
-        if (!(r->ddp = ct_ddp_new(r->world, r->gpt, &d)))
-            return -1;
-    }
+    if (r->ranks > 1 && !(r->ddp = wrap_model(o, r->world, r->gpt)))
+        return -1;
     if (!(r->opt = build_optimizer(o, r->ddp, &r->params)))
         return -1;
     if (o->resume.dir &&
@@ -979,7 +1057,7 @@ static int run_job(options *o, corpus *c, run *r, bool *complete) {
     CT_TRY(corpus_open(c, o));
     CT_TRY(check_inputs(o, c, r->rank, r->ranks));
     CT_TRY(setup(r));
-    return train(r, complete);
+    return o->plan.only ? 0 : train(r, complete);
 }
 
 int main(int argc, char **argv) {

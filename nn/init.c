@@ -73,7 +73,9 @@ ct_tensor *ct_init_normal_(ct_tensor *t, double mean, double std, ct_generator *
 ct_tensor *ct_init_constant_(ct_tensor *t, double value) {
     bool prev = ct_set_grad_enabled(false);
     ct_scope_begin();
-    ct_tensor *r = ct_copy_(t, ct_scalar(value, CT_FLOAT64));
+    /* The value on t's own device: a model built there (ct_nn_set_device)
+     * copies within it. */
+    ct_tensor *r = ct_copy_(t, ct_full_on(0, NULL, value, CT_FLOAT64, ct_tensor_device(t)));
     ct_scope_end();
     ct_set_grad_enabled(prev);
     return r;

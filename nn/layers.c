@@ -296,12 +296,24 @@ ct_tensor *ct_dropout(ct_tensor *x, double p, bool training, ct_generator *gen) 
 
 /* --------------------------------------------------------------- modules */
 
+/* Per thread, as the grad mode: one thread building a model on the meta
+ * device leaves another's construction on the CPU. */
+static _Thread_local ct_device param_device = {CT_CPU, 0};
+
+ct_device ct_nn_set_device(ct_device device) {
+    ct_device was = param_device;
+    param_device = device;
+    return was;
+}
+
+ct_device ct_nn_device(void) { return param_device; }
+
 /* A parameter tensor owned by the caller, made in a scope of its own so that
  * the caller's scope (if any) does not own it. */
 static ct_tensor *new_param(int ndim, const int64_t *sizes, double lo, double hi) {
     ct_scope_begin();
     bool prev = ct_set_grad_enabled(false);
-    ct_tensor *t = ct_empty(ndim, sizes, CT_FLOAT32);
+    ct_tensor *t = ct_empty_on(ndim, sizes, CT_FLOAT32, param_device);
     t = lo < hi ? ct_uniform_(t, lo, hi, NULL) : ct_init_constant_(t, lo);
     ct_set_grad_enabled(prev);
     ct_tensor_retain(t);

@@ -263,5 +263,6 @@ const char *ct__device_name(ct_device_type type, char buf[32]);
 /* The tables the device folders define, each its device's. */
 extern const ct__device_ops ct__cpu_device_ops;
 extern const ct__device_ops ct__cuda_device_ops;
+extern const ct__device_ops ct__meta_device_ops;
 
 #endif

@@ -227,6 +227,14 @@ void ct__tensor_storage_release(ct_storage *s, const char *why) {
     s->unusable = why;
 }
 
+int ct__tensor_storage_count(ct_storage *s, const char *op) {
+    if (s->counted || !ct__is_host(s->device))
+        return 0;
+    CT_TRY(charge((long long)s->nbytes, op));
+    s->counted = true;
+    return 0;
+}
+
 ct_storage *ct__tensor_storage_new_releasable(size_t nbytes, ct_device device) {
     ct_storage *s = ct_storage_from_blob(NULL, 0, device, NULL, NULL);
     if (!s)

@@ -242,7 +242,9 @@ void ct__iter_run_range(const ct__iter *it, ct__loop_fn loop, void *ctx, int64_t
 /* --------------------------------------------------------- scalar loads */
 
 /* g * f'(x) for the activation f of op (CT_OP_GELU, CT_OP_GELU_TANH,
- * CT_OP_SILU) in one pass over CPU tensors, broadcast, in their promoted
+ * CT_OP_SILU) in one pass over CPU tensors (or meta ones: the result
+ * without the pass, so that a plan holds what the CPU's backward holds),
+ * broadcast, in their promoted
  * float dtype; not recorded for autograd (backward calls it with grad mode
  * off). A new tensor owned like an op result; CT_ENOTSUP for another op or
  * a non-float dtype. */

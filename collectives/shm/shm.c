@@ -1091,6 +1091,10 @@ static int shm_alloc_shared(ct_comm *c, size_t bytes, ct_storage **out) {
             rc = ct_errcode();
         if (*out) /* the storage owns the block, and a reference to the registry */
             atomic_fetch_add_explicit(&s->blocks->refs, 1, memory_order_relaxed);
+        /* Memory of this rank's as much as a private buffer: counted so, in
+         * ct_memory_peak and against CT_MEMORY_LIMIT. */
+        if (rc == 0 && *out && ct__tensor_storage_count(*out, "comm_zeros"))
+            rc = ct_errcode();
         crc = ct__comm_agree(c, rc == 0, &failed);
     }
     if (b && b->base[s->rank]) /* every rank that could map it has */

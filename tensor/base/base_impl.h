@@ -187,6 +187,12 @@ void ct__tensor_bump_version(ct_tensor *t);
 ct_storage *ct__tensor_storage_new_releasable(size_t nbytes, ct_device device);
 void ct__tensor_storage_release(ct_storage *s, const char *why);
 int ct__tensor_storage_restore(ct_storage *s, size_t nbytes);
+/* Counts the host storage s, made by ct_storage_from_blob over memory that
+ * ct maps itself (a communicator's shared segment, ct_comm_zeros), toward
+ * ct_memory_allocated, its peak and CT_MEMORY_LIMIT, as ct's own
+ * allocations count, until it is freed. 0, or CT_ENOMEM past the limit
+ * (s then stays uncounted), naming op. */
+int ct__tensor_storage_count(ct_storage *s, const char *op);
 /* While why is not NULL, kernels refuse s as they refuse released
  * memory, quoting why: a transfer is filling it. NULL lifts that. */
 void ct__tensor_storage_mark(ct_storage *s, const char *why);

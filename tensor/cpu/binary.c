@@ -221,7 +221,12 @@ ct_tensor *ct__cpu_activation_grad(ct_op op, ct_tensor *x, ct_tensor *g) {
                  {CT_OP_GELU, {ROW_FLOATS(gelu_grad)}},
                  {CT_OP_SILU, {ROW_FLOATS(silu_grad)}}};
     const char *name = "activation_grad";
-    if (CT__CHECK(name, x, g))
+    /* On the meta device the result is made, as its memory is planned,
+     * and there is nothing to compute. */
+    bool meta = x && ct_tensor_device(x).type == CT_META;
+    if (meta ? CT__CHECK_ANY(name, x, g) ||
+                   ct__tensor_check_same_device(name, (ct_tensor *[]){x, g}, 2)
+             : CT__CHECK(name, x, g))
         return NULL;
     size_t k = 0;
     while (k < sizeof table / sizeof *table && table[k].op != op)
@@ -236,9 +241,10 @@ ct_tensor *ct__cpu_activation_grad(ct_op op, ct_tensor *x, ct_tensor *g) {
     int64_t shape[CT_MAX_DIMS];
     if (ct__tensor_broadcast_shapes(name, x->ndim, x->sizes, g->ndim, g->sizes, &nd, shape))
         return NULL;
-    ct_tensor *out = ct__tensor_new_on(name, nd, shape, compute, CT_DEVICE_CPU);
-    if (!out)
-        return NULL;
+    ct_tensor *out =
+        ct__tensor_new_on(name, nd, shape, compute, meta ? CT_DEVICE_META : CT_DEVICE_CPU);
+    if (!out || meta)
+        return out;
     ct_scope_begin();
     ct_tensor *xc = x->dtype == compute ? x : ct_to_dtype(x, compute);
     ct_tensor *gc = g->dtype == compute ? g : ct_to_dtype(g, compute);

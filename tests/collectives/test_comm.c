@@ -202,6 +202,54 @@ TEST(a_communicator_of_one_leaves_data_as_it_is) {
     ct_comm_free(NULL);
 }
 
+/* A dry communicator of 4 in which this process is rank 2: every
+ * collective answers as 4 ranks holding what rank 2 holds would get. */
+TEST(a_dry_communicator_answers_as_identical_ranks_would) {
+    ct_comm *c = ct_comm_new(&(ct_comm_config){.backend = CT_BACKEND_DRY, .rank = 2, .size = 4});
+    ASSERT_TRUE(c);
+    ASSERT_TRUE(!strcmp(ct_backend_name(CT_BACKEND_DRY), "dry"));
+    ASSERT_EQ(ct_comm_backend(c), CT_BACKEND_DRY);
+    ASSERT_EQ(ct_comm_rank(c), 2);
+    ASSERT_EQ(ct_comm_size(c), 4);
+    ct_tensor *x = ct_arange(1, 9, 1, CT_FLOAT32); /* 1 .. 8 */
+    ct_tensor *t = ct_clone(x);
+    ASSERT_EQ(ct_comm_allreduce(c, t, CT_REDUCE_SUM, NULL), 0);
+    ASSERT_CLOSE(t, ct_mul_scalar(x, 4), 0, 0);
+    t = ct_clone(x);
+    ASSERT_EQ(ct_comm_allreduce(c, t, CT_REDUCE_AVG, NULL), 0);
+    ASSERT_CLOSE(t, x, 0, 0);
+    t = ct_clone(x);
+    ASSERT_EQ(ct_comm_allreduce(c, t, CT_REDUCE_PROD, NULL), 0);
+    ASSERT_CLOSE(t, ct_mul(ct_mul(x, x), ct_mul(x, x)), 0, 0);
+    /* Four copies; rank 2's block of the sum; rank 2's block from each. */
+    ct_tensor *all = ct_zeros(1, (int64_t[]){32}, CT_FLOAT32);
+    ASSERT_EQ(ct_comm_allgather(c, all, x, NULL), 0);
+    ASSERT_CLOSE(ct_narrow(all, 0, 24, 8), x, 0, 0);
+    ct_tensor *mine = ct_zeros(1, (int64_t[]){2}, CT_FLOAT32);
+    ASSERT_EQ(ct_comm_reduce_scatter(c, mine, x, CT_REDUCE_SUM, NULL), 0);
+    ASSERT_CLOSE(mine, ct_mul_scalar(ct_narrow(x, 0, 4, 2), 4), 0, 0);
+    ct_tensor *swapped = ct_zeros(1, (int64_t[]){8}, CT_FLOAT32);
+    ASSERT_EQ(ct_comm_alltoall(c, swapped, x, NULL), 0);
+    for (int r = 0; r < 4; r++)
+        ASSERT_CLOSE(ct_narrow(swapped, 0, 2 * r, 2), ct_narrow(x, 0, 4, 2), 0, 0);
+    /* A transposed view goes through a copy and comes back. */
+    ct_tensor *m = ct_transpose(ct_reshape(ct_clone(x), CT_SHAPE(2, 4)), 0, 1);
+    ASSERT_EQ(ct_comm_allreduce(c, m, CT_REDUCE_SUM, NULL), 0);
+    ASSERT_NEAR(ct_get(m, (int64_t[]){3, 1}), 32.0, 0);
+    ASSERT_EQ(ct_comm_barrier(c, NULL), 0);
+    /* No peer to meet: point to point fails, naming why. */
+    ASSERT_RC(ct_comm_send(c, x, 1, 0, NULL), CT_ENOTSUP, "a dry communicator has no peers",
+              "rank 2 cannot send to rank 1");
+    /* The communicator still works after it. */
+    ASSERT_EQ(ct_comm_barrier(c, NULL), 0);
+    ct_comm *half = NULL;
+    ASSERT_EQ(ct_comm_split(c, 0, 0, &half), 0);
+    ASSERT_TRUE(half);
+    ASSERT_EQ(ct_comm_backend(half), CT_BACKEND_DRY);
+    ct_comm_free(half);
+    ct_comm_free(c);
+}
+
 TEST(a_work_can_be_waited_on_twice_and_tested) {
     ct_comm *c = comm_of_one();
     ASSERT_TRUE(c);

@@ -134,6 +134,14 @@ typedef enum ct_backend {
     /* shm within each machine and the flat communicator's backend across
      * machines: made by ct_comm_hierarchical, never by ct_comm_new */
     CT_BACKEND_HIER,
+    /* one process playing rank `rank` of a group of `size` alone, as if
+     * every rank held what it holds: each operation completes at once, on
+     * the meta device moving nothing, on the host writing what a group of
+     * identical ranks would get (size times the value for a sum, size
+     * copies for an allgather); send and recv fail (CT_ENOTSUP). For
+     * shape-only dry runs (ct_memory_plan) and tests; needs no config but
+     * rank and size. The only backend that takes meta tensors. */
+    CT_BACKEND_DRY,
 } ct_backend;
 
 /* "shm", "mpi", "nccl", "gloo"; "?" for others. */

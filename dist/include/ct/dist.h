@@ -486,6 +486,62 @@ typedef struct ct_ddp_memory {
 } ct_ddp_memory;
 CT_API int ct_ddp_memory_of(const ct_ddp *ddp, const ct_optim *opt, ct_ddp_memory *out);
 
+/* ------------------------------------------------------------ memory plans */
+
+/* A training run as ct_memory_plan replays it: the run's own code, called
+ * back. The plan builds the model with its parameters on the meta device
+ * (ct_nn_set_device), wraps it in ct_ddp over a dry communicator of
+ * world_size ranks playing rank (CT_BACKEND_DRY), makes the optimizer and
+ * takes `steps` training steps with every tensor on the meta device, so
+ * that every allocation the run makes (parameters, flat and sharded
+ * buffers, gathered units, buckets, activations, the saved graph, the
+ * optimizer's state) is made, counted and freed in the run's order, and
+ * none holds memory. */
+typedef struct ct_memory_plan_config {
+    int world_size; /* the run's ranks; 1: one process, without ct_ddp */
+    int rank;       /* whose memory, in [0, world_size): shards differ at the end */
+    /* Builds the model as the run does (its parameters go to the meta
+     * device: make nothing on the CPU here). NULL with the error set. */
+    ct_module *(*build)(void *ctx);
+    /* Wraps it as the run does: ct_ddp_new(comm, model, the run's options).
+     * NULL: ct_ddp_new with the defaults. Unused for one process. */
+    ct_ddp *(*wrap)(void *ctx, ct_comm *comm, ct_module *model);
+    /* The run's optimizer for the model (ddp NULL for one process). */
+    ct_optim *(*optimizer)(void *ctx, ct_module *model, ct_ddp *ddp);
+    /* One training step as the run takes it, in a scope of its own: a batch
+     * made on device (ct_empty_on; its values do not matter), forward,
+     * loss, backward, clipping, ct_optim_step, zero_grad. Values read back
+     * (ct_item) are 0. 0 or a CT_E* code. */
+    int (*step)(void *ctx, ct_module *model, ct_ddp *ddp, ct_optim *opt, ct_device device);
+    void *ctx;
+    int steps; /* 0: 2 (the first makes the optimizer's state) */
+} ct_memory_plan_config;
+
+/* What the replay held, in bytes on this rank. */
+typedef struct ct_memory_estimate {
+    int64_t peak;       /* the most at once during the steps: the step's peak */
+    int64_t setup_peak; /* the most while the model, ct_ddp and optimizer were made */
+    int64_t resident;   /* held after the last step: what persists between steps */
+    /* Held on the host after the last step besides: what ct keeps there for
+     * a model on any device (the optimizer's step counts). A run on the CPU
+     * holds it too, on top of peak and resident. */
+    int64_t host;
+    ct_ddp_memory state; /* the model state in resident (ct_ddp_memory_of's split) */
+} ct_memory_estimate;
+
+/* Plans a run's per-rank memory before it runs: the peak of a training step
+ * for the model, batch, optimizer, stage (ct_ddp_options.shard) and
+ * activation checkpointing the callbacks use, from a shape-only dry run
+ * (above) that allocates nothing but headers. A real run's peak adds what
+ * the run keeps outside its model and steps (a dataset in ct tensors),
+ * and, with the progress thread, ordering within a step may differ a
+ * little (docs/sharding.md has the measured agreement). The default
+ * generator is left as it was. Plans run one at a time (a lock; the meta
+ * device's counters are the process's). Errors: CT_EINVAL for a bad config
+ * (no build, optimizer or step; a rank outside the world), and the
+ * callbacks' own, returned as they gave them. */
+CT_API int ct_memory_plan(const ct_memory_plan_config *cfg, ct_memory_estimate *out);
+
 /* Buckets, for inspection: how many, and the parameter names of bucket i
  * in order (borrowed until the buckets change, NULL-terminated). */
 CT_API int ct_ddp_num_buckets(const ct_ddp *ddp);

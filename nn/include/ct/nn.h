@@ -164,6 +164,18 @@ CT_API ct_tensor *ct_module_flat_grads(const ct_module *m);
 
 /* ---------------------------------------------------------------- layers */
 
+/* The device the calling thread's layer constructors (ct_linear_new,
+ * ct_gpt_new and the rest) make their parameters on: the CPU until set.
+ * Set it around a model's construction to build the model there without a
+ * copy, as PyTorch's `with torch.device(...)`: on CT_DEVICE_META a model of
+ * any size holds no memory (ct_memory_plan, ct/dist.h, builds its models
+ * so). The initialisers draw from the generator as they do on the CPU, so
+ * the generator advances alike. Returns the previous device; a device this
+ * process lacks fails in the constructors (CT_EDEVICE). Per thread; the
+ * tensor factories (ct_empty, ...) keep making CPU tensors. */
+CT_API ct_device ct_nn_set_device(ct_device device);
+CT_API ct_device ct_nn_device(void);
+
 /* y = x W^T + b; weight [out, in], bias [out]. PyTorch's initialisation:
  * U(-1/sqrt(in), 1/sqrt(in)) for both, from the default generator. */
 CT_API ct_module *ct_linear_new(int64_t in_features, int64_t out_features, bool bias);

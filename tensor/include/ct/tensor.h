@@ -173,8 +173,18 @@ CT_API ct_dtype ct_promote_types(ct_dtype a, ct_dtype b);
 
 /* CT_TEST: the test device that ct's tests register (tests/tensor/test_device.c):
  * the CPU's kernels over a heap of its own that host code cannot touch.
- * Without it registered, a CT_TEST tensor is CT_EDEVICE. */
-typedef enum ct_device_type { CT_CPU = 0, CT_CUDA = 1, CT_TEST = 2 } ct_device_type;
+ * Without it registered, a CT_TEST tensor is CT_EDEVICE.
+ *
+ * CT_META: PyTorch's meta device. Its tensors have shapes, dtypes and
+ * strides but no memory: every op checks, broadcasts and records for
+ * autograd as anywhere, and its kernel does nothing; reading one (ct_item,
+ * ct_to the CPU) gives zeros, and where a value decides a shape it is taken
+ * as 0 (a one_hot whose classes come from its labels has one class). Its
+ * allocator counts the bytes each storage would hold, so
+ * ct_memory_allocated and ct_memory_peak of CT_DEVICE_META tell what a
+ * computation would need without running it (ct_memory_plan, ct/dist.h).
+ * Every build has it; one device, meta:0. */
+typedef enum ct_device_type { CT_CPU = 0, CT_CUDA = 1, CT_TEST = 2, CT_META = 3 } ct_device_type;
 
 typedef struct ct_device {
     ct_device_type type;
@@ -183,6 +193,7 @@ typedef struct ct_device {
 
 #define CT_DEVICE_CPU  ((ct_device){CT_CPU, 0})
 #define CT_DEVICE_TEST ((ct_device){CT_TEST, 0})
+#define CT_DEVICE_META ((ct_device){CT_META, 0})
 
 /* Whether a and b are one device: the same type and, but for the host
  * (one device whatever its index), the same index. */
@@ -222,7 +233,8 @@ CT_API ct_storage *ct_storage_new(size_t nbytes, ct_device device);
 CT_API ct_storage *ct_storage_from_blob(void *data, size_t nbytes, ct_device device,
                                         ct_free_fn free_fn, void *ctx);
 /* Bytes held by live storages that ct allocated on device (memory wrapped
- * with ct_storage_from_blob is not counted), and the most held at once since
+ * with ct_storage_from_blob is not counted; the shared memory a
+ * communicator maps for ct_comm_zeros is), and the most held at once since
  * the start or the last reset: PyTorch's memory_allocated and
  * max_memory_allocated. Thread-safe. */
 CT_API int64_t ct_memory_allocated(ct_device device);
