@@ -27,6 +27,8 @@ EFFICIENCY = {("fm", 0): 0.85, ("fm", 1): 0.85, ("fm", 2): 0.85,
 # the optimizer's state; SGD with momentum for fmnist_mlp keeps 4 bytes a
 # parameter, AdamW for the GPT 8).
 SPEED_VS_TORCH = 3.0
+# The memory plan against the measured step peak: within 10% (the issue's bar).
+PLAN_TOLERANCE = 0.10
 METRIC = {"fm": "samples_per_s", "gpt": "tokens_per_s"}
 MODEL = {"fm": "fmnist_mlp", "gpt": "gpt"}
 
@@ -136,6 +138,21 @@ def main():
                 if r and "peak_bytes" in r:
                     judge("gpt %s whole-step peak" % STAGES[stage],
                           r["peak_bytes"] / base["peak_bytes"], None, above=False)
+
+    log("memory plan against the measured step peak (ct_memory_plan, --plan; rank 0's, the "
+        "last round's):")
+    for model in ("fm", "gpt"):
+        for stage in range(4):
+            r = last.get(("%s_shard%d" % (model, stage), None)) or {}
+            label = "%s %s plan/measured step peak" % (MODEL[model], STAGES[stage])
+            if not r.get("plan_peak_bytes") or not r.get("step_peak_bytes"):
+                log("  %s: not measured" % label)
+                continue
+            ratio = r["plan_peak_bytes"] / r["step_peak_bytes"]
+            log("  %s: %.4f; target: %s within %g of 1 %s" % (
+                label, ratio, label, PLAN_TOLERANCE,
+                "met" if abs(ratio - 1) <= PLAN_TOLERANCE else "missed"))
+            emit({"summary": "ratio", "what": label, "value": ratio, "target": PLAN_TOLERANCE})
 
     log("each stage against PyTorch's nearest (fmnist_mlp; the target with the anchor):")
     for version in versions:

@@ -175,20 +175,29 @@ static int describe(const ct_state *st, int rank, int size, int64_t step, ck_man
                 return ct__err_set(CT_ENOMEM, "checkpoint save: out of memory");
             continue;
         }
-        ck_tensor *t = &m->tensors[m->ntensors++];
-        *t = (ck_tensor){.name = strdup(e->name),
-                         .kind = e->kind,
-                         .dtype = ct_tensor_dtype(e->t),
-                         .ndim = e->ndim,
-                         .chunks = calloc(1, sizeof(ck_chunk)),
-                         .nchunks = 1};
-        if (!t->name || !t->chunks)
+        /* Another block of a sharded tensor this rank has: one more chunk. */
+        ck_tensor *t = NULL;
+        for (int k = 0; e->kind == CT_STATE_SHARDED && k < m->ntensors && !t; k++)
+            if (!strcmp(m->tensors[k].name, e->name))
+                t = &m->tensors[k];
+        if (!t) {
+            t = &m->tensors[m->ntensors++];
+            *t = (ck_tensor){.name = strdup(e->name),
+                             .kind = e->kind,
+                             .dtype = ct_tensor_dtype(e->t),
+                             .ndim = e->ndim};
+            if (!t->name)
+                return ct__err_set(CT_ENOMEM, "checkpoint save: out of memory");
+            memcpy(t->sizes, e->global, sizeof(int64_t) * (size_t)e->ndim);
+        }
+        ck_chunk *chunks = realloc(t->chunks, sizeof *chunks * (size_t)(t->nchunks + 1));
+        if (!chunks)
             return ct__err_set(CT_ENOMEM, "checkpoint save: out of memory");
-        memcpy(t->sizes, e->global, sizeof(int64_t) * (size_t)e->ndim);
-        memcpy(t->chunks[0].offsets, e->offsets, sizeof(int64_t) * (size_t)e->ndim);
-        memcpy(t->chunks[0].sizes, ct_sizes(e->t), sizeof(int64_t) * (size_t)e->ndim);
-        t->chunks[0].rank = rank;
-        t->chunks[0].file = -1;
+        t->chunks = chunks;
+        ck_chunk *k = &t->chunks[t->nchunks++];
+        *k = (ck_chunk){.rank = rank, .file = -1};
+        memcpy(k->offsets, e->offsets, sizeof(int64_t) * (size_t)e->ndim);
+        memcpy(k->sizes, ct_sizes(e->t), sizeof(int64_t) * (size_t)e->ndim);
     }
     for (int i = 0; i < 2 * st->nmeta; i++)
         if (!(m->meta[i] = strdup(st->meta[i])))
@@ -232,11 +241,12 @@ static int merge_tensor(ck_manifest *m, const ck_tensor *t, int rank) {
                            ct__tensor_shape_str(a, g->ndim, g->sizes), first,
                            ct_state_kind_name(t->kind), ct_dtype_name(t->dtype),
                            ct__tensor_shape_str(b, t->ndim, t->sizes), rank);
-    ck_chunk *chunks = realloc(g->chunks, sizeof *chunks * (size_t)(g->nchunks + 1));
+    ck_chunk *chunks = realloc(g->chunks, sizeof *chunks * (size_t)(g->nchunks + t->nchunks));
     if (!chunks)
         return ct__err_set(CT_ENOMEM, "checkpoint save: out of memory");
     g->chunks = chunks;
-    g->chunks[g->nchunks++] = t->chunks[0];
+    for (int c = 0; c < t->nchunks; c++)
+        g->chunks[g->nchunks++] = t->chunks[c];
     return 0;
 }
 
@@ -360,10 +370,16 @@ static int lay_out(ck_manifest *m, int size) {
     return 0;
 }
 
-static int find_entry(const ct_state *st, const char *name) {
-    for (int i = 0; i < st->n; i++)
-        if (!strcmp(st->entries[i].name, name))
+/* The entry whose data chunk k is: by name, and for one of a sharded
+ * tensor's several blocks on this rank by where it starts. */
+static int find_entry(const ct_state *st, const char *name, const ck_chunk *k, int ndim) {
+    for (int i = 0; i < st->n; i++) {
+        const ck_entry *e = &st->entries[i];
+        if (!strcmp(e->name, name) &&
+            (e->kind != CT_STATE_SHARDED ||
+             !memcmp(e->offsets, k->offsets, sizeof(int64_t) * (size_t)ndim)))
             return i;
+    }
     return -1;
 }
 
@@ -383,7 +399,8 @@ static int list_sources(const ct_state *st, ck_plan *plan) {
         for (int c = 0; c < m->tensors[i].nchunks; c++) {
             if (m->tensors[i].chunks[c].rank != plan->rank)
                 continue;
-            int e = find_entry(st, m->tensors[i].name);
+            int e =
+                find_entry(st, m->tensors[i].name, &m->tensors[i].chunks[c], m->tensors[i].ndim);
             CT_ASSERT(e >= 0);
             plan->file = m->tensors[i].chunks[c].file;
             plan->sources[n++] = (ck_source){i, c, ct_tensor_retain(st->entries[e].t)};

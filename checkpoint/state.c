@@ -97,8 +97,11 @@ static ck_entry *add_entry(ct_state *st, const char *fn, const char *name, ct_st
             name, (int)kind, tensor ? " (sharded tensors are added with ct_state_add_shard)" : "");
         return NULL;
     }
+    /* A sharded tensor may take several blocks of this rank's under its
+     * name (ct_state_add_shard checks that they agree). */
     for (int i = 0; i < st->n; i++)
-        if (!strcmp(st->entries[i].name, name)) {
+        if (!strcmp(st->entries[i].name, name) &&
+            !(kind == CT_STATE_SHARDED && st->entries[i].kind == CT_STATE_SHARDED)) {
             ct__err_set(CT_EINVAL, "%s: the state already has an entry named '%s'", fn, name);
             return NULL;
         }
@@ -161,7 +164,107 @@ int ct_state_add_shard(ct_state *st, const char *name, ct_tensor *local, int ndi
                                ct__tensor_shape_str(o, ndim, offsets),
                                ct__tensor_shape_str(g, ndim, global_sizes), d);
         }
+    for (int i = 0; st && st->magic == STATE_MAGIC && i < st->n; i++) {
+        const ck_entry *e = &st->entries[i];
+        if (strcmp(e->name, nm) || e->kind != CT_STATE_SHARDED)
+            continue;
+        if (e->ndim != ndim || memcmp(e->global, global_sizes, sizeof(int64_t) * (size_t)ndim) ||
+            ct_tensor_dtype(e->t) != ct_tensor_dtype(local)) {
+            char a[CT__SHAPE_STR], b[CT__SHAPE_STR];
+            return ct__err_set(CT_EINVAL,
+                               "%s: '%s': another block of it is %s%s; this one says %s%s (the "
+                               "blocks of one tensor share its dtype and global shape)",
+                               fn, nm, ct_dtype_name(ct_tensor_dtype(e->t)),
+                               ct__tensor_shape_str(a, e->ndim, e->global),
+                               ct_dtype_name(ct_tensor_dtype(local)),
+                               ct__tensor_shape_str(b, ndim, global_sizes));
+        }
+    }
     return add_tensor(st, fn, name, local, CT_STATE_SHARDED, ndim, global_sizes, offsets);
+}
+
+/* A flat shard's cover: the row-major elements [lo, hi) of a tensor of
+ * shape (ndim, sizes) and strides strides, as boxes, each a block viewing
+ * flat (element k: the tensor's element flat_lo + k). Within the rows of
+ * dim depth (those of dims below it fixed at off[0 .. depth - 1], which
+ * start at element base): a partial first row, the whole rows as one box,
+ * a partial last row, so at most 2 ndim - 1 boxes in all. */
+typedef struct flat_cover {
+    ct_state *st;
+    const char *name;
+    ct_tensor *flat;
+    int64_t flat_lo;
+    int ndim;
+    const int64_t *sizes, *strides;
+    int64_t off[CT_MAX_DIMS];
+} flat_cover;
+
+static int cover_box(flat_cover *c, int depth, int64_t first, int64_t rows) {
+    int64_t offs[CT_MAX_DIMS], box[CT_MAX_DIMS], at = -c->flat_lo;
+    for (int d = 0; d < c->ndim; d++) {
+        offs[d] = d < depth ? c->off[d] : d == depth ? first : 0;
+        box[d] = d < depth ? 1 : d == depth ? rows : c->sizes[d];
+        at += offs[d] * c->strides[d];
+    }
+    ct_tensor *v = ct__tensor_own(
+        ct_tensor_from_storage(ct_tensor_storage(c->flat), ct_tensor_offset(c->flat) + at, c->ndim,
+                               box, c->strides, ct_tensor_dtype(c->flat)));
+    int rc = v ? ct_state_add_shard(c->st, c->name, v, c->ndim, c->sizes, offs) : ct_errcode();
+    ct_tensor_free(v);
+    return rc;
+}
+
+static int cover(flat_cover *c, int depth, int64_t base, int64_t lo, int64_t hi) {
+    if (lo >= hi)
+        return 0;
+    if (c->ndim == 0)
+        return cover_box(c, 0, 0, 1);
+    int64_t row = c->strides[depth], i0 = (lo - base) / row, i1 = (hi - base) / row;
+    if (depth == c->ndim - 1)
+        return cover_box(c, depth, lo - base, hi - lo);
+    if ((lo - base) % row || i0 == i1) {
+        int64_t end = base + (i0 + 1) * row < hi ? base + (i0 + 1) * row : hi;
+        c->off[depth] = i0;
+        CT_TRY(cover(c, depth + 1, base + i0 * row, lo, end));
+        lo = end;
+        i0++;
+    }
+    if (i1 > i0 && lo < hi)
+        CT_TRY(cover_box(c, depth, i0, i1 - i0));
+    if (base + i1 * row < hi && base + i1 * row >= lo) {
+        c->off[depth] = i1;
+        CT_TRY(cover(c, depth + 1, base + i1 * row, base + i1 * row, hi));
+    }
+    return 0;
+}
+
+int ct_state_add_flat_shard(ct_state *st, const char *name, ct_tensor *flat, int ndim,
+                            const int64_t *global_sizes, int64_t offset) {
+    const char *fn = "ct_state_add_flat_shard";
+    const char *nm = name ? name : "(null)";
+    if (!flat || (!global_sizes && ndim > 0))
+        return ct__err_set(CT_EINVAL, "%s: '%s': the tensor or global_sizes is NULL", fn, nm);
+    CT_TRY(CT__CHECK_ANY(fn, flat));
+    if (ndim < 0 || ndim > CT_MAX_DIMS)
+        return ct__err_set(CT_ESHAPE, "%s: '%s': ndim %d is outside [0, %d]", fn, nm, ndim,
+                           CT_MAX_DIMS);
+    CT_TRY(ct__tensor_check_shape(fn, ndim, global_sizes, ct_tensor_dtype(flat)));
+    int64_t total = ct__tensor_numel(ndim, global_sizes), n = ct_numel(flat);
+    if (ct_ndim(flat) != 1 || (n > 1 && ct_strides(flat)[0] != 1))
+        return ct__err_set(CT_ESHAPE, "%s: '%s': the shard is not a contiguous 1-d tensor", fn, nm);
+    if (offset < 0 || offset > total - n)
+        return ct__err_set(CT_ESHAPE,
+                           "%s: '%s': elements [%lld, %lld) are outside the %lld of the tensor", fn,
+                           nm, (long long)offset, (long long)(offset + n), (long long)total);
+    flat_cover c = {st, name, flat, offset, ndim, global_sizes, NULL, {0}};
+    int64_t strides[CT_MAX_DIMS], acc = 1;
+    for (int d = ndim - 1; d >= 0; d--) {
+        strides[d] = acc;
+        acc *= global_sizes[d];
+    }
+    c.strides = strides;
+    c.sizes = ndim ? global_sizes : strides; /* a 0-d tensor's: never read, but not NULL */
+    return cover(&c, 0, 0, offset, offset + n);
 }
 
 static int add_value(ct_state *st, const char *fn, const char *name, void *value,

@@ -885,7 +885,7 @@ run_shard() {
         echo "ci/bench.sh: shard round $round of $rounds" >&2
         for stage in 0 1 2 3; do
             ct_builds ddp_ct "fm_shard$stage" "$round" "${ctlaunch[@]}" "$fmnist" \
-                "${ct_steps[@]}" --threads 1 --shard "$stage"
+                "${ct_steps[@]}" --threads 1 --shard "$stage" --plan
         done
         nocomm_pair train fm_nocomm samples_per_s "$round" "$fmnist" "${ct_steps[@]}" \
             --threads 1 --batch 32
@@ -896,7 +896,7 @@ run_shard() {
         done
         for stage in 0 1 2 3; do
             ct_builds ddp_ct "gpt_shard$stage" "$round" "${ctlaunch[@]}" "$gpt" \
-                "${gpt_common[@]}" --shard "$stage"
+                "${gpt_common[@]}" --shard "$stage" --plan
         done
         nocomm_pair gpt gpt_nocomm tokens_per_s "$round" "$gpt" "${gpt_common[@]}" --batch 16
     done

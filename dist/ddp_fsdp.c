@@ -478,7 +478,9 @@ int ct_ddp_summon_params(ct_ddp *d, bool summon) {
 
 /* ----------------------------------------------------------- optimizer */
 
-ct_tensor *ct__ddp_fsdp_piece(ct_ddp *d, int i, int64_t *from, int *rc) {
+/* Where parameter i lies in this rank's shard of its unit: its elements
+ * [*from, *from + *n) are the shard's from *at; *n 0 when none are. */
+static fsdp_unit *shard_part(const ct_ddp *d, int i, int64_t *from, int64_t *at, int64_t *n) {
     fsdp_unit *u = &d->fsdp->u[d->fsdp->unit_of[i]];
     int k = 0;
     while (u->params[k] != i)
@@ -486,11 +488,36 @@ ct_tensor *ct__ddp_fsdp_piece(ct_ddp *d, int i, int64_t *from, int *rc) {
     int64_t mine = (int64_t)ct_comm_rank(d->comm) * u->block;
     int64_t p0 = u->at[k], p1 = p0 + d->p[i].numel;
     int64_t lo = p0 > mine ? p0 : mine, hi = p1 < mine + u->block ? p1 : mine + u->block;
+    *from = hi > lo ? lo - p0 : 0;
+    *at = lo - mine;
+    *n = hi > lo ? hi - lo : 0;
+    return u;
+}
+
+ct_tensor *ct__ddp_fsdp_piece(ct_ddp *d, int i, int64_t *from, int *rc) {
+    int64_t at, n;
+    fsdp_unit *u = shard_part(d, i, from, &at, &n);
     *rc = 0;
-    if (hi <= lo)
-        return NULL;
-    *from = lo - p0;
-    return ct__ddp_piece(u->shard, lo - mine, u->grad, lo - mine, hi - lo, rc);
+    return n ? ct__ddp_piece(u->shard, at, u->grad, at, n, rc) : NULL;
+}
+
+int ct_ddp_param_shard(const ct_ddp *d, int param, ct_tensor **piece, int64_t *offset) {
+    CT_TRY(ct__ddp_check(d, "ddp_param_shard"));
+    CT_REQUIRE(piece && offset, CT_EINVAL, "ddp_param_shard: piece or offset is NULL");
+    *piece = NULL;
+    *offset = 0;
+    CT_REQUIRE(d->fsdp, CT_ESTATE,
+               "ddp_param_shard: the model is not fully sharded (shard %d): its parameters are "
+               "whole on every rank",
+               (int)d->o.shard);
+    CT_REQUIRE(param >= 0 && param < d->n, CT_EINVAL,
+               "ddp_param_shard: parameter %d is outside [0, %d)", param, d->n);
+    int64_t at, n;
+    const fsdp_unit *u = shard_part(d, param, offset, &at, &n);
+    if (!n)
+        return 0;
+    *piece = ct__tensor_own(ct_narrow(u->shard, 0, at, n));
+    return *piece ? 0 : ct_errcode();
 }
 
 int ct__ddp_fsdp_after_step(ct_ddp *d) {

@@ -67,15 +67,6 @@ ct_cli_flag example_shard_flag(int *shard) {
                                     .min = 0, .max = 3);
 }
 
-int example_shard_checks(int shard, const char *checkpoint_dir) {
-    if (shard == CT_DDP_SHARD_FULL && checkpoint_dir)
-        return ct_seterr(CT_EINVAL,
-                         "--shard 3 does not save checkpoints yet (--checkpoint-dir): its "
-                         "parameter shards need checkpoint entries of several blocks a rank "
-                         "(docs/sharding.md); use --shard 2");
-    return 0;
-}
-
 void example_model_state(const ct_ddp *ddp, const ct_optim *opt, const ct_param_list *params,
                          ct_ddp_memory *m) {
     *m = (ct_ddp_memory){0};
@@ -433,6 +424,28 @@ static int source_of(const ct_param_list *params, ct_optim *opt, const ct_ddp *d
     return ct_seterr(CT_EINVAL, "optimizer parameter %d is not one of the model's", k);
 }
 
+/* The parameters under their names: whole, or fully sharded as the
+ * blocks of each that this rank's shard holds (the file holds each in its
+ * own shape either way). */
+static int add_params(example_ckpt *r, const ct_param_list *params, const ct_ddp *ddp) {
+    bool full = ddp && ct_ddp_stage(ddp) == CT_DDP_SHARD_FULL;
+    for (int i = 0; i < params->n; i++) {
+        ct_tensor *t = params->tensors[i], *piece = NULL;
+        int64_t offset;
+        if (!full) {
+            CT_TRY(ct_state_add_tensor(r->st, params->names[i], t, CT_STATE_REPLICATED));
+            continue;
+        }
+        CT_TRY(ct_ddp_param_shard(ddp, i, &piece, &offset));
+        int rc = piece ? ct_state_add_flat_shard(r->st, params->names[i], piece, ct_ndim(t),
+                                                 ct_sizes(t), offset)
+                       : 0;
+        ct_tensor_free(piece);
+        CT_TRY(rc);
+    }
+    return 0;
+}
+
 /* Each optimizer state per model parameter, flattened:
  * "optimizer.<state>.<parameter>" [numel]. A replicated optimizer holds
  * every entry whole; a ZeRO shard holds blocks of some, so a checkpoint
@@ -441,7 +454,8 @@ static int source_of(const ct_param_list *params, ct_optim *opt, const ct_ddp *d
 static int add_optimizer(example_ckpt *r, const ct_param_list *params, ct_optim *opt,
                          const ct_ddp *ddp) {
     int64_t lo, hi, total = ct_param_list_numel(params);
-    bool sharded = ddp && !ct_ddp_shard_range(ddp, &lo, &hi) && (lo > 0 || hi < total);
+    bool sharded = ddp && (ct_ddp_stage(ddp) == CT_DDP_SHARD_FULL ||
+                           (!ct_ddp_shard_range(ddp, &lo, &hi) && (lo > 0 || hi < total)));
     int n = ct_optim_num_params(opt), nstates = ct_optim_num_states(opt);
     for (int s = 0; s < nstates; s++) {
         const char *name;
@@ -472,9 +486,7 @@ int example_ckpt_init(example_ckpt *r, const ct_param_list *params, ct_optim *op
     *r = (example_ckpt){.st = ct_state_new(), .ck = ct_checkpointer_new(world), .last_saved = -1};
     if (!r->st || !r->ck)
         return ct_errcode();
-    for (int i = 0; i < params->n; i++)
-        CT_TRY(
-            ct_state_add_tensor(r->st, params->names[i], params->tensors[i], CT_STATE_REPLICATED));
+    CT_TRY(add_params(r, params, ddp));
     CT_TRY(add_optimizer(r, params, opt, ddp));
     CT_TRY(ct_state_add_i64(r->st, "train.step", &r->step, CT_STATE_REPLICATED));
     CT_TRY(ct_state_add_generator(r->st, "rng", ct_default_generator(), CT_STATE_REPLICATED));

@@ -210,9 +210,6 @@ typedef struct example_ckpt {
 /* --shard 0|1|2|3 into *shard: what ct_ddp shards across the ranks
  * (ct_ddp_shard; docs/sharding.md). */
 ct_cli_flag example_shard_flag(int *shard);
-/* 0, or CT_EINVAL with a message for what the examples cannot
- * do with a stage yet (--shard 3 with --checkpoint-dir). */
-int example_shard_checks(int shard, const char *checkpoint_dir);
 /* The model state this rank holds, in bytes, into *m: ct_ddp_memory_of's
  * under data parallel; alone, params' bytes for the parameters and again
  * for their gradients, and opt's state. */

@@ -302,8 +302,6 @@ static int train(const options *o, bool *complete) {
         return -1;
     /* Fully sharded units keep buffers of their own: no flat buffer. */
     bool fsdp = ranks > 1 && o->shard == CT_DDP_SHARD_FULL;
-    if (example_shard_checks(ranks > 1 ? o->shard : 0, o->resume.dir))
-        return -1;
     plan_ctx pc = {o, o->common.batch / ranks, !fsdp, {NULL}};
     ct_memory_plan_config pcfg = {.world_size = ranks,
                                   .rank = rank,

@@ -937,8 +937,6 @@ static int plan_step(void *ctx, ct_module *gpt, ct_ddp *ddp, ct_optim *opt, ct_d
  * --plan, plans them first. */
 static int setup(run *r) {
     const options *o = r->o;
-    if (example_shard_checks(r->ranks > 1 ? o->shard : 0, o->resume.dir))
-        return -1;
     plan_ctx pc = {o, r->c->nvocab, r->rank, r->ranks};
     ct_memory_plan_config pcfg = {.world_size = r->ranks,
                                   .rank = r->rank,

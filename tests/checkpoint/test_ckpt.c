@@ -155,6 +155,86 @@ TEST(a_saved_state_loads_back_bit_for_bit_into_views_and_scalars) {
     fixture_free(&b);
 }
 
+/* ZeRO's and FSDP's flat shards: row-major ranges of a tensor cut
+ * anywhere. The ranges below tile each tensor on one rank, as several
+ * ranks' would: the file holds every tensor in its own shape, and it loads
+ * whole, or cut into other ranges. */
+static void add_flat_cuts(ct_state *st, const char *name, ct_tensor *flat, int ndim,
+                          const int64_t *sizes, const int64_t *cuts, int ncuts) {
+    for (int k = 0; k + 1 < ncuts; k++) {
+        ct_tensor *piece = ct_narrow(flat, 0, cuts[k], cuts[k + 1] - cuts[k]);
+        int rc = ct_state_add_flat_shard(st, name, piece, ndim, sizes, cuts[k]);
+        if (rc)
+            tt_fail(__FILE__, __LINE__, "add_flat_shard [%lld, %lld): %s", (long long)cuts[k],
+                    (long long)cuts[k + 1], ct_errmsg());
+    }
+}
+
+TEST(flat_shards_cut_anywhere_save_in_their_shape_and_load_in_any_cut) {
+    char *dir = tmpdir();
+    ASSERT_TRUE(dir);
+    char path[400];
+    snprintf(path, sizeof path, "%s/step-1", dir);
+    /* [5, 7]: cut inside rows; [2, 3, 4]: inside rows of both inner dims;
+     * a vector; a 0-d tensor. */
+    const int64_t m_sizes[] = {5, 7}, c_sizes[] = {2, 3, 4}, v_sizes[] = {9};
+    ct_tensor *m = ct_arange(0, 35, 1, CT_FLOAT32), *c = ct_arange(100, 124, 1, CT_FLOAT64);
+    ct_tensor *v = ct_arange(0, 9, 1, CT_INT64), *z = ct_full(1, (int64_t[]){1}, 3.5, CT_FLOAT32);
+    ct_state *st = ct_state_new();
+    add_flat_cuts(st, "m", m, 2, m_sizes, (int64_t[]){0, 3, 4, 19, 35}, 5);
+    add_flat_cuts(st, "c", c, 3, c_sizes, (int64_t[]){0, 5, 6, 23, 24}, 5);
+    add_flat_cuts(st, "v", v, 1, v_sizes, (int64_t[]){0, 4, 9}, 3);
+    add_flat_cuts(st, "z", z, 0, NULL, (int64_t[]){0, 1}, 2);
+    ASSERT_EQ(tt_failed(), 0);
+    /* m: [0, 3) 1 block, [3, 4) 1, [4, 19) 3 (the rest of row 0, row 1,
+     * the start of row 2), [19, 35) 2; c: [0, 5) 2, [5, 6) 1, [6, 23) 4,
+     * [23, 24) 1; v 2; z 1. */
+    ASSERT_EQ(ct_state_num_entries(st), 7 + 8 + 2 + 1);
+    ct_checkpoint_options o = ct_checkpoint_defaults();
+    ASSERT_EQ(ct_checkpoint_save(path, st, NULL, &o), 0);
+    /* Whole, in its own shape. */
+    ct_state *whole = ct_state_new();
+    ct_tensor *wm = ct_zeros(2, m_sizes, CT_FLOAT32), *wc = ct_zeros(3, c_sizes, CT_FLOAT64);
+    ct_tensor *wz = ct_zeros(0, NULL, CT_FLOAT32);
+    ASSERT_EQ(ct_state_add_tensor(whole, "m", wm, CT_STATE_REPLICATED), 0);
+    ASSERT_EQ(ct_state_add_tensor(whole, "c", wc, CT_STATE_REPLICATED), 0);
+    ASSERT_EQ(ct_state_add_tensor(whole, "z", wz, CT_STATE_REPLICATED), 0);
+    ASSERT_EQ(ct_checkpoint_load(path, whole, NULL), 0);
+    ASSERT_CLOSE(wm, ct_reshape(m, 2, m_sizes), 0, 0);
+    ASSERT_CLOSE(wc, ct_reshape(c, 3, c_sizes), 0, 0);
+    ASSERT_NEAR(ct_item(wz), 3.5, 0);
+    /* Cut elsewhere: each range reads back into its own flat piece. */
+    ct_state *other = ct_state_new();
+    ct_tensor *om = ct_zeros(1, (int64_t[]){35}, CT_FLOAT32);
+    ct_tensor *oc = ct_zeros(1, (int64_t[]){24}, CT_FLOAT64);
+    add_flat_cuts(other, "m", om, 2, m_sizes, (int64_t[]){0, 13, 14, 35}, 4);
+    add_flat_cuts(other, "c", oc, 3, c_sizes, (int64_t[]){0, 11, 24}, 3);
+    ASSERT_EQ(tt_failed(), 0);
+    ASSERT_EQ(ct_checkpoint_load(path, other, NULL), 0);
+    ASSERT_CLOSE(om, m, 0, 0);
+    ASSERT_CLOSE(oc, c, 0, 0);
+    /* Ranges that overlap, or leave a hole, do not tile: the save says so. */
+    ct_state *bad = ct_state_new();
+    add_flat_cuts(bad, "m", m, 2, m_sizes, (int64_t[]){0, 20}, 2);
+    add_flat_cuts(bad, "m", m, 2, m_sizes, (int64_t[]){19, 35}, 2);
+    snprintf(path, sizeof path, "%s/step-2", dir);
+    ASSERT_RC(ct_checkpoint_save(path, bad, NULL, &o), CT_EINVAL, "'m'", "tile");
+    ct_state_free(bad);
+    /* Bad input, by name. */
+    ASSERT_RC(ct_state_add_flat_shard(other, "m", om, 2, m_sizes, 1), CT_ESHAPE,
+              "elements [1, 36) are outside the 35");
+    ASSERT_RC(ct_state_add_flat_shard(other, "m", ct_reshape(om, CT_SHAPE(5, 7)), 2, m_sizes, 0),
+              CT_ESHAPE, "not a contiguous 1-d tensor");
+    ASSERT_RC(ct_state_add_flat_shard(other, "m", om, 2, (int64_t[]){7, 5}, 0), CT_EINVAL,
+              "another block of it is float32[5, 7]");
+    ASSERT_RC(ct_state_add_flat_shard(other, "v", NULL, 1, v_sizes, 0), CT_EINVAL, "NULL");
+    ASSERT_RC(ct_state_add_tensor(other, "m", om, CT_STATE_REPLICATED), CT_EINVAL,
+              "already has an entry named 'm'");
+    ct_state_free(other);
+    ct_state_free(whole);
+    ct_state_free(st);
+}
+
 TEST(an_opened_checkpoint_lists_its_tensors_chunks_and_values_and_verifies) {
     char *dir = tmpdir();
     char path[400];

@@ -233,45 +233,69 @@ TEST(every_shard_stage_on_3_and_4_ranks_follows_plain_data_parallel) {
     stages_follow_plain("4", "8", false);
 }
 
-/* A ZeRO-2 run on 2 ranks stopped and resumed: the same bits as one that
- * ran through; its checkpoint also loads into plain data parallel on 3
- * ranks and into one process. */
-TEST(a_sharded_run_resumes_exactly_and_its_checkpoint_loads_anywhere) {
-    require_corpus();
+/* A run of a ZeRO stage on 2 ranks stopped and resumed: the same bits as
+ * one that ran through. Its checkpoint (parameters and optimizer state
+ * saved as the blocks each rank holds) also loads into plain data parallel
+ * on 3 ranks, into one process, and fully sharded on 3 ranks (other
+ * blocks of other units' shards), each training on to the same end within
+ * float reassociation. */
+static void resumes_exactly_and_loads_anywhere(const char *stage) {
     const char *const two[] = {CTLAUNCH_PATH, "-np", "2", NULL};
     const char *const three[] = {CTLAUNCH_PATH, "-np", "3", NULL};
-    char dir[256], other[256], one[256];
-    tt_tmp_path(dir, "gpt-zero2");
-    tt_tmp_path(other, "gpt-zero2-3ranks");
-    tt_tmp_path(one, "gpt-zero2-1rank");
-    static tt_job whole, first, second, on3, on1;
-    const char *const stage[] = {"--shard", "2", NULL};
-    ASSERT_TRUE(run(&whole, two, stage, 0));
-    ASSERT_TRUE(run(
-        &first, two,
-        (const char *const[]){"--shard", "2", "--checkpoint-dir", dir, "--stop-at-step", "5", NULL},
-        0));
-    ASSERT_TRUE(
-        run(&second, two, (const char *const[]){"--shard", "2", "--checkpoint-dir", dir, NULL}, 0));
+    char dir[256], other[256], one[256], full[256], name[64];
+    snprintf(name, sizeof name, "gpt-zero%s", stage);
+    tt_tmp_path(dir, name);
+    snprintf(name, sizeof name, "gpt-zero%s-3ranks", stage);
+    tt_tmp_path(other, name);
+    snprintf(name, sizeof name, "gpt-zero%s-1rank", stage);
+    tt_tmp_path(one, name);
+    snprintf(name, sizeof name, "gpt-zero%s-zero3", stage);
+    tt_tmp_path(full, name);
+    static tt_job whole, first, second, on3, on1, full3;
+    ASSERT_TRUE(run(&whole, two, (const char *const[]){"--shard", stage, NULL}, 0));
+    ASSERT_TRUE(run(&first, two,
+                    (const char *const[]){"--shard", stage, "--checkpoint-dir", dir,
+                                          "--stop-at-step", "5", NULL},
+                    0));
+    ASSERT_TRUE(run(&second, two,
+                    (const char *const[]){"--shard", stage, "--checkpoint-dir", dir, NULL}, 0));
     ASSERT_STR_CONTAINS(second.out, "resumed from");
     ASSERT_NEAR(summary(&second, "final_loss"), summary(&whole, "final_loss"), 0);
     ASSERT_NEAR(summary(&second, "val_loss"), summary(&whole, "val_loss"), 0);
-    /* Step 5's checkpoint, copied, resumed elsewhere: it loads, and trains
-     * on to the same end within float reassociation (--batch 8 divides by
+    /* Step 5's checkpoint, copied, resumed elsewhere (--batch 8 divides by
      * 2 and 1; 3 ranks take a batch of 9). */
-    char cmd[2048];
+    char cmd[4096];
     snprintf(cmd, sizeof cmd,
-             "mkdir -p %s %s && cp -r %s/step-00000005 %s/ && cp -r "
-             "%s/step-00000005 %s/",
-             other, one, dir, other, dir, one);
+             "mkdir -p %s %s %s && cp -r %s/step-00000005 %s/ && cp -r %s/step-00000005 %s/ && "
+             "cp -r %s/step-00000005 %s/",
+             other, one, full, dir, other, dir, one, dir, full);
     ASSERT_EQ(system(cmd), 0);
     ASSERT_TRUE(run(&on3, three,
                     (const char *const[]){"--checkpoint-dir", other, "--batch", "9", NULL}, 0));
     ASSERT_STR_CONTAINS(on3.out, "resumed from");
+    ASSERT_TRUE(run(
+        &full3, three,
+        (const char *const[]){"--checkpoint-dir", full, "--batch", "9", "--shard", "3", NULL}, 0));
+    ASSERT_STR_CONTAINS(full3.out, "resumed from");
+    ASSERT_NEAR(summary(&full3, "final_loss"), summary(&on3, "final_loss"),
+                1e-4 * summary(&on3, "final_loss"));
     ASSERT_TRUE(run(&on1, NULL, (const char *const[]){"--checkpoint-dir", one, NULL}, 0));
     ASSERT_STR_CONTAINS(on1.out, "resumed from");
     ASSERT_NEAR(summary(&on1, "final_loss"), summary(&whole, "final_loss"),
                 1e-4 * summary(&whole, "final_loss"));
+    printf("  --shard %s: resumed %.8f = %.8f; on 3 ranks %.6f, fully sharded %.6f; alone %.6f\n",
+           stage, summary(&second, "final_loss"), summary(&whole, "final_loss"),
+           summary(&on3, "final_loss"), summary(&full3, "final_loss"), summary(&on1, "final_loss"));
+}
+
+TEST(a_zero2_run_resumes_exactly_and_its_checkpoint_loads_anywhere) {
+    require_corpus();
+    resumes_exactly_and_loads_anywhere("2");
+}
+
+TEST(a_fully_sharded_run_resumes_exactly_and_its_checkpoint_loads_anywhere) {
+    require_corpus();
+    resumes_exactly_and_loads_anywhere("3");
 }
 
 /* CT_MEMORY_LIMIT: an allocation past it fails with CT_ENOMEM naming the

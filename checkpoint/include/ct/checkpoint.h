@@ -146,6 +146,19 @@ CT_API int ct_state_add_tensor(ct_state *st, const char *name, ct_tensor *t, ct_
  * without overlap; a rank may hold no block. */
 CT_API int ct_state_add_shard(ct_state *st, const char *name, ct_tensor *local, int ndim,
                               const int64_t *global_sizes, const int64_t *offsets);
+/* A sharded tensor may have several blocks on one rank: each added under
+ * the tensor's name, with the same dtype and global shape (CT_EINVAL
+ * otherwise, naming both). */
+/* This rank's elements [offset, offset + numel(flat)) of a sharded tensor
+ * of global shape (ndim, global_sizes), in row-major order, held by the
+ * contiguous 1-d tensor flat: the flat shards of ZeRO and FSDP, whose
+ * ranges cut rows anywhere. Added as the blocks that range covers (a
+ * partial first row, whole rows, a partial last row, in each dim: at most
+ * 2 ndim - 1), each a view of flat, so that the file holds the tensor in
+ * its own shape and loads into any sharding. CT_ESHAPE when flat is not a
+ * contiguous 1-d tensor or the range does not fit. */
+CT_API int ct_state_add_flat_shard(ct_state *st, const char *name, ct_tensor *flat, int ndim,
+                                   const int64_t *global_sizes, int64_t offset);
 /* Scalars, read at save and written at load through the pointer. */
 CT_API int ct_state_add_i64(ct_state *st, const char *name, int64_t *value, ct_state_kind kind);
 CT_API int ct_state_add_u64(ct_state *st, const char *name, uint64_t *value, ct_state_kind kind);

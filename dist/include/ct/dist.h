@@ -468,6 +468,15 @@ CT_API int ct_ddp_shard_range(const ct_ddp *ddp, int64_t *lo, int64_t *hi);
  * no-op. A collective. Errors: CT_EINVAL for a bad handle, CT_ESTATE during a backward,
  * a collective's. */
 CT_API int ct_ddp_summon_params(ct_ddp *ddp, bool summon);
+/* Under FULL, this rank's part of model parameter `param` (in the order of
+ * ct_module_named_parameters): *piece a new 1-d view of this rank's shard,
+ * the parameter's elements [*offset, *offset + numel) in row-major order,
+ * or NULL when the rank holds none of it. Reading and writing the view
+ * read and write the shard in place, where a checkpoint saves and loads it
+ * (ct_state_add_flat_shard); each unit gathers it anew before it computes.
+ * The caller frees the view. Errors: CT_EINVAL for a bad handle, index or
+ * NULL out pointer; CT_ESTATE without FULL (the parameters are whole). */
+CT_API int ct_ddp_param_shard(const ct_ddp *ddp, int param, ct_tensor **piece, int64_t *offset);
 /* What ddp shards (options.shard); NONE for a bad handle. */
 CT_API ct_ddp_shard ct_ddp_stage(const ct_ddp *ddp);
 /* Where parameter index of ddp's sharded optimizer comes from: *model_param, the model
