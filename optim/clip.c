@@ -8,6 +8,34 @@
 
 #include <math.h>
 
+/* Elements of a gradient whose sum of |g|^p is taken in float64 at once:
+ * a bounded copy, whatever the parameter's size. */
+#define NORM_CHUNK 65536
+
+/* The sum of |g|^p over t (p finite), in float64 however t is stored: a
+ * float32 norm rounded per tensor would make the total depend on how the
+ * gradients are cut into pieces (ZeRO's shards), and with it the clipping
+ * coefficient's last bits; summed in float64, pieces cut anywhere agree to
+ * about 1e-16, far below what float32 gradients can see. */
+static int power_sum(ct_tensor *t, double p, double *sum) {
+    int64_t n = ct_numel(t);
+    ct_tensor *flat = ct_reshape(t, 1, &n);
+    if (!flat)
+        return ct_errcode();
+    for (int64_t at = 0; at < n; at += NORM_CHUNK) {
+        int64_t len = n - at < NORM_CHUNK ? n - at : NORM_CHUNK;
+        ct_scope_begin();
+        ct_tensor *norm =
+            ct_norm(ct_to_dtype(ct_narrow(flat, 0, at, len), CT_FLOAT64), p, NULL, 0, false);
+        double v = norm ? ct_item(norm) : NAN;
+        ct_scope_end();
+        if (!norm)
+            return ct_errcode();
+        *sum += p == 2 ? v * v : pow(v, p);
+    }
+    return 0;
+}
+
 /* This rank's part of the p-norm of all the gradients of params together:
  * the sum of |g|^p, or for p = INFINITY the largest |g| (NaN wins). */
 static int grad_norms(ct_tensor *const *params, int n, double p, double *partial) {
@@ -16,14 +44,15 @@ static int grad_norms(ct_tensor *const *params, int n, double p, double *partial
         ct_tensor *g = ct_tensor_grad(params[i]);
         if (!g)
             continue;
+        if (!isinf(p)) {
+            CT_TRY(power_sum(g, p, &acc));
+            continue;
+        }
         ct_tensor *norm = ct_norm(g, p, NULL, 0, false);
         if (!norm)
             return ct_errcode();
         double v = ct_item(norm);
-        if (isinf(p))
-            acc = v > acc || isnan(v) ? v : acc;
-        else
-            acc += p == 2 ? v * v : pow(v, p);
+        acc = v > acc || isnan(v) ? v : acc;
     }
     *partial = acc;
     return 0;

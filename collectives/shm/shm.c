@@ -459,7 +459,12 @@ static int bulletin_progress(shm *s, ct_work *w) {
  *     path alike;
  *   - the direct counter, seq * 2 + 1, says that a rank wrote its share
  *     everywhere. A rank finishes once every rank has, since until then a
- *     peer may still read or write its copy. */
+ *     peer may still read or write its copy.
+ * A reduce-scatter from such memory runs alike: rank r reduces block r of
+ * every rank's input, in rank order (the allreduce's order, so that a
+ * model sharded by reduce-scatters gets data parallel's bits), into its
+ * own output, and writes nothing of the peers'; the counter then says
+ * that it has read them, after which they may change their input. */
 #define PIECE_BYTES (64 * 1024) /* reduced, then written out, while in cache */
 
 /* The live block holding [p, p + bytes), and the offset of p in it. */
@@ -507,6 +512,20 @@ static int direct_progress(shm *s, ct_work *w) {
     int n = s->n, me = s->rank;
     int64_t e = (int64_t)esize(w), count = w->desc.count;
     uint64_t pushed = w->desc.seq * 2 + 1;
+    if (!st->pushed && w->desc.op == CT__REDUCE_SCATTER) {
+        /* This rank's block of every rank's input, summed in rank order as
+         * the allreduce does, into its own output. */
+        int64_t piece = PIECE_BYTES / e;
+        const char *at[n];
+        for (int64_t i = 0; i < count; i += piece) {
+            int64_t len = count - i < piece ? count - i : piece;
+            for (int r = 0; r < n; r++)
+                at[r] = st->blk->base[r] + st->offset + (me * count + i) * e;
+            reduce_ranks(s, w, (char *)w->out + i * e, at, len);
+        }
+        st->pushed = true;
+        atomic_store_explicit(&ctl_of(s, me)->direct, pushed, memory_order_release);
+    }
     if (!st->pushed) {
         int64_t lo = share_lo(count, n, me), hi = share_lo(count, n, me + 1);
         int64_t piece = PIECE_BYTES / e;
@@ -798,8 +817,12 @@ static int shm_start(ct_comm *c, ct_work *w) {
         return CT__AGAIN; /* collectives run one at a time, in issue order */
     int64_t e = (int64_t)esize(w);
     bool small = post_bytes(w, s->n) <= BULLETIN_BYTES;
+    /* An allreduce of, or a reduce-scatter from, memory every rank maps
+     * (ct_comm_zeros) reads the peers' data where it lies. */
     if (s->n > 1 && !small && w->desc.op == CT__ALLREDUCE)
         st->blk = find_block(s, w->out, w->desc.count * e, &st->offset);
+    if (s->n > 1 && !small && w->desc.op == CT__REDUCE_SCATTER)
+        st->blk = find_block(s, w->in, w->desc.count * s->n * e, &st->offset);
     announce(s, w, small && s->n > 1, st->blk, st->offset);
     if (s->n == 1) {
         st->path = PATH_LOCAL;

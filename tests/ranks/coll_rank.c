@@ -774,6 +774,44 @@ static void check_shared_allreduce(ct_comm *c, const char *how, bool direct, ct_
     ct_scope_end();
 }
 
+/* A reduce-scatter from ct_comm_zeros memory (n elements a rank) runs
+ * straight from the peers' memory too, and sums in the allreduce's order:
+ * its block holds the bits that an allreduce of the same inputs leaves
+ * there (fully sharded data parallel then reduces as data parallel does),
+ * whatever the inputs' rounding (values that no order sums exactly). */
+static void check_shared_reduce_scatter(ct_comm *c, ct_tensor *t, int64_t n) {
+    char what[96];
+    snprintf(what, sizeof what, "reduce_scatter of %lld float32 a rank from shared memory",
+             (long long)n);
+    ct_scope_begin();
+    int64_t total = n * size_;
+    ct_tensor *v = ct_narrow(t, 0, 0, total);
+    ct_tensor *x = ct_add_scalar(
+        ct_mul_scalar(ct_sin(ct_arange(0, (double)total, 1, CT_FLOAT32)), 1.0 + 0.37 * rank_),
+        0.1 * rank_);
+    ct_copy_(v, x);
+    ct_tensor *out = filled(n, CT_FLOAT32);
+    uint64_t before = direct_count(c);
+    if (!check_rc(what, ct_comm_reduce_scatter(c, out, v, CT_REDUCE_SUM, NULL))) {
+        ct_scope_end();
+        return;
+    }
+    bool want = ct_comm_backend(c) == CT_BACKEND_SHM;
+    if (direct_count(c) - before != (want ? 1u : 0u))
+        tt_fail(__FILE__, __LINE__, "%s: ran %s", what,
+                direct_count(c) > before ? "straight on shared memory" : "the usual path");
+    ct_copy_(v, x);
+    if (check_rc(what, ct_comm_allreduce(c, v, CT_REDUCE_SUM, NULL))) {
+        double apart =
+            ct_item(ct_amax(ct_abs(ct_sub(out, ct_narrow(v, 0, rank_ * n, n))), NULL, 0, false));
+        /* Without the direct path the two take different orders. */
+        if (apart > (want ? 0 : 1e-5))
+            tt_fail(__FILE__, __LINE__, "%s: its block is %g from the allreduce's", what, apart);
+    }
+    ct_copy_(v, ct_zeros(1, &total, CT_FLOAT32));
+    ct_scope_end();
+}
+
 /* ct_comm_zeros memory: allreduce straight from the peers' memory when every
  * rank passes the same view of it, the usual path when not, and the
  * allocation's own checks. */
@@ -791,6 +829,7 @@ static void check_shared(ct_comm *c) {
                            CT_REDUCE_MAX);
     check_shared_allreduce(c, "of 16-bit floats in shared memory", true,
                            ct_view(h, 1, (int64_t[]){2 * N}), N / 2, N, CT_BFLOAT16, CT_REDUCE_AVG);
+    check_shared_reduce_scatter(c, t, N / size_);
     ct_tensor *ints = ct_comm_zeros(c, 1, (int64_t[]){N}, CT_INT32);
     if (check_rc("comm_zeros of int32", ints ? 0 : ct_errcode()))
         check_shared_allreduce(c, "of int32 in shared memory", true, ints, 0, N, CT_INT32,
