@@ -86,6 +86,9 @@ int coll_options_parse(coll_options *o, int argc, char **argv, const char *usage
         } else if (with_ops && !strcmp(arg, "--memcpy")) {
             o->memcpy_only = true;
             continue;
+        } else if (with_ops && !strcmp(arg, "--shared")) {
+            o->shared = true;
+            continue;
         } else if (!val) {
             ok = false;
         } else if (!strcmp(arg, "-b")) {

@@ -63,12 +63,13 @@ typedef struct coll_options {
     double seconds;               /* aimed time per size, calibration included */
     bool ops[COLL_NOPS];          /* the operations to sweep */
     bool memcpy_only;             /* bench_collectives --memcpy */
+    bool shared;                  /* bench_collectives --shared: ct_comm_zeros buffers */
 } coll_options;
 
 /* Parses the command line shared by the C collectives benchmarks:
- *   [-b BYTES] [-e BYTES] [-f FACTOR] [--seconds S] [--ops LIST] [--memcpy]
- * BYTES take a K, M or G suffix (powers of 1024). --ops and --memcpy are
- * accepted only when with_ops is set. Returns 0, 1 after printing the usage
+ *   [-b BYTES] [-e BYTES] [-f FACTOR] [--seconds S] [--ops LIST] [--memcpy] [--shared]
+ * BYTES take a K, M or G suffix (powers of 1024). --ops, --memcpy and
+ * --shared are accepted only when with_ops is set. Returns 0, 1 after printing the usage
  * for -h, or 2 after printing a usage error. */
 int coll_options_parse(coll_options *o, int argc, char **argv, const char *usage, bool with_ops);
 

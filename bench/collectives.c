@@ -10,8 +10,12 @@
  * bytes through the blocking form (work == NULL) of each operation in LIST
  * (allreduce, broadcast, allgather, reduce_scatter; default allreduce):
  * allreduce (sum) and broadcast (root 0) in place, allgather and
- * reduce_scatter (sum) out of place. The sweep and timing are coll_bench.c's,
- * shared with the Open MPI peer. --memcpy instead times a single-thread
+ * reduce_scatter (sum) out of place. With --shared the messages live in
+ * ct_comm_zeros memory, as data parallel's buffers do: allreduce in place,
+ * allgather in place (this rank's block of the output is its input: ZeRO's
+ * gather of the parameters), reduce_scatter from it (FSDP's), which shm
+ * runs straight from the peers' memory (impl "ct-shared"). The sweep and
+ * timing are coll_bench.c's, shared with the Open MPI peer. --memcpy instead times a single-thread
  * memcpy of -e bytes, the machine's reference, without joining a job.
  *
  * stdout: one JSON line per operation and size from rank 0, "impl": "ct",
@@ -31,10 +35,12 @@ static const char usage[] =
     "  --seconds  time aimed at per size (default 0.2)\n"
     "  --ops      comma-separated: allreduce, broadcast, allgather, reduce_scatter\n"
     "             (default allreduce)\n"
-    "  --memcpy   time a single-thread memcpy of -e bytes instead (no job)\n";
+    "  --memcpy   time a single-thread memcpy of -e bytes instead (no job)\n"
+    "  --shared   messages in ct_comm_zeros memory (allgather in place)\n";
 
 typedef struct ct_ctx {
     ct_comm *comm;
+    bool shared; /* --shared */
     coll_op op;
     /* allreduce, broadcast: the message (count). allgather: out (count) and
      * in (count / nranks). reduce_scatter: in (count) and out (count /
@@ -57,8 +63,12 @@ static int prepare(void *ctx, coll_op op, int64_t count) {
     c->op = op;
     bool blocked = op == COLL_ALLGATHER || op == COLL_REDUCE_SCATTER;
     int64_t block = count / ct_comm_size(c->comm);
-    c->msg = ct_full(1, &count, 1.0, CT_FLOAT32);
-    c->block = blocked ? ct_full(1, &block, 1.0, CT_FLOAT32) : NULL;
+    c->msg = c->shared ? ct_comm_zeros(c->comm, 1, &count, CT_FLOAT32)
+                       : ct_full(1, &count, 1.0, CT_FLOAT32);
+    if (c->shared && op == COLL_ALLGATHER)
+        c->block = c->msg ? ct_narrow(c->msg, 0, ct_comm_rank(c->comm) * block, block) : NULL;
+    else
+        c->block = blocked ? ct_full(1, &block, 1.0, CT_FLOAT32) : NULL;
     if (!c->msg || (blocked && !c->block))
         return fail(c, "making the buffers");
     return 0;
@@ -109,7 +119,9 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_collectives: ct_dist_init: %s\n", ct_errmsg());
         return 1;
     }
-    ct_ctx c = {.comm = ct_dist_comm(), .time = ct_zeros(1, (int64_t[]){1}, CT_FLOAT64)};
+    ct_ctx c = {.comm = ct_dist_comm(),
+                .shared = o.shared,
+                .time = ct_zeros(1, (int64_t[]){1}, CT_FLOAT64)};
     int rank = ct_comm_rank(c.comm), nranks = ct_comm_size(c.comm);
     if (!c.time) {
         rc = fail(&c, "making the time tensor");
@@ -123,7 +135,8 @@ int main(int argc, char **argv) {
                          .run = run,
                          .barrier = barrier,
                          .max = max};
-        rc = coll_sweep(&r, &o, "ct", ct_backend_name(ct_comm_backend(c.comm)));
+        rc = coll_sweep(&r, &o, o.shared ? "ct-shared" : "ct",
+                        ct_backend_name(ct_comm_backend(c.comm)));
     }
     ct_tensor_free(c.msg);
     ct_tensor_free(c.block);

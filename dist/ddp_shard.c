@@ -196,6 +196,45 @@ static int cut_buckets(ct_ddp *d) {
     return 0;
 }
 
+/* The flat parameters move into memory every rank maps (ct_comm_zeros),
+ * each parameter and the model's flat buffer rebound in place: the gather
+ * after each step then writes each rank's updated shard straight into
+ * the others' copies (shm's direct allgather) instead of through a ring.
+ * Parameters on a device that a host backend stages stay where they are. */
+static int share_params(ct_ddp *d, ct_module *model) {
+    ddp_shard *s = d->shard;
+    ct_tensor *flat = ct_module_flat_params(model);
+    if (!ct_device_equal(d->device, ct_comm_device(d->comm)) || ct_numel(flat) != s->total ||
+        ct_tensor_offset(flat) != 0)
+        return 0;
+    ct_tensor *shared = ct__tensor_own(ct_comm_zeros(d->comm, 1, &s->total, d->dtype));
+    if (!shared)
+        return ct_errcode();
+    bool grad_mode = ct_set_grad_enabled(false);
+    int rc = ct__tensor_copy_any(shared, s->flat_params);
+    ct_set_grad_enabled(grad_mode);
+    if (rc) {
+        ct_tensor_free(shared);
+        return rc;
+    }
+    /* The views first: the flat buffer's memory goes with its last view. A
+     * view of it that someone else holds keeps it where it is, the
+     * parameters back with it (the gather then takes the usual path). */
+    ct_storage *to = ct_tensor_storage(shared), *from = ct_tensor_storage(flat);
+    for (int i = 0; i < d->n; i++)
+        CT_ASSERT(!ct__tensor_rebind(d->p[i].t, to, s->poff[i]));
+    ct_tensor_free(s->flat_params);
+    s->flat_params = shared;
+    if (!ct__tensor_rebind(flat, to, 0))
+        return 0;
+    ct_errclear();
+    for (int i = 0; i < d->n; i++)
+        CT_ASSERT(!ct__tensor_rebind(d->p[i].t, from, s->poff[i]));
+    s->flat_params = ct__tensor_own(ct_tensor_from_storage(from, 0, 1, &s->total, NULL, d->dtype));
+    ct_tensor_free(shared);
+    return s->flat_params ? 0 : ct_errcode();
+}
+
 int ct__ddp_shard_init(ct_ddp *d, ct_module *model) {
     if (d->has_hook)
         return ct__err_set(CT_EINVAL, "%s: a comm hook and shard are exclusive", op);
@@ -213,6 +252,7 @@ int ct__ddp_shard_init(ct_ddp *d, ct_module *model) {
                            "shard %d would split them over",
                            op, (long long)s->total, size, (int)d->o.shard);
     lay_out(d);
+    CT_TRY(share_params(d, model));
     if (d->o.shard == CT_DDP_SHARD_OPTIMIZER)
         return 0;
     CT_TRY(cut_buckets(d));

@@ -464,7 +464,10 @@ static int bulletin_progress(shm *s, ct_work *w) {
  * every rank's input, in rank order (the allreduce's order, so that a
  * model sharded by reduce-scatters gets data parallel's bits), into its
  * own output, and writes nothing of the peers'; the counter then says
- * that it has read them, after which they may change their input. */
+ * that it has read them, after which they may change their input. An
+ * allgather into such memory: rank r writes its input into block r of
+ * every rank's output, which no one else writes or reads meanwhile (ZeRO's
+ * in-place gather of the parameters after a step). */
 #define PIECE_BYTES (64 * 1024) /* reduced, then written out, while in cache */
 
 /* The live block holding [p, p + bytes), and the offset of p in it. */
@@ -512,6 +515,16 @@ static int direct_progress(shm *s, ct_work *w) {
     int n = s->n, me = s->rank;
     int64_t e = (int64_t)esize(w), count = w->desc.count;
     uint64_t pushed = w->desc.seq * 2 + 1;
+    if (!st->pushed && w->desc.op == CT__ALLGATHER) {
+        /* This rank's input into block `me` of every rank's output. */
+        for (int r = 0; r < n; r++) {
+            char *dst = st->blk->base[r] + st->offset + me * count * e;
+            if (dst != (const char *)w->in)
+                memcpy(dst, w->in, (size_t)(count * e));
+        }
+        st->pushed = true;
+        atomic_store_explicit(&ctl_of(s, me)->direct, pushed, memory_order_release);
+    }
     if (!st->pushed && w->desc.op == CT__REDUCE_SCATTER) {
         /* This rank's block of every rank's input, summed in rank order as
          * the allreduce does, into its own output. */
@@ -823,6 +836,8 @@ static int shm_start(ct_comm *c, ct_work *w) {
         st->blk = find_block(s, w->out, w->desc.count * e, &st->offset);
     if (s->n > 1 && !small && w->desc.op == CT__REDUCE_SCATTER)
         st->blk = find_block(s, w->in, w->desc.count * s->n * e, &st->offset);
+    if (s->n > 1 && !small && w->desc.op == CT__ALLGATHER)
+        st->blk = find_block(s, w->out, w->desc.count * s->n * e, &st->offset);
     announce(s, w, small && s->n > 1, st->blk, st->offset);
     if (s->n == 1) {
         st->path = PATH_LOCAL;

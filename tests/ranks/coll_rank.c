@@ -812,6 +812,37 @@ static void check_shared_reduce_scatter(ct_comm *c, ct_tensor *t, int64_t n) {
     ct_scope_end();
 }
 
+/* An allgather in place into ct_comm_zeros memory (n elements a rank: ZeRO's
+ * gather of the parameters after a step) writes each rank's block straight
+ * into the others' copies; a block outside the shared memory takes the
+ * usual path. Either way every rank ends with every block. */
+static void check_shared_allgather(ct_comm *c, ct_tensor *t, int64_t n, bool in_place) {
+    char what[96];
+    snprintf(what, sizeof what, "allgather of %lld float32 a rank into shared memory%s",
+             (long long)n, in_place ? ", in place" : " from a private block");
+    ct_scope_begin();
+    int64_t total = n * size_;
+    ct_tensor *all = ct_narrow(t, 0, 0, total);
+    ct_tensor *mine = in_place ? ct_narrow(all, 0, rank_ * n, n) : ct_empty(1, &n, CT_FLOAT32);
+    ct_copy_(mine, ct_add_scalar(ct_arange(0, (double)n, 1, CT_FLOAT32), 1000.0 * rank_));
+    uint64_t before = direct_count(c);
+    if (check_rc(what, ct_comm_allgather(c, all, mine, NULL))) {
+        for (int r = 0; r < size_; r++) {
+            ct_tensor *want = ct_add_scalar(ct_arange(0, (double)n, 1, CT_FLOAT32), 1000.0 * r);
+            double apart =
+                ct_item(ct_amax(ct_abs(ct_sub(ct_narrow(all, 0, r * n, n), want)), NULL, 0, false));
+            if (apart != 0)
+                tt_fail(__FILE__, __LINE__, "%s: rank %d's block is off by %g", what, r, apart);
+        }
+    }
+    bool want = ct_comm_backend(c) == CT_BACKEND_SHM;
+    if (direct_count(c) - before != (want ? 1u : 0u))
+        tt_fail(__FILE__, __LINE__, "%s: ran %s", what,
+                direct_count(c) > before ? "straight on shared memory" : "the usual path");
+    ct_copy_(all, ct_zeros(1, &total, CT_FLOAT32));
+    ct_scope_end();
+}
+
 /* ct_comm_zeros memory: allreduce straight from the peers' memory when every
  * rank passes the same view of it, the usual path when not, and the
  * allocation's own checks. */
@@ -829,7 +860,15 @@ static void check_shared(ct_comm *c) {
                            CT_REDUCE_MAX);
     check_shared_allreduce(c, "of 16-bit floats in shared memory", true,
                            ct_view(h, 1, (int64_t[]){2 * N}), N / 2, N, CT_BFLOAT16, CT_REDUCE_AVG);
-    check_shared_reduce_scatter(c, t, N / size_);
+    /* Blocks of 128 KiB and more a rank on up to 8 ranks: past the
+     * bulletins' 64 KiB, which every small collective takes. */
+    enum { SHARED_BIG = 8 * 32768 };
+    ct_tensor *big = ct_comm_zeros(c, 1, (int64_t[]){SHARED_BIG}, CT_FLOAT32);
+    if (check_rc("comm_zeros of 1 MiB", big ? 0 : ct_errcode())) {
+        check_shared_reduce_scatter(c, big, SHARED_BIG / size_);
+        check_shared_allgather(c, big, SHARED_BIG / size_, true);
+        check_shared_allgather(c, big, SHARED_BIG / size_, false);
+    }
     ct_tensor *ints = ct_comm_zeros(c, 1, (int64_t[]){N}, CT_INT32);
     if (check_rc("comm_zeros of int32", ints ? 0 : ct_errcode()))
         check_shared_allreduce(c, "of int32 in shared memory", true, ints, 0, N, CT_INT32,
