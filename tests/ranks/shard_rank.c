@@ -446,6 +446,25 @@ static void fsdp_errors(void) {
     o.nunits = 1;
     d = m ? ct_ddp_new(comm_, m, &o) : NULL;
     TT_CHECK_RC("ct_ddp_new (shard 3)", d ? 0 : ct_errcode());
+    ct_tensor *piece = NULL;
+    int64_t at = -1;
+    expect("ct_ddp_shard_range under shard 3", d && ct_ddp_shard_range(d, NULL, NULL) != 0,
+           CT_ESTATE, (const char *const[]){"each unit is sharded on its own", NULL});
+    expect("ct_ddp_param_shard of parameter 9", d && ct_ddp_param_shard(d, 9, &piece, &at) != 0,
+           CT_EINVAL, (const char *const[]){"parameter 9 is outside [0, 2)", NULL});
+    /* Every element of a's weight [3, 4] and bias [3] on exactly one rank. */
+    int64_t mine = 0;
+    for (int i = 0; d && i < 2; i++) {
+        if (ct_ddp_param_shard(d, i, &piece, &at)) {
+            TT_CHECK_RC("ct_ddp_param_shard", ct_errcode());
+            break;
+        }
+        mine += piece ? ct_numel(piece) : 0;
+        ct_tensor_free(piece);
+    }
+    ct_tensor *all = ct_full(1, (int64_t[]){1}, (double)mine, CT_FLOAT64);
+    if (d && !ct_comm_allreduce(comm_, all, CT_REDUCE_SUM, NULL) && ct_item(all) != 15)
+        tt_fail(__FILE__, __LINE__, "the ranks' pieces hold %g elements of 15", ct_item(all));
     ct_tensor *x = ct_zeros(CT_SHAPE(2, 4), CT_FLOAT32);
     ct_tensor *y = d ? ct_module_forward(m, x) : NULL;
     expect("a parameter used outside its unit", d && !y, CT_ESTATE,
@@ -487,11 +506,29 @@ TEST(errors) {
     ct_param_list pl;
     ct_param_list_init(&pl);
     if (d && !ct_module_named_parameters(loose, &pl)) {
+        ct_param_group twice[2] = {{pl.tensors, pl.n, 0, 1}, {pl.tensors + 1, 1, 0, 1}};
+        opt = ct_ddp_optim_new(d, &oo, twice, 2);
+        expect("a parameter in two groups", !opt, CT_EINVAL,
+               (const char *const[]){"parameter bias is in groups 0 and 1", NULL});
+        /* Not ZeRO-3: the parameters are whole, one range a rank. */
+        ct_tensor *piece = NULL;
+        int64_t at = 0, lo = -1, hi = -1;
+        expect("ct_ddp_param_shard under shard 1", ct_ddp_param_shard(d, 0, &piece, &at) != 0,
+               CT_ESTATE, (const char *const[]){"not fully sharded (shard 1)", NULL});
+        TT_CHECK_RC("ct_ddp_shard_range", ct_ddp_shard_range(d, &lo, &hi));
+        if (rank_ == size_ - 1 && hi != 4 * 3 + 3)
+            tt_fail(__FILE__, __LINE__, "the last rank's range ends at %lld, not 15",
+                    (long long)hi);
         opt = ct_ddp_optim_new(d, &oo, &(ct_param_group){pl.tensors, pl.n, 0, 1}, 1);
         TT_CHECK_RC("ct_ddp_optim_new", opt ? 0 : ct_errcode());
         ct_optim *second = ct_ddp_optim_new(d, &oo, &(ct_param_group){pl.tensors, pl.n, 0, 1}, 1);
         expect("a second sharded optimizer", !second, CT_ESTATE,
                (const char *const[]){"already has a sharded optimizer", NULL});
+        ct_optim *plain = ct_optim_new_groups(&oo, &(ct_param_group){pl.tensors, pl.n, 0, 1}, 1);
+        expect("clipping with an optimizer not the ct_ddp's",
+               plain && ct_ddp_clip_grad_norm(d, plain, 1.0, 2, NULL) != 0, CT_EINVAL,
+               (const char *const[]){"not this ct_ddp's sharded optimizer", NULL});
+        ct_optim_free(plain);
         ct_ddp_comm_hook hook = ct_ddp_bf16_compress_hook();
         expect("a comm hook under shard 1", d && ct_ddp_set_comm_hook(d, &hook) != 0, CT_EINVAL,
                (const char *const[]){"shard", "comm hook", NULL});
