@@ -5,6 +5,8 @@
  * Each run has a deadline, and every rank is checked to be gone after. */
 #include "ct_test.h"
 
+#include <signal.h>
+
 /* Far above a passing run (a few seconds), above the ranks' collective
  * timeout (20 s). */
 #define DEADLINE 90
@@ -12,17 +14,27 @@
 static const char *const env[] = {"CT_BACKEND", "SHARD_TEST_PROGRESS", NULL};
 static const char *const thread_env[] = {"CT_BACKEND", "SHARD_TEST_PROGRESS=thread", NULL};
 
-static void passes_with(int np, const char *scenario, const char *const *job_env) {
+/* The scenario on np ranks: the job exits code (ctlaunch's: the first
+ * rank's failure), and every rank but skip (-1: none) passes. */
+static void ends_with(int np, const char *scenario, const char *const *job_env, int code,
+                      int skip) {
     static tt_job j;
     char npstr[16];
     snprintf(npstr, sizeof npstr, "%d", np);
+    /* A --grace long enough for the survivors of a killed rank, who ignore
+     * ctlaunch's SIGTERM, to report (shard_rank.c). */
     tt_run_job(&j,
-               (const char *const[]){CTLAUNCH_PATH, "-np", npstr, SHARD_RANK_PATH, scenario, NULL},
+               (const char *const[]){CTLAUNCH_PATH, "-np", npstr, "--grace", "30", SHARD_RANK_PATH,
+                                     scenario, NULL},
                job_env, DEADLINE);
     TT_ASSERT_JOB(&j, tt_job_no_rank_left(&j));
-    TT_ASSERT_JOB(&j, tt_job_exit_code(&j) == 0);
-    TT_ASSERT_JOB(&j, tt_job_ranks_passed(&j, scenario, np, -1, true));
+    TT_ASSERT_JOB(&j, tt_job_exit_code(&j) == code);
+    TT_ASSERT_JOB(&j, tt_job_ranks_passed(&j, scenario, np, skip, true));
     printf("  %s on %d ranks: %.1f s\n", scenario, np, j.seconds);
+}
+
+static void passes_with(int np, const char *scenario, const char *const *job_env) {
+    ends_with(np, scenario, job_env, 0, -1);
 }
 
 static void passes(int np, const char *scenario) { passes_with(np, scenario, env); }
@@ -73,6 +85,13 @@ TEST(model_state_follows_the_zero_accounting) {
 }
 
 TEST(sharding_refuses_what_it_cannot_do_by_name) { passes(2, "errors"); }
+
+/* A rank killed mid-run: ctlaunch reports its signal, and the others fail
+ * their step naming it. */
+TEST(a_rank_killed_mid_run_fails_the_others_with_its_name) {
+    ends_with(3, "zero2_peer_dies", env, 128 + SIGKILL, 2);
+    ends_with(3, "zero3_peer_dies", env, 128 + SIGKILL, 2);
+}
 
 /* With the progress thread moving ZeRO-2's reduces and ZeRO-3's prefetched
  * allgathers while the ranks compute (AUTO's choice on a bigger machine). */

@@ -15,6 +15,8 @@
  *                       (static_graph), one block run twice
  *   *_no_sync           MICRO micro-steps with sync off but the last
  *   *_memory            ct_ddp_memory_of: the ZeRO accounting of model state
+ *   zero2_peer_dies,    the last rank killed as step 2 begins: the others
+ *   zero3_peer_dies     fail there with CT_EPEER naming it, promptly
  *   errors              what sharding refuses, by name (ZeRO-3: a flattened
  *                       model, units listed twice or nested, a parameter
  *                       used outside its unit)
@@ -27,6 +29,7 @@
 #include <ct/dist.h>
 #include <ct/optim.h>
 #include <math.h>
+#include <signal.h>
 #include <stdlib.h>
 
 #define FEATURES 24
@@ -318,6 +321,50 @@ static void run_twins(const net_config *cfg, ct_ddp_shard stage, ct_optim_kind k
 }
 
 static const net_config f32 = {.dtype = CT_FLOAT32};
+
+/* The last rank dies (SIGKILL) as step 2 begins: every other rank's step
+ * fails in its first collective after (ZeRO-3: the forward's allgather;
+ * ZeRO-2: backward's reduces) with CT_EPEER naming it, noticed rather than
+ * waited out, and freeing the ct_ddp (ZeRO-3 gathers its units back) and
+ * finalizing do not hang. */
+static void peer_dies(ct_ddp_shard stage) {
+    /* ctlaunch SIGTERMs the others once it sees a rank die: they ignore it,
+     * to report what their step said (test_shard gives ctlaunch a --grace
+     * for that; coll_rank.c's peer_killed does the same). */
+    signal(SIGTERM, SIG_IGN);
+    int rank, size;
+    if (!(comm_ = tt_rank_join(TIMEOUT, &rank, &size)))
+        return;
+    rank_ = rank;
+    size_ = size;
+    run r = {.cfg = f32, .kind = CT_OPTIM_ADAMW};
+    int victim = size - 1, rc = 0, step = 0;
+    double loss, took = 0;
+    if (side_init(&r.sh, &r, stage)) {
+        for (; step < 5 && !rc; step++) {
+            if (step == 2 && rank == victim)
+                raise(SIGKILL);
+            double t0 = tt_now();
+            rc = train_step(&r, &r.sh, step, 1, &loss);
+            took = tt_now() - t0;
+        }
+        if (rc != CT_EPEER || step != 3)
+            tt_fail(__FILE__, __LINE__, "step %d ended %s, expected CT_EPEER at step 2: %s",
+                    step - 1, ct_errname(rc), ct_errmsg());
+        else if (!tt_names_rank(ct_errmsg(), victim))
+            tt_fail(__FILE__, __LINE__, "the error does not name rank %d: %s", victim, ct_errmsg());
+        else if (took > TIMEOUT / 2)
+            tt_fail(__FILE__, __LINE__, "the dead peer was noticed after %.2f s", took);
+        else
+            printf("rank %d: shard %d: step 2 failed after %.2f s: %s\n", rank, (int)stage, took,
+                   ct_errmsg());
+    }
+    side_free(&r.sh);
+    ct_dist_finalize();
+}
+
+TEST(zero2_peer_dies) { peer_dies(CT_DDP_SHARD_GRADIENTS); }
+TEST(zero3_peer_dies) { peer_dies(CT_DDP_SHARD_FULL); }
 
 /* A clip threshold the early gradients exceed. */
 #define CLIP 0.5
