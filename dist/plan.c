@@ -37,6 +37,13 @@ static int lone_state(ct_module *model, const ct_optim *opt, ct_ddp_memory *m) {
     return rc ? rc : n < 0 ? n : 0;
 }
 
+/* A callback returned NULL: its error, or one saying it gave none. */
+static int gave_none(const char *callback) {
+    return ct_errcode()
+               ? ct_errcode()
+               : ct__err_set(CT_EINVAL, "memory_plan: %s returned NULL without an error", callback);
+}
+
 /* The replay itself, the lock held; frees what it made. */
 static int replay(const ct_memory_plan_config *cfg, ct_memory_estimate *out) {
     const ct_device meta = CT_DEVICE_META;
@@ -46,9 +53,7 @@ static int replay(const ct_memory_plan_config *cfg, ct_memory_estimate *out) {
     ct_module *model = cfg->build(cfg->ctx);
     ct_nn_set_device(was);
     if (!model)
-        return ct_errcode() ? ct_errcode()
-                            : ct__err_set(CT_EINVAL, "memory_plan: build gave "
-                                                     "no model and no error");
+        return gave_none("build");
     int rc = 0;
     ct_comm *comm = NULL;
     ct_ddp *ddp = NULL;
@@ -60,13 +65,10 @@ static int replay(const ct_memory_plan_config *cfg, ct_memory_estimate *out) {
               : cfg->wrap ? cfg->wrap(cfg->ctx, comm, model)
                           : ct_ddp_new(comm, model, NULL);
         if (!ddp)
-            rc = ct_errcode() ? ct_errcode()
-                              : ct__err_set(CT_EINVAL, "memory_plan: wrap gave "
-                                                       "no ct_ddp and no error");
+            rc = gave_none(comm ? "wrap" : "the dry communicator");
     }
     if (!rc && !(opt = cfg->optimizer(cfg->ctx, model, ddp)))
-        rc = ct_errcode() ? ct_errcode()
-                          : ct__err_set(CT_EINVAL, "memory_plan: optimizer gave none and no error");
+        rc = gave_none("optimizer");
     out->setup_peak = ct_memory_peak(meta) - base;
     ct_memory_reset_peak(meta);
     int steps = cfg->steps > 0 ? cfg->steps : 2;

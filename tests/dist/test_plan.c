@@ -203,9 +203,15 @@ TEST(a_plan_leaves_the_generator_and_the_meta_device_as_they_were) {
     ASSERT_TRUE(e.setup_peak > 0);
 }
 
+static ct_optim *no_optimizer(void *ctx, ct_module *model, ct_ddp *ddp) {
+    (void)ctx, (void)model, (void)ddp;
+    return NULL;
+}
+
 TEST(bad_configs_and_failing_callbacks_are_reported) {
     run r = small_gpt(false);
     ct_memory_estimate e;
+    int64_t held = ct_memory_allocated(CT_DEVICE_META);
     ASSERT_RC(ct_memory_plan(NULL, &e), CT_EINVAL, "cfg is NULL");
     ct_memory_plan_config cfg = config(&r, 2, 0);
     ASSERT_RC(ct_memory_plan(&cfg, NULL), CT_EINVAL, "out is NULL");
@@ -218,4 +224,10 @@ TEST(bad_configs_and_failing_callbacks_are_reported) {
     r.fail_build = true;
     cfg = config(&r, 2, 0);
     ASSERT_RC(ct_memory_plan(&cfg, &e), CT_ENOMEM, "the test's model does not fit");
+    r.fail_build = false;
+    cfg = config(&r, 2, 0);
+    cfg.optimizer = no_optimizer;
+    ASSERT_RC(ct_memory_plan(&cfg, &e), CT_EINVAL, "optimizer returned NULL without an error");
+    /* The failed replay freed what it made. */
+    ASSERT_EQ(ct_memory_allocated(CT_DEVICE_META), held);
 }
