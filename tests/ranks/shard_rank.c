@@ -518,6 +518,21 @@ static void fsdp_errors(void) {
            (const char *const[]){"fully sharded unit 'a'", "outside its unit", NULL});
     ct_ddp_free(d);
     ct_module_free(m);
+    /* A unit of float64 beside one of float32: refused, naming the one that
+     * differs. */
+    m = stray_net();
+    if (m && ct_module_add_child(m, "wide", dense(4, 3, true, CT_FLOAT64)))
+        TT_CHECK_RC("add_child", ct_errcode());
+    o.units = (ct_module *const[]){m ? ct_module_child(m, "a") : NULL,
+                                   m ? ct_module_child(m, "wide") : NULL};
+    o.nunits = 2;
+    d = m ? ct_ddp_new(comm_, m, &o) : NULL;
+    expect("units of float32 and float64", !d, CT_EDTYPE,
+           (const char *const[]){"parameter wide.weight is float64",
+                                 "every parameter must be "
+                                 "float32",
+                                 NULL});
+    ct_module_free(m);
 }
 
 TEST(errors) {
