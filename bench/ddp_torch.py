@@ -228,6 +228,14 @@ def run_ddp(torch, args, data):
         note("this torch (%s) was built without torch.distributed's gloo backend; "
              "--ranks %d needs it" % (torch.__version__, args.ranks))
         return 1
+    # FSDP2's fully_shard came in 2.4 (with the device mesh); FSDP1 asks for
+    # an accelerator. An older torch has nothing to run: said, not failed.
+    import importlib.util
+    if args.shard in ("zero2", "fsdp") and importlib.util.find_spec(
+            "torch.distributed.device_mesh") is None:
+        note("torch %s has no fully_shard (FSDP2, torch >= 2.4): --shard %s not run"
+             % (torch.__version__, args.shard))
+        return 0
     # gloo binds to the address the host name resolves to unless told an
     # interface; on a machine without a resolvable name that fails.
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
