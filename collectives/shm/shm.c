@@ -467,7 +467,10 @@ static int bulletin_progress(shm *s, ct_work *w) {
  * that it has read them, after which they may change their input. An
  * allgather into such memory: rank r writes its input into block r of
  * every rank's output, which no one else writes or reads meanwhile (ZeRO's
- * in-place gather of the parameters after a step). */
+ * in-place gather of the parameters after a step). A reduce of such
+ * memory: the root reduces every rank's copy in rank order into its own
+ * (ZeRO-2's buckets, reduced to their owner from the shared slots); the
+ * others' copies stay as they were. */
 #define PIECE_BYTES (64 * 1024) /* reduced, then written out, while in cache */
 
 /* The live block holding [p, p + bytes), and the offset of p in it. */
@@ -515,6 +518,21 @@ static int direct_progress(shm *s, ct_work *w) {
     int n = s->n, me = s->rank;
     int64_t e = (int64_t)esize(w), count = w->desc.count;
     uint64_t pushed = w->desc.seq * 2 + 1;
+    if (!st->pushed && w->desc.op == CT__REDUCE) {
+        /* The root reduces every rank's copy, in rank order (the
+         * allreduce's), into its own, piece by piece; the others only say
+         * when the root may have read them. */
+        int64_t piece = PIECE_BYTES / e;
+        const char *at[n];
+        for (int64_t i = 0; me == w->desc.root && i < count; i += piece) {
+            int64_t len = count - i < piece ? count - i : piece;
+            for (int r = 0; r < n; r++)
+                at[r] = st->blk->base[r] + st->offset + i * e;
+            reduce_ranks(s, w, (char *)w->out + i * e, at, len);
+        }
+        st->pushed = true;
+        atomic_store_explicit(&ctl_of(s, me)->direct, pushed, memory_order_release);
+    }
     if (!st->pushed && w->desc.op == CT__ALLGATHER) {
         /* This rank's input into block `me` of every rank's output. */
         for (int r = 0; r < n; r++) {
@@ -832,7 +850,7 @@ static int shm_start(ct_comm *c, ct_work *w) {
     bool small = post_bytes(w, s->n) <= BULLETIN_BYTES;
     /* An allreduce of, or a reduce-scatter from, memory every rank maps
      * (ct_comm_zeros) reads the peers' data where it lies. */
-    if (s->n > 1 && !small && w->desc.op == CT__ALLREDUCE)
+    if (s->n > 1 && !small && (w->desc.op == CT__ALLREDUCE || w->desc.op == CT__REDUCE))
         st->blk = find_block(s, w->out, w->desc.count * e, &st->offset);
     if (s->n > 1 && !small && w->desc.op == CT__REDUCE_SCATTER)
         st->blk = find_block(s, w->in, w->desc.count * s->n * e, &st->offset);

@@ -237,29 +237,34 @@ static bool have_data(void) {
            access("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz", R_OK) == 0;
 }
 
-/* fmnist_mlp with checkpoints in dir, 40 steps of the full run, on np
- * ranks (0: without ctlaunch); stop (> 0) stops it early. */
-static bool fmnist(int np, const char *dir, const char *stop) {
+/* fmnist_mlp on np ranks (0: without ctlaunch), checkpoints in dir, with
+ * the flags of extra (NULL-terminated). */
+static bool fmnist_with(int np, const char *dir, const char *const *extra) {
     char npstr[8];
     snprintf(npstr, sizeof npstr, "%d", np);
-    const char *args[24];
+    const char *args[32];
     int n = 0;
     if (np) {
         args[n++] = CTLAUNCH_PATH;
         args[n++] = "-np";
         args[n++] = npstr;
     }
-    const char *rest[] = {FMNIST_PATH, "--max-steps",      "40", "--threads",    "1", "--metrics",
-                          "/dev/null", "--checkpoint-dir", dir,  "--save-every", "15"};
+    const char *rest[] = {FMNIST_PATH, "--threads",        "1", "--metrics",
+                          "/dev/null", "--checkpoint-dir", dir};
     for (size_t i = 0; i < sizeof rest / sizeof *rest; i++)
         args[n++] = rest[i];
-    if (stop) {
-        args[n++] = "--stop-at-step";
-        args[n++] = stop;
-    }
+    for (int i = 0; extra[i] && n < 31; i++)
+        args[n++] = extra[i];
     args[n] = NULL;
     tt_run_job(&job_, args, (const char *const[]){"CT_BACKEND", NULL}, DEADLINE);
     return tt_job_exit_code(&job_) == 0;
+}
+
+/* 40 steps of the full run, saving every 15; stop (> 0) stops it early. */
+static bool fmnist(int np, const char *dir, const char *stop) {
+    return fmnist_with(np, dir,
+                       (const char *const[]){"--max-steps", "40", "--save-every", "15",
+                                             stop ? "--stop-at-step" : NULL, stop, NULL});
 }
 
 static void resumes_exactly(int np) {
@@ -280,6 +285,41 @@ static void resumes_exactly(int np) {
     snprintf(b, sizeof b, "%s/step-00000040", resumed);
     ASSERT_EQ(ctckpt("diff", a, b, NULL, NULL), 0);
     printf("  %s\n", job_.out);
+}
+
+/* fmnist_mlp's ZeRO stages against plain data parallel on np ranks with the
+ * global batch batch: 200 steps of SGD with momentum under each --shard,
+ * whose final checkpoints (the parameters and the momentum, saved as each
+ * stage holds them: whole, or as each rank's blocks) hold the same state
+ * as DDP's, bit for bit. */
+static void stages_end_where_ddp_does(int np, const char *batch) {
+    char ddp[400], dir[400], a[600], b[600];
+    snprintf(ddp, sizeof ddp, "%s/stage0-%d", tmp(), np);
+    TT_ASSERT_JOB(
+        &job_,
+        fmnist_with(np, ddp, (const char *const[]){"--max-steps", "200", "--batch", batch, NULL}));
+    snprintf(a, sizeof a, "%s/step-00000200", ddp);
+    for (int stage = 1; stage <= 3; stage++) {
+        char s[2] = {(char)('0' + stage), 0};
+        snprintf(dir, sizeof dir, "%s/stage%d-%d", tmp(), stage, np);
+        TT_ASSERT_JOB(&job_, fmnist_with(np, dir,
+                                         (const char *const[]){"--max-steps", "200", "--batch",
+                                                               batch, "--shard", s, NULL}));
+        snprintf(b, sizeof b, "%s/step-00000200", dir);
+        ASSERT_EQ(ctckpt("diff", a, b, NULL, NULL), 0);
+        printf("  %d ranks, --shard %d: %s", np, stage, job_.out);
+    }
+}
+
+TEST(every_shard_stage_of_fmnist_mlp_ends_where_ddp_does_on_2_3_and_4_ranks) {
+    if (!have_data()) {
+        printf("  no fmnist_mlp, or Fashion-MNIST is not installed (dataset-fashion-mnist): "
+               "skipped\n");
+        return;
+    }
+    stages_end_where_ddp_does(2, "64");
+    stages_end_where_ddp_does(3, "48");
+    stages_end_where_ddp_does(4, "64");
 }
 
 TEST(fmnist_mlp_stopped_and_resumed_ends_where_an_unbroken_run_does) { resumes_exactly(0); }

@@ -779,6 +779,47 @@ static void check_shared_allreduce(ct_comm *c, const char *how, bool direct, ct_
  * its block holds the bits that an allreduce of the same inputs leaves
  * there (fully sharded data parallel then reduces as data parallel does),
  * whatever the inputs' rounding (values that no order sums exactly). */
+/* Values that no order of the ranks sums exactly: rank r's n of them. */
+static ct_tensor *inexact_input(int64_t n) {
+    return ct_add_scalar(
+        ct_mul_scalar(ct_sin(ct_arange(0, (double)n, 1, CT_FLOAT32)), 1.0 + 0.37 * rank_),
+        0.1 * rank_);
+}
+
+/* The largest |a - b|. */
+static double apart_by(ct_tensor *a, ct_tensor *b) {
+    return ct_item(ct_amax(ct_abs(ct_sub(a, b)), NULL, 0, false));
+}
+
+/* A reduce of ct_comm_zeros memory (to the last rank) runs straight from
+ * the peers' memory too: the root's result holds the allreduce's bits, and
+ * the other ranks' buffers stay as they were. */
+static void check_shared_reduce(ct_comm *c, ct_tensor *t, int64_t n) {
+    char what[96];
+    snprintf(what, sizeof what, "reduce of %lld float32 in shared memory", (long long)n);
+    ct_scope_begin();
+    ct_tensor *v = ct_narrow(t, 0, 0, n), *x = inexact_input(n);
+    ct_copy_(v, x);
+    int root = size_ - 1;
+    uint64_t before = direct_count(c);
+    bool want = ct_comm_backend(c) == CT_BACKEND_SHM;
+    if (check_rc(what, ct_comm_reduce(c, v, CT_REDUCE_SUM, root, NULL))) {
+        if (direct_count(c) - before != (want ? 1u : 0u))
+            tt_fail(__FILE__, __LINE__, "%s: ran %s", what,
+                    direct_count(c) > before ? "straight on shared memory" : "the usual path");
+        ct_tensor *got = ct_clone(v);
+        ct_copy_(v, x);
+        if (check_rc(what, ct_comm_allreduce(c, v, CT_REDUCE_SUM, NULL))) {
+            double apart = rank_ == root ? apart_by(got, v) : apart_by(got, x);
+            if (apart > (want || rank_ != root ? 0 : 1e-5))
+                tt_fail(__FILE__, __LINE__, "%s: rank %d's buffer is %g from what it should hold",
+                        what, rank_, apart);
+        }
+    }
+    ct_copy_(v, ct_zeros(1, &n, CT_FLOAT32));
+    ct_scope_end();
+}
+
 static void check_shared_reduce_scatter(ct_comm *c, ct_tensor *t, int64_t n) {
     char what[96];
     snprintf(what, sizeof what, "reduce_scatter of %lld float32 a rank from shared memory",
@@ -786,9 +827,7 @@ static void check_shared_reduce_scatter(ct_comm *c, ct_tensor *t, int64_t n) {
     ct_scope_begin();
     int64_t total = n * size_;
     ct_tensor *v = ct_narrow(t, 0, 0, total);
-    ct_tensor *x = ct_add_scalar(
-        ct_mul_scalar(ct_sin(ct_arange(0, (double)total, 1, CT_FLOAT32)), 1.0 + 0.37 * rank_),
-        0.1 * rank_);
+    ct_tensor *x = inexact_input(total);
     ct_copy_(v, x);
     ct_tensor *out = filled(n, CT_FLOAT32);
     uint64_t before = direct_count(c);
@@ -802,8 +841,7 @@ static void check_shared_reduce_scatter(ct_comm *c, ct_tensor *t, int64_t n) {
                 direct_count(c) > before ? "straight on shared memory" : "the usual path");
     ct_copy_(v, x);
     if (check_rc(what, ct_comm_allreduce(c, v, CT_REDUCE_SUM, NULL))) {
-        double apart =
-            ct_item(ct_amax(ct_abs(ct_sub(out, ct_narrow(v, 0, rank_ * n, n))), NULL, 0, false));
+        double apart = apart_by(out, ct_narrow(v, 0, rank_ * n, n));
         /* Without the direct path the two take different orders. */
         if (apart > (want ? 0 : 1e-5))
             tt_fail(__FILE__, __LINE__, "%s: its block is %g from the allreduce's", what, apart);
@@ -866,6 +904,7 @@ static void check_shared(ct_comm *c) {
     ct_tensor *big = ct_comm_zeros(c, 1, (int64_t[]){SHARED_BIG}, CT_FLOAT32);
     if (check_rc("comm_zeros of 1 MiB", big ? 0 : ct_errcode())) {
         check_shared_reduce_scatter(c, big, SHARED_BIG / size_);
+        check_shared_reduce(c, big, SHARED_BIG / size_);
         check_shared_allgather(c, big, SHARED_BIG / size_, true);
         check_shared_allgather(c, big, SHARED_BIG / size_, false);
     }
